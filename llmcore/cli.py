@@ -1,0 +1,276 @@
+"""The ``llmcore`` command: export, plugins, run.
+
+Errors the user can act on are printed as one line (``llmcore: error: [stage/plugin] ...
+Fix: ...``) with exit code 2; ``--debug`` adds the traceback. Unexpected exceptions exit
+with code 1 and the same one-line treatment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import traceback
+import warnings
+from typing import Any, Optional, Sequence
+
+from llmcore.errors import LlmcoreError
+
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def _quiet_libraries(debug: bool) -> None:
+    """Keep torch/torchao/executorch chatter off the user's terminal unless --debug."""
+    if debug:
+        os.environ["LLMCORE_DEBUG"] = "1"
+        return
+    warnings.filterwarnings("ignore")
+    logging.getLogger().setLevel(logging.ERROR)
+    for name in ("torchao", "executorch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _quiet_torch(debug: bool) -> None:
+    """torch installs its own log handlers; quiet them after import (export and run only)."""
+    if debug:
+        return
+    import torch._logging
+
+    torch._logging.set_logs(all=logging.ERROR)
+    logging.getLogger("torch").setLevel(logging.ERROR)
+
+
+def _key_values(pairs: Sequence[str], flag: str) -> dict[str, Any]:
+    """``k=v`` pairs; values are read as YAML scalars (``32`` -> int, ``true`` -> bool)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise LlmcoreError(
+                f"{flag} expects KEY=VALUE, got {pair!r}.", stage="cli", fix=f"write e.g. {flag} group_size=32."
+            )
+        try:
+            out[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            out[key.strip()] = raw
+    return out
+
+
+def _backend_options(pairs: Sequence[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in _key_values(pairs, "--backend-option").items():
+        backend, dot, option = key.partition(".")
+        if not dot or not option:
+            raise LlmcoreError(
+                f"--backend-option expects BACKEND.KEY=VALUE, got {key!r}.",
+                stage="cli",
+                fix="write e.g. --backend-option xnnpack.per_op_mode=true.",
+            )
+        out.setdefault(backend, {})[option] = value
+    return out
+
+
+def _split(value: Optional[str]) -> Optional[list[str]]:
+    if value is None:
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+# ---- commands ----------------------------------------------------------------------------
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from llmcore.pipeline import export
+    from llmcore.pipeline.report import format_delegation, format_summary
+    from llmcore.recipe import build_options, load_recipe
+
+    recipe = load_recipe(args.recipe) if args.recipe else {}
+    flags = {
+        "model": args.model,
+        "output": args.output,
+        "config": args.config,
+        "checkpoint": args.checkpoint,
+        "tokenizer": args.tokenizer,
+        "plugins": _split(args.plugins),
+        "quantize": args.quantize,
+        "quantize_options": _key_values(args.quantize_option, "--quantize-option") or None,
+        "backend_options": _backend_options(args.backend_option) or None,
+        "transforms": _split(args.transforms),
+        "max_seq_len": args.max_seq_len,
+        "prompt": args.prompt,
+        "strict_parity": args.strict_parity,
+        "etrecord": args.etrecord,
+        "print_graph": args.print_graph or None,
+        "seed": args.seed,
+        "quiet": args.quiet or None,
+    }
+    options = build_options(recipe, flags)
+    result = export(options)
+    print(format_delegation(result.report["delegation"]))
+    print()
+    print(format_summary(result.report))
+    print(f"report: {result.report_path}")
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from llmcore.plugins import KINDS, load_registry
+
+    registry = load_registry()
+    if args.json:
+        data = {
+            "plugins": [
+                {
+                    "name": p.name,
+                    "distribution": p.distribution,
+                    "version": p.version,
+                    "entry_point": p.entry_point,
+                    "hooks": sorted(set(p.hooks)),
+                    "provides": p.provides,
+                }
+                for p in registry.plugins
+            ],
+            "failed": [{"name": f.name, "entry_point": f.entry_point, "error": f.error} for f in registry.failures],
+            "conflicts": [
+                {"kind": c.kind, "name": c.name, "plugins": [p.package for p in c.plugins]}
+                for c in registry.conflicts
+            ],
+        }
+        print(json.dumps(data, indent=2))
+        return 0
+    if not registry.plugins and not registry.failures:
+        print("no llmcore plugins are installed (entry-point group 'llmcore').")
+    for p in registry.plugins:
+        print(f"{p.name}  ({p.package}; entry point {p.entry_point})")
+        print(f"  hooks: {', '.join(sorted(set(p.hooks))) or '-'}")
+        for kind, names in p.provides.items():
+            print(f"  {KINDS[kind][3]}: {', '.join(names)}")
+    for f in registry.failures:
+        print(f"FAILED {f.name}  ({f.entry_point}): {f.error}")
+    for c in registry.conflicts:
+        print(c.error().one_line())
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from llmcore import chat
+    from llmcore.generate import Sampling, TextStream, TextTokenizer, generate, prompt_ids_for, tokenizer_beside
+    from llmcore.runtime import Program
+
+    if args.max_new_tokens < 1:
+        raise LlmcoreError("--max-new-tokens must be at least 1.", stage="cli", fix="pass a positive --max-new-tokens.")
+    sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    tokenizer_path = args.tokenizer or tokenizer_beside(args.pte)
+    program = Program.load(args.pte)
+    tokenizer = TextTokenizer.from_file(tokenizer_path)
+    prompt = args.prompt
+    if args.chat:
+        prompt = chat.apply_template(tokenizer_path, prompt)
+    ids = prompt_ids_for(program, tokenizer, prompt)
+    if not program.use_kv_cache and len(ids) > program.max_seq_len and not args.json:
+        print(
+            f"[llmcore] note: the prompt has {len(ids)} tokens; the program sees the last {program.max_seq_len}.",
+            file=sys.stderr,
+        )
+    stream = None
+    if not args.json:
+        stream = TextStream(tokenizer, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    result = generate(program, ids, args.max_new_tokens, sampling, on_token=stream)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "prompt_ids": result.prompt_ids,
+                    "generated_ids": result.generated_ids,
+                    "text": tokenizer.decode(result.generated_ids),
+                    "stats": vars(result.stats),
+                }
+            )
+        )
+    else:
+        print()
+        print(result.stats.line(), file=sys.stderr if args.quiet else sys.stdout)
+    return 0
+
+
+# ---- parser --------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmcore", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and library logs")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("export", help="export a model to a .pte program")
+    p.add_argument("--model", help="model family (see `llmcore plugins`)")
+    p.add_argument("--config", help="named config for random initialisation")
+    p.add_argument("--checkpoint", help="checkpoint file or folder")
+    p.add_argument("--tokenizer", help="tokenizer files, when the checkpoint has none")
+    p.add_argument("--plugins", help="backends in partitioning order, e.g. vulkan,xnnpack (empty: portable)")
+    p.add_argument("--quantize", help="quantizer recipe, e.g. int8-dynamic")
+    p.add_argument("--quantize-option", action="append", metavar="KEY=VALUE", help="recipe option (repeatable)")
+    p.add_argument("--backend-option", action="append", metavar="BACKEND.KEY=VALUE", help="partitioner option")
+    p.add_argument("--transforms", help="extra source transforms by name, comma-separated")
+    p.add_argument("--max-seq-len", type=int, help="longest sequence the program accepts")
+    p.add_argument("--recipe", help="YAML file with the same keys as these flags")
+    p.add_argument("--prompt", help="example prompt for calibration and the parity check")
+    p.add_argument("--strict-parity", type=float, metavar="TOL", help="fail if max |logit diff| > TOL")
+    p.add_argument("--etrecord", help="write an ETRecord to this path")
+    p.add_argument("--print-graph", action="store_true", help="print the delegated graph")
+    p.add_argument("--seed", type=int, help="seed for random init and calibration")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("-o", "--output", help="the .pte to write")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("plugins", help="list installed plugins and what they provide")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plugins)
+
+    p = sub.add_parser("run", help="generate text with a .pte program")
+    p.add_argument("pte")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
+    p.add_argument("--tokenizer", help="tokenizer.json (default: the one next to the .pte)")
+    p.add_argument("--json", action="store_true", help="print ids, text and stats as one JSON object")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = args.debug or os.environ.get("LLMCORE_DEBUG") == "1"
+    _quiet_libraries(debug)
+    try:
+        if args.command in ("export", "run"):
+            _quiet_torch(debug)
+        return args.func(args)
+    except LlmcoreError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"llmcore: error: {exc.one_line()}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("llmcore: interrupted; nothing was written.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug: still one line, traceback with --debug
+        if debug:
+            traceback.print_exc()
+        text = " ".join(str(exc).split())[:300]
+        print(
+            f"llmcore: internal error: {type(exc).__name__}: {text} "
+            "(run with --debug for the traceback and report it)",
+            file=sys.stderr,
+        )
+        return 1

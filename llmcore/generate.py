@@ -1,0 +1,216 @@
+"""Text generation over a loaded program: tokenizer, sampler and the decode loop.
+
+The loop follows the program's calling convention (``docs/pte-contract.md``): without a
+KV cache it feeds the last ``max_seq_len`` tokens every step; with one it prefills the
+prompt once and then feeds one token at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from llmcore.errors import LlmcoreError
+from llmcore.progress import peak_rss_mib
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class TextTokenizer:
+    """Encode/decode with a Hugging Face ``tokenizer.json`` (through the `tokenizers` package)."""
+
+    def __init__(self, json_text: str, source: str = "<memory>"):
+        from tokenizers import Tokenizer
+
+        try:
+            self._tok = Tokenizer.from_str(json_text)
+        except Exception as exc:
+            raise LlmcoreError(
+                f"tokenizer {source!r} is not a valid tokenizer.json: {str(exc)[:200]}",
+                stage="tokenizer",
+                fix="export the model again so llmcore writes its tokenizer, or pass a valid --tokenizer.",
+            ) from None
+        self.source = source
+        self.json_text = json_text
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "TextTokenizer":
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise LlmcoreError(
+                f"cannot read tokenizer {str(path)!r}: {getattr(exc, 'strerror', None) or exc}.",
+                stage="tokenizer",
+                fix=f"keep the {TOKENIZER_FILE} that llmcore export wrote next to the .pte, or pass --tokenizer.",
+            ) from None
+        return cls(text, str(path))
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def token_id(self, token: str) -> Optional[int]:
+        return self._tok.token_to_id(token)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+
+@dataclass
+class Sampling:
+    """temperature 0 means greedy (argmax); top-k 0 and top-p 1 mean no cut-off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: Optional[int] = None
+    _gen: torch.Generator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise LlmcoreError(
+                "sampling needs temperature >= 0, top-k >= 0 and 0 < top-p <= 1.",
+                stage="run",
+                fix="check --temperature, --top-k and --top-p.",
+            )
+        self._gen = torch.Generator()
+        self._gen.manual_seed(self.seed if self.seed is not None else torch.seed())
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        logits = logits.float()
+        if self.temperature == 0:
+            return int(torch.argmax(logits))
+        logits = logits / self.temperature
+        if self.top_k:
+            kth = torch.topk(logits, min(self.top_k, logits.numel())).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if self.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sorted_probs, 0) - sorted_probs < self.top_p
+            sorted_probs = sorted_probs * keep
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        return int(torch.multinomial(probs / probs.sum(), 1, generator=self._gen))
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int
+    generated_tokens: int
+    time_to_first_token_s: float
+    prefill_tok_s: float
+    decode_tok_s: float
+    peak_rss_mib: float
+
+    def line(self) -> str:
+        return (
+            f"prompt {self.prompt_tokens} tok, generated {self.generated_tokens} tok | "
+            f"time to first token {self.time_to_first_token_s * 1000:.1f} ms | "
+            f"prefill {self.prefill_tok_s:.1f} tok/s | decode {self.decode_tok_s:.1f} tok/s | "
+            f"peak RSS {self.peak_rss_mib:.0f} MiB"
+        )
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    generated_ids: list[int]
+    stats: GenerationStats
+
+
+def generate(
+    program,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    sampling: Sampling,
+    on_token: Optional[Callable[[int], None]] = None,
+) -> Generation:
+    """Generate up to ``max_new_tokens`` after the prompt; stops at an EOS id."""
+    if not prompt_ids:
+        raise LlmcoreError("the prompt is empty after tokenization.", stage="run", fix="pass a non-empty --prompt.")
+    limit = program.max_context_len if program.use_kv_cache else None
+    if program.use_kv_cache and len(prompt_ids) > min(program.max_seq_len, limit):
+        raise LlmcoreError(
+            f"the prompt has {len(prompt_ids)} tokens; this program takes at most "
+            f"{min(program.max_seq_len, limit)} in its context.",
+            stage="run",
+            fix="shorten the prompt, or export with a larger --max-seq-len.",
+        )
+    eos = set(program.eos_ids)
+    tokens = list(prompt_ids)
+    generated: list[int] = []
+    start = time.perf_counter()
+    first_token_at = start
+    for step in range(max_new_tokens):
+        if program.use_kv_cache:
+            if len(tokens) >= limit:
+                break
+            if step == 0:
+                logits = program.logits(tokens, 0)
+            else:
+                logits = program.logits(tokens[-1:], len(tokens) - 1)
+        else:
+            logits = program.logits(tokens[-program.max_seq_len :])
+        token = sampling(logits)
+        if step == 0:
+            first_token_at = time.perf_counter()
+        generated.append(token)
+        tokens.append(token)
+        if on_token is not None:
+            on_token(token)
+        if token in eos:
+            break
+    end = time.perf_counter()
+    prefill_s = max(first_token_at - start, 1e-9)
+    decode_steps = len(generated) - 1
+    stats = GenerationStats(
+        prompt_tokens=len(prompt_ids),
+        generated_tokens=len(generated),
+        time_to_first_token_s=prefill_s,
+        prefill_tok_s=len(prompt_ids) / prefill_s,
+        decode_tok_s=decode_steps / (end - first_token_at) if decode_steps > 0 else 0.0,
+        peak_rss_mib=peak_rss_mib(),
+    )
+    return Generation(list(prompt_ids), generated, stats)
+
+
+class TextStream:
+    """Turns token ids into printable text as they come, holding back split UTF-8."""
+
+    def __init__(self, tokenizer: TextTokenizer, write: Callable[[str], None]):
+        self.tokenizer = tokenizer
+        self.write = write
+        self.ids: list[int] = []
+        self.printed = 0
+
+    def __call__(self, token: int) -> None:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return  # the rest of a multi-byte character is still to come
+        self.write(text[self.printed :])
+        self.printed = len(text)
+
+
+def tokenizer_beside(pte_path: str | Path) -> Path:
+    return Path(pte_path).resolve().parent / TOKENIZER_FILE
+
+
+def prompt_ids_for(program, tokenizer: TextTokenizer, prompt: str) -> list[int]:
+    ids = tokenizer.encode(prompt)
+    if program.n_bos and program.bos_id >= 0:
+        ids = [program.bos_id] * program.n_bos + ids
+    return ids
+
+
+def load_json(path: Path) -> dict:
+    return json.loads(path.read_text())

@@ -1,0 +1,68 @@
+"""Building blocks shared by model families.
+
+:class:`CausalAttention` is the seam between a model family and the source transforms:
+a family computes ``q``, ``k`` and ``v`` its own way (fused or separate projections,
+RoPE or learned positions) and hands them to a ``CausalAttention`` submodule. A KV-cache
+transform, or a backend's attention rewrite, replaces that submodule and nothing else, so
+the same transform serves every family.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class CausalAttention(nn.Module):
+    """Causal scaled-dot-product attention over ``[B, T, H, D]`` inputs, without a cache.
+
+    ``q`` has ``n_heads`` heads, ``k`` and ``v`` have ``n_kv_heads`` (grouped-query
+    attention when fewer). Returns ``[B, T, n_heads * head_dim]``.
+    """
+
+    def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int):
+        super().__init__()
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
+        self.head_dim = head_dim
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        input_pos: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        bsz, seq_len = q.shape[0], q.shape[1]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
+        k, v = repeat_kv(k, self.n_heads // self.n_kv_heads), repeat_kv(
+            v, self.n_heads // self.n_kv_heads
+        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).reshape(bsz, seq_len, self.n_heads * self.head_dim)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """Repeat ``[B, H_kv, T, D]`` key/value heads ``n_rep`` times along the head axis."""
+    if n_rep == 1:
+        return x
+    return x.repeat_interleave(n_rep, dim=1)
+
+
+def positions_slice(table: torch.Tensor, seq_len: int, input_pos: Optional[torch.Tensor]):
+    """Rows ``[start, start + seq_len)`` of a per-position table (embeddings, RoPE freqs).
+
+    ``start`` is 0 without a cache and ``input_pos[0]`` with one. Slicing keeps the graph
+    free of ``arange`` and advanced indexing, which some backends cannot lower.
+    """
+    if input_pos is None:
+        return table[:seq_len]
+    start = input_pos[0].item()
+    torch._check_is_size(start)
+    torch._check(start + seq_len <= table.shape[0])
+    return table.narrow(0, start, seq_len)

@@ -1,0 +1,205 @@
+"""The export pipeline, one module per stage, in the order data flows:
+
+load -> transform -> (source quantize) -> capture -> (pt2e quantize, capture again)
+-> lower -> post-passes -> emit -> parity -> write -> report
+
+Nothing here names a backend or a model family: those come from plugins, through the
+:class:`~llmcore.plugins.Registry`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from llmcore import __version__, chat
+from llmcore.errors import LlmcoreError
+from llmcore.generate import TOKENIZER_FILE, TextTokenizer
+from llmcore.pipeline import capture, emit, lower, parity, quantize, report, transform, write
+from llmcore.pipeline.load import load_model
+from llmcore.plugins import Registry, load_registry
+from llmcore.progress import StageLog
+from llmcore.recipe import ExportOptions
+from llmcore.records import ModelMetadata, TransformContext
+
+
+@dataclass
+class ExportResult:
+    pte: Path
+    report_path: Path
+    tokenizer_path: Path
+    report: dict[str, Any]
+
+
+def export(options: ExportOptions, registry: Optional[Registry] = None) -> ExportResult:
+    """Run the whole pipeline; writes the `.pte`, its report and the tokenizer, or nothing."""
+    registry = registry if registry is not None else load_registry()
+    log = StageLog(quiet=options.quiet)
+    output = Path(options.output)
+    write.check_writable(output)
+    report_path = output.with_name(output.stem + ".report.json")
+    tokenizer_path = output.with_name(TOKENIZER_FILE)
+
+    # Resolve every name before the long stages, so a typo fails in a second.
+    family_plugin = registry.get("model_families", options.model, stage="load").plugin
+    backends = lower.resolve_backends(options.plugins, options.backend_options, registry)
+    recipe, recipe_options = quantize.resolve_recipe(
+        options.quantize, options.quantize_options, options.plugins, registry
+    )
+    transforms = transform.select_transforms(options, registry, options.model)
+
+    with log.stage("load"):
+        loaded = load_model(options, registry)
+    meta = loaded.metadata
+    max_seq_len = options.max_seq_len or meta.max_seq_len
+    if max_seq_len > meta.max_seq_len:
+        raise LlmcoreError(
+            f"--max-seq-len {max_seq_len} is beyond what the model supports ({meta.max_seq_len}).",
+            stage="load",
+            plugin=family_plugin.name,
+            fix=f"pass --max-seq-len {meta.max_seq_len} or less.",
+        )
+    if loaded.tokenizer is None:
+        raise LlmcoreError(
+            f"model family {options.model!r} found no tokenizer for this checkpoint.",
+            stage="load",
+            plugin=family_plugin.name,
+            fix="pass --tokenizer with the tokenizer files of the checkpoint.",
+        )
+    tokenizer = TextTokenizer(loaded.tokenizer.json_text, source=loaded.tokenizer.description or "model")
+    prompt_ids = _prompt_ids(tokenizer, options.prompt, meta, max_seq_len)
+
+    context = TransformContext(
+        metadata=meta, max_seq_len=max_seq_len, family=options.model, backends=tuple(options.plugins)
+    )
+    with log.stage("transform"):
+        applied = transform.apply_transforms(loaded, transforms, context)
+    module = loaded.module.eval()
+
+    if recipe is not None and recipe.record.source_quantize is not None:
+        with log.stage("quantize"):
+            module = quantize.quantize_source(module, recipe, recipe_options)
+
+    inputs = capture.example_inputs(prompt_ids, context.use_kv_cache)
+    with log.stage("export"):
+        exported = capture.capture(module, inputs, max_seq_len, context.use_kv_cache, family=options.model)
+    reference, reference_name = module, "eager PyTorch"
+    if recipe is not None:
+        reference_name = f"quantized eager PyTorch ({recipe.record.name})"
+    if recipe is not None and recipe.record.pt2e_quantizer is not None:
+        with log.stage("quantize"):
+            converted = quantize.quantize_graph(exported, recipe, recipe_options, [inputs])
+            exported = capture.capture(
+                converted, inputs, max_seq_len, context.use_kv_cache,
+                family=options.model, what="the quantized model",
+            )
+        reference = converted
+
+    methods = metadata_methods(meta, max_seq_len, context)
+    with log.stage("lower"):
+        edge = lower.lower(exported, backends, methods)
+        delegation = report.delegation_report(edge)
+    if options.print_graph:
+        from executorch.exir.backend.utils import format_delegated_graph
+
+        print(format_delegated_graph(edge.exported_program().graph_module))
+
+    bundle = write.OutputBundle()
+    try:
+        etrecord_tmp = None
+        edge_copy = None
+        if options.etrecord:
+            etrecord_tmp = bundle.reserve(Path(options.etrecord))
+            edge_copy = emit.copy_for_etrecord(edge)
+        passes = emit.select_post_passes(registry, options.plugins)
+        with log.stage("post-passes"):
+            edge = emit.apply_post_passes(edge, passes)
+        with log.stage("emit"):
+            program = emit.to_executorch(edge, str(etrecord_tmp) if etrecord_tmp else None, edge_copy)
+            buffer = program.buffer
+        with log.stage("parity"):
+            result = parity.check_parity(
+                buffer, reference, prompt_ids, context.use_kv_cache, reference_name, context.runtime_imports
+            )
+        parity.enforce(result, options.strict_parity)
+
+        data = {
+            "llmcore_version": __version__,
+            "options": dataclasses.asdict(options),
+            "model": {
+                "family": loaded.family,
+                "plugin": family_plugin.package,
+                "source": loaded.source,
+                "metadata": dataclasses.asdict(meta) | {"chat_template": bool(meta.chat_template)},
+                "max_seq_len": max_seq_len,
+            },
+            "backends": [
+                {"name": p.record.name, "plugin": p.plugin.package, "runtime_id": p.record.runtime_id, "options": o}
+                for p, o in backends
+            ],
+            "transforms": applied,
+            "quantization": {"recipe": recipe.record.name, "plugin": recipe.plugin.package, "options": recipe_options}
+            if recipe
+            else None,
+            "post_passes": [p.record.name for p in passes],
+            "metadata_methods": methods,
+            "runtime_imports": context.runtime_imports,
+            "delegation": delegation,
+            "parity": result.as_dict(),
+            "stages": [],
+            "outputs": {
+                "pte": str(output),
+                "pte_bytes": len(buffer),
+                "report": str(report_path),
+                "tokenizer": str(tokenizer_path),
+                "etrecord": options.etrecord,
+            },
+        }
+        with log.stage("write"):
+            bundle.stage(output, buffer)
+            bundle.stage(tokenizer_path, tokenizer.json_text)
+            bundle.stage(tokenizer_path.with_name(chat.CONFIG_FILE), _tokenizer_config(tokenizer, meta))
+            data["stages"] = log.as_dicts()
+            bundle.stage(report_path, report.to_json(data))
+            bundle.commit()
+    finally:
+        bundle.discard()
+    data["stages"] = log.as_dicts()
+    return ExportResult(output, report_path, tokenizer_path, data)
+
+
+def _prompt_ids(tokenizer: TextTokenizer, prompt: str, meta: ModelMetadata, max_seq_len: int) -> list[int]:
+    ids = tokenizer.encode(prompt)
+    if meta.n_bos and meta.bos_id >= 0:
+        ids = [meta.bos_id] * meta.n_bos + ids
+    ids = [i for i in ids if 0 <= i < meta.vocab_size][: max(1, min(max_seq_len, 64))]
+    if len(ids) < 2:
+        ids = (ids + [0, 1])[:2]
+    return ids
+
+
+def _tokenizer_config(tokenizer: TextTokenizer, meta: ModelMetadata) -> str:
+    def token(i: int):
+        return tokenizer.decode([i]) if 0 <= i < tokenizer.vocab_size else None
+
+    eos = token(meta.eos_ids[0]) if meta.eos_ids else None
+    return chat.tokenizer_config(meta.chat_template, token(meta.bos_id), eos)
+
+
+def metadata_methods(meta: ModelMetadata, max_seq_len: int, context: TransformContext) -> dict[str, Any]:
+    """The constant methods of ``docs/pte-contract.md``."""
+    methods: dict[str, Any] = {
+        "get_max_seq_len": max_seq_len,
+        "get_max_context_len": max_seq_len,
+        "get_vocab_size": meta.vocab_size,
+        "get_bos_id": meta.bos_id,
+        "get_n_bos": meta.n_bos,
+        "use_kv_cache": context.use_kv_cache,
+        "use_sdpa_with_kv_cache": context.use_sdpa_with_kv_cache,
+        "enable_dynamic_shape": True,
+    }
+    if meta.eos_ids:
+        methods["get_eos_ids"] = list(meta.eos_ids)
+    return methods

@@ -1,0 +1,70 @@
+"""Stage 3: capture the module with torch.export, the sequence length left dynamic.
+
+The inputs follow ``docs/pte-contract.md``: ``(tokens,)`` or, once a KV-cache transform
+has run, ``(tokens, input_pos)``. Errors from deep inside torch.export are turned into one
+line that names the model family and the likely fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from llmcore.errors import LlmcoreError
+
+
+def example_inputs(prompt_ids: list[int], use_kv_cache: bool) -> tuple:
+    tokens = torch.tensor([prompt_ids], dtype=torch.long)
+    if use_kv_cache:
+        return (tokens, torch.tensor([0], dtype=torch.long))
+    return (tokens,)
+
+
+def dynamic_shapes(max_seq_len: int, use_kv_cache: bool) -> tuple:
+    seq = torch.export.Dim("seq_len", min=1, max=max_seq_len)
+    if use_kv_cache:
+        return ({1: seq}, None)
+    return ({1: seq},)
+
+
+def capture(
+    module: Any,
+    inputs: tuple,
+    max_seq_len: int,
+    use_kv_cache: bool,
+    *,
+    family: str,
+    what: str = "the model",
+) -> torch.export.ExportedProgram:
+    try:
+        with torch.no_grad():
+            return torch.export.export(
+                module, inputs, dynamic_shapes=dynamic_shapes(max_seq_len, use_kv_cache), strict=False
+            )
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:
+        raise LlmcoreError(
+            f"torch.export could not capture {what} with a dynamic sequence length "
+            f"(1..{max_seq_len}): {_first_line(exc)}",
+            stage="export",
+            plugin=family,
+            fix=_hint(exc),
+        ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [l.strip() for l in str(exc).splitlines() if l.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def _hint(exc: BaseException) -> Optional[str]:
+    text = str(exc)
+    if "Constraints violated" in text or "specializ" in text or "guard" in text.lower():
+        return (
+            "the model's forward branches on the sequence length or specialises it; "
+            "try another --max-seq-len, or make the model's shape logic symbolic (--debug shows the traceback)."
+        )
+    return "check the source transforms and the model's forward (--debug shows the traceback)."

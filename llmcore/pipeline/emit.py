@@ -1,0 +1,69 @@
+"""Stage 6: post-passes, then to_executorch: the program's bytes (and an ETRecord)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+from llmcore.errors import LlmcoreError
+from llmcore.plugins import Provided, Registry
+from llmcore.records import PostPass
+
+
+def select_post_passes(registry: Registry, backends: list[str]) -> list[Provided]:
+    chosen = [
+        p for p in registry.all("post_passes")
+        if not p.record.backends or set(p.record.backends) & set(backends)
+    ]
+    return sorted(chosen, key=lambda p: (p.record.order, p.record.name))
+
+
+def apply_post_passes(edge, passes: list[Provided]):
+    for provided in passes:
+        post: PostPass = provided.record
+        try:
+            edge = edge.transform([post.create()])
+        except (KeyboardInterrupt, MemoryError):
+            raise
+        except Exception as exc:
+            raise LlmcoreError(
+                f"post-pass {post.name!r} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
+                stage="post-passes",
+                plugin=provided.plugin.name,
+                fix="report it to the plugin's authors (--debug shows the traceback).",
+            ) from exc
+    return edge
+
+
+def to_executorch(edge, etrecord_path: Optional[str] = None, edge_copy: Any = None):
+    """Serialise the edge program; writes an ETRecord when asked."""
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
+
+    config = ExecutorchBackendConfig(
+        extract_delegate_segments=True,
+        do_quant_fusion_and_const_prop=True,
+        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+        sym_shape_eval_pass=ConstraintBasedSymShapeEvalPass(),
+    )
+    try:
+        program = edge.to_executorch(config)
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:
+        raise LlmcoreError(
+            f"to_executorch failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
+            stage="emit",
+            fix="run with --debug for the traceback; a post-pass or backend left the graph in a state ExecuTorch cannot plan.",
+        ) from exc
+    if etrecord_path and edge_copy is not None:
+        from executorch.devtools import generate_etrecord
+
+        generate_etrecord(etrecord_path, edge_copy, program)
+    return program
+
+
+def copy_for_etrecord(edge):
+    """ETRecord wants the edge program as it was before to_executorch mutated it."""
+    return copy.deepcopy(edge)

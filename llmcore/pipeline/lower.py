@@ -1,0 +1,107 @@
+"""Stage 5: to_edge + lowering, with partitioners in the order the user listed backends.
+
+``--plugins vulkan,xnnpack`` gives Vulkan the first pick of the graph and XNNPACK what is
+left. The order comes from the user's list, never from plugin registration order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+
+from llmcore.errors import LlmcoreError, choose_one_of
+from llmcore.plugins import Provided, Registry
+from llmcore.recipe import check_plugin_options
+from llmcore.records import Backend
+
+
+def resolve_backends(names: list[str], backend_options: dict, registry: Registry) -> list[tuple[Provided, dict]]:
+    """Look up each selected backend, in order, with its checked options."""
+    if len(set(names)) != len(names):
+        dup = [n for n, c in Counter(names).items() if c > 1]
+        raise LlmcoreError(
+            f"backend {dup[0]!r} is listed twice in --plugins.",
+            stage="lower",
+            fix="list each backend once.",
+        )
+    unknown_opts = set(backend_options) - set(names)
+    if unknown_opts:
+        name = sorted(unknown_opts)[0]
+        raise LlmcoreError(
+            f"backend options are given for {name!r}, which is not in --plugins.",
+            stage="options",
+            fix=f"add {name} to --plugins or drop its options.",
+        )
+    resolved = []
+    for name in names:
+        if name not in registry.names("backends") and name in registry.names("model_families"):
+            raise LlmcoreError(
+                f"{name!r} is a model family, not a backend.",
+                stage="lower",
+                fix=f"pass it as --model {name}; --plugins lists backends.",
+            )
+        provided = registry.get("backends", name, stage="lower")
+        backend: Backend = provided.record
+        opts = check_plugin_options(
+            f"backend {name!r}", backend.options, backend_options.get(name, {}), provided.plugin.name
+        )
+        resolved.append((provided, opts))
+    return resolved
+
+
+def edge_compile_config(backends: list[Backend]):
+    from executorch.exir import EdgeCompileConfig
+
+    check = all(b.edge.check_ir_validity for b in backends) if backends else True
+    skip_dim_order = any(b.edge.skip_dim_order for b in backends)
+    return EdgeCompileConfig(_check_ir_validity=check, _skip_dim_order=skip_dim_order)
+
+
+def lower(
+    exported: torch.export.ExportedProgram,
+    backends: list[tuple[Provided, dict]],
+    constant_methods: dict[str, Any],
+):
+    """Returns the EdgeProgramManager with every backend's delegates in place."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    partitioners = []
+    for provided, opts in backends:
+        backend: Backend = provided.record
+        try:
+            partitioners.extend(backend.partitioners(opts))
+        except LlmcoreError as exc:
+            exc.stage, exc.plugin = exc.stage or "lower", exc.plugin or provided.plugin.name
+            raise
+        except (KeyboardInterrupt, MemoryError):
+            raise
+        except Exception as exc:
+            raise LlmcoreError(
+                f"backend {backend.name!r} could not create its partitioner: {type(exc).__name__}: {exc}",
+                stage="lower",
+                plugin=provided.plugin.name,
+                fix="check the backend's options and its installation (--debug shows the traceback).",
+            ) from exc
+    config = edge_compile_config([p.record for p, _ in backends])
+    names = ", ".join(p.record.name for p, _ in backends) or "the portable runtime"
+    try:
+        return to_edge_transform_and_lower(
+            exported,
+            partitioner=partitioners,
+            compile_config=config,
+            constant_methods=constant_methods,
+        )
+    except LlmcoreError:
+        raise
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:
+        first = next((l for l in str(exc).splitlines() if l.strip()), type(exc).__name__)
+        raise LlmcoreError(
+            f"lowering to {names} failed: {type(exc).__name__}: {first[:300]}",
+            stage="lower",
+            plugin=backends[0][0].plugin.name if backends else None,
+            fix="try the backends one at a time to find the one that fails (--debug shows the traceback).",
+        ) from exc

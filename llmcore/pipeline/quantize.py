@@ -1,0 +1,77 @@
+"""Stage 4: quantize, at source level (torchao) or on the exported graph (pt2e).
+
+pt2e recipes: prepare -> calibrate on the example prompt -> convert -> the recipe's
+``after_convert`` -> export again. The converted module is also the eager reference of the
+parity check, so a quantized export is compared with its quantized eager twin.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from llmcore.errors import LlmcoreError
+from llmcore.plugins import Provided, Registry
+from llmcore.recipe import check_plugin_options
+from llmcore.records import QuantizerRecipe
+
+
+def resolve_recipe(name: Optional[str], options: dict, backends: list[str], registry: Registry):
+    """The recipe and its checked options; refuses recipes not meant for the backends."""
+    if not name:
+        return None, {}
+    provided: Provided = registry.get("quantizers", name, stage="quantize")
+    recipe: QuantizerRecipe = provided.record
+    if recipe.backends and not set(recipe.backends) & set(backends):
+        raise LlmcoreError(
+            f"quantizer recipe {name!r} is meant for {', '.join(recipe.backends)}, "
+            f"not for {', '.join(backends) or 'the portable runtime (no --plugins)'}.",
+            stage="quantize",
+            plugin=provided.plugin.name,
+            fix=f"add {recipe.backends[0]} to --plugins, or choose a recipe for your backends.",
+        )
+    return provided, check_plugin_options(f"quantizer recipe {name!r}", recipe.options, options, provided.plugin.name)
+
+
+def quantize_source(module: Any, provided: Provided, options: dict) -> Any:
+    recipe: QuantizerRecipe = provided.record
+    return _run(provided, lambda: recipe.source_quantize(module, options)) or module
+
+
+def quantize_graph(
+    exported: torch.export.ExportedProgram,
+    provided: Provided,
+    options: dict,
+    calibration_inputs: list[tuple],
+) -> torch.fx.GraphModule:
+    """pt2e: prepare, calibrate, convert; returns the converted (quantized eager) module."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    recipe: QuantizerRecipe = provided.record
+    quantizer = _run(provided, lambda: recipe.pt2e_quantizer(options))
+    prepared = _run(provided, lambda: prepare_pt2e(exported.module(), quantizer))
+    with torch.no_grad():
+        for inputs in calibration_inputs:
+            prepared(*inputs)
+    converted = _run(provided, lambda: convert_pt2e(prepared))
+    if recipe.after_convert is not None:
+        _run(provided, lambda: recipe.after_convert(converted))
+    return converted
+
+
+def _run(provided: Provided, fn):
+    try:
+        return fn()
+    except LlmcoreError as exc:
+        exc.stage, exc.plugin = exc.stage or "quantize", exc.plugin or provided.plugin.name
+        raise
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:
+        raise LlmcoreError(
+            f"quantizer recipe {provided.record.name!r} failed: {type(exc).__name__}: {exc}",
+            stage="quantize",
+            plugin=provided.plugin.name,
+            fix="try another recipe or its default options (--debug shows the traceback).",
+        ) from exc

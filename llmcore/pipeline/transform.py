@@ -1,0 +1,75 @@
+"""Stage 2: source transforms, module to module, before torch.export.
+
+Which transforms run: every automatic transform of a selected backend, plus those the user
+names with ``--transforms``; each must apply to the model family. They run in ascending
+``order`` (then name), never in the order plugins registered them.
+"""
+
+from __future__ import annotations
+
+from llmcore.errors import LlmcoreError, choose_one_of
+from llmcore.plugins import Provided, Registry
+from llmcore.recipe import ExportOptions
+from llmcore.records import LoadedModel, SourceTransform, TransformContext
+
+
+def select_transforms(options: ExportOptions, registry: Registry, family: str) -> list[Provided]:
+    available = {p.record.name: p for p in registry.all("transforms")}
+    chosen: dict[str, Provided] = {}
+    for provided in available.values():
+        t: SourceTransform = provided.record
+        if t.automatic and set(t.backends) & set(options.plugins) and _fits_family(t, family):
+            chosen[t.name] = provided
+    for name in options.transforms:
+        if name not in available:
+            raise choose_one_of("source transform", name, available, stage="transform")
+        provided = registry.get("transforms", name, stage="transform")
+        t = provided.record
+        if not _fits_family(t, family):
+            raise LlmcoreError(
+                f"source transform {name!r} applies to model families {', '.join(t.families)}, not {family!r}.",
+                stage="transform",
+                plugin=provided.plugin.name,
+                fix="drop it from --transforms.",
+            )
+        if t.backends and not set(t.backends) & set(options.plugins):
+            raise LlmcoreError(
+                f"source transform {name!r} is meant for backends {', '.join(t.backends)}, "
+                f"none of which is selected ({', '.join(options.plugins) or 'portable'}).",
+                stage="transform",
+                plugin=provided.plugin.name,
+                fix=f"add one of {', '.join(t.backends)} to --plugins, or drop the transform.",
+            )
+        chosen[name] = provided
+    return sorted(chosen.values(), key=lambda p: (p.record.order, p.record.name))
+
+
+def _fits_family(t: SourceTransform, family: str) -> bool:
+    return not t.families or family in t.families
+
+
+def apply_transforms(
+    loaded: LoadedModel, transforms: list[Provided], context: TransformContext
+) -> list[str]:
+    """Apply transforms in order to ``loaded.module``; returns the names applied."""
+    applied = []
+    for provided in transforms:
+        t: SourceTransform = provided.record
+        try:
+            result = t.apply(loaded.module, context)
+        except LlmcoreError as exc:
+            exc.stage, exc.plugin = exc.stage or "transform", exc.plugin or provided.plugin.name
+            raise
+        except (KeyboardInterrupt, MemoryError):
+            raise
+        except Exception as exc:
+            raise LlmcoreError(
+                f"source transform {t.name!r} failed: {type(exc).__name__}: {exc}",
+                stage="transform",
+                plugin=provided.plugin.name,
+                fix="drop the transform or report it to the plugin's authors (--debug shows the traceback).",
+            ) from exc
+        if result is not None:
+            loaded.module = result
+        applied.append(t.name)
+    return applied

@@ -1,0 +1,238 @@
+"""Typed records that plugins return from their hooks.
+
+Every hook in :mod:`llmcore.hookspecs` returns a list of these dataclasses. They carry
+*factories* (plain callables) rather than built objects, so that listing plugins never
+imports a heavy backend: ExecuTorch backends, torchao or coremltools are imported only
+when a factory is called for an export that uses them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+# --------------------------------------------------------------------------------------
+# Model families
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """Facts about a loaded model that runners need; written into the `.pte`."""
+
+    vocab_size: int
+    max_seq_len: int
+    """The longest sequence the model supports (its positional range)."""
+    bos_id: int = -1
+    """Begin-of-sequence token id, or -1 when the tokenizer has none."""
+    eos_ids: tuple[int, ...] = ()
+    n_bos: int = 0
+    """How many BOS tokens a runner puts before a prompt (0 or 1)."""
+    chat_template: Optional[str] = None
+    """A Jinja chat template for instruct models, when the checkpoint carries one."""
+
+
+@dataclass
+class Tokenizer:
+    """A tokenizer in Hugging Face `tokenizer.json` form.
+
+    `json_text` is what llmcore writes next to every `.pte`; runners encode and decode
+    with it. Plugins convert whatever their checkpoints ship (vocab.json + merges.txt,
+    GGUF metadata, ...) into this one form.
+    """
+
+    json_text: str
+    description: str = ""
+
+
+@dataclass
+class LoadedModel:
+    """What a loader hands to the pipeline: an eager module plus everything around it.
+
+    The module follows the calling convention of `docs/pte-contract.md`:
+    `forward(tokens[1, T]) -> logits[1, V]`, and after a KV-cache transform
+    `forward(tokens[1, T], input_pos[1]) -> logits[1, V]`.
+    """
+
+    module: Any  # torch.nn.Module; typed loosely so importing records needs no torch
+    metadata: ModelMetadata
+    tokenizer: Optional[Tokenizer] = None
+    family: str = ""
+    source: str = ""
+    """Where the weights came from: a path, or `random:<config>`."""
+
+
+@dataclass(frozen=True)
+class CheckpointLoader:
+    """One checkpoint format a model family reads.
+
+    `matches(path)` says whether this loader recognises a path (a file or a folder);
+    the first loader of the family that matches is used. `load(path, options)` returns
+    a :class:`LoadedModel`; it must refuse pickles that execute code.
+    """
+
+    name: str
+    description: str
+    matches: Callable[[Path], bool]
+    load: Callable[[Path, "LoadOptions"], LoadedModel]
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """Options a user passes to a loader from the CLI or a recipe."""
+
+    config: Optional[str] = None
+    tokenizer_path: Optional[Path] = None
+    max_seq_len: Optional[int] = None
+    dtype: str = "float32"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """A model architecture and the ways to get weights into it."""
+
+    name: str
+    description: str
+    configs: Mapping[str, str]
+    """Named configurations for random initialisation: name -> one-line description."""
+    build_random: Callable[[str, LoadOptions], LoadedModel]
+    """Build a randomly initialised model from one of `configs`."""
+    loaders: Sequence[CheckpointLoader] = ()
+    default_config: Optional[str] = None
+
+
+# --------------------------------------------------------------------------------------
+# Source transforms
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class TransformContext:
+    """What a source transform may read (and, for calling-convention changes, set)."""
+
+    metadata: ModelMetadata
+    max_seq_len: int
+    """The sequence length the program is exported for."""
+    family: str
+    backends: tuple[str, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+    use_kv_cache: bool = False
+    """Set by a transform that switches the module to `forward(tokens, input_pos)`."""
+    use_sdpa_with_kv_cache: bool = False
+    """Set by a transform whose cache uses ExecuTorch's fused `custom_sdpa` op."""
+    runtime_imports: list[str] = field(default_factory=list)
+    """Python modules that register custom ops the program needs at run time."""
+
+
+@dataclass(frozen=True)
+class SourceTransform:
+    """A named module-to-module rewrite applied before `torch.export`.
+
+    Transforms run in ascending `order`; ties break by name. `families` and `backends`
+    restrict where the transform applies (empty means everywhere). A transform with
+    `automatic=True` runs whenever one of its `backends` is selected; others run only
+    when the user names them with `--transforms`.
+    """
+
+    name: str
+    description: str
+    apply: Callable[[Any, TransformContext], Any]
+    order: int = 100
+    families: tuple[str, ...] = ()
+    backends: tuple[str, ...] = ()
+    automatic: bool = False
+
+
+# --------------------------------------------------------------------------------------
+# Quantizers
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuantizerRecipe:
+    """A named quantization recipe.
+
+    Exactly one of the two factories is set:
+
+    * `pt2e_quantizer(options)` returns a pt2e `Quantizer`; the pipeline runs
+      prepare -> calibrate -> convert on the exported graph, then `after_convert`
+      (in place, on the converted GraphModule), then exports again.
+    * `source_quantize(module, options)` quantizes the eager module in place before
+      export (torchao's `quantize_` with a config, for instance).
+
+    `backends` lists the backends the recipe is meant for; empty means any.
+    `options` documents the options it accepts: name -> (type, default, help).
+    """
+
+    name: str
+    description: str
+    backends: tuple[str, ...] = ()
+    pt2e_quantizer: Optional[Callable[[dict], Any]] = None
+    after_convert: Optional[Callable[[Any], None]] = None
+    source_quantize: Optional[Callable[[Any, dict], Any]] = None
+    options: Mapping[str, tuple[type, Any, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.pt2e_quantizer is None) == (self.source_quantize is None):
+            raise ValueError(
+                f"quantizer recipe {self.name!r}: set exactly one of pt2e_quantizer "
+                "and source_quantize"
+            )
+
+
+# --------------------------------------------------------------------------------------
+# Partitioners
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EdgeSettings:
+    """The parts of ExecuTorch's `EdgeCompileConfig` a backend cares about.
+
+    With several backends the pipeline merges them: IR validity is checked only when
+    every backend allows it, and dim-order ops are skipped when any backend asks.
+    """
+
+    check_ir_validity: bool = True
+    skip_dim_order: bool = False
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A backend the pipeline can lower to.
+
+    `partitioners(options)` returns the ExecuTorch partitioner objects for this backend
+    (usually one). `runtime_id` is the backend id the runtime registers
+    (e.g. the string a delegate carries), used to tell whether a `.pte` can run here.
+    """
+
+    name: str
+    description: str
+    partitioners: Callable[[dict], list]
+    edge: EdgeSettings = EdgeSettings()
+    runtime_id: str = ""
+    runs_on: str = ""
+    """Where programs for this backend execute, in words (for error messages)."""
+    options: Mapping[str, tuple[type, Any, str]] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------
+# Post-passes
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PostPass:
+    """A graph pass applied to the edge program before `to_executorch`.
+
+    `create()` returns an ExecuTorch/torch.fx pass instance. The pass runs when one of
+    `backends` is selected (empty means always), in ascending `order`.
+    """
+
+    name: str
+    description: str
+    create: Callable[[], Any]
+    backends: tuple[str, ...] = ()
+    order: int = 100

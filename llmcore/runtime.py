@@ -1,0 +1,227 @@
+"""Loading and calling `.pte` programs with the ExecuTorch runtime (pybindings).
+
+The ExecuTorch LLM custom ops (``llama::custom_sdpa``, ``llama::update_cache``) and the
+quantized kernels live in libraries that must be loaded in the process that runs a
+program, not only in the one that exported it, or loading fails with
+``Missing operator ... error 0x14``. :func:`load_runtime_libraries` loads them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+import torch
+
+from llmcore.errors import LlmcoreError
+
+# Python modules whose import registers kernels with the ExecuTorch runtime.
+RUNTIME_LIBRARY_MODULES = (
+    "executorch.extension.llm.custom_ops.custom_ops",
+    "executorch.kernels.quantized",
+)
+
+METADATA_METHODS = {
+    "get_max_seq_len": int,
+    "get_max_context_len": int,
+    "get_vocab_size": int,
+    "get_bos_id": int,
+    "get_n_bos": int,
+    "get_eos_ids": list,
+    "use_kv_cache": bool,
+    "use_sdpa_with_kv_cache": bool,
+    "enable_dynamic_shape": bool,
+}
+
+_loaded_libraries: set[str] = set()
+
+
+def load_runtime_libraries(extra: Sequence[str] = ()) -> list[str]:
+    """Import the modules that register runtime kernels; returns those that loaded."""
+    for name in (*RUNTIME_LIBRARY_MODULES, *extra):
+        if name in _loaded_libraries:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:  # a missing optional kernel library is reported by inspect
+            continue
+        _loaded_libraries.add(name)
+    return sorted(_loaded_libraries)
+
+
+class Program:
+    """A loaded `.pte`: its metadata and a ``logits(tokens, input_pos)`` call."""
+
+    def __init__(self, module: Any, source: str, data: bytes):
+        self._module = module
+        self._data = data  # the runtime reads from this buffer; it must outlive the module
+        self.source = source
+        self.method_names = set(module.method_names())
+        self.metadata: dict[str, Any] = {}
+        for name, kind in METADATA_METHODS.items():
+            if name in self.method_names:
+                values = module.run_method(name, [])
+                self.metadata[name] = values if kind is list else kind(values[0])
+        meta = self.metadata
+        self.use_kv_cache: bool = meta.get("use_kv_cache", False)
+        self.max_seq_len: int = meta.get("get_max_seq_len", 128)
+        self.max_context_len: int = meta.get("get_max_context_len", self.max_seq_len)
+        self.eos_ids: list[int] = [int(i) for i in meta.get("get_eos_ids", [])]
+        self.bos_id: int = meta.get("get_bos_id", -1)
+        self.n_bos: int = meta.get("get_n_bos", 0)
+        self._warm = False
+
+    @classmethod
+    def load(cls, source: str | Path | bytes, *, enable_etdump: bool = False) -> "Program":
+        from executorch.extension.pybindings import portable_lib
+
+        load_runtime_libraries()
+        label = "<buffer>" if isinstance(source, (bytes, bytearray)) else str(source)
+        if not isinstance(source, (bytes, bytearray)):
+            path = Path(source)
+            if not path.is_file():
+                raise LlmcoreError(
+                    f"program {label!r} does not exist.", stage="run", fix="check the path of the .pte file."
+                )
+            source = path.read_bytes()
+        _check_header(source, label)
+        with captured_stderr() as runtime_log:
+            try:
+                module = portable_lib._load_for_executorch_from_buffer(
+                    source, enable_etdump=enable_etdump, debug_buffer_size=0
+                )
+                program, failure = cls(module, label, source), None
+            except Exception as exc:
+                failure = exc
+        if failure is not None:
+            raise load_error(label, source, failure, runtime_log.text()) from failure
+        return program
+
+    def logits(self, tokens: Sequence[int], input_pos: Optional[int] = None) -> torch.Tensor:
+        """Logits ``[V]`` for the last of ``tokens``."""
+        inputs = [torch.tensor([list(tokens)], dtype=torch.long)]
+        if self.use_kv_cache:
+            inputs.append(torch.tensor([input_pos or 0], dtype=torch.long))
+        try:
+            if self._warm:
+                out = self._module.run_method("forward", inputs)[0]
+            else:  # backends print their CPU probing on the first call; keep it off the terminal
+                with captured_stderr():
+                    out = self._module.run_method("forward", inputs)[0]
+                self._warm = True
+        except Exception as exc:
+            raise LlmcoreError(
+                f"running {self.source!r} failed: {type(exc).__name__}: {exc}",
+                stage="run",
+                fix="check that the program was exported by this version of llmcore and its backends run here (llmcore inspect).",
+            ) from exc
+        return out.reshape(-1, out.shape[-1])[-1]
+
+    @property
+    def module(self) -> Any:
+        """The underlying pybindings module (for ETDump access)."""
+        return self._module
+
+
+def _check_header(data: bytes, label: str) -> None:
+    # A flatbuffer program carries its file identifier at bytes 4..8: "ET" + 2 digits.
+    if len(data) < 8 or data[4:6] != b"ET":
+        raise LlmcoreError(
+            f"{label!r} is not an ExecuTorch program (no 'ET..' identifier in its header).",
+            stage="run",
+            fix="pass a .pte file written by `llmcore export`.",
+        )
+
+
+class _Captured:
+    def __init__(self) -> None:
+        self.data = b""
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+
+@contextmanager
+def captured_stderr() -> Iterator[_Captured]:
+    """Collect what the C++ runtime logs on fd 2 while loading (cpuinfo chatter, the
+    name of a missing operator or backend); ``LLMCORE_DEBUG=1`` lets it through."""
+    captured = _Captured()
+    if os.environ.get("LLMCORE_DEBUG") == "1":
+        yield captured
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            captured.data = sink.read()
+
+
+def load_error(label: str, data: bytes, exc: BaseException, runtime_log: str = "") -> LlmcoreError:
+    """Explain why the runtime refused a program: missing backend, op, or a damaged file."""
+    text = str(exc)
+    for line in runtime_log.splitlines():
+        if "cpuinfo" in line or not line.strip():
+            continue
+        text = f"{line.split(']', 1)[-1].strip()}; {text}"  # the runtime's own reason first
+        break
+    missing = missing_backends(data)
+    if missing:
+        names = ", ".join(missing)
+        return LlmcoreError(
+            f"{label!r} needs backend(s) {names}, which this runtime does not have.",
+            stage="run",
+            fix="run it where that backend exists (see `llmcore inspect`), or export it for a backend this runtime has (e.g. --plugins xnnpack).",
+        )
+    if "0x14" in text or "Missing operator" in text:
+        return LlmcoreError(
+            f"{label!r} uses an operator this runtime lacks ({text.strip()[:200]}).",
+            stage="run",
+            fix="load the plugin's runtime library, or export without the custom op (see `llmcore inspect`).",
+        )
+    return LlmcoreError(
+        f"{label!r} could not be loaded; the file is truncated or damaged ({type(exc).__name__}: {text.strip()[:200]}).",
+        stage="run",
+        fix="export it again with `llmcore export`.",
+    )
+
+
+def registered_backends() -> set[str]:
+    from executorch.extension.pybindings import portable_lib
+
+    return set(portable_lib._get_registered_backend_names())
+
+
+def delegate_ids(data: bytes) -> list[str]:
+    """Backend ids of the delegates a serialized program carries (empty if unreadable)."""
+    try:
+        from executorch.exir._serialize._program import deserialize_pte_binary
+
+        program = deserialize_pte_binary(data)
+        program = getattr(program, "program", program)
+    except Exception:
+        return []
+    ids = []
+    for plan in program.execution_plan:
+        for delegate in plan.delegates:
+            if delegate.id not in ids:
+                ids.append(delegate.id)
+    return ids
+
+
+def missing_backends(data: bytes) -> list[str]:
+    try:
+        have = registered_backends()
+    except Exception:
+        return []
+    return [d for d in delegate_ids(data) if d not in have]

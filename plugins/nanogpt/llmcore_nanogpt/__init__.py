@@ -1,0 +1,98 @@
+"""nanoGPT / GPT-2 for llmcore: the model family, its configs and checkpoint loaders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from llmcore import hookimpl
+from llmcore.records import CheckpointLoader, LoadedModel, LoadOptions, ModelFamily, ModelMetadata, Tokenizer
+
+__version__ = "0.1.0"
+
+FAMILY = "nanogpt"
+GPT2_VOCAB = 50257
+
+
+def _tokenizer_for(vocab_size: int, options: LoadOptions, checkpoint: Optional[Path] = None) -> Optional[Tokenizer]:
+    from llmcore_nanogpt import tokenizer as tok
+
+    if options.tokenizer_path is not None:
+        return tok.load_tokenizer(options.tokenizer_path)
+    if checkpoint is not None:
+        folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+        if tok.find_files(folder):
+            return tok.load_tokenizer(folder)
+    if vocab_size == 257:
+        return tok.byte_level_tokenizer()
+    if vocab_size == GPT2_VOCAB and (files := tok.default_gpt2_files()) is not None:
+        return tok.load_tokenizer(files)
+    return None
+
+
+def _finish(loaded: LoadedModel, options: LoadOptions) -> LoadedModel:
+    """Metadata from the model config and the tokenizer's end-of-text token."""
+    import json
+
+    config = loaded.module.config
+    eos: tuple[int, ...] = ()
+    if loaded.tokenizer is not None:
+        vocab = json.loads(loaded.tokenizer.json_text)["model"]["vocab"]
+        if "<|endoftext|>" in vocab:
+            eos = (vocab["<|endoftext|>"],)
+    loaded.metadata = ModelMetadata(
+        vocab_size=config.vocab_size,
+        max_seq_len=config.block_size,
+        bos_id=eos[0] if eos else -1,
+        eos_ids=eos,
+        n_bos=0,
+    )
+    return loaded
+
+
+def _build_random(name: str, options: LoadOptions) -> LoadedModel:
+    from llmcore_nanogpt.model import CONFIGS, GPT
+
+    config = CONFIGS[name]
+    model = GPT(config).init_random(options.seed).eval()
+    loaded = LoadedModel(model, metadata=None, tokenizer=_tokenizer_for(config.vocab_size, options))
+    return _finish(loaded, options)
+
+
+def _loader(name: str, description: str, matches_name: str, load_name: str) -> CheckpointLoader:
+    def matches(path: Path) -> bool:
+        from llmcore_nanogpt import loaders
+
+        return getattr(loaders, matches_name)(path)
+
+    def load(path: Path, options: LoadOptions) -> LoadedModel:
+        from llmcore_nanogpt import loaders
+
+        loaded = getattr(loaders, load_name)(path, options, None)
+        loaded.tokenizer = _tokenizer_for(loaded.module.config.vocab_size, options, path)
+        return _finish(loaded, options)
+
+    return CheckpointLoader(name, description, matches, load)
+
+
+@hookimpl
+def llmcore_model_families() -> list[ModelFamily]:
+    return [
+        ModelFamily(
+            name=FAMILY,
+            description="GPT-2 architecture with nanoGPT's parameter names",
+            configs={
+                "gpt2": "GPT-2 124M: 12 layers, 12 heads, 768 wide, 1024 positions",
+                "gpt2-medium": "GPT-2 350M: 24 layers, 16 heads, 1024 wide",
+                "tiny": "for tests: 2 layers, 4 heads, 64 wide, 128 positions, byte-level vocab (257)",
+            },
+            build_random=_build_random,
+            loaders=(
+                _loader("hf-gpt2", "Hugging Face GPT-2 folder: config.json + model.safetensors or pytorch_model.bin",
+                        "matches_hf", "load_hf"),
+                _loader("nanogpt-ckpt", "nanoGPT train.py checkpoint: ckpt.pt with model_args and model",
+                        "matches_nanogpt", "load_nanogpt"),
+            ),
+            default_config="gpt2",
+        )
+    ]

@@ -1,0 +1,172 @@
+"""Checkpoint formats the nanoGPT family reads.
+
+* nanoGPT's own ``ckpt.pt`` from ``train.py``: ``model_args`` plus a state dict whose keys
+  may carry ``_orig_mod.`` (left by ``torch.compile``).
+* Hugging Face GPT-2: ``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``;
+  HF's ``Conv1D`` stores weights as ``[in, out]``, the transpose of ``nn.Linear``.
+
+Pickles load with ``torch.load(weights_only=True)``: a checkpoint that tries to run code
+is refused, and the code never runs.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from llmcore.errors import LlmcoreError
+from llmcore.records import LoadedModel, LoadOptions, Tokenizer
+
+from llmcore_nanogpt.model import GPT, GPTConfig
+
+PLUGIN = "nanogpt"
+CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# Buffers that GPT-2 implementations keep for the causal mask; this model builds none.
+IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+
+
+def _error(message: str, fix: str) -> LlmcoreError:
+    return LlmcoreError(message, stage="load", plugin=PLUGIN, fix=fix)
+
+
+def load_pickle(path: Path) -> Any:
+    """``torch.load`` restricted to tensors and plain containers."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=False)
+    except pickle.UnpicklingError as exc:
+        raise _error(
+            f"refused to load {str(path)!r}: it contains pickled objects beyond tensors and plain data "
+            f"(possibly code to execute) - {str(exc).splitlines()[0][:160]}",
+            "load only checkpoints you trust, re-saved as plain state dicts or safetensors.",
+        ) from None
+    except (EOFError, RuntimeError, OSError, ValueError) as exc:
+        raise _error(
+            f"{str(path)!r} is truncated or not a PyTorch checkpoint ({type(exc).__name__}: {str(exc)[:160]}).",
+            "check the file, or save it again.",
+        ) from None
+
+
+def build_model(config: GPTConfig, state: dict[str, torch.Tensor], source: str) -> GPT:
+    """A GPT with ``state`` loaded; missing, extra or misshapen tensors are named in the error."""
+    with torch.device("meta"):
+        model = GPT(config)
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    state = {k: v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES)}
+    state.setdefault("lm_head.weight", state.get("transformer.wte.weight"))
+    if state["lm_head.weight"] is None:
+        state.pop("lm_head.weight")
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(state) if tuple(state[k].shape) != tuple(expected[k]))
+    problems = []
+    if missing:
+        problems.append(f"missing {_names(missing)}")
+    if extra:
+        problems.append(f"unexpected {_names(extra)}")
+    if wrong:
+        k = wrong[0]
+        problems.append(
+            f"wrong shape for {_names(wrong)} (e.g. {k}: {list(state[k].shape)}, expected {list(expected[k])})"
+        )
+    if problems:
+        raise _error(
+            f"checkpoint {source!r} does not fit a GPT-2 with n_layer={config.n_layer}, "
+            f"n_head={config.n_head}, n_embd={config.n_embd}, vocab_size={config.vocab_size}: "
+            + "; ".join(problems) + ".",
+            "check that its config matches its weights and that the file is complete.",
+        )
+    model = GPT(config)
+    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    return model.eval()
+
+
+def _names(keys: list[str]) -> str:
+    shown = ", ".join(keys[:3])
+    return f"{len(keys)} tensor(s): {shown}" + (", ..." if len(keys) > 3 else "")
+
+
+# ---- nanoGPT ckpt.pt ------------------------------------------------------------------------
+
+
+def _ckpt_file(path: Path) -> Optional[Path]:
+    if path.is_dir():
+        return path / "ckpt.pt" if (path / "ckpt.pt").is_file() else None
+    return path if path.suffix in (".pt", ".pth", ".ckpt") else None
+
+
+def matches_nanogpt(path: Path) -> bool:
+    return _ckpt_file(path) is not None
+
+
+def load_nanogpt(path: Path, options: LoadOptions, tokenizer: Optional[Tokenizer]) -> LoadedModel:
+    file = _ckpt_file(path)
+    data = load_pickle(file)
+    if not isinstance(data, dict) or "model_args" not in data or "model" not in data:
+        raise _error(
+            f"{str(file)!r} is not a nanoGPT checkpoint (expected a dict with 'model_args' and 'model').",
+            "pass the ckpt.pt written by nanoGPT's train.py, or a Hugging Face GPT-2 folder.",
+        )
+    args = data["model_args"]
+    fields = GPTConfig.__dataclass_fields__
+    config = GPTConfig(**{k: v for k, v in args.items() if k in fields})
+    state = {k.removeprefix("_orig_mod."): v for k, v in data["model"].items()}
+    return LoadedModel(build_model(config, state, str(file)), metadata=None, tokenizer=tokenizer)
+
+
+# ---- Hugging Face GPT-2 -------------------------------------------------------------------
+
+
+def matches_hf(path: Path) -> bool:
+    folder = path if path.is_dir() else path.parent
+    return (folder / "config.json").is_file() and (
+        (folder / "model.safetensors").is_file() or (folder / "pytorch_model.bin").is_file()
+    )
+
+
+def load_hf(path: Path, options: LoadOptions, tokenizer: Optional[Tokenizer]) -> LoadedModel:
+    folder = path if path.is_dir() else path.parent
+    try:
+        hf = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise _error(f"cannot read {folder / 'config.json'}: {exc}", "check the config.json of the checkpoint.") from None
+    if hf.get("model_type", "gpt2") != "gpt2":
+        raise _error(
+            f"{folder} holds a {hf.get('model_type')!r} model, not GPT-2.",
+            "use the model family that provides this architecture (see `llmcore plugins`).",
+        )
+    config = GPTConfig(
+        block_size=hf.get("n_positions", hf.get("n_ctx", 1024)),
+        vocab_size=hf["vocab_size"],
+        n_layer=hf["n_layer"],
+        n_head=hf["n_head"],
+        n_embd=hf["n_embd"],
+        bias=True,
+    )
+    if (folder / "model.safetensors").is_file():
+        state = _read_safetensors(folder / "model.safetensors")
+    else:
+        state = load_pickle(folder / "pytorch_model.bin")
+    renamed = {}
+    for key, value in state.items():
+        key = key if key.startswith(("transformer.", "lm_head.")) else f"transformer.{key}"
+        if key.endswith(CONV1D_SUFFIXES) and value.dim() == 2:
+            value = value.t().contiguous()
+        renamed[key] = value
+    return LoadedModel(build_model(config, renamed, str(folder)), metadata=None, tokenizer=tokenizer)
+
+
+def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise _error(
+            f"{str(file)!r} is not a readable safetensors file ({str(exc)[:160]}).",
+            "check that the download is complete.",
+        ) from None

@@ -1,0 +1,133 @@
+"""The GPT-2 architecture with nanoGPT's parameter names.
+
+Parameter names follow nanoGPT (``transformer.wte``, ``transformer.h.N.attn.c_attn``, ...)
+so that nanoGPT's ``ckpt.pt`` state dicts load as they are. Attention goes through
+:class:`llmcore.modules.CausalAttention`, the seam that KV-cache and backend transforms
+replace.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmcore.modules import CausalAttention, positions_slice
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50257
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    bias: bool = True
+    dropout: float = 0.0  # accepted for nanoGPT compatibility; inference ignores it
+
+
+# Named configurations; their descriptions live in the plugin's ModelFamily record.
+CONFIGS: dict[str, GPTConfig] = {
+    "gpt2": GPTConfig(),
+    "gpt2-medium": GPTConfig(n_layer=24, n_head=16, n_embd=1024),
+    "tiny": GPTConfig(block_size=128, vocab_size=257, n_layer=2, n_head=4, n_embd=64),
+}
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with an optional bias (nanoGPT's; PyTorch's lacks bias=False on old versions)."""
+
+    def __init__(self, ndim: int, bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.head_dim = config.n_embd // config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn = CausalAttention(config.n_head, config.n_head, self.head_dim)
+
+    def forward(self, x: torch.Tensor, input_pos: Optional[torch.Tensor]) -> torch.Tensor:
+        bsz, seq_len, width = x.shape
+        q, k, v = self.c_attn(x).split(width, dim=2)
+        shape = (bsz, seq_len, self.n_head, self.head_dim)
+        y = self.attn(q.view(shape), k.view(shape), v.view(shape), input_pos)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = SelfAttention(config)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, input_pos: Optional[torch.Tensor]) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), input_pos)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """GPT-2: ``forward(tokens[1, T], input_pos=None) -> logits[1, vocab]`` (last position)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
+
+    def init_random(self, seed: int = 0) -> "GPT":
+        """GPT-2's initialisation (normal 0.02, scaled residual projections), seeded."""
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() == 1:
+                nn.init.ones_(p)
+            else:
+                std = 0.02
+                if name.endswith("c_proj.weight"):
+                    std = 0.02 / math.sqrt(2 * self.config.n_layer)
+                with torch.no_grad():
+                    p.normal_(0.0, std, generator=gen)
+        return self
+
+    def forward(self, tokens: torch.Tensor, input_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        seq_len = tokens.shape[1]
+        pos_emb = positions_slice(self.transformer.wpe.weight, seq_len, input_pos)
+        x = self.transformer.wte(tokens) + pos_emb
+        for block in self.transformer.h:
+            x = block(x, input_pos)
+        x = self.transformer.ln_f(x[:, -1, :])
+        return self.lm_head(x)

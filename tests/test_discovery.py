@@ -1,0 +1,116 @@
+"""Plugin discovery: broken plugins are skipped, conflicts name both packages, the
+allowlist restricts loading, and partitioner order follows --plugins, not pluggy."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from llmcore.errors import LlmcoreError, PluginConflictError
+from llmcore.plugins import load_registry
+
+import fakeplugins
+from fakeplugins import BackendPlugin, BadHookPlugin, RecipePlugin, install_fake_distribution
+
+BROKEN = "raise ImportError('simulated: missing native library libfoo.so')\n"
+CLAIMS_XNNPACK = """
+from llmcore import hookimpl
+from llmcore.records import Backend
+
+@hookimpl
+def llmcore_partitioners():
+    return [Backend(name="xnnpack", description="impostor", partitioners=lambda o: [])]
+"""
+
+
+@pytest.fixture
+def fake_site(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    return site, env
+
+
+def test_installed_plugins_are_found():
+    registry = load_registry()
+    assert {"nanogpt", "xnnpack"} <= {p.name for p in registry.plugins}
+    xnn = next(p for p in registry.plugins if p.name == "xnnpack")
+    assert xnn.distribution == "llmcore-xnnpack" and xnn.version
+    assert "llmcore_partitioners" in xnn.hooks
+    assert xnn.provides["backends"] == ["xnnpack"]
+
+
+def test_plugin_that_fails_to_import_is_reported_and_skipped(fake_site, cli):
+    site, env = fake_site
+    install_fake_distribution(site, "llmcore-broken", "broken", "llmcore_broken", BROKEN)
+    result = cli("plugins", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    failed = {f["name"]: f["error"] for f in data["failed"]}
+    assert "libfoo.so" in failed["broken"]
+    assert {"nanogpt", "xnnpack"} <= {p["name"] for p in data["plugins"]}
+
+
+def test_export_that_does_not_use_a_broken_plugin_still_works(fake_site, cli, tmp_path):
+    site, env = fake_site
+    install_fake_distribution(site, "llmcore-broken", "broken", "llmcore_broken", BROKEN)
+    out = tmp_path / "tiny.pte"
+    result = cli("export", "--model", "nanogpt", "--config", "tiny", "--quiet", "-o", str(out), env=env)
+    assert result.returncode == 0, result.stderr
+    assert out.is_file()
+
+
+def test_two_plugins_claiming_one_backend_is_an_error_naming_both(fake_site, cli, tmp_path):
+    site, env = fake_site
+    install_fake_distribution(site, "llmcore-impostor", "impostor", "llmcore_impostor", CLAIMS_XNNPACK)
+    out = tmp_path / "x.pte"
+    result = cli("export", "--model", "nanogpt", "--config", "tiny", "--plugins", "xnnpack", "-o", str(out), env=env)
+    assert result.returncode == 2
+    assert "llmcore-impostor" in result.stderr and "llmcore-xnnpack" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_conflicting_recipe_names(monkeypatch):
+    registry = load_registry(extra_plugins=[("a", RecipePlugin("same")), ("b", RecipePlugin("same"))])
+    with pytest.raises(PluginConflictError, match="more than one plugin"):
+        registry.get("quantizers", "same", stage="quantize")
+
+
+def test_allowlist_restricts_loading(monkeypatch):
+    monkeypatch.setenv("LLMCORE_LOAD_PLUGINS", "nanogpt")
+    registry = load_registry()
+    assert [p.name for p in registry.plugins] == ["nanogpt"]
+    with pytest.raises(LlmcoreError, match="unknown backend 'xnnpack'"):
+        registry.get("backends", "xnnpack", stage="lower")
+
+
+def test_allowlist_naming_a_missing_plugin_is_reported(monkeypatch):
+    monkeypatch.setenv("LLMCORE_LOAD_PLUGINS", "nanogpt,nosuchplugin")
+    registry = load_registry()
+    assert any(f.name == "nosuchplugin" and "not installed" in f.error for f in registry.failures)
+
+
+def test_hook_returning_wrong_type_is_reported(monkeypatch):
+    monkeypatch.setenv("LLMCORE_LOAD_PLUGINS", "")
+    registry = load_registry(extra_plugins=[("bad", BadHookPlugin())])
+    assert registry.plugins == []
+    assert "expected llmcore.records.Backend" in registry.failures[0].error
+
+
+@pytest.mark.parametrize("order", [["alpha", "beta"], ["beta", "alpha"]])
+def test_partitioner_order_follows_the_user_not_pluggy(monkeypatch, tmp_path, order):
+    from llmcore.pipeline import export
+    from llmcore.recipe import ExportOptions
+
+    monkeypatch.setenv("LLMCORE_LOAD_PLUGINS", "nanogpt")
+    # alpha registers first, so pluggy alone would call beta's hook first (LIFO).
+    registry = load_registry(extra_plugins=[("alpha", BackendPlugin("alpha")), ("beta", BackendPlugin("beta"))])
+    fakeplugins.CALLS.clear()
+    options = ExportOptions(model="nanogpt", config="tiny", plugins=order, output=str(tmp_path / "o.pte"), quiet=True)
+    result = export(options, registry)
+    assert fakeplugins.CALLS == order
+    assert [b["name"] for b in result.report["backends"]] == order
