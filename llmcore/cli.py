@@ -101,6 +101,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         "quantize_options": _key_values(args.quantize_option, "--quantize-option") or None,
         "backend_options": _backend_options(args.backend_option) or None,
         "transforms": _split(args.transforms),
+        "skip_transforms": _split(args.skip_transforms),
         "max_seq_len": args.max_seq_len,
         "prompt": args.prompt,
         "strict_parity": args.strict_parity,
@@ -216,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantize-option", action="append", metavar="KEY=VALUE", help="recipe option (repeatable)")
     p.add_argument("--backend-option", action="append", metavar="BACKEND.KEY=VALUE", help="partitioner option")
     p.add_argument("--transforms", help="extra source transforms by name, comma-separated")
+    p.add_argument("--skip-transforms", help="automatic source transforms not to apply, e.g. kv-cache")
     p.add_argument("--max-seq-len", type=int, help="longest sequence the program accepts")
     p.add_argument("--recipe", help="YAML file with the same keys as these flags")
     p.add_argument("--prompt", help="example prompt for calibration and the parity check")
@@ -244,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print ids, text and stats as one JSON object")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_run)
+    from llmcore import inspect as inspect_command, profile as profile_command
+    inspect_command.add_parser(sub), profile_command.add_parser(sub)
     return parser
 
 
@@ -253,7 +257,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     debug = args.debug or os.environ.get("LLMCORE_DEBUG") == "1"
     _quiet_libraries(debug)
     try:
-        if args.command in ("export", "run"):
+        if args.command in ("export", "run", "inspect", "profile"):
             _quiet_torch(debug)
         return args.func(args)
     except LlmcoreError as exc:

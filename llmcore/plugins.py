@@ -24,6 +24,8 @@ from llmcore.records import Backend, ModelFamily, PostPass, QuantizerRecipe, Sou
 
 ENTRY_POINT_GROUP = "llmcore"
 ALLOWLIST_ENV = "LLMCORE_LOAD_PLUGINS"
+# Plugins that ship inside the core package and always load: name -> module.
+BUILTIN_PLUGINS = {"kv-cache": "llmcore.builtins.kv_cache"}
 
 # kind -> (hook name, record type, what the CLI calls one, and several)
 KINDS: dict[str, tuple[str, type, str, str]] = {
@@ -183,6 +185,16 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _add_builtins(registry: Registry) -> None:
+    import importlib
+
+    from llmcore import __version__
+
+    for name, module in BUILTIN_PLUGINS.items():
+        info = PluginInfo(name=name, entry_point=module, distribution="llmcore", version=__version__)
+        registry.add_plugin(importlib.import_module(module), info)
+
+
 def _entry_point_owners() -> dict[tuple[str, str], tuple[str, str]]:
     """(entry-point name, value) -> (distribution, version), for the ``llmcore`` group."""
     from importlib.metadata import distributions
@@ -212,6 +224,7 @@ def load_registry(extra_plugins: Iterable[tuple[str, Any]] = ()) -> Registry:
 
     registry = Registry()
     load_errors: list[PluginFailure] = []
+    _add_builtins(registry)
 
     def on_load_failure(_manager, entry_point, exc) -> None:
         load_errors.append(

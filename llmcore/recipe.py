@@ -40,7 +40,9 @@ class ExportOptions:
     backend_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-backend partitioner options: ``{xnnpack: {per_op_mode: true}}``."""
     transforms: list[str] = field(default_factory=list)
-    """Extra source transforms by name, on top of those the backends apply."""
+    """Extra source transforms by name, on top of the automatic ones."""
+    skip_transforms: list[str] = field(default_factory=list)
+    """Automatic source transforms not to apply (``--skip-transforms kv-cache``)."""
     max_seq_len: Optional[int] = None
     """Longest sequence the program accepts; the model's own limit by default."""
     prompt: str = DEFAULT_PROMPT

@@ -132,8 +132,10 @@ class SourceTransform:
 
     Transforms run in ascending `order`; ties break by name. `families` and `backends`
     restrict where the transform applies (empty means everywhere). A transform with
-    `automatic=True` runs whenever one of its `backends` is selected; others run only
-    when the user names them with `--transforms`.
+    `automatic=True` runs whenever one of its `backends` is selected (or always, when it
+    names no backend) unless the user skips it with `--skip-transforms`; others run only
+    when the user names them with `--transforms`. A selected transform drops the ones it
+    `replaces` (a plain-PyTorch KV cache replacing the custom-op one, say).
     """
 
     name: str
@@ -143,6 +145,7 @@ class SourceTransform:
     families: tuple[str, ...] = ()
     backends: tuple[str, ...] = ()
     automatic: bool = False
+    replaces: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------------------

@@ -90,6 +90,8 @@ class Program:
                 )
             source = path.read_bytes()
         _check_header(source, label)
+        if missing_backends(source):  # running a delegate with no backend can crash the process
+            raise load_error(label, source, RuntimeError("a delegate's backend is not registered"))
         with captured_stderr() as runtime_log:
             try:
                 module = portable_lib._load_for_executorch_from_buffer(
@@ -177,11 +179,16 @@ def load_error(label: str, data: bytes, exc: BaseException, runtime_log: str = "
         break
     missing = missing_backends(data)
     if missing:
-        names = ", ".join(missing)
+        needs = "; ".join(f"{name}, which runs on {backend_target(name)}" for name in missing)
+        try:
+            have = ", ".join(sorted(registered_backends())) or "none"
+        except Exception:
+            have = "unknown"
         return LlmcoreError(
-            f"{label!r} needs backend(s) {names}, which this runtime does not have.",
+            f"{label!r} needs backend {needs}. This ExecuTorch runtime does not have it (it has: {have}).",
             stage="run",
-            fix="run it where that backend exists (see `llmcore inspect`), or export it for a backend this runtime has (e.g. --plugins xnnpack).",
+            fix="run it with an ExecuTorch runtime built with that backend, on such a device, or export it again "
+            "for a backend this runtime has (e.g. --plugins xnnpack); `llmcore inspect` lists what a program needs.",
         )
     if "0x14" in text or "Missing operator" in text:
         return LlmcoreError(
@@ -196,6 +203,46 @@ def load_error(label: str, data: bytes, exc: BaseException, runtime_log: str = "
     )
 
 
+# Where the code of each ExecuTorch backend (delegate id) runs, for error messages and inspect.
+BACKEND_TARGETS = {
+    "XnnpackBackend": "CPUs (Arm and x86) through XNNPACK",
+    "VulkanBackend": "GPUs through Vulkan (Android; Linux and Windows with a Vulkan driver)",
+    "CoreMLBackend": "Apple devices (macOS, iOS) through Core ML (CPU, GPU, Neural Engine)",
+    "MPSBackend": "Apple GPUs through Metal Performance Shaders (macOS, iOS)",
+    "MetalBackend": "Apple GPUs through Metal (macOS)",
+    "MLXBackend": "Apple silicon through MLX (macOS)",
+    "QnnBackend": "Qualcomm Snapdragon SoCs (Hexagon NPU) through QNN",
+    "NeuropilotBackend": "MediaTek SoCs (APU) through NeuroPilot",
+    "EnnBackend": "Samsung Exynos SoCs (NPU) through ENN",
+    "OpenvinoBackend": "Intel CPUs, GPUs and NPUs through OpenVINO",
+    "EthosUBackend": "Arm Ethos-U NPUs (microcontrollers)",
+    "VgfBackend": "Arm ML SDK for Vulkan (VGF)",
+    "TOSABackend": "a TOSA reference model (Arm)",
+    "NeutronBackend": "NXP Neutron NPUs (i.MX RT)",
+    "CudaBackend": "NVIDIA GPUs through CUDA",
+}
+
+
+def backend_target(backend_id: str) -> str:
+    """Where a backend's delegates run, in words (``"a device with the Foo backend"`` if unknown)."""
+    return BACKEND_TARGETS.get(backend_id, f"a runtime built with the {backend_id} backend")
+
+
+def read_program_table(data: bytes) -> Any:
+    """The program's flatbuffer table (``executorch.exir.schema.Program``) without its data
+    segments: methods, values, operators and delegates, but not the weights."""
+    from executorch.exir._serialize import _program
+
+    header = _program._get_extended_header(data)
+    size = header.program_size if header is not None else len(data)
+    try:
+        from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
+    except ImportError:  # an older wheel: the public path restores the segments too
+        program = _program.deserialize_pte_binary(data)
+        return getattr(program, "program", program)
+    return _flatbuffer_to_program(data[:size])
+
+
 def registered_backends() -> set[str]:
     from executorch.extension.pybindings import portable_lib
 
@@ -205,10 +252,7 @@ def registered_backends() -> set[str]:
 def delegate_ids(data: bytes) -> list[str]:
     """Backend ids of the delegates a serialized program carries (empty if unreadable)."""
     try:
-        from executorch.exir._serialize._program import deserialize_pte_binary
-
-        program = deserialize_pte_binary(data)
-        program = getattr(program, "program", program)
+        program = read_program_table(data)
     except Exception:
         return []
     ids = []

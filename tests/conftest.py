@@ -42,6 +42,8 @@ def exports(tmp_path_factory):
         "portable": dict(plugins=[]),
         "xnnpack": dict(plugins=["xnnpack"]),
         "int8": dict(plugins=["xnnpack"], quantize="int8-dynamic"),
+        "nocache": dict(plugins=["xnnpack"], skip_transforms=["kv-cache"]),
+        "static-cache": dict(plugins=["xnnpack"], transforms=["kv-cache-static"]),
     }
     cache: dict = {}
 

@@ -83,7 +83,7 @@ def test_conflicting_recipe_names(monkeypatch):
 def test_allowlist_restricts_loading(monkeypatch):
     monkeypatch.setenv("LLMCORE_LOAD_PLUGINS", "nanogpt")
     registry = load_registry()
-    assert [p.name for p in registry.plugins] == ["nanogpt"]
+    assert [p.name for p in registry.plugins if p.distribution != "llmcore"] == ["nanogpt"]
     with pytest.raises(LlmcoreError, match="unknown backend 'xnnpack'"):
         registry.get("backends", "xnnpack", stage="lower")
 
@@ -97,8 +97,14 @@ def test_allowlist_naming_a_missing_plugin_is_reported(monkeypatch):
 def test_hook_returning_wrong_type_is_reported(monkeypatch):
     monkeypatch.setenv("LLMCORE_LOAD_PLUGINS", "")
     registry = load_registry(extra_plugins=[("bad", BadHookPlugin())])
-    assert registry.plugins == []
+    assert "bad" not in [p.name for p in registry.plugins]
     assert "expected llmcore.records.Backend" in registry.failures[0].error
+
+
+def test_builtin_kv_cache_transforms_always_load(monkeypatch):
+    monkeypatch.setenv("LLMCORE_LOAD_PLUGINS", "")
+    registry = load_registry()
+    assert {"kv-cache", "kv-cache-static"} <= set(registry.names("transforms"))
 
 
 @pytest.mark.parametrize("order", [["alpha", "beta"], ["beta", "alpha"]])

@@ -1,9 +1,12 @@
 """An exported .pte, run by the ExecuTorch runtime, against eager PyTorch.
 
-One export per variant, run at three sequence lengths (dynamic shapes). Bounds:
-* portable and XNNPACK fp32: max |logit difference| <= 1e-4 (observed ~1e-5);
-* XNNPACK int8-dynamic: against the fp32 eager model, max |diff| <= 0.05 with the same
-  argmax at every length (observed ~0.006 on the tiny model, whose logits span about +-1).
+One export per variant, each run at three sequence lengths (dynamic shapes), and, for
+KV-cache programs, a prefill followed by a decode step. The eager reference is always
+the plain model recomputing the whole sequence. Bounds:
+* fp32 (portable, XNNPACK, with or without a cache): max |logit difference| <= 1e-4
+  (observed ~1e-5);
+* XNNPACK int8-dynamic: max |diff| <= 0.05 with the same argmax (observed ~0.006 on the
+  tiny model, whose logits span about +-1).
 """
 
 from __future__ import annotations
@@ -15,28 +18,68 @@ from llmcore.runtime import Program
 from llmcore_nanogpt.model import CONFIGS, GPT
 
 LENGTHS = (1, 17, 128)
-BOUNDS = {"portable": 1e-4, "xnnpack": 1e-4, "int8": 0.05}
+BOUNDS = {"portable": 1e-4, "xnnpack": 1e-4, "int8": 0.05, "nocache": 1e-4, "static-cache": 1e-4}
+VARIANTS = list(BOUNDS)
 
 
 def eager_tiny() -> GPT:
     return GPT(CONFIGS["tiny"]).init_random(0).eval()
 
 
-@pytest.mark.parametrize("variant", ["portable", "xnnpack", "int8"])
+def _close(variant, got, expected, where):
+    diff = (got - expected).abs().max().item()
+    assert diff <= BOUNDS[variant], f"{variant} {where}: max diff {diff}"
+    assert int(got.argmax()) == int(expected.argmax()), f"{variant} {where}: argmax differs"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_pte_matches_eager_at_three_lengths(exports, variant):
-    result = exports(variant)
-    program = Program.load(result.pte)
+    program = Program.load(exports(variant).pte)
     model = eager_tiny()
     gen = torch.Generator().manual_seed(1)
-    assert program.max_seq_len == 128 and not program.use_kv_cache
+    assert program.max_seq_len == 128
+    assert program.use_kv_cache == (variant != "nocache")
     for length in LENGTHS:
         tokens = torch.randint(0, 257, (1, length), generator=gen)
         with torch.no_grad():
             expected = model(tokens)[0]
-        got = program.logits(tokens[0].tolist())
-        diff = (got - expected).abs().max().item()
-        assert diff <= BOUNDS[variant], f"{variant} at length {length}: max diff {diff}"
-        assert int(got.argmax()) == int(expected.argmax())
+        got = program.logits(tokens[0].tolist(), 0 if program.use_kv_cache else None)
+        _close(variant, got, expected, f"length {length}")
+
+
+@pytest.mark.parametrize("variant", ["xnnpack", "int8", "static-cache"])
+def test_kv_cache_decode_steps_match_full_recompute(exports, variant):
+    program = Program.load(exports(variant).pte)
+    model = eager_tiny()
+    tokens = torch.randint(0, 257, (1, 24), generator=torch.Generator().manual_seed(2))
+    program.logits(tokens[0, :16].tolist(), 0)
+    for pos in range(16, 24):
+        got = program.logits([int(tokens[0, pos])], pos)
+        with torch.no_grad():
+            expected = model(tokens[:, : pos + 1])[0]
+        _close(variant, got, expected, f"decode at {pos}")
+
+
+def _forward_operators(pte_path) -> set[str]:
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    program = deserialize_pte_binary(pte_path.read_bytes())
+    program = getattr(program, "program", program)
+    plan = next(p for p in program.execution_plan if p.name == "forward")
+    return {op.name for op in plan.operators}
+
+
+def test_custom_op_cache_uses_executorch_llm_ops(exports):
+    ops = _forward_operators(exports("xnnpack").pte)
+    assert {"llama::update_cache", "llama::custom_sdpa"} <= ops
+
+
+def test_plain_pytorch_cache_writes_in_place(exports):
+    # index_put_ (in place) and no functional index_put + copy_ of the whole cache.
+    ops = _forward_operators(exports("static-cache").pte)
+    assert "aten::index_put_" in ops
+    assert "aten::index_put" not in ops and "aten::copy_" not in ops
+    assert not any(op.startswith("llama::") for op in ops)
 
 
 def test_report_records_delegation_and_parity(exports):
@@ -48,6 +91,7 @@ def test_report_records_delegation_and_parity(exports):
     assert report["parity"]["top1_agreement"] == 1.0
     assert report["parity"]["max_abs_diff"] < 0.05
     assert report["quantization"]["recipe"] == "int8-dynamic"
+    assert report["transforms"] == ["kv-cache"]
     stages = [s["name"] for s in report["stages"]]
     assert stages[:3] == ["load", "transform", "export"] and "lower" in stages and stages[-1] == "write"
     assert all(s["peak_rss_mib"] > 0 for s in report["stages"])
@@ -66,10 +110,11 @@ def test_portable_program_has_no_delegates(exports):
 
 
 def test_metadata_methods(exports):
-    program = Program.load(exports("xnnpack").pte)
-    meta = program.metadata
-    assert meta["get_max_seq_len"] == 128
+    meta = Program.load(exports("xnnpack").pte).metadata
+    assert meta["get_max_seq_len"] == 128 and meta["get_max_context_len"] == 128
     assert meta["get_vocab_size"] == 257
     assert meta["get_eos_ids"] == [256]
-    assert meta["use_kv_cache"] is False
+    assert meta["use_kv_cache"] is True and meta["use_sdpa_with_kv_cache"] is True
     assert meta["enable_dynamic_shape"] is True
+    nocache = Program.load(exports("nocache").pte).metadata
+    assert nocache["use_kv_cache"] is False and nocache["use_sdpa_with_kv_cache"] is False

@@ -46,6 +46,9 @@ def to_executorch(edge, etrecord_path: Optional[str] = None, edge_copy: Any = No
         do_quant_fusion_and_const_prop=True,
         memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
         sym_shape_eval_pass=ConstraintBasedSymShapeEvalPass(),
+        # index_put on a mutable buffer (a plain-PyTorch KV cache) becomes an in-place
+        # write instead of a functional copy of the whole buffer.
+        run_reinplace_pass=True,
     )
     try:
         program = edge.to_executorch(config)

@@ -36,25 +36,29 @@ def check_parity(
     reference: str,
     runtime_imports: list[str] = (),
 ) -> ParityResult:
+    """Without a cache: the first token and the whole prompt. With one: a prefill of all
+    but the last prompt token, then one decode step at the next position."""
     from llmcore.runtime import load_runtime_libraries
 
     load_runtime_libraries(runtime_imports)
     program = Program.load(bytes(buffer))
-    lengths = sorted({1, len(prompt_ids)})
+    if use_kv_cache and len(prompt_ids) >= 2:
+        calls = [(prompt_ids[:-1], 0), (prompt_ids[-1:], len(prompt_ids) - 1)]
+    else:
+        calls = [(prompt_ids[:n], 0 if use_kv_cache else None) for n in sorted({1, len(prompt_ids)})]
     worst, agree = 0.0, 0
-    for n in lengths:
-        ids = prompt_ids[:n]
+    for ids, pos in calls:
         tokens = torch.tensor([ids], dtype=torch.long)
         with torch.no_grad():
             if use_kv_cache:
-                expected = eager(tokens, torch.tensor([0], dtype=torch.long))
+                expected = eager(tokens, torch.tensor([pos], dtype=torch.long))
             else:
                 expected = eager(tokens)
         expected = expected.reshape(-1, expected.shape[-1])[-1].float()
-        got = program.logits(ids, 0 if use_kv_cache else None).float()
+        got = program.logits(ids, pos).float()
         worst = max(worst, float((got - expected).abs().max()))
         agree += int(torch.argmax(got) == torch.argmax(expected))
-    return ParityResult(round(worst, 6), agree / len(lengths), lengths, reference)
+    return ParityResult(round(worst, 6), agree / len(calls), [len(ids) for ids, _ in calls], reference)
 
 
 def enforce(result: ParityResult, tolerance: Optional[float]) -> None:

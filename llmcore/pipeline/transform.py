@@ -1,8 +1,9 @@
 """Stage 2: source transforms, module to module, before torch.export.
 
-Which transforms run: every automatic transform of a selected backend, plus those the user
-names with ``--transforms``; each must apply to the model family. They run in ascending
-``order`` (then name), never in the order plugins registered them.
+Which transforms run: every automatic transform (of a selected backend, or of none) that
+the user does not skip, plus those the user names with ``--transforms``; each must apply
+to the model family, and a chosen transform drops those it ``replaces``. They run in
+ascending ``order`` (then name), never in the order plugins registered them.
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ from llmcore.records import LoadedModel, SourceTransform, TransformContext
 def select_transforms(options: ExportOptions, registry: Registry, family: str) -> list[Provided]:
     available = {p.record.name: p for p in registry.all("transforms")}
     chosen: dict[str, Provided] = {}
+    for name in options.skip_transforms:
+        if name not in available:
+            raise choose_one_of("source transform", name, available, stage="transform")
     for provided in available.values():
         t: SourceTransform = provided.record
-        if t.automatic and set(t.backends) & set(options.plugins) and _fits_family(t, family):
+        wanted = not t.backends or set(t.backends) & set(options.plugins)
+        if t.automatic and wanted and _fits_family(t, family) and t.name not in options.skip_transforms:
             chosen[t.name] = provided
     for name in options.transforms:
         if name not in available:
@@ -41,6 +46,9 @@ def select_transforms(options: ExportOptions, registry: Registry, family: str) -
                 fix=f"add one of {', '.join(t.backends)} to --plugins, or drop the transform.",
             )
         chosen[name] = provided
+    for provided in list(chosen.values()):
+        for replaced in provided.record.replaces:
+            chosen.pop(replaced, None)
     return sorted(chosen.values(), key=lambda p: (p.record.order, p.record.name))
 
 

@@ -1,0 +1,479 @@
+"""``llmcore inspect OUT.pte``: what a program needs, and whether this runtime has it.
+
+A preflight that answers before a device does (``Missing operator ... error 0x14``,
+``Backend ... is not registered``): the program's methods with their inputs and outputs,
+the metadata values of ``docs/pte-contract.md``, the backends its delegates need and the
+operators it calls outside them, each checked against the ExecuTorch runtime of this
+environment (after :func:`llmcore.runtime.load_runtime_libraries`).
+
+The program is read from its flatbuffer, not run: inspecting a program lowered for a
+backend this runtime lacks is safe.
+
+Exit codes: 0 when everything the program needs is available here, 3 when a backend or an
+operator is missing, 2 when the file is not a readable ExecuTorch program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from llmcore.errors import LlmcoreError
+
+EXIT_OK = 0
+EXIT_MISSING = 3
+
+# Operator namespaces, by what the user has to do to get their kernels.
+_QUANTIZED_NAMESPACES = {"quantized_decomposed", "quantized", "torchao"}
+_RUNTIME_NAMESPACES = {"aten", "executorch_prim", "dim_order_ops", "et_copy"}
+_KIND_ORDER = {"custom": 0, "quantized": 1, "aten": 2, "runtime": 3}
+
+_DTYPES = {
+    "BYTE": "uint8", "CHAR": "int8", "SHORT": "int16", "INT": "int32", "LONG": "int64",
+    "HALF": "float16", "FLOAT": "float32", "DOUBLE": "float64", "BOOL": "bool",
+    "BFLOAT16": "bfloat16", "QINT8": "qint8", "QUINT8": "quint8", "QINT32": "qint32",
+    "COMPLEX64": "complex64", "COMPLEX128": "complex128", "UINT16": "uint16",
+    "UINT32": "uint32", "UINT64": "uint64",
+}
+
+
+@dataclass
+class ValueInfo:
+    kind: str
+    """``tensor``, ``int``, ``bool``, ``float``, ``str``, ``list`` or ``none``."""
+    dtype: Optional[str] = None
+    shape: Optional[list[int]] = None
+    dynamic: Optional[str] = None
+    """``None`` for a static shape, else ``bound`` (sizes are upper bounds) or ``unbound``."""
+
+    def text(self) -> str:
+        if self.kind != "tensor":
+            return self.kind
+        if self.dynamic == "bound":
+            dims = ", ".join(str(d) if d == 1 else f"<={d}" for d in self.shape or [])
+        else:
+            dims = ", ".join(str(d) for d in self.shape or [])
+        suffix = " (unbounded)" if self.dynamic == "unbound" else ""
+        return f"{self.dtype}[{dims}]{suffix}"
+
+
+@dataclass
+class MethodInfo:
+    name: str
+    inputs: list[ValueInfo]
+    outputs: list[ValueInfo]
+    kernel_calls: int
+    delegate_calls: int
+    delegates: dict[str, int]
+    """Backend id -> number of delegates of this method."""
+
+
+@dataclass
+class OperatorInfo:
+    name: str
+    """``namespace::op.overload``, as the runtime registers it."""
+    kind: str
+    """``custom``, ``quantized``, ``aten`` or ``runtime`` (ExecuTorch's own primitives)."""
+    calls: int
+    methods: list[str]
+    available: Optional[bool] = None
+
+
+@dataclass
+class BackendInfo:
+    id: str
+    delegates: int
+    methods: list[str]
+    runs_on: str
+    available: Optional[bool] = None
+
+
+@dataclass
+class Inspection:
+    path: str
+    bytes: int
+    format: str
+    methods: list[MethodInfo]
+    metadata: dict[str, Any]
+    metadata_missing: list[str]
+    backends: list[BackendInfo]
+    operators: list[OperatorInfo]
+    runtime: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def missing_backends(self) -> list[BackendInfo]:
+        return [b for b in self.backends if b.available is False]
+
+    @property
+    def missing_operators(self) -> list[OperatorInfo]:
+        return [o for o in self.operators if o.available is False]
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing_backends and not self.missing_operators
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["missing"] = {
+            "backends": [b.id for b in self.missing_backends],
+            "operators": [o.name for o in self.missing_operators],
+        }
+        data["ok"] = self.ok
+        return data
+
+
+# ---- reading the program ------------------------------------------------------------------
+
+
+def _error(message: str, fix: str) -> LlmcoreError:
+    return LlmcoreError(message, stage="inspect", fix=fix)
+
+
+def read_pte(path: str | Path) -> bytes:
+    """The bytes of a `.pte`, or a one-line error if it is missing, not a program or cut short."""
+    path = Path(path)
+    label = str(path)
+    if not path.is_file():
+        raise _error(f"program {label!r} does not exist.", "check the path of the .pte file.")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise _error(f"cannot read {label!r}: {exc.strerror or exc}.", "check the file's permissions.") from None
+    check_pte_bytes(data, label)
+    return data
+
+
+def check_pte_bytes(data: bytes, label: str) -> None:
+    """Check the flatbuffer identifier and, when there is one, the extended header's sizes."""
+    if len(data) < 8 or data[4:6] != b"ET" or not data[6:8].isdigit():
+        raise _error(
+            f"{label!r} is not an ExecuTorch program: its header has no 'ET..' identifier "
+            f"({len(data)} bytes, starting {data[:8]!r}).",
+            "pass a .pte file written by `llmcore export`.",
+        )
+    from executorch.exir._serialize._program import _get_extended_header
+
+    header = _get_extended_header(data)
+    if header is None:
+        return
+    expected = max(header.program_size, header.segment_base_offset + header.segment_data_size)
+    if len(data) < expected:
+        raise _error(
+            f"{label!r} is truncated: its header says {expected} bytes, the file has {len(data)}.",
+            "copy or export it again (an interrupted transfer or a full disk cuts files short).",
+        )
+
+
+def parse_program(data: bytes, label: str) -> Any:
+    from llmcore.runtime import read_program_table
+
+    try:
+        return read_program_table(data)
+    except Exception as exc:
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise _error(
+            f"{label!r} is damaged: its program table cannot be read ({type(exc).__name__}: {reason}).",
+            "export it again with `llmcore export`.",
+        ) from None
+
+
+def verify_with_runtime(data: bytes, label: str) -> None:
+    """Let the runtime check the program's internal consistency (no method is loaded, so no
+    backend is initialised: safe for programs this runtime cannot run)."""
+    from executorch.extension.pybindings import portable_lib
+
+    from llmcore.runtime import captured_stderr
+
+    with captured_stderr() as log:
+        try:
+            portable_lib._load_program_from_buffer(
+                data, program_verification=portable_lib.Verification.InternalConsistency
+            )
+            failure = None
+        except Exception as exc:
+            failure = exc
+    if failure is not None:
+        lines = [ln.split("]", 1)[-1].strip() for ln in log.text().splitlines() if ln.strip() and "cpuinfo" not in ln]
+        reason = "; ".join([*lines[:2], str(failure)])[:300]
+        raise _error(
+            f"{label!r} is damaged: the ExecuTorch runtime rejects it ({reason}).",
+            "export it again with `llmcore export`.",
+        )
+
+
+def _value_info(values: list, index: int) -> ValueInfo:
+    from executorch.exir import schema
+
+    val = values[index].val
+    if isinstance(val, schema.Tensor):
+        scalar = getattr(val.scalar_type, "name", str(val.scalar_type))
+        dynamism = int(val.shape_dynamism)
+        return ValueInfo(
+            kind="tensor",
+            dtype=_DTYPES.get(scalar, scalar.lower()),
+            shape=list(val.sizes),
+            dynamic={0: None, 1: "bound", 2: "unbound"}.get(dynamism),
+        )
+    kinds = {
+        schema.Int: "int", schema.Bool: "bool", schema.Double: "float", schema.String: "str",
+        schema.Null: "none",
+    }
+    for cls, kind in kinds.items():
+        if isinstance(val, cls):
+            return ValueInfo(kind=kind)
+    return ValueInfo(kind="list")
+
+
+def _constant(values: list, index: int) -> Any:
+    from executorch.exir import schema
+
+    val = values[index].val
+    if isinstance(val, schema.Int):
+        return int(val.int_val)
+    if isinstance(val, schema.Bool):
+        return bool(val.bool_val)
+    if isinstance(val, schema.Double):
+        return float(val.double_val)
+    if isinstance(val, schema.String):
+        return val.string_val
+    if isinstance(val, (schema.BoolList, schema.DoubleList)):
+        return list(val.items)
+    if isinstance(val, schema.IntList):  # items index other values
+        return [_constant(values, i) for i in val.items]
+    return None
+
+
+def _operator_kind(name: str) -> str:
+    namespace = name.split("::", 1)[0]
+    if namespace in _RUNTIME_NAMESPACES:
+        return "aten" if namespace == "aten" else "runtime"
+    if namespace in _QUANTIZED_NAMESPACES:
+        return "quantized"
+    return "custom"
+
+
+def describe(data: bytes, label: str) -> Inspection:
+    """Methods, metadata, delegates and operators of a serialized program (not yet checked
+    against the runtime)."""
+    from executorch.exir import schema
+
+    from llmcore.runtime import METADATA_METHODS, backend_target
+
+    program = parse_program(data, label)
+    methods: list[MethodInfo] = []
+    metadata: dict[str, Any] = {}
+    op_calls: Counter = Counter()
+    op_methods: dict[str, list[str]] = {}
+    backend_counts: Counter = Counter()
+    backend_methods: dict[str, list[str]] = {}
+    for plan in program.execution_plan:
+        names = [f"{op.name}.{op.overload}" if op.overload else op.name for op in plan.operators]
+        kernel_calls = delegate_calls = 0
+        for chain in plan.chains:
+            for instruction in chain.instructions:
+                args = instruction.instr_args
+                if isinstance(args, schema.KernelCall):
+                    kernel_calls += 1
+                    name = names[args.op_index]
+                    op_calls[name] += 1
+                    if plan.name not in op_methods.setdefault(name, []):
+                        op_methods[name].append(plan.name)
+                elif isinstance(args, schema.DelegateCall):
+                    delegate_calls += 1
+        for name in names:  # listed operators are loaded even if no instruction calls them
+            op_calls.setdefault(name, 0)
+            op_methods.setdefault(name, [])
+            if plan.name not in op_methods[name]:
+                op_methods[name].append(plan.name)
+        delegates = Counter(d.id for d in plan.delegates)
+        for backend, count in delegates.items():
+            backend_counts[backend] += count
+            backend_methods.setdefault(backend, []).append(plan.name)
+        inputs = [_value_info(plan.values, i) for i in plan.inputs]
+        outputs = [_value_info(plan.values, i) for i in plan.outputs]
+        methods.append(MethodInfo(plan.name, inputs, outputs, kernel_calls, delegate_calls, dict(delegates)))
+        if not plan.inputs and not kernel_calls and not delegate_calls and plan.outputs:
+            values = [_constant(plan.values, i) for i in plan.outputs]
+            if METADATA_METHODS.get(plan.name) is list or len(values) > 1:
+                metadata[plan.name] = values
+            else:
+                metadata[plan.name] = values[0]
+    operators = [
+        OperatorInfo(name, _operator_kind(name), op_calls[name], op_methods[name]) for name in op_calls
+    ]
+    operators.sort(key=lambda o: (_KIND_ORDER[o.kind], o.name))
+    backends = [
+        BackendInfo(b, backend_counts[b], backend_methods[b], backend_target(b)) for b in sorted(backend_counts)
+    ]
+    is_llm = "forward" in {m.name for m in methods} and bool(set(metadata) & set(METADATA_METHODS))
+    missing_meta = [m for m in METADATA_METHODS if m not in metadata] if is_llm else []
+    return Inspection(
+        path=label,
+        bytes=len(data),
+        format=data[4:8].decode("ascii", "replace"),
+        methods=methods,
+        metadata=metadata,
+        metadata_missing=missing_meta,
+        backends=backends,
+        operators=operators,
+    )
+
+
+def check_runtime(inspection: Inspection) -> Inspection:
+    """Mark each backend and operator as available (or not) in this process's runtime."""
+    from executorch.extension.pybindings import portable_lib
+
+    from llmcore.runtime import load_runtime_libraries
+
+    libraries = load_runtime_libraries()
+    backends = set(portable_lib._get_registered_backend_names())
+    operators = set(portable_lib._get_operator_names())
+    for backend in inspection.backends:
+        backend.available = backend.id in backends
+    for op in inspection.operators:
+        op.available = op.name in operators
+    inspection.runtime = {
+        "libraries": libraries,
+        "backends": sorted(backends),
+        "operators": len(operators),
+    }
+    return inspection
+
+
+def inspect_program(path: str | Path, *, verify: bool = True) -> Inspection:
+    """Read, describe and check a `.pte` against this runtime."""
+    label = str(path)
+    data = read_pte(path)
+    inspection = describe(data, label)
+    if verify:
+        verify_with_runtime(data, label)
+    return check_runtime(inspection)
+
+
+# ---- output ---------------------------------------------------------------------------------
+
+
+_KIND_NOTES = {
+    "custom": "custom op",
+    "quantized": "quantized op",
+    "aten": "",
+    "runtime": "ExecuTorch primitive",
+}
+
+_LIBRARY_HINTS = {
+    "llama": "ExecuTorch's LLM custom ops (Python: executorch.extension.llm.custom_ops; C++: link custom_ops)",
+    "quantized_decomposed": "ExecuTorch's quantized kernels (Python: executorch.kernels.quantized; C++: link quantized_ops_lib)",
+}
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
+def format_text(ins: Inspection) -> str:
+    from llmcore.runtime import METADATA_METHODS
+
+    lines = [f"program  {ins.path}  ({_size(ins.bytes)}, format {ins.format})", ""]
+    lines.append("methods")
+    width = max([len(m.name) for m in ins.methods] + [8])
+    for m in ins.methods:
+        if m.name in ins.metadata:
+            continue
+        ins_text = ", ".join(v.text() for v in m.inputs) or "-"
+        outs_text = ", ".join(v.text() for v in m.outputs) or "-"
+        lines.append(f"  {m.name:<{width}}  ({ins_text}) -> {outs_text}")
+        calls = f"{m.kernel_calls} operator calls"
+        if m.delegates:
+            per = ", ".join(f"{n} {b}" for b, n in sorted(m.delegates.items()))
+            calls += f", {m.delegate_calls} delegate calls ({per})"
+        lines.append(f"  {'':<{width}}  {calls}")
+    constant = [m for m in ins.methods if m.name in ins.metadata]
+    if constant:
+        lines.append(f"  + {len(constant)} constant methods (metadata below)")
+    lines.append("")
+
+    if ins.metadata:
+        lines.append("metadata (constant methods, docs/pte-contract.md)")
+        mwidth = max(len(k) for k in ins.metadata)
+        ordered = [k for k in METADATA_METHODS if k in ins.metadata] + sorted(
+            k for k in ins.metadata if k not in METADATA_METHODS
+        )
+        for key in ordered:
+            lines.append(f"  {key:<{mwidth}}  {ins.metadata[key]}")
+        if ins.metadata_missing:
+            lines.append(f"  missing: {', '.join(ins.metadata_missing)}")
+    else:
+        lines.append("metadata: none (no constant methods: not a program `llmcore export` wrote)")
+    lines.append("")
+
+    if ins.backends:
+        lines.append("backends (delegates)")
+        bwidth = max(len(b.id) for b in ins.backends)
+        for b in ins.backends:
+            status = "available" if b.available else "MISSING"
+            lines.append(f"  {b.id:<{bwidth}}  {b.delegates:>3} delegates  {status:<9}  runs on {b.runs_on}")
+    else:
+        lines.append("backends: none (no delegates: every operator runs on the portable runtime)")
+    lines.append("")
+
+    total_calls = sum(o.calls for o in ins.operators)
+    lines.append(f"operators outside delegates ({len(ins.operators)} operators, {total_calls} calls)")
+    if ins.operators:
+        owidth = max(len(o.name) for o in ins.operators)
+        for o in ins.operators:
+            status = "ok" if o.available else "MISSING"
+            note = _KIND_NOTES[o.kind]
+            lines.append(f"  {o.name:<{owidth}}  {o.calls:>4} calls  {status:<7}  {note}".rstrip())
+    special = [o for o in ins.operators if o.kind in ("custom", "quantized")]
+    if special:
+        names = sorted({o.name.split("::", 1)[0] for o in special})
+        lines.append(f"  custom and quantized ops come from: " + "; ".join(
+            f"{ns}:: {_LIBRARY_HINTS.get(ns, 'a kernel library the exporting plugin names')}" for ns in names
+        ))
+    lines.append("")
+
+    runtime = ins.runtime
+    lines.append(
+        f"runtime here: backends {', '.join(runtime.get('backends', [])) or 'none'}; "
+        f"{runtime.get('operators', 0)} operators"
+    )
+    if ins.ok:
+        lines.append("OK: this runtime has every backend and operator the program needs.")
+    else:
+        problems = [f"backend {b.id} (runs on {b.runs_on})" for b in ins.missing_backends]
+        problems += [f"operator {o.name}" for o in ins.missing_operators]
+        lines.append("MISSING: " + "; ".join(problems) + ".")
+        lines.append("  `llmcore run` and ExecuTorch runtimes without them cannot load this program.")
+    return "\n".join(lines)
+
+
+# ---- command --------------------------------------------------------------------------------
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    inspection = inspect_program(args.pte)
+    if args.json:
+        print(json.dumps(inspection.as_dict(), indent=2))
+    else:
+        print(format_text(inspection))
+    return EXIT_OK if inspection.ok else EXIT_MISSING
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "inspect",
+        help="what a .pte needs (methods, metadata, backends, operators) and whether this runtime has it",
+        description="Preflight for a .pte: its methods with their inputs and outputs, its metadata, the "
+        "backends its delegates need and the operators it calls outside them, each checked against the "
+        "ExecuTorch runtime of this environment. The program is read, not run.",
+        epilog="exit status: 0 when this runtime has everything the program needs; 3 when a backend or "
+        "an operator is missing (they are listed); 2 when the file is not a readable ExecuTorch program.",
+    )
+    p.add_argument("pte", help="the .pte program")
+    p.add_argument("--json", action="store_true", help="print the findings as one JSON object")
+    p.set_defaults(func=cmd_inspect)
+    return p

@@ -1,0 +1,480 @@
+"""``llmcore profile OUT.pte --prompt TEXT``: where a program spends its time.
+
+Runs a generation with the runtime's event tracer on (an ETDump), then reads the ETDump
+with ExecuTorch's Inspector and prints the operators that took the most time: delegated
+ones under their backend, the others as the runtime's kernels, each linked to the model
+source line through the ETRecord when one is given (``llmcore export --etrecord PATH``).
+
+The per-call times of the generation (prefill and decode) are measured here and always
+printed. The operator table needs a runtime built with the event tracer
+(``EXECUTORCH_ENABLE_EVENT_TRACER``); where the runtime has none the command says so and
+exits 3. An ETDump recorded elsewhere (a device runner built with the tracer) is analysed
+with ``--from-etdump FILE``.
+
+Exit codes: 0 with the operator table, 3 when this runtime records no operator events,
+2 for errors the user can act on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from llmcore.errors import LlmcoreError
+
+EXIT_OK = 0
+EXIT_NO_EVENTS = 3
+
+_FRAMEWORK_EVENTS = {"Method::init", "Program::load_method", "Method::execute"}
+_KERNEL_PREFIX = "native_call_"
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n[ \t]*([^\n]*)')
+
+
+# ---- timing the generation ------------------------------------------------------------------
+
+
+class TimedProgram:
+    """A :class:`llmcore.runtime.Program` whose ``logits`` calls are timed."""
+
+    def __init__(self, program: Any):
+        self._program = program
+        self.calls: list[tuple[int, float]] = []
+        """(tokens fed, seconds) per call, in order."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._program, name)
+
+    def logits(self, tokens: Sequence[int], input_pos: Optional[int] = None):
+        start = time.perf_counter()
+        out = self._program.logits(tokens, input_pos)
+        self.calls.append((len(tokens), time.perf_counter() - start))
+        return out
+
+
+@dataclass
+class CallStats:
+    phase: str
+    calls: int
+    tokens: int
+    total_ms: float
+    avg_ms: float
+    min_ms: float
+    max_ms: float
+
+
+def call_stats(calls: list[tuple[int, float]]) -> list[CallStats]:
+    """The first call is the prefill, the others decode steps."""
+    out = []
+    for phase, part in (("prefill", calls[:1]), ("decode", calls[1:])):
+        if not part:
+            continue
+        times = [s * 1000 for _, s in part]
+        out.append(
+            CallStats(phase, len(part), sum(n for n, _ in part), sum(times), sum(times) / len(times), min(times), max(times))
+        )
+    return out
+
+
+def write_etdump(module: Any, path: Path) -> bool:
+    """Write the ETDump the module collected to ``path``; False when it collected none (a
+    runtime built without the event tracer writes nothing)."""
+    from llmcore.runtime import captured_stderr
+
+    partial = path.with_name(path.name + ".partial")
+    partial.unlink(missing_ok=True)
+    with captured_stderr():
+        try:
+            module.write_etdump_result_to_file(str(partial))
+        except Exception:
+            pass
+    if partial.is_file() and partial.stat().st_size > 0:
+        os.replace(partial, path)
+        return True
+    partial.unlink(missing_ok=True)
+    return False
+
+
+# ---- reading the ETDump ---------------------------------------------------------------------
+
+
+@dataclass
+class OperatorTime:
+    name: str
+    where: str
+    """The backend id for delegated work, else ``kernel`` (the runtime's own kernels)."""
+    delegated: bool
+    calls: int = 0
+    total_ms: float = 0.0
+    source: str = ""
+    _best: float = field(default=-1.0, repr=False)
+
+    @property
+    def avg_ms(self) -> float:
+        return self.total_ms / self.calls if self.calls else 0.0
+
+    def add(self, times_ms: Sequence[float], source: str) -> None:
+        self.calls += len(times_ms)
+        total = float(sum(times_ms))
+        self.total_ms += total
+        if source and total > self._best:  # the source of the costliest instance
+            self.source, self._best = source, total
+
+
+@dataclass
+class Profile:
+    operators: list[OperatorTime]
+    runs: int
+    execute_ms: float
+    """Total time in ``Method::execute`` (0 if the ETDump has none)."""
+    etrecord: Optional[str]
+
+    @property
+    def operator_ms(self) -> float:
+        return sum(o.total_ms for o in self.operators)
+
+    def by_backend(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for o in self.operators:
+            key = o.where if o.delegated else "not delegated"
+            out[key] = out.get(key, 0.0) + o.total_ms
+        return out
+
+
+@dataclass
+class _Instruction:
+    kind: str
+    """``kernel`` or ``delegate``."""
+    name: str
+    """Operator name (``aten::add.out``) or the delegate's backend id."""
+
+
+def _plan_instructions(pte: bytes, method: str = "forward") -> dict[int, _Instruction]:
+    from executorch.exir import schema
+
+    from llmcore.runtime import read_program_table
+
+    program = read_program_table(pte)
+    plans = {p.name: p for p in program.execution_plan}
+    plan = plans.get(method) or next(iter(plans.values()))
+    out: dict[int, _Instruction] = {}
+    for instr_id, instruction in enumerate(plan.chains[0].instructions if plan.chains else []):
+        args = instruction.instr_args
+        if isinstance(args, schema.KernelCall):
+            op = plan.operators[args.op_index]
+            out[instr_id] = _Instruction("kernel", f"{op.name}.{op.overload}" if op.overload else op.name)
+        elif isinstance(args, schema.DelegateCall):
+            out[instr_id] = _Instruction("delegate", plan.delegates[args.delegate_index].id)
+    return out
+
+
+def _is_library_frame(path: str) -> bool:
+    return (
+        "site-packages" in path
+        or "dist-packages" in path
+        or path.startswith(("torch/", "<"))
+        or "/torch/" in path
+        or "/executorch/" in path
+    )
+
+
+def source_line(stack_traces: dict[str, Optional[str]], op_name: str = "") -> str:
+    """``file.py:LINE code`` of the innermost model frame of an event's nodes."""
+    base = op_name.split("::")[-1].split(".")[0].lower()
+    traces = [(node, trace) for node, trace in stack_traces.items() if trace]
+    traces.sort(key=lambda item: 0 if base and base in item[0].lower() else 1)
+    for _, trace in traces:
+        frames = _FRAME.findall(trace)
+        model = [f for f in frames if not _is_library_frame(f[0])]
+        if model:
+            path, line, _, code = model[-1]
+            return f"{Path(path).name}:{line} {code.strip()}"
+    return ""
+
+
+def _check_etrecord_matches(etrecord: Any, instructions: dict[int, _Instruction], label: str) -> None:
+    """An ETRecord from another export links events to the wrong source lines: refuse it."""
+    handles = (getattr(etrecord, "_debug_handle_map", None) or {}).get("forward") or {}
+    delegates = (getattr(etrecord, "_delegate_map", None) or {}).get("forward") or {}
+    wrong = [k for k in delegates if instructions.get(int(k), _Instruction("", "")).kind != "delegate"]
+    too_far = [k for k in handles if int(k) not in instructions]
+    if wrong or too_far:
+        raise LlmcoreError(
+            f"ETRecord {label!r} does not match this program (its instructions differ).",
+            stage="profile",
+            fix="pass the ETRecord that `llmcore export --etrecord` wrote together with this .pte.",
+        )
+
+
+def _inspector(etdump: Path, etrecord: Optional[Path], instructions: dict[int, _Instruction]) -> Any:
+    from executorch.devtools import Inspector
+    from executorch.devtools.etrecord import parse_etrecord
+
+    parsed = None
+    if etrecord is not None:
+        try:
+            with _quiet():
+                parsed = parse_etrecord(str(etrecord))
+        except Exception as exc:
+            raise LlmcoreError(
+                f"ETRecord {str(etrecord)!r} cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}).",
+                stage="profile",
+                fix="pass a file written by `llmcore export --etrecord`, or leave --etrecord out.",
+            ) from None
+        _check_etrecord_matches(parsed, instructions, str(etrecord))
+    try:
+        with _quiet():
+            return Inspector(etdump_path=str(etdump), etrecord=parsed)
+    except Exception as exc:
+        raise LlmcoreError(
+            f"{str(etdump)!r} is not a readable ETDump ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}).",
+            stage="profile",
+            fix="pass the .etdp/.etdump file an ExecuTorch runtime with the event tracer wrote.",
+        ) from None
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The Inspector and ETRecord loader print warnings and deserialisation notes."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def analyze(etdump: Path, pte: bytes, etrecord: Optional[Path] = None) -> Profile:
+    """Operator times from an ETDump of ``pte``'s forward method."""
+    instructions = _plan_instructions(pte)
+    inspector = _inspector(etdump, etrecord, instructions)
+    rows: dict[tuple[str, str], OperatorTime] = {}
+    kernel_seen: set[int] = set()
+    internal_seen: set[int] = set()
+    fallbacks: list[tuple[str, int, Any]] = []  # OPERATOR_CALL / DELEGATE_CALL, used when nothing finer exists
+    execute_ms, runs, mismatched = 0.0, 0, 0
+
+    def row(name: str, where: str, delegated: bool) -> OperatorTime:
+        return rows.setdefault((where, name), OperatorTime(name, where, delegated))
+
+    for block in inspector.event_blocks:
+        for event in block.events:
+            if event.perf_data is None:
+                continue
+            raw = list(event.perf_data.raw)
+            instr_id = getattr(event, "_instruction_id", None)
+            instruction = instructions.get(instr_id) if instr_id is not None else None
+            if event.name == "Method::execute":
+                execute_ms += sum(raw)
+                runs += len(raw)
+            elif event.name in _FRAMEWORK_EVENTS:
+                continue
+            elif event.is_delegated_op:
+                backend = event.delegate_backend_name or (instruction.name if instruction else "delegate")
+                row(str(event.name), backend, True).add(raw, source_line(event.stack_traces))
+                if instr_id is not None:
+                    internal_seen.add(instr_id)
+            elif event.name in ("OPERATOR_CALL", "DELEGATE_CALL"):
+                fallbacks.append((event.name, instr_id, event))
+            else:
+                name = event.name[len(_KERNEL_PREFIX):] if event.name.startswith(_KERNEL_PREFIX) else event.name
+                if instruction is not None and instruction.kind == "kernel":
+                    if instruction.name.split("::")[-1] != name:
+                        mismatched += 1
+                    name = instruction.name
+                row(name, "kernel", False).add(raw, source_line(event.stack_traces, name))
+                if instr_id is not None:
+                    kernel_seen.add(instr_id)
+    for kind, instr_id, event in fallbacks:
+        instruction = instructions.get(instr_id) if instr_id is not None else None
+        raw = list(event.perf_data.raw)
+        if kind == "OPERATOR_CALL" and instr_id not in kernel_seen:
+            name = instruction.name if instruction else f"instruction {instr_id}"
+            row(name, "kernel", False).add(raw, source_line(event.stack_traces, name))
+        elif kind == "DELEGATE_CALL" and instr_id not in internal_seen:
+            backend = event.delegate_backend_name or (instruction.name if instruction else "delegate")
+            row("(whole delegate)", backend, True).add(raw, "")
+    if mismatched:
+        raise LlmcoreError(
+            f"ETDump {str(etdump)!r} does not match this program ({mismatched} operator events name another "
+            "operator than the program has at their instruction).",
+            stage="profile",
+            fix="pass the .pte that the ETDump was recorded with.",
+        )
+    operators = sorted(rows.values(), key=lambda o: -o.total_ms)
+    return Profile(operators, runs, execute_ms, str(etrecord) if etrecord else None)
+
+
+# ---- output ---------------------------------------------------------------------------------
+
+
+def format_calls(stats: list[CallStats], generated: int) -> str:
+    lines = [f"{'calls':<8} {'count':>5} {'tokens':>6} {'total ms':>9} {'avg ms':>8} {'min ms':>8} {'max ms':>8}"]
+    for s in stats:
+        lines.append(
+            f"{s.phase:<8} {s.calls:>5} {s.tokens:>6} {s.total_ms:>9.2f} {s.avg_ms:>8.3f} {s.min_ms:>8.3f} {s.max_ms:>8.3f}"
+        )
+    decode = next((s for s in stats if s.phase == "decode"), None)
+    if decode and decode.total_ms > 0:
+        lines.append(f"decode {decode.calls / decode.total_ms * 1000:.1f} tok/s over {generated} generated tokens")
+    return "\n".join(lines)
+
+
+def format_profile(profile: Profile, top: int) -> str:
+    total = profile.operator_ms
+    shown = profile.operators[:top]
+    head = f"top {len(shown)} of {len(profile.operators)} operators by total time"
+    if profile.runs:
+        head += f" ({profile.runs} runs, {profile.execute_ms:.3f} ms in Method::execute)"
+    lines = [head]
+    if not profile.operators:
+        lines.append("  (the ETDump has no operator events)")
+        return "\n".join(lines)
+    name_w = min(max(len(o.name) for o in shown), 40)
+    where_w = max(len("runs on"), *(len(o.where) for o in shown))
+    lines.append(
+        f"{'total ms':>9} {'share':>6} {'calls':>6} {'avg ms':>8}  {'runs on':<{where_w}}  {'operator':<{name_w}}  source"
+    )
+    for o in shown:
+        share = 100 * o.total_ms / total if total else 0.0
+        name = o.name if len(o.name) <= name_w else o.name[: name_w - 3] + "..."
+        source = o.source if len(o.source) <= 90 else o.source[:87] + "..."
+        lines.append(
+            f"{o.total_ms:>9.3f} {share:>5.1f}% {o.calls:>6} {o.avg_ms:>8.4f}  {o.where:<{where_w}}  "
+            f"{name:<{name_w}}  {source or '-'}".rstrip()
+        )
+    parts = []
+    for key, ms in sorted(profile.by_backend().items(), key=lambda kv: -kv[1]):
+        parts.append(f"{key} {100 * ms / total if total else 0:.1f}%")
+    lines.append(f"operator time {total:.3f} ms: " + ", ".join(parts))
+    lines.append(
+        "kernel = the runtime's own kernels (not delegated); "
+        + ("source lines from the ETRecord" if profile.etrecord else "pass --etrecord for source lines")
+    )
+    return "\n".join(lines)
+
+
+# ---- command --------------------------------------------------------------------------------
+
+
+def _no_tracer_note(etrecord: Optional[str]) -> str:
+    return (
+        "llmcore profile: this ExecuTorch runtime was built without the event tracer "
+        "(EXECUTORCH_ENABLE_EVENT_TRACER), so it records no operator events: only the per-call times above. "
+        "Record an ETDump with a runtime built with it (e.g. on the device) and analyse it here with "
+        "`llmcore profile OUT.pte --from-etdump FILE" + (f" --etrecord {etrecord}" if etrecord else " --etrecord ETRECORD")
+        + "`."
+    )
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    pte = Path(args.pte)
+    if args.top < 1:
+        raise LlmcoreError("--top must be at least 1.", stage="cli", fix="pass a positive --top.")
+    if args.max_new_tokens < 1:
+        raise LlmcoreError("--max-new-tokens must be at least 1.", stage="cli", fix="pass a positive --max-new-tokens.")
+    for flag, value in (("--etrecord", args.etrecord), ("--from-etdump", args.from_etdump)):
+        if value and not Path(value).is_file():
+            raise LlmcoreError(f"{flag} {value!r} does not exist.", stage="profile", fix=f"check the path given to {flag}.")
+    if args.from_etdump:
+        from llmcore.inspect import read_pte
+
+        data = read_pte(pte)
+        profile = analyze(Path(args.from_etdump), data, Path(args.etrecord) if args.etrecord else None)
+        _print(args, profile=profile)
+        return EXIT_OK
+    if args.prompt is None:
+        raise LlmcoreError(
+            "llmcore profile needs --prompt (or --from-etdump FILE to analyse a recorded ETDump).",
+            stage="cli",
+            fix="pass e.g. --prompt 'Hello'.",
+        )
+
+    from llmcore.generate import Sampling, TextTokenizer, generate, prompt_ids_for, tokenizer_beside
+    from llmcore.runtime import Program
+
+    etdump = Path(args.etdump) if args.etdump else pte.with_suffix(".etdump")
+    if not etdump.resolve().parent.is_dir():
+        raise LlmcoreError(
+            f"the folder of --etdump {str(etdump)!r} does not exist.", stage="profile", fix="create it first."
+        )
+    tokenizer = TextTokenizer.from_file(args.tokenizer or tokenizer_beside(pte))
+    program = TimedProgram(Program.load(pte, enable_etdump=True))
+    ids = prompt_ids_for(program, tokenizer, args.prompt)
+    result = generate(program, ids, args.max_new_tokens, Sampling())
+    stats = call_stats(program.calls)
+    if not write_etdump(program.module, etdump):
+        _print(args, stats=stats, generated=len(result.generated_ids), note=_no_tracer_note(args.etrecord))
+        return EXIT_NO_EVENTS
+    profile = analyze(etdump, Path(pte).read_bytes(), Path(args.etrecord) if args.etrecord else None)
+    _print(args, stats=stats, generated=len(result.generated_ids), profile=profile, etdump=str(etdump))
+    return EXIT_OK
+
+
+def _print(
+    args: argparse.Namespace,
+    *,
+    stats: Optional[list[CallStats]] = None,
+    generated: int = 0,
+    profile: Optional[Profile] = None,
+    etdump: Optional[str] = None,
+    note: Optional[str] = None,
+) -> None:
+    if args.json:
+        data: dict[str, Any] = {"calls": [asdict(s) for s in stats] if stats is not None else None}
+        data["operator_events"] = profile is not None
+        if profile is not None:
+            data["runs"] = profile.runs
+            data["execute_ms"] = profile.execute_ms
+            data["operators"] = [
+                {k: v for k, v in asdict(o).items() if not k.startswith("_")} | {"avg_ms": o.avg_ms}
+                for o in profile.operators
+            ]
+            data["by_backend_ms"] = profile.by_backend()
+        data["etdump"] = etdump or args.from_etdump
+        data["etrecord"] = args.etrecord
+        if note:
+            data["note"] = note
+        print(json.dumps(data, indent=2))
+    else:
+        blocks = []
+        if stats is not None:
+            blocks.append(format_calls(stats, generated))
+        if profile is not None:
+            blocks.append(format_profile(profile, args.top))
+        if etdump:
+            blocks.append(f"ETDump: {etdump}")
+        print("\n\n".join(blocks))
+    if note:
+        print(note, file=sys.stderr)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "profile",
+        help="time a generation per operator (ETDump + Inspector), delegated vs not",
+        description="Run a generation with the runtime's event tracer on and print the operators that took "
+        "the most time (from the ETDump, through ExecuTorch's Inspector), delegated ones under their backend, "
+        "linked to model source lines through an ETRecord (`llmcore export --etrecord PATH`). Per-call "
+        "prefill/decode times are always printed.",
+        epilog="exit status: 0 with the operator table; 3 when this ExecuTorch runtime was built without the "
+        "event tracer and records no operator events (the per-call times are still printed; analyse an ETDump "
+        "recorded elsewhere with --from-etdump); 2 for errors.",
+    )
+    p.add_argument("pte", help="the .pte program")
+    p.add_argument("--prompt", help="the prompt to generate from (required unless --from-etdump)")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--tokenizer", help="tokenizer.json (default: the one next to the .pte)")
+    p.add_argument("--etrecord", help="ETRecord from `llmcore export --etrecord`, to link operators to source lines")
+    p.add_argument("--etdump", help="where to write the ETDump (default: OUT.etdump next to the .pte)")
+    p.add_argument("--from-etdump", metavar="ETDUMP", help="analyse this recorded ETDump instead of running")
+    p.add_argument("--top", type=int, default=15, help="how many operators to list (default 15)")
+    p.add_argument("--json", action="store_true", help="print the findings as one JSON object")
+    p.set_defaults(func=cmd_profile)
+    return p
