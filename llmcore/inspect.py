@@ -259,11 +259,21 @@ def _operator_kind(name: str) -> str:
 def describe(data: bytes, label: str) -> Inspection:
     """Methods, metadata, delegates and operators of a serialized program (not yet checked
     against the runtime)."""
+    program = parse_program(data, label)
+    try:
+        return _describe(program, data, label)
+    except (IndexError, KeyError, AttributeError, TypeError, ValueError) as exc:
+        raise _error(
+            f"{label!r} is damaged: its program table is inconsistent ({type(exc).__name__}: {str(exc)[:200]}).",
+            "export it again with `llmcore export`.",
+        ) from None
+
+
+def _describe(program: Any, data: bytes, label: str) -> Inspection:
     from executorch.exir import schema
 
     from llmcore.runtime import METADATA_METHODS, backend_target
 
-    program = parse_program(data, label)
     methods: list[MethodInfo] = []
     metadata: dict[str, Any] = {}
     op_calls: Counter = Counter()
@@ -348,10 +358,9 @@ def inspect_program(path: str | Path, *, verify: bool = True) -> Inspection:
     """Read, describe and check a `.pte` against this runtime."""
     label = str(path)
     data = read_pte(path)
-    inspection = describe(data, label)
     if verify:
         verify_with_runtime(data, label)
-    return check_runtime(inspection)
+    return check_runtime(describe(data, label))
 
 
 # ---- output ---------------------------------------------------------------------------------
@@ -415,7 +424,8 @@ def format_text(ins: Inspection) -> str:
         bwidth = max(len(b.id) for b in ins.backends)
         for b in ins.backends:
             status = "available" if b.available else "MISSING"
-            lines.append(f"  {b.id:<{bwidth}}  {b.delegates:>3} delegates  {status:<9}  runs on {b.runs_on}")
+            count = f"{b.delegates} delegate" + ("" if b.delegates == 1 else "s")
+            lines.append(f"  {b.id:<{bwidth}}  {count:>12}  {status:<9}  runs on {b.runs_on}")
     else:
         lines.append("backends: none (no delegates: every operator runs on the portable runtime)")
     lines.append("")
@@ -427,11 +437,12 @@ def format_text(ins: Inspection) -> str:
         for o in ins.operators:
             status = "ok" if o.available else "MISSING"
             note = _KIND_NOTES[o.kind]
-            lines.append(f"  {o.name:<{owidth}}  {o.calls:>4} calls  {status:<7}  {note}".rstrip())
+            calls = f"{o.calls} call" + ("" if o.calls == 1 else "s")
+            lines.append(f"  {o.name:<{owidth}}  {calls:>9}  {status:<7}  {note}".rstrip())
     special = [o for o in ins.operators if o.kind in ("custom", "quantized")]
     if special:
         names = sorted({o.name.split("::", 1)[0] for o in special})
-        lines.append(f"  custom and quantized ops come from: " + "; ".join(
+        lines.append("  custom and quantized ops come from: " + "; ".join(
             f"{ns}:: {_LIBRARY_HINTS.get(ns, 'a kernel library the exporting plugin names')}" for ns in names
         ))
     lines.append("")
@@ -444,7 +455,7 @@ def format_text(ins: Inspection) -> str:
     if ins.ok:
         lines.append("OK: this runtime has every backend and operator the program needs.")
     else:
-        problems = [f"backend {b.id} (runs on {b.runs_on})" for b in ins.missing_backends]
+        problems = [f"backend {b.id}, which runs on {b.runs_on}" for b in ins.missing_backends]
         problems += [f"operator {o.name}" for o in ins.missing_operators]
         lines.append("MISSING: " + "; ".join(problems) + ".")
         lines.append("  `llmcore run` and ExecuTorch runtimes without them cannot load this program.")

@@ -37,6 +37,7 @@ EXIT_NO_EVENTS = 3
 
 _FRAMEWORK_EVENTS = {"Method::init", "Program::load_method", "Method::execute"}
 _KERNEL_PREFIX = "native_call_"
+_ETDUMP_ID = b"ED00"
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n[ \t]*([^\n]*)')
 
 
@@ -205,9 +206,8 @@ def _check_etrecord_matches(etrecord: Any, instructions: dict[int, _Instruction]
     """An ETRecord from another export links events to the wrong source lines: refuse it."""
     handles = (getattr(etrecord, "_debug_handle_map", None) or {}).get("forward") or {}
     delegates = (getattr(etrecord, "_delegate_map", None) or {}).get("forward") or {}
-    wrong = [k for k in delegates if instructions.get(int(k), _Instruction("", "")).kind != "delegate"]
-    too_far = [k for k in handles if int(k) not in instructions]
-    if wrong or too_far:
+    delegate_ids = {i for i, instruction in instructions.items() if instruction.kind == "delegate"}
+    if {int(k) for k in delegates} != delegate_ids or not {int(k) for k in handles} <= set(instructions):
         raise LlmcoreError(
             f"ETRecord {label!r} does not match this program (its instructions differ).",
             stage="profile",
@@ -231,9 +231,10 @@ def _inspector(etdump: Path, etrecord: Optional[Path], instructions: dict[int, _
                 fix="pass a file written by `llmcore export --etrecord`, or leave --etrecord out.",
             ) from None
         _check_etrecord_matches(parsed, instructions, str(etrecord))
+    data = read_etdump(etdump)
     try:
         with _quiet():
-            return Inspector(etdump_path=str(etdump), etrecord=parsed)
+            return Inspector(etdump_data=data, etrecord=parsed)
     except Exception as exc:
         raise LlmcoreError(
             f"{str(etdump)!r} is not a readable ETDump ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}).",
@@ -242,10 +243,34 @@ def _inspector(etdump: Path, etrecord: Optional[Path], instructions: dict[int, _
         ) from None
 
 
+def read_etdump(path: Path) -> bytes:
+    """An ETDump's bytes with the size prefix the Inspector expects (added if missing)."""
+    data = path.read_bytes()
+    fix = "pass the .etdp/.etdump file an ExecuTorch runtime with the event tracer wrote."
+    if len(data) >= 12 and data[8:12] == _ETDUMP_ID:
+        size = int.from_bytes(data[:4], "little")
+        if size > len(data) - 4:
+            raise LlmcoreError(
+                f"ETDump {str(path)!r} is truncated: its header says {size + 4} bytes, the file has {len(data)}.",
+                stage="profile",
+                fix=fix,
+            )
+        return data
+    if len(data) >= 8 and data[4:8] == _ETDUMP_ID:  # written without the size prefix
+        return len(data).to_bytes(4, "little") + data
+    raise LlmcoreError(
+        f"{str(path)!r} is not an ETDump (no {_ETDUMP_ID.decode()!r} identifier in its header).",
+        stage="profile",
+        fix=fix,
+    )
+
+
 @contextlib.contextmanager
 def _quiet():
     """The Inspector and ETRecord loader print warnings and deserialisation notes."""
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    from llmcore.runtime import captured_stderr
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), captured_stderr():
         warnings.simplefilter("ignore")
         yield
 
@@ -363,13 +388,12 @@ def format_profile(profile: Profile, top: int) -> str:
 # ---- command --------------------------------------------------------------------------------
 
 
-def _no_tracer_note(etrecord: Optional[str]) -> str:
+def _no_tracer_note(pte: str, etrecord: Optional[str]) -> str:
     return (
         "llmcore profile: this ExecuTorch runtime was built without the event tracer "
         "(EXECUTORCH_ENABLE_EVENT_TRACER), so it records no operator events: only the per-call times above. "
         "Record an ETDump with a runtime built with it (e.g. on the device) and analyse it here with "
-        "`llmcore profile OUT.pte --from-etdump FILE" + (f" --etrecord {etrecord}" if etrecord else " --etrecord ETRECORD")
-        + "`."
+        f"`llmcore profile {pte} --from-etdump FILE --etrecord {etrecord or 'ETRECORD'}`."
     )
 
 
@@ -410,7 +434,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     result = generate(program, ids, args.max_new_tokens, Sampling())
     stats = call_stats(program.calls)
     if not write_etdump(program.module, etdump):
-        _print(args, stats=stats, generated=len(result.generated_ids), note=_no_tracer_note(args.etrecord))
+        _print(args, stats=stats, generated=len(result.generated_ids), note=_no_tracer_note(args.pte, args.etrecord))
         return EXIT_NO_EVENTS
     profile = analyze(etdump, Path(pte).read_bytes(), Path(args.etrecord) if args.etrecord else None)
     _print(args, stats=stats, generated=len(result.generated_ids), profile=profile, etdump=str(etdump))

@@ -109,14 +109,17 @@ class Program:
         inputs = [torch.tensor([list(tokens)], dtype=torch.long)]
         if self.use_kv_cache:
             inputs.append(torch.tensor([input_pos or 0], dtype=torch.long))
+        log = None
         try:
             if self._warm:
                 out = self._module.run_method("forward", inputs)[0]
             else:  # backends print their CPU probing on the first call; keep it off the terminal
-                with captured_stderr():
+                with captured_stderr() as log:
                     out = self._module.run_method("forward", inputs)[0]
                 self._warm = True
         except Exception as exc:
+            if "0x14" in str(exc):  # the method loads on its first call: a missing operator shows here
+                raise load_error(self.source, self._data, exc, log.text() if log else "") from exc
             raise LlmcoreError(
                 f"running {self.source!r} failed: {type(exc).__name__}: {exc}",
                 stage="run",

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 
 from llmcore.errors import LlmcoreError
-from llmcore.runtime import Program
+from llmcore.runtime import Program, captured_stderr
 
 
 @dataclass
@@ -49,7 +49,7 @@ def check_parity(
     worst, agree = 0.0, 0
     for ids, pos in calls:
         tokens = torch.tensor([ids], dtype=torch.long)
-        with torch.no_grad():
+        with torch.no_grad(), captured_stderr():
             if use_kv_cache:
                 expected = eager(tokens, torch.tensor([pos], dtype=torch.long))
             else:

@@ -14,6 +14,7 @@ import torch
 from llmcore.errors import LlmcoreError
 from llmcore.plugins import Provided, Registry
 from llmcore.recipe import check_plugin_options
+from llmcore.runtime import captured_stderr
 from llmcore.records import QuantizerRecipe
 
 
@@ -51,7 +52,9 @@ def quantize_graph(
     recipe: QuantizerRecipe = provided.record
     quantizer = _run(provided, lambda: recipe.pt2e_quantizer(options))
     prepared = _run(provided, lambda: prepare_pt2e(exported.module(), quantizer))
-    with torch.no_grad():
+    # The LLM custom ops log "No temp allocator provided" on every eager call: keep it
+    # off the terminal (LLMCORE_DEBUG=1 lets it through).
+    with torch.no_grad(), captured_stderr():
         for inputs in calibration_inputs:
             prepared(*inputs)
     converted = _run(provided, lambda: convert_pt2e(prepared))
