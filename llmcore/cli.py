@@ -188,7 +188,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 {
                     "prompt_ids": result.prompt_ids,
                     "generated_ids": result.generated_ids,
-                    "text": tokenizer.decode(result.generated_ids),
+                    "text": tokenizer.decode(result.generated_ids, skip_special_tokens=True),
                     "stats": vars(result.stats),
                 }
             )

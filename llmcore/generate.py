@@ -7,7 +7,6 @@ prompt once and then feeds one token at a time.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,8 +53,8 @@ class TextTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=False)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def token_id(self, token: str) -> Optional[int]:
         return self._tok.token_to_id(token)
@@ -133,8 +132,10 @@ def generate(
     max_new_tokens: int,
     sampling: Sampling,
     on_token: Optional[Callable[[int], None]] = None,
+    stop_at_eos: bool = True,
 ) -> Generation:
-    """Generate up to ``max_new_tokens`` after the prompt; stops at an EOS id."""
+    """Generate up to ``max_new_tokens`` after the prompt; stops at an EOS id unless told
+    not to (benchmarks decode a fixed number of tokens)."""
     if not prompt_ids:
         raise LlmcoreError("the prompt is empty after tokenization.", stage="run", fix="pass a non-empty --prompt.")
     limit = program.max_context_len if program.use_kv_cache else None
@@ -167,7 +168,7 @@ def generate(
         tokens.append(token)
         if on_token is not None:
             on_token(token)
-        if token in eos:
+        if stop_at_eos and token in eos:
             break
     end = time.perf_counter()
     prefill_s = max(first_token_at - start, 1e-9)
@@ -194,7 +195,7 @@ class TextStream:
 
     def __call__(self, token: int) -> None:
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)  # no <|im_end|> in the text
         if text.endswith("\ufffd"):
             return  # the rest of a multi-byte character is still to come
         self.write(text[self.printed :])
@@ -211,6 +212,3 @@ def prompt_ids_for(program, tokenizer: TextTokenizer, prompt: str) -> list[int]:
         ids = [program.bos_id] * program.n_bos + ids
     return ids
 
-
-def load_json(path: Path) -> dict:
-    return json.loads(path.read_text())

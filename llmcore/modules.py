@@ -63,6 +63,6 @@ def positions_slice(table: torch.Tensor, seq_len: int, input_pos: Optional[torch
     if input_pos is None:
         return table[:seq_len]
     start = input_pos[0].item()
-    torch._check_is_size(start)
+    torch._check(start >= 0)
     torch._check(start + seq_len <= table.shape[0])
     return table.narrow(0, start, seq_len)

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-ROOT = Path(__file__).resolve().parents[1]
-LLMCORE = [sys.executable, "-m", "llmcore"]
-
-
-def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 600):
-    """Run ``llmcore ARGS`` as a user would, in a subprocess; returns CompletedProcess."""
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    return subprocess.run(
-        [*LLMCORE, *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout
-    )
+from clitools import read_json, run_cli  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +45,3 @@ def exports(tmp_path_factory):
         return cache[name]
 
     return get
-
-
-def read_json(path: Path) -> dict:
-    return json.loads(Path(path).read_text())

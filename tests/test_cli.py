@@ -8,14 +8,14 @@ import pickle
 
 import pytest
 
-from conftest import read_json
+from clitools import read_json
 
 TINY = ["export", "--model", "nanogpt", "--config", "tiny"]
 
 
 @pytest.fixture(scope="module")
 def int8_export(tmp_path_factory):
-    from conftest import run_cli
+    from clitools import run_cli
 
     out = tmp_path_factory.mktemp("cli") / "tiny8.pte"
     result = run_cli(*TINY, "--plugins", "xnnpack", "--quantize", "int8-dynamic", "-o", str(out))

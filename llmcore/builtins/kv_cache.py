@@ -30,7 +30,7 @@ CUSTOM_OPS_MODULE = "executorch.extension.llm.custom_ops.custom_ops"
 
 def _start(input_pos: torch.Tensor, seq_len: int, capacity: int) -> int:
     start = input_pos[0].item()
-    torch._check_is_size(start)
+    torch._check(start >= 0)
     torch._check(start + seq_len <= capacity)
     return start
 

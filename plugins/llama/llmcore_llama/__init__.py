@@ -1,0 +1,121 @@
+"""llmcore-llama: the Llama model family (Llama 2/3, SmolLM2 and other llama-architecture models).
+
+The hook only describes the family; torch, gguf and the loaders are imported when a
+factory is called.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmcore.hookspecs import hookimpl
+from llmcore.records import CheckpointLoader, LoadedModel, LoadOptions, ModelFamily
+
+from . import formats
+from .config import CONFIG_DESCRIPTIONS, CONFIGS
+
+__version__ = "0.1.0"
+__all__ = ["llmcore_model_families", "family", "build_random", "LOADERS"]
+
+
+def build_random(config: str, options: LoadOptions) -> LoadedModel:
+    """A randomly initialised model of one of :data:`CONFIGS` (seeded by ``options.seed``)."""
+    import torch
+
+    from llmcore.records import ModelMetadata, Tokenizer
+
+    from .loaders import load_error, resolve_dtype, resolve_tokenizer
+    from .model import Transformer, init_random, rope_tables
+    from .tokenization import tiny_tokenizer
+
+    if config not in CONFIGS:
+        raise load_error(
+            f"unknown llama config {config!r}.",
+            fix=f"choose one of: {', '.join(sorted(CONFIGS))}.",
+        )
+    cfg = CONFIGS[config].with_max_seq_len(options.max_seq_len)
+    dtype = resolve_dtype(options.dtype)
+    with torch.device("meta"):  # skip nn.Linear's own (slow) init; init_random fills everything
+        model = Transformer(cfg)
+    model = model.to_empty(device="cpu")
+    model.tie_weights()
+    model = init_random(model, seed=options.seed).to(dtype)
+    model.freqs_cos, model.freqs_sin = rope_tables(cfg)
+    model.eval()
+    tok = resolve_tokenizer(options)
+    if tok is None and config == "tiny":
+        tok = tiny_tokenizer(cfg.vocab_size)
+    if tok is not None and tok.size > cfg.vocab_size:
+        raise load_error(
+            f"the tokenizer has {tok.size} tokens but config {config!r} has a vocabulary of {cfg.vocab_size}.",
+            fix="pass a tokenizer that fits the config, or none.",
+        )
+    metadata = ModelMetadata(
+        vocab_size=cfg.vocab_size,
+        max_seq_len=cfg.max_seq_len,
+        bos_id=tok.bos_id if tok else -1,
+        eos_ids=tuple(tok.eos_ids) if tok else (),
+        n_bos=tok.n_bos if tok else 0,
+        chat_template=tok.chat_template if tok else None,
+    )
+    return LoadedModel(
+        module=model,
+        metadata=metadata,
+        tokenizer=Tokenizer(json_text=tok.json_text, description=tok.description) if tok else None,
+        family="llama",
+        source=f"random:{config}",
+    )
+
+
+def _lazy(name: str):
+    def load(path: Path, options: LoadOptions) -> LoadedModel:
+        from . import loaders
+
+        return getattr(loaders, name)(Path(path), options)
+
+    load.__name__ = name
+    return load
+
+
+LOADERS = (
+    CheckpointLoader(
+        name="gguf",
+        description="GGUF file of llama architecture (F32/F16/BF16, Q8_0, Q4_0/1, Q5_0/1, Q4_K/Q5_K/Q6_K) with its embedded tokenizer",
+        matches=lambda p: formats.is_gguf(Path(p)),
+        load=_lazy("load_gguf"),
+    ),
+    CheckpointLoader(
+        name="hf",
+        description="Hugging Face LlamaForCausalLM folder: config.json + *.safetensors (+ tokenizer.json)",
+        matches=lambda p: formats.is_hf(Path(p)),
+        load=_lazy("load_hf"),
+    ),
+    CheckpointLoader(
+        name="meta",
+        description="Meta checkpoint: params.json + consolidated.*.pth (+ tokenizer.model), read with weights_only",
+        matches=lambda p: formats.is_meta(Path(p)),
+        load=_lazy("load_meta"),
+    ),
+    CheckpointLoader(
+        name="llama2c",
+        description="llama2.c fp32 checkpoint (.bin, legacy header or version 1)",
+        matches=lambda p: formats.is_llama2c(Path(p)),
+        load=_lazy("load_llama2c"),
+    ),
+)
+
+
+def family() -> ModelFamily:
+    return ModelFamily(
+        name="llama",
+        description="Llama 2/3-style decoder (RMSNorm, RoPE, GQA, SwiGLU): Llama, SmolLM2, TinyLlama, llama2.c stories",
+        configs=dict(CONFIG_DESCRIPTIONS),
+        build_random=build_random,
+        loaders=LOADERS,
+        default_config="tiny",
+    )
+
+
+@hookimpl
+def llmcore_model_families() -> list[ModelFamily]:
+    return [family()]

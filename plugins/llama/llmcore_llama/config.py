@@ -1,0 +1,107 @@
+"""Llama hyper-parameters and the named random-init configurations.
+
+This module imports nothing heavy, so the plugin's hooks can describe configs without
+importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3.1-style RoPE frequency scaling ("llama3" rope type)."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    vocab_size: int
+    hidden_dim: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_seq_len: int = 2048
+    tie_embeddings: bool = False
+    head_dim: Optional[int] = None
+    """Per-head width; `dim // n_heads` when not set."""
+    rope_scaling: Optional[RopeScaling] = None
+    rope_freq_factors: Optional[tuple[float, ...]] = field(default=None, repr=False)
+    """Explicit per-frequency divisors (GGUF's `rope_freqs.weight`); wins over rope_scaling."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.n_heads <= 0 or self.n_kv_heads <= 0:
+            problems.append("n_heads and n_kv_heads must be positive")
+        elif self.n_heads % self.n_kv_heads:
+            problems.append(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.head_dim is None and self.n_heads > 0 and self.dim % self.n_heads:
+            problems.append(f"dim={self.dim} is not a multiple of n_heads={self.n_heads}")
+        if self.resolved_head_dim % 2:
+            problems.append(f"head_dim={self.resolved_head_dim} must be even for RoPE")
+        if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.resolved_head_dim // 2:
+            problems.append(
+                f"{len(self.rope_freq_factors)} RoPE frequency factors for head_dim "
+                f"{self.resolved_head_dim} (expected {self.resolved_head_dim // 2})"
+            )
+        if problems:
+            raise ValueError("invalid Llama config: " + "; ".join(problems))
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.dim // max(self.n_heads, 1)
+
+    def with_max_seq_len(self, max_seq_len: Optional[int]) -> "LlamaConfig":
+        return self if not max_seq_len else replace(self, max_seq_len=int(max_seq_len))
+
+
+CONFIGS: dict[str, LlamaConfig] = {
+    "tiny": LlamaConfig(
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=320,  # the tiny byte-level tokenizer: 256 bytes + 61 merges + 3 specials
+        hidden_dim=192,
+        norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_seq_len=128,
+        tie_embeddings=True,
+    ),
+    # HuggingFaceTB/SmolLM2-135M(-Instruct), as its GGUF metadata states it.
+    "smollm2-135m": LlamaConfig(
+        dim=576,
+        n_layers=30,
+        n_heads=9,
+        n_kv_heads=3,
+        vocab_size=49152,
+        hidden_dim=1536,
+        norm_eps=1e-5,
+        rope_theta=100000.0,
+        max_seq_len=8192,
+        tie_embeddings=True,
+    ),
+}
+
+CONFIG_DESCRIPTIONS: dict[str, str] = {
+    "tiny": "dim 64, 2 layers, 4 heads / 2 kv heads, vocab 320 (byte-level BPE), 128 positions, tied",
+    "smollm2-135m": "SmolLM2-135M shape: dim 576, 30 layers, 9/3 heads, ffn 1536, vocab 49152, "
+    "rope theta 1e5, 8192 positions, tied",
+}
+
+
+def hidden_dim_from_meta_params(dim: int, multiple_of: int = 256, ffn_dim_multiplier: Optional[float] = None) -> int:
+    """The SwiGLU width Meta's reference code derives from `params.json`."""
+    hidden = int(2 * (4 * dim) / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)

@@ -1,0 +1,691 @@
+"""Checkpoint loaders: Meta, Hugging Face, GGUF and llama2.c -> :class:`LoadedModel`.
+
+Every loader produces a state dict with Meta's parameter names and Meta's rotary layout
+(interleaved channel pairs), then :func:`finish` builds the :class:`Transformer`, picks the
+tokenizer and fills in :class:`ModelMetadata`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import re
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from llmcore.errors import LlmcoreError
+from llmcore.records import LoadedModel, LoadOptions, ModelMetadata, Tokenizer
+
+from . import formats, quants
+from .config import LlamaConfig, RopeScaling, hidden_dim_from_meta_params
+from .model import build_model, rope_tables
+from .tokenization import TokenizerError, TokenizerInfo, find_tokenizer_near, load_tokenizer_file
+
+log = logging.getLogger(__name__)
+
+PLUGIN = "llama"
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def load_error(message: str, fix: Optional[str] = None) -> LlmcoreError:
+    return LlmcoreError(message, stage="load", plugin=PLUGIN, fix=fix)
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[str(name).lower()]
+    except KeyError:
+        raise load_error(f"unknown dtype {name!r}.", fix=f"use one of: {', '.join(sorted(set(DTYPES)))}.") from None
+
+
+# --------------------------------------------------------------------------------------
+# Common tail
+# --------------------------------------------------------------------------------------
+
+
+def resolve_tokenizer(options: LoadOptions, default: Optional[Callable[[], Optional[TokenizerInfo]]] = None) -> Optional[TokenizerInfo]:
+    """The user's `--tokenizer` if given, else what the checkpoint ships (or None)."""
+    if options.tokenizer_path is not None:
+        try:
+            return load_tokenizer_file(Path(options.tokenizer_path))
+        except TokenizerError as e:
+            raise load_error(
+                str(e),
+                fix="pass --tokenizer a tokenizer.json, a SentencePiece .model or a tiktoken file.",
+            ) from e
+    if default is None:
+        return None
+    try:
+        return default()
+    except TokenizerError as e:
+        raise load_error(str(e), fix="pass --tokenizer PATH to a tokenizer.json for this model.") from e
+
+
+def finish(
+    config: LlamaConfig,
+    state_dict: dict,
+    tokenizer: Optional[TokenizerInfo],
+    options: LoadOptions,
+    source: str,
+    *,
+    tokenizer_explicit: bool = True,
+) -> LoadedModel:
+    config = config.with_max_seq_len(options.max_seq_len)
+    dtype = resolve_dtype(options.dtype)
+    state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
+    try:
+        model = build_model(config, state_dict)
+    except (KeyError, RuntimeError, ValueError) as e:
+        raise load_error(f"the weights in {source} do not fit a Llama model: {e}") from e
+    cos, sin = rope_tables(config)  # keep RoPE tables in float32 whatever the dtype
+    model.freqs_cos, model.freqs_sin = cos, sin
+    model.eval()
+
+    if tokenizer is not None and tokenizer.size > config.vocab_size:
+        message = (
+            f"the tokenizer has {tokenizer.size} tokens but the model's vocabulary has "
+            f"{config.vocab_size}: they do not belong together"
+        )
+        if tokenizer_explicit:
+            raise load_error(message, fix="pass the tokenizer that ships with these weights.")
+        log.warning("%s; ignoring the tokenizer found next to the checkpoint", message)
+        tokenizer = None
+
+    metadata = ModelMetadata(
+        vocab_size=config.vocab_size,
+        max_seq_len=config.max_seq_len,
+        bos_id=tokenizer.bos_id if tokenizer else -1,
+        eos_ids=tuple(tokenizer.eos_ids) if tokenizer else (),
+        n_bos=tokenizer.n_bos if tokenizer else 0,
+        chat_template=tokenizer.chat_template if tokenizer else None,
+    )
+    return LoadedModel(
+        module=model,
+        metadata=metadata,
+        tokenizer=Tokenizer(json_text=tokenizer.json_text, description=tokenizer.description) if tokenizer else None,
+        family=PLUGIN,
+        source=source,
+    )
+
+
+def _check_file(path: Path) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise load_error(f"{path} does not exist.", fix="check the checkpoint path.")
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# Meta consolidated.*.pth + params.json
+# --------------------------------------------------------------------------------------
+
+
+def safe_torch_load(path: Path) -> dict:
+    """``torch.load(weights_only=True)``: tensors and plain containers only.
+
+    A pickle that references any other callable (``os.system``, ``builtins.exec`` ...) is
+    rejected by torch's restricted unpickler before anything is called.
+    """
+    try:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e).lower() and "zip" not in str(e).lower():
+                raise
+            obj = torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) file
+    except pickle.UnpicklingError as e:
+        text = str(e)
+        m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text) or re.search(r"Unsupported operand \d+", text)
+        reason = f"it references {m.group(1)}" if m and m.groups() else (m.group(0) if m else "it is not plain tensors")
+        raise load_error(
+            f"refusing to load {path}: it is not a plain tensor checkpoint, its pickle asks to "
+            f"run code or build arbitrary objects ({reason}). Nothing in it was executed.",
+            fix="only load checkpoints from sources you trust; re-save the weights as a plain "
+            "state dict (torch.save(model.state_dict())) or as safetensors.",
+        ) from None
+    except Exception as e:
+        raise load_error(f"could not read {path} as a PyTorch checkpoint: {e}") from e
+    if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
+        obj = obj["model"]
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise load_error(f"{path} does not hold a state dict of tensors.")
+    return obj
+
+
+def _merge_meta_shards(shards: list[dict], dim: int) -> dict:
+    """Join model-parallel shards: column-parallel layers on dim 0, row-parallel on dim 1."""
+    if len(shards) == 1:
+        return shards[0]
+    merged = {}
+    for key, first in shards[0].items():
+        parts = [s[key] for s in shards]
+        if first.ndim < 2 or key.endswith("norm.weight"):
+            merged[key] = first
+        elif key.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+            merged[key] = torch.cat(parts, dim=1)
+        elif key == "tok_embeddings.weight":
+            merged[key] = torch.cat(parts, dim=1 if first.shape[1] != dim else 0)
+        else:
+            merged[key] = torch.cat(parts, dim=0)
+    return merged
+
+
+def _clean_meta_keys(sd: dict) -> dict:
+    out = {}
+    for k, v in sd.items():
+        k = k.removeprefix("_orig_mod.").removeprefix("model.")
+        if k in ("rope.freqs", "freqs_cis", "freqs_cos", "freqs_sin"):
+            continue
+        out[k] = v
+    return out
+
+
+def meta_config(params: dict, sd: dict) -> LlamaConfig:
+    dim = int(params["dim"])
+    n_heads = int(params["n_heads"])
+    vocab = int(params.get("vocab_size", -1))
+    if vocab <= 0:
+        vocab = int(sd["tok_embeddings.weight"].shape[0])
+    if "layers.0.feed_forward.w1.weight" in sd:
+        hidden = int(sd["layers.0.feed_forward.w1.weight"].shape[0])
+    else:
+        hidden = hidden_dim_from_meta_params(dim, int(params.get("multiple_of", 256)), params.get("ffn_dim_multiplier"))
+    theta = float(params.get("rope_theta", 10000.0))
+    scaling = None
+    if params.get("use_scaled_rope"):
+        factor = params.get("rope_scale_factor", params.get("rope_scaling_factor", 8.0))
+        scaling = RopeScaling(factor=float(factor))
+    head_dim = params.get("head_dim")
+    max_seq_len = params.get("max_seq_len") or (8192 if theta >= 500000 else 4096)
+    return LlamaConfig(
+        dim=dim,
+        n_layers=int(params["n_layers"]),
+        n_heads=n_heads,
+        n_kv_heads=int(params.get("n_kv_heads") or n_heads),
+        vocab_size=vocab,
+        hidden_dim=hidden,
+        norm_eps=float(params.get("norm_eps", 1e-5)),
+        rope_theta=theta,
+        max_seq_len=int(max_seq_len),
+        tie_embeddings="output.weight" not in sd,
+        head_dim=int(head_dim) if head_dim else None,
+        rope_scaling=scaling,
+    )
+
+
+def load_meta(path: Path, options: LoadOptions) -> LoadedModel:
+    path = _check_file(path)
+    found = formats.meta_files(path)
+    if found is None:
+        raise load_error(
+            f"{path} is not a Meta checkpoint (expected params.json next to consolidated.*.pth).",
+            fix="point at the folder holding params.json and consolidated.00.pth.",
+        )
+    params_path, shard_paths = found
+    try:
+        params = json.loads(params_path.read_text())
+    except Exception as e:
+        raise load_error(f"could not read {params_path}: {e}") from e
+    shards = [_clean_meta_keys(safe_torch_load(p)) for p in shard_paths]
+    sd = _merge_meta_shards(shards, int(params.get("dim", 0)))
+    try:
+        config = meta_config(params, sd)
+    except (KeyError, ValueError, TypeError) as e:
+        raise load_error(f"{params_path} does not describe a Llama model: {e}") from e
+    folder = params_path.parent
+    tok_path = find_tokenizer_near(folder)
+    tok = resolve_tokenizer(options, (lambda: load_tokenizer_file(tok_path)) if tok_path else None)
+    return finish(config, sd, tok, options, str(path), tokenizer_explicit=options.tokenizer_path is not None)
+
+
+# --------------------------------------------------------------------------------------
+# Hugging Face config.json + safetensors
+# --------------------------------------------------------------------------------------
+
+_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_HF_NAMES = {
+    "self_attn.q_proj.weight": "attention.wq.weight",
+    "self_attn.k_proj.weight": "attention.wk.weight",
+    "self_attn.v_proj.weight": "attention.wv.weight",
+    "self_attn.o_proj.weight": "attention.wo.weight",
+    "mlp.gate_proj.weight": "feed_forward.w1.weight",
+    "mlp.down_proj.weight": "feed_forward.w2.weight",
+    "mlp.up_proj.weight": "feed_forward.w3.weight",
+    "input_layernorm.weight": "attention_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+}
+_HF_TOP = {
+    "model.embed_tokens.weight": "tok_embeddings.weight",
+    "model.norm.weight": "norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+def unpermute_hf_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo HF's Q/K row permutation: HF keeps each head's rotary halves
+    (``[x_0..x_{D/2-1}, y_0..y_{D/2-1}]``), Meta interleaves them (``x_0, y_0, x_1, ...``)."""
+    out_dim, in_dim = w.shape
+    head_dim = out_dim // n_heads
+    return w.reshape(n_heads, 2, head_dim // 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
+
+
+def permute_to_hf_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Meta -> HF layout (the inverse of :func:`unpermute_hf_rotary`)."""
+    out_dim, in_dim = w.shape
+    head_dim = out_dim // n_heads
+    return w.reshape(n_heads, head_dim // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
+
+
+def hf_config(cfg: dict) -> LlamaConfig:
+    archs = cfg.get("architectures") or []
+    if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in archs:
+        raise load_error(
+            f"this Hugging Face checkpoint is a {cfg.get('model_type') or archs or 'unknown'} model, not llama.",
+            fix="pick the model family that matches the checkpoint's architecture.",
+        )
+    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+        raise load_error("Llama checkpoints with attention or MLP biases are not supported.")
+    scaling = None
+    rs = cfg.get("rope_scaling")
+    if rs:
+        kind = rs.get("rope_type", rs.get("type"))
+        if kind == "llama3":
+            scaling = RopeScaling(
+                factor=float(rs.get("factor", 8.0)),
+                low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
+                high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
+                original_max_position_embeddings=int(rs.get("original_max_position_embeddings", 8192)),
+            )
+        elif kind != "default":
+            raise load_error(f"RoPE scaling type {kind!r} is not supported (supported: llama3).")
+    n_heads = int(cfg["num_attention_heads"])
+    return LlamaConfig(
+        dim=int(cfg["hidden_size"]),
+        n_layers=int(cfg["num_hidden_layers"]),
+        n_heads=n_heads,
+        n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_dim=int(cfg["intermediate_size"]),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None,
+        rope_scaling=scaling,
+    )
+
+
+def hf_to_meta_state_dict(hf: dict, config: LlamaConfig) -> dict:
+    sd = {}
+    unknown = []
+    for name, t in hf.items():
+        if name in _HF_TOP:
+            sd[_HF_TOP[name]] = t
+            continue
+        m = _HF_LAYER.match(name)
+        if m and m.group(2) in _HF_NAMES:
+            new = _HF_NAMES[m.group(2)]
+            if new == "attention.wq.weight":
+                t = unpermute_hf_rotary(t, config.n_heads)
+            elif new == "attention.wk.weight":
+                t = unpermute_hf_rotary(t, config.n_kv_heads)
+            sd[f"layers.{m.group(1)}.{new}"] = t
+        elif name.endswith("rotary_emb.inv_freq"):
+            continue
+        else:
+            unknown.append(name)
+    if unknown:
+        raise load_error(f"unexpected tensors in the Hugging Face checkpoint: {', '.join(unknown[:5])}")
+    if config.tie_embeddings:
+        sd.pop("output.weight", None)
+    return sd
+
+
+def load_hf(path: Path, options: LoadOptions) -> LoadedModel:
+    path = _check_file(path)
+    found = formats.hf_files(path)
+    if found is None:
+        raise load_error(
+            f"{path} is not a Hugging Face checkpoint (expected config.json and *.safetensors).",
+            fix="point at the model folder holding config.json and the weights.",
+        )
+    config_path, files = found
+    try:
+        cfg = json.loads(config_path.read_text())
+    except Exception as e:
+        raise load_error(f"could not read {config_path}: {e}") from e
+    config = hf_config(cfg)
+    from safetensors.torch import load_file
+
+    hf: dict = {}
+    for f in files:
+        if f.suffix == ".bin":  # pytorch_model*.bin: a pickle, read with weights_only
+            hf.update(safe_torch_load(f))
+            continue
+        try:
+            hf.update(load_file(str(f)))
+        except Exception as e:
+            raise load_error(f"could not read {f} as safetensors: {e}") from e
+    sd = hf_to_meta_state_dict(hf, config)
+    folder = config_path.parent
+    tok_path = find_tokenizer_near(folder)
+    tok = resolve_tokenizer(options, (lambda: load_tokenizer_file(tok_path)) if tok_path else None)
+    return finish(config, sd, tok, options, str(path), tokenizer_explicit=options.tokenizer_path is not None)
+
+
+# --------------------------------------------------------------------------------------
+# GGUF
+# --------------------------------------------------------------------------------------
+
+_GGUF_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
+_GGUF_NAMES = {
+    "attn_norm.weight": "attention_norm.weight",
+    "attn_q.weight": "attention.wq.weight",
+    "attn_k.weight": "attention.wk.weight",
+    "attn_v.weight": "attention.wv.weight",
+    "attn_output.weight": "attention.wo.weight",
+    "ffn_norm.weight": "ffn_norm.weight",
+    "ffn_gate.weight": "feed_forward.w1.weight",
+    "ffn_down.weight": "feed_forward.w2.weight",
+    "ffn_up.weight": "feed_forward.w3.weight",
+}
+_GGUF_TOP = {
+    "token_embd.weight": "tok_embeddings.weight",
+    "output_norm.weight": "norm.weight",
+    "output.weight": "output.weight",
+}
+
+
+class GGUFFile:
+    """Metadata access over ``gguf.GGUFReader``."""
+
+    def __init__(self, path: Path):
+        try:
+            import gguf
+        except ImportError as e:  # pragma: no cover
+            raise load_error("reading GGUF files needs the gguf package.", fix="pip install gguf") from e
+        try:
+            self.reader = gguf.GGUFReader(str(path))
+        except Exception as e:
+            raise load_error(f"could not read {path} as GGUF: {e}") from e
+        self.path = path
+
+    def get(self, key: str, default=None):
+        field = self.reader.fields.get(key)
+        if field is None:
+            return default
+        try:
+            return field.contents()
+        except Exception:  # older gguf versions: decode by hand
+            return _field_value(field)
+
+
+def _field_value(field):
+    import gguf
+
+    types = field.types
+    if not types:
+        return None
+    if types[0] == gguf.GGUFValueType.ARRAY:
+        vals = [field.parts[i] for i in field.data]
+        if types[-1] == gguf.GGUFValueType.STRING:
+            return [bytes(v).decode("utf-8") for v in vals]
+        return [v.tolist()[0] for v in vals]
+    v = field.parts[field.data[0]]
+    if types[0] == gguf.GGUFValueType.STRING:
+        return bytes(v).decode("utf-8")
+    return v.tolist()[0]
+
+
+def gguf_config(g: GGUFFile, tensors: dict) -> LlamaConfig:
+    arch = g.get("general.architecture")
+    if arch != "llama":
+        raise load_error(
+            f"{g.path} holds a {arch!r} model, not llama.",
+            fix="pick the model family that matches the GGUF's general.architecture.",
+        )
+    experts = g.get("llama.expert_count") or 0
+    if experts:
+        raise load_error(f"{g.path} is a mixture-of-experts llama ({experts} experts), which this plugin does not support.")
+    dim = int(g.get("llama.embedding_length"))
+    n_heads = int(g.get("llama.attention.head_count"))
+    n_kv = g.get("llama.attention.head_count_kv")
+    if isinstance(n_kv, list):
+        raise load_error("per-layer KV head counts are not supported.")
+    head_dim = g.get("llama.attention.key_length") or g.get("llama.rope.dimension_count")
+    if head_dim is not None and int(head_dim) == dim // n_heads:
+        head_dim = None
+    scaling_type = g.get("llama.rope.scaling.type")
+    if scaling_type not in (None, "none"):
+        raise load_error(f"GGUF RoPE scaling type {scaling_type!r} is not supported.")
+    emb = tensors["token_embd.weight"]
+    vocab = int(g.get("llama.vocab_size") or emb[1][0])
+    hidden = int(g.get("llama.feed_forward_length"))
+    factors = None
+    if "rope_freqs.weight" in tensors:
+        factors = tuple(float(x) for x in _gguf_tensor(tensors["rope_freqs.weight"], "rope_freqs.weight").tolist())
+    return LlamaConfig(
+        dim=dim,
+        n_layers=int(g.get("llama.block_count")),
+        n_heads=n_heads,
+        n_kv_heads=int(n_kv or n_heads),
+        vocab_size=vocab,
+        hidden_dim=hidden,
+        norm_eps=float(g.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(g.get("llama.rope.freq_base", 10000.0)),
+        max_seq_len=int(g.get("llama.context_length", 2048)),
+        tie_embeddings="output.weight" not in tensors,
+        head_dim=int(head_dim) if head_dim else None,
+        rope_freq_factors=factors,
+    )
+
+
+def _gguf_tensor(entry, name: str) -> torch.Tensor:
+    t, shape = entry
+    try:
+        return quants.dequantize(t.data, int(t.tensor_type), shape)
+    except NotImplementedError as e:
+        raise load_error(
+            f"tensor {name!r} is stored as {quants.type_name(int(t.tensor_type))}, which the llama plugin "
+            f"cannot dequantize (supported: {', '.join(quants.SUPPORTED)}).",
+            fix="use a GGUF quantized with supported types only (F16, Q8_0, Q4_0, Q4_1, Q4_K_M ...).",
+        ) from None
+
+
+def load_gguf(path: Path, options: LoadOptions) -> LoadedModel:
+    path = _check_file(path)
+    if not formats.is_gguf(path):
+        raise load_error(f"{path} is not a GGUF file (no GGUF magic).")
+    t0 = time.perf_counter()
+    g = GGUFFile(path)
+    tensors = {}
+    for t in g.reader.tensors:
+        shape = tuple(int(x) for x in reversed([int(d) for d in t.shape]))
+        tensors[t.name] = (t, shape)
+    config = gguf_config(g, tensors)
+
+    sd = {}
+    unknown = []
+    with quants.single_threaded():
+        for name, entry in tensors.items():
+            if name in _GGUF_TOP:
+                sd[_GGUF_TOP[name]] = _gguf_tensor(entry, name)
+                continue
+            if name == "rope_freqs.weight":
+                continue
+            m = _GGUF_LAYER.match(name)
+            if m and m.group(2) in _GGUF_NAMES:
+                sd[f"layers.{m.group(1)}.{_GGUF_NAMES[m.group(2)]}"] = _gguf_tensor(entry, name)
+            else:
+                unknown.append(name)
+    if unknown:
+        raise load_error(f"{path} has tensors a llama model does not use: {', '.join(unknown[:5])}")
+    log.info("GGUF %s read and dequantized in %.2fs", path, time.perf_counter() - t0)
+    tok = resolve_tokenizer(options, lambda: _gguf_tokenizer(g))
+    if tok is not None and tok.chat_template is None and g.get("tokenizer.chat_template"):
+        tok = replace(tok, chat_template=str(g.get("tokenizer.chat_template")))
+    return finish(config, sd, tok, options, str(path))
+
+
+def _gguf_tokenizer(g: GGUFFile) -> Optional[TokenizerInfo]:
+    from .tokenization import tokenizer_from_gguf_fields
+
+    if g.get("tokenizer.ggml.model") is None:
+        return None
+    return tokenizer_from_gguf_fields(g.get)
+
+
+# --------------------------------------------------------------------------------------
+# llama2.c
+# --------------------------------------------------------------------------------------
+
+
+def load_llama2c(path: Path, options: LoadOptions) -> LoadedModel:
+    path = _check_file(path)
+    h = formats.llama2c_header(path)
+    if h is None:
+        raise load_error(f"{path} is not a llama2.c checkpoint (header and file size do not agree).")
+    if h["version"] not in (0, 1):
+        raise load_error(
+            f"{path} is a llama2.c export of version {h['version']}; only the legacy fp32 format "
+            "and version 1 (fp32) are supported.",
+            fix="re-export it with llama2.c's export.py --version 1 (or 0).",
+        )
+    dim, hidden, L = h["dim"], h["hidden_dim"], h["n_layers"]
+    n_heads, n_kv, vocab, seq = h["n_heads"], h["n_kv_heads"], h["vocab_size"], h["max_seq_len"]
+    head_dim = dim // n_heads
+    kv_dim = n_kv * head_dim
+    data = np.fromfile(path, dtype="<f4", offset=h["offset"])
+    flat = torch.from_numpy(data)
+    pos = 0
+
+    def take(*shape: int) -> torch.Tensor:
+        nonlocal pos
+        n = int(np.prod(shape))
+        out = flat[pos : pos + n].view(*shape)
+        pos += n
+        return out
+
+    sd: dict = {}
+
+    def per_layer(key: str, *shape: int) -> None:
+        for i in range(L):
+            sd[f"layers.{i}.{key}"] = take(*shape)
+
+    if h["version"] == 0:
+        sd["tok_embeddings.weight"] = take(vocab, dim)
+        per_layer("attention_norm.weight", dim)
+        per_layer("attention.wq.weight", dim, dim)
+        per_layer("attention.wk.weight", kv_dim, dim)
+        per_layer("attention.wv.weight", kv_dim, dim)
+        per_layer("attention.wo.weight", dim, dim)
+        per_layer("ffn_norm.weight", dim)
+        per_layer("feed_forward.w1.weight", hidden, dim)
+        per_layer("feed_forward.w2.weight", dim, hidden)
+        per_layer("feed_forward.w3.weight", hidden, dim)
+        sd["norm.weight"] = take(dim)
+        take(seq, head_dim // 2)  # freqs_cos (recomputed from theta)
+        take(seq, head_dim // 2)  # freqs_sin
+    else:
+        per_layer("attention_norm.weight", dim)
+        per_layer("ffn_norm.weight", dim)
+        sd["norm.weight"] = take(dim)
+        sd["tok_embeddings.weight"] = take(vocab, dim)
+        per_layer("attention.wq.weight", dim, dim)
+        per_layer("attention.wk.weight", kv_dim, dim)
+        per_layer("attention.wv.weight", kv_dim, dim)
+        per_layer("attention.wo.weight", dim, dim)
+        per_layer("feed_forward.w1.weight", hidden, dim)
+        per_layer("feed_forward.w2.weight", dim, hidden)
+        per_layer("feed_forward.w3.weight", hidden, dim)
+    if not h["shared_classifier"]:
+        sd["output.weight"] = take(vocab, dim)
+    assert pos == flat.numel(), (pos, flat.numel())
+
+    config = LlamaConfig(
+        dim=dim,
+        n_layers=L,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        vocab_size=vocab,
+        hidden_dim=hidden,
+        norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_seq_len=seq,
+        tie_embeddings=h["shared_classifier"],
+    )
+    tok_path = find_tokenizer_near(path.parent)
+    tok = resolve_tokenizer(options, (lambda: load_tokenizer_file(tok_path)) if tok_path else None)
+    return finish(config, sd, tok, options, str(path), tokenizer_explicit=options.tokenizer_path is not None)
+
+
+def write_llama2c(model, path: Path, *, version: int = 0) -> None:
+    """Write a :class:`Transformer` as a llama2.c fp32 checkpoint (legacy or version 1)."""
+    import struct
+
+    c = model.config
+    sd = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
+    shared = c.tie_embeddings
+    L = c.n_layers
+
+    def layers(key):
+        return [sd[f"layers.{i}.{key}"] for i in range(L)]
+
+    with open(path, "wb") as f:
+        if version == 0:
+            vocab = c.vocab_size if shared else -c.vocab_size
+            f.write(struct.pack("<7i", c.dim, c.hidden_dim, L, c.n_heads, c.n_kv_heads, vocab, c.max_seq_len))
+            order = [
+                sd["tok_embeddings.weight"],
+                *layers("attention_norm.weight"),
+                *layers("attention.wq.weight"),
+                *layers("attention.wk.weight"),
+                *layers("attention.wv.weight"),
+                *layers("attention.wo.weight"),
+                *layers("ffn_norm.weight"),
+                *layers("feed_forward.w1.weight"),
+                *layers("feed_forward.w2.weight"),
+                *layers("feed_forward.w3.weight"),
+                sd["norm.weight"],
+                model.freqs_cos.float(),
+                model.freqs_sin.float(),
+            ]
+        elif version == 1:
+            header = struct.pack("<Ii", formats.LLAMA2C_V1_MAGIC, 1)
+            header += struct.pack("<7i", c.dim, c.hidden_dim, L, c.n_heads, c.n_kv_heads, c.vocab_size, c.max_seq_len)
+            header += struct.pack("<B", int(shared))
+            f.write(header + b"\0" * (256 - len(header)))
+            order = [
+                *layers("attention_norm.weight"),
+                *layers("ffn_norm.weight"),
+                sd["norm.weight"],
+                sd["tok_embeddings.weight"],
+                *layers("attention.wq.weight"),
+                *layers("attention.wk.weight"),
+                *layers("attention.wv.weight"),
+                *layers("attention.wo.weight"),
+                *layers("feed_forward.w1.weight"),
+                *layers("feed_forward.w2.weight"),
+                *layers("feed_forward.w3.weight"),
+            ]
+        else:
+            raise ValueError(f"llama2.c version {version} is not supported")
+        if not shared:
+            order.append(sd["output.weight"])
+        for t in order:
+            f.write(t.numpy().astype("<f4").tobytes())

@@ -1,0 +1,207 @@
+"""A Llama 2/3-style decoder in Meta's parameter layout.
+
+Calling convention (docs/pte-contract.md): ``forward(tokens[1, T], input_pos=None)``
+returns the logits of the last position, ``[1, V]``. Attention computes q, k, v and
+applies RoPE itself, then hands ``[B, T, H, D]`` tensors to an
+:class:`llmcore.modules.CausalAttention` submodule (``layers.N.attention.attn``), the
+seam KV-cache transforms replace. There is no cache in here.
+
+RoPE uses Meta's interleaved layout: channel pairs ``(2i, 2i+1)`` of each head are
+rotated by ``pos * inv_freq[i]``. It is computed with real cos/sin tables (buffers
+``freqs_cos``/``freqs_sin`` of shape ``[max_seq_len, head_dim // 2]``) so the module
+exports without complex numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmcore.modules import CausalAttention, positions_slice
+
+from .config import LlamaConfig, RopeScaling
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
+    """``inv_freq[i] = theta ** (-2i / head_dim)`` in float32 (as Meta and HF compute it),
+    then Llama-3.1 scaling or explicit per-frequency factors."""
+    head_dim = config.resolved_head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    if config.rope_freq_factors is not None:
+        return inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float32)
+    if config.rope_scaling is not None:
+        return scale_inv_freq(inv_freq, config.rope_scaling)
+    return inv_freq
+
+
+def scale_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    """Llama 3.1 frequency scaling: keep high frequencies, divide low ones by `factor`,
+    interpolate smoothly in between."""
+    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    mid = (1 - smooth) * inv_freq / s.factor + smooth * inv_freq
+    out = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, mid)
+    return torch.where(wavelen < high_freq_wavelen, inv_freq, out)
+
+
+def rope_tables(config: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of ``pos * inv_freq``, each ``[max_seq_len, head_dim // 2]`` float32."""
+    t = torch.arange(config.max_seq_len, dtype=torch.float32)
+    angles = torch.outer(t, rope_inv_freq(config))
+    return torch.cos(angles), torch.sin(angles)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved channel pairs of ``x [B, T, H, D]`` by ``cos/sin [T, D/2]``."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    c = cos[None, :, None, :]
+    s = sin[None, :, None, :]
+    out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.n_kv_heads = config.n_kv_heads
+        self.head_dim = config.resolved_head_dim
+        self.wq = nn.Linear(config.dim, self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, config.dim, bias=False)
+        self.attn = CausalAttention(self.n_heads, self.n_kv_heads, self.head_dim)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        input_pos: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        bsz, seq_len = x.shape[0], x.shape[1]
+        q = self.wq(x).view(bsz, seq_len, self.n_heads, self.head_dim)
+        k = self.wk(x).view(bsz, seq_len, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(bsz, seq_len, self.n_kv_heads, self.head_dim)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        return self.wo(self.attn(q, k, v, input_pos))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
+
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attention = Attention(config)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.feed_forward = FeedForward(config.dim, config.hidden_dim)
+
+    def forward(self, x, cos, sin, input_pos=None):
+        h = x + self.attention(self.attention_norm(x), cos, sin, input_pos)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """The Llama decoder. ``forward(tokens[1, T], input_pos=None) -> logits[1, V]``."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        cos, sin = rope_tables(config)
+        self.register_buffer("freqs_cos", cos, persistent=False)
+        self.register_buffer("freqs_sin", sin, persistent=False)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.config.max_seq_len
+
+    def forward(self, tokens: torch.Tensor, input_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        seq_len = tokens.shape[1]
+        cos = positions_slice(self.freqs_cos, seq_len, input_pos)
+        sin = positions_slice(self.freqs_sin, seq_len, input_pos)
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, cos, sin, input_pos)
+        return self.output(self.norm(h[:, -1, :]))
+
+    def tie_weights(self) -> None:
+        """Re-tie ``output`` to ``tok_embeddings`` (after ``load_state_dict``, ``to()``)."""
+        if self.config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+
+def init_random(model: Transformer, seed: int = 0) -> Transformer:
+    """Deterministic small-normal init (std 0.02, ones for norms)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    return model
+
+
+def build_model(config: LlamaConfig, state_dict: Optional[dict] = None, *, strict: bool = True) -> Transformer:
+    """A model with `state_dict` (Meta names, float tensors) loaded, or uninitialised.
+
+    Construction happens on the meta device, so no memory is spent on weights that are
+    immediately replaced.
+    """
+    if state_dict is None:
+        return Transformer(config)
+    with torch.device("meta"):
+        model = Transformer(config)
+    sd = dict(state_dict)
+    if config.tie_embeddings:
+        sd.pop("output.weight", None)
+    missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
+    if config.tie_embeddings:
+        missing = [m for m in missing if m != "output.weight"]
+    if strict and (missing or unexpected):
+        raise KeyError(f"state dict does not fit the Llama config: missing {sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}")
+    model.tie_weights()
+    cos, sin = rope_tables(config)
+    model.freqs_cos = cos
+    model.freqs_sin = sin
+    return model
