@@ -84,7 +84,8 @@ class EagerProgram:
         registry = load_registry()
         loaded = load_model(options, registry)
         context = TransformContext(loaded.metadata, max_seq_len, options.model, ())
-        apply_transforms(loaded, [registry.get("transforms", "kv-cache", stage="transform")], context)
+        # eager PyTorch with its own (plain-PyTorch) KV cache: the baseline a user has today
+        apply_transforms(loaded, [registry.get("transforms", "kv-cache-static", stage="transform")], context)
         self.module = loaded.module.eval()
         self.torch = torch
         self.use_kv_cache, self.max_seq_len, self.max_context_len = True, max_seq_len, max_seq_len

@@ -248,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
     from llmcore import inspect as inspect_command, profile as profile_command
     inspect_command.add_parser(sub), profile_command.add_parser(sub)
+    from llmcore import evaluate
+
+    evaluate.add_parser(sub)
     return parser
 
 
@@ -257,7 +260,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     debug = args.debug or os.environ.get("LLMCORE_DEBUG") == "1"
     _quiet_libraries(debug)
     try:
-        if args.command in ("export", "run", "inspect", "profile"):
+        if args.command in ("export", "run", "inspect", "profile", "eval"):
             _quiet_torch(debug)
         return args.func(args)
     except LlmcoreError as exc:
