@@ -13,7 +13,7 @@ GPT2_BPE := plugins/nanogpt/llmcore_nanogpt/data/gpt2
 OUT := out
 PYTEST_ARGS ?=
 
-.PHONY: setup demo demo-gpt2 test test-fast test-real runner clean
+.PHONY: setup demo demo-gpt2 test test-real runner bench clean
 
 setup: $(STAMP) $(GPT2_BPE)/encoder.json
 
@@ -40,11 +40,19 @@ demo-gpt2: setup
 	$(LLMCORE) export --model nanogpt --config gpt2 --plugins xnnpack --quantize int8-dynamic -o $(OUT)/gpt2.pte
 	$(LLMCORE) run $(OUT)/gpt2.pte --prompt "The meaning of life is" --max-new-tokens 32 --temperature 0.8 --top-k 40 --seed 0
 
-test: setup
+# The C++ runner, built against the ExecuTorch runtime inside the executorch wheel.
+runner: $(STAMP)
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE=$(abspath $(PY)) >/dev/null
+	cmake --build build -j2
+
+test: setup runner
 	$(PY) -m pytest -q -m "not real_model" $(PYTEST_ARGS)
 
 test-real: setup
 	$(PY) -m pytest -q -m real_model $(PYTEST_ARGS)
+
+bench: setup runner
+	$(PY) benchmarks/bench_decode.py
 
 clean:
 	rm -rf $(OUT) build .cache

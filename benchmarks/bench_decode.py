@@ -126,16 +126,22 @@ def run_worker(target: str, model: str, args) -> dict:
 
 
 def run_cpp_runner(runner: Path, pte: Path, args) -> dict | None:
-    """The C++ runner on the same program (its stats line on stderr)."""
+    """The C++ runner on the same program; reads its ``stats: key=value ...`` line."""
     if not runner.is_file():
         return None
-    prompt = "".join(chr(int(i) % 26 + 97) for i in range(args.prompt_tokens))
+    prompt = " ".join(["the"] * args.prompt_tokens)
     out = subprocess.run([str(runner), str(pte), "--prompt", prompt, "--max-new-tokens", str(args.new_tokens),
-                          "--temperature", "0", "--ignore-eos", "--stats-json"],
-                         capture_output=True, text=True)
+                          "--temperature", "0"], capture_output=True, text=True)
     for line in out.stderr.splitlines()[::-1]:
-        if line.startswith("{"):
-            return json.loads(line)
+        if line.startswith("stats:"):
+            fields = dict(item.split("=", 1) for item in line.split()[1:])
+            return {
+                "prefill_tok_s": float(fields["prefill_tok_s"]),
+                "decode_tok_s": float(fields["decode_tok_s"]),
+                "time_to_first_token_s": float(fields["ttft_ms"]) / 1000,
+                "peak_rss_mib": float(fields["peak_rss_mib"]),
+                "generated_tokens": int(fields["generated_tokens"]),
+            }
     return None
 
 

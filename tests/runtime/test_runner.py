@@ -431,3 +431,172 @@ def test_runner_handles_unicode_prompt_and_special_tokens(binaries, programs, hf
     prompt = "<|im_start|>user\nnaïve café 😀<|im_end|>"
     _, out, err = run_runner(programs / "kv.pte", prompt, "--max-new-tokens", 3, "--verbose", "--print-ids")
     assert prompt_ids_from_verbose(err) == hf_tok.encode(prompt, add_special_tokens=False).ids
+
+
+# --------------------------------------------------------------------------
+# SentencePiece-style BPE (Llama 2): Prepend/Replace normalizers or Metaspace,
+# byte fallback, Replace/ByteFallback/Fuse/Strip or Metaspace decoders
+# --------------------------------------------------------------------------
+
+SP_TEXTS = TEXTS + ["<s> hi there", "x</s>y", "  two  spaces  ", "\u2581already marker", "tab\tnew\nline"]
+
+
+def _sp_trained_json():
+    """A Llama-2-style tokenizer.json trained with `tokenizers` (byte tokens are plain vocab)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+    corpus = [
+        "Hello world, this is a small corpus for a SentencePiece-style tokenizer.",
+        "The quick brown fox jumps over the lazy dog. " * 3,
+        "Unicode: café naïve résumé, Привет мир, 日本語のテキスト.",
+        "def f(x):\n    return x * 2  # numbers 12345",
+    ] * 20
+    tk = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tk.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tk.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=700, special_tokens=["<unk>", "<s>", "</s>", *byte_tokens], show_progress=False
+    )
+    tk.train_from_iterator(corpus, trainer)
+    j = json.loads(tk.to_str())
+    j["added_tokens"] = [a for a in j["added_tokens"] if a["content"] not in byte_tokens]
+    return j
+
+
+def _sp_variants(base):
+    out = {"legacy": base}
+    ms_decoders = [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+    ]
+    v = copy.deepcopy(base)
+    v["normalizer"] = None
+    v["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
+    v["decoder"] = {"type": "Sequence", "decoders": ms_decoders}
+    out["metaspace_first"] = v
+    v = copy.deepcopy(v)
+    v["pre_tokenizer"].update(prepend_scheme="always", split=True)
+    v["decoder"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}
+    out["metaspace_always_split"] = v
+    v = copy.deepcopy(base)
+    v["model"]["byte_fallback"] = False  # unknown characters -> fused <unk>
+    out["unk_fused"] = v
+    v = copy.deepcopy(v)
+    v["model"]["fuse_unk"] = False
+    out["unk_not_fused"] = v
+    v = copy.deepcopy(base)
+    v["normalizer"]["normalizers"][:0] = [
+        {"type": "Strip", "strip_left": True, "strip_right": True},
+        {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "},
+    ]
+    out["strip_collapse"] = v
+    return out
+
+
+def _check_sp_tokenizer(tmp_path, name, tj):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
+    hf = tokenizers.Tokenizer.from_file(str(path))
+    ref = [hf.encode(t, add_special_tokens=False).ids for t in SP_TEXTS]
+    got = _tool(path, "--encode-json", SP_TEXTS)
+    for text, a, b in zip(SP_TEXTS, ref, got):
+        assert b == a, f"{name}: encode({text[:40]!r})"
+    assert _tool(path, "--decode-json", ref, "--keep-special") == [hf.decode(i, skip_special_tokens=False) for i in ref]
+    # Single ids and byte-token runs (valid and invalid UTF-8).
+    ids = [[i] for i in range(min(hf.get_vocab_size(), 400))]
+    ids += [[3 + 0xF0, 3 + 0x9F, 3 + 0x98, 3 + 0x80], [3 + 0xF0, 3 + 0x9F], [3 + 0x41, 3 + 0xC3], [1, 3 + 0xC3, 2]]
+    assert _tool(path, "--decode-json", ids) == [hf.decode(i) for i in ids]
+
+
+def test_tokenizer_matches_hf_sentencepiece_style(binaries, tmp_path):
+    for name, tj in _sp_variants(_sp_trained_json()).items():
+        _check_sp_tokenizer(tmp_path, "sp_" + name, tj)
+
+
+def test_tokenizer_matches_hf_llama_plugin_conversion(binaries, tmp_path):
+    """The llama plugin's SentencePiece -> tokenizer.json conversion, on a model trained here."""
+    spm = pytest.importorskip("sentencepiece")
+    tokenization = pytest.importorskip("llmcore_llama.tokenization")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(
+        "\n".join(
+            ["Hello world, a small corpus for SentencePiece.", "The quick brown fox jumps over the lazy dog."] * 50
+            + ["Unicode: café naïve résumé, Привет мир, 日本語のテキスト."] * 20
+        ),
+        encoding="utf-8",
+    )
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(tmp_path / "sp"),
+        vocab_size=450,
+        hard_vocab_limit=False,
+        model_type="bpe",
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        user_defined_symbols=["<|user|>"],
+        minloglevel=2,
+    )
+    info = tokenization.sentencepiece_model_info(tmp_path / "sp.model")
+    _check_sp_tokenizer(tmp_path, "plugin_sp", json.loads(info.json_text))
+
+
+def _small_sp_json():
+    """A hand-built SentencePiece-style tokenizer with <= 270 ids, so the test programs can use it."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for t in ["\u2581", "e", "t", "h", "\u2581t", "he", "\u2581the", "o", "r", "l", "d"]:
+        vocab[t] = len(vocab)
+    return {
+        "version": "1.0",
+        "added_tokens": [
+            {"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+            for c, i in (("<unk>", 0), ("<s>", 1), ("</s>", 2))
+        ],
+        "normalizer": {
+            "type": "Sequence",
+            "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}],
+        },
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": {
+            "type": "Sequence",
+            "decoders": [
+                {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                {"type": "ByteFallback"},
+                {"type": "Fuse"},
+                {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+            ],
+        },
+        "model": {
+            "type": "BPE",
+            "unk_token": "<unk>",
+            "fuse_unk": True,
+            "byte_fallback": True,
+            "vocab": vocab,
+            "merges": ["\u2581 t", "h e", "\u2581t he"],
+        },
+    }
+
+
+@pytest.mark.parametrize("variant", ["nocache", "kv"])
+def test_runner_streams_sentencepiece_style_text(binaries, programs, tmp_path, variant):
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(_small_sp_json(), ensure_ascii=False), encoding="utf-8")
+    hf = tokenizers.Tokenizer.from_file(str(path))
+    prompt = "the other <s>thé 😀"
+    _, out, err = run_runner(
+        programs / f"{variant}.pte", prompt, "--tokenizer", path, "--max-new-tokens", 60, "--temperature", 0,
+        "--print-ids", "--verbose",
+    )
+    bos = [256] if variant == "nocache" else []
+    assert prompt_ids_from_verbose(err) == bos + hf.encode(prompt, add_special_tokens=False).ids
+    ids = parse_ids(out)
+    shown = [i for i in ids if i not in (256, 269)]  # the programs' eos ids
+    assert generated_text(out) == hf.decode(shown, skip_special_tokens=True)
