@@ -206,7 +206,22 @@ def tokenizer_beside(pte_path: str | Path) -> Path:
     return Path(pte_path).resolve().parent / TOKENIZER_FILE
 
 
+def check_tokenizer_fits(program, tokenizer: TextTokenizer) -> None:
+    """A tokenizer.json left by another export in the same folder would feed the program
+    ids it has no embedding for; say so instead of failing inside the runtime."""
+    vocab = program.metadata.get("get_vocab_size")
+    if vocab is not None and tokenizer.vocab_size > vocab:
+        raise LlmcoreError(
+            f"tokenizer {tokenizer.source!r} has {tokenizer.vocab_size} tokens but the program's "
+            f"vocabulary has {vocab}: it belongs to another model.",
+            stage="run",
+            fix="export each model into its own folder (llmcore writes tokenizer.json next to the .pte), "
+            "or pass --tokenizer.",
+        )
+
+
 def prompt_ids_for(program, tokenizer: TextTokenizer, prompt: str) -> list[int]:
+    check_tokenizer_fits(program, tokenizer)
     ids = tokenizer.encode(prompt)
     if program.n_bos and program.bos_id >= 0:
         ids = [program.bos_id] * program.n_bos + ids

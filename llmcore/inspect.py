@@ -134,36 +134,50 @@ def _error(message: str, fix: str) -> LlmcoreError:
 
 
 def read_pte(path: str | Path) -> bytes:
-    """The bytes of a `.pte`, or a one-line error if it is missing, not a program or cut short."""
+    """The head of a `.pte` up to the end of its program table (the weights that follow are
+    not read), or a one-line error if it is missing, not a program or cut short."""
     path = Path(path)
     label = str(path)
     if not path.is_file():
         raise _error(f"program {label!r} does not exist.", "check the path of the .pte file.")
     try:
-        data = path.read_bytes()
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(64)
+            check_pte_bytes(head, label, size)
+            table_size = _table_size(head, size)
+            data = head + f.read(max(0, table_size - len(head)))
     except OSError as exc:
         raise _error(f"cannot read {label!r}: {exc.strerror or exc}.", "check the file's permissions.") from None
-    check_pte_bytes(data, label)
     return data
 
 
-def check_pte_bytes(data: bytes, label: str) -> None:
-    """Check the flatbuffer identifier and, when there is one, the extended header's sizes."""
-    if len(data) < 8 or data[4:6] != b"ET" or not data[6:8].isdigit():
+def _table_size(head: bytes, file_size: int) -> int:
+    from executorch.exir._serialize._program import _get_extended_header
+
+    header = _get_extended_header(head)
+    return header.program_size if header is not None else file_size
+
+
+def check_pte_bytes(head: bytes, label: str, file_size: Optional[int] = None) -> None:
+    """Check the flatbuffer identifier and, when there is one, the extended header's sizes
+    against the file's size (``len(head)`` when not given)."""
+    file_size = len(head) if file_size is None else file_size
+    if len(head) < 8 or head[4:6] != b"ET" or not head[6:8].isdigit():
         raise _error(
             f"{label!r} is not an ExecuTorch program: its header has no 'ET..' identifier "
-            f"({len(data)} bytes, starting {data[:8]!r}).",
+            f"({file_size} bytes, starting {head[:8]!r}).",
             "pass a .pte file written by `llmcore export`.",
         )
     from executorch.exir._serialize._program import _get_extended_header
 
-    header = _get_extended_header(data)
+    header = _get_extended_header(head)
     if header is None:
         return
     expected = max(header.program_size, header.segment_base_offset + header.segment_data_size)
-    if len(data) < expected:
+    if file_size < expected:
         raise _error(
-            f"{label!r} is truncated: its header says {expected} bytes, the file has {len(data)}.",
+            f"{label!r} is truncated: its header says {expected} bytes, the file has {file_size}.",
             "copy or export it again (an interrupted transfer or a full disk cuts files short).",
         )
 
@@ -181,7 +195,7 @@ def parse_program(data: bytes, label: str) -> Any:
         ) from None
 
 
-def verify_with_runtime(data: bytes, label: str) -> None:
+def verify_with_runtime(path: str | Path, label: str) -> None:
     """Let the runtime check the program's internal consistency (no method is loaded, so no
     backend is initialised: safe for programs this runtime cannot run)."""
     from executorch.extension.pybindings import portable_lib
@@ -190,8 +204,8 @@ def verify_with_runtime(data: bytes, label: str) -> None:
 
     with captured_stderr() as log:
         try:
-            portable_lib._load_program_from_buffer(
-                data, program_verification=portable_lib.Verification.InternalConsistency
+            portable_lib._load_program(
+                str(path), program_verification=portable_lib.Verification.InternalConsistency
             )
             failure = None
         except Exception as exc:
@@ -256,12 +270,12 @@ def _operator_kind(name: str) -> str:
     return "custom"
 
 
-def describe(data: bytes, label: str) -> Inspection:
+def describe(data: bytes, label: str, file_size: Optional[int] = None) -> Inspection:
     """Methods, metadata, delegates and operators of a serialized program (not yet checked
-    against the runtime)."""
+    against the runtime); ``data`` needs to hold the program table, not the weights."""
     program = parse_program(data, label)
     try:
-        return _describe(program, data, label)
+        return _describe(program, data, label, len(data) if file_size is None else file_size)
     except (IndexError, KeyError, AttributeError, TypeError, ValueError) as exc:
         raise _error(
             f"{label!r} is damaged: its program table is inconsistent ({type(exc).__name__}: {str(exc)[:200]}).",
@@ -269,7 +283,7 @@ def describe(data: bytes, label: str) -> Inspection:
         ) from None
 
 
-def _describe(program: Any, data: bytes, label: str) -> Inspection:
+def _describe(program: Any, data: bytes, label: str, file_size: int) -> Inspection:
     from executorch.exir import schema
 
     from llmcore.runtime import METADATA_METHODS, backend_target
@@ -294,11 +308,6 @@ def _describe(program: Any, data: bytes, label: str) -> Inspection:
                         op_methods[name].append(plan.name)
                 elif isinstance(args, schema.DelegateCall):
                     delegate_calls += 1
-        for name in names:  # listed operators are loaded even if no instruction calls them
-            op_calls.setdefault(name, 0)
-            op_methods.setdefault(name, [])
-            if plan.name not in op_methods[name]:
-                op_methods[name].append(plan.name)
         delegates = Counter(d.id for d in plan.delegates)
         for backend, count in delegates.items():
             backend_counts[backend] += count
@@ -323,7 +332,7 @@ def _describe(program: Any, data: bytes, label: str) -> Inspection:
     missing_meta = [m for m in METADATA_METHODS if m not in metadata] if is_llm else []
     return Inspection(
         path=label,
-        bytes=len(data),
+        bytes=file_size,
         format=data[4:8].decode("ascii", "replace"),
         methods=methods,
         metadata=metadata,
@@ -359,8 +368,8 @@ def inspect_program(path: str | Path, *, verify: bool = True) -> Inspection:
     label = str(path)
     data = read_pte(path)
     if verify:
-        verify_with_runtime(data, label)
-    return check_runtime(describe(data, label))
+        verify_with_runtime(path, label)
+    return check_runtime(describe(data, label, Path(path).stat().st_size))
 
 
 # ---- output ---------------------------------------------------------------------------------

@@ -178,6 +178,19 @@ def _plan_instructions(pte: bytes, method: str = "forward") -> dict[int, _Instru
     return out
 
 
+def _method_names(pte: bytes) -> set[str]:
+    from llmcore.runtime import read_program_table
+
+    return {plan.name for plan in read_program_table(pte).execution_plan}
+
+
+def _same_op(event_name: str, op_name: str) -> bool:
+    """``native_call_add.out`` (codegen kernels) or ``llama::custom_sdpa.out`` (kernels
+    registered by hand) against the program's ``aten::add.out``."""
+    name = event_name[len(_KERNEL_PREFIX):] if event_name.startswith(_KERNEL_PREFIX) else event_name
+    return name.split("::")[-1] == op_name.split("::")[-1]
+
+
 def _is_library_frame(path: str) -> bool:
     return (
         "site-packages" in path
@@ -288,7 +301,10 @@ def analyze(etdump: Path, pte: bytes, etrecord: Optional[Path] = None) -> Profil
     def row(name: str, where: str, delegated: bool) -> OperatorTime:
         return rows.setdefault((where, name), OperatorTime(name, where, delegated))
 
+    other_methods = _method_names(pte) - {"forward"}
     for block in inspector.event_blocks:
+        if block.name in other_methods:  # the constant methods run at load; instruction ids are per method
+            continue
         for event in block.events:
             if event.perf_data is None:
                 continue
@@ -307,15 +323,13 @@ def analyze(etdump: Path, pte: bytes, etrecord: Optional[Path] = None) -> Profil
                     internal_seen.add(instr_id)
             elif event.name in ("OPERATOR_CALL", "DELEGATE_CALL"):
                 fallbacks.append((event.name, instr_id, event))
-            else:
-                name = event.name[len(_KERNEL_PREFIX):] if event.name.startswith(_KERNEL_PREFIX) else event.name
-                if instruction is not None and instruction.kind == "kernel":
-                    if instruction.name.split("::")[-1] != name:
-                        mismatched += 1
-                    name = instruction.name
-                row(name, "kernel", False).add(raw, source_line(event.stack_traces, name))
-                if instr_id is not None:
-                    kernel_seen.add(instr_id)
+            elif instruction is not None and instruction.kind == "kernel" and _same_op(event.name, instruction.name):
+                row(instruction.name, "kernel", False).add(raw, source_line(event.stack_traces, instruction.name))
+                kernel_seen.add(instr_id)
+            elif event.name.startswith(_KERNEL_PREFIX):  # a kernel this program does not call there
+                mismatched += 1
+            else:  # an event a kernel logs inside its own call
+                fallbacks.append(("detail", instr_id, event))
     for kind, instr_id, event in fallbacks:
         instruction = instructions.get(instr_id) if instr_id is not None else None
         raw = list(event.perf_data.raw)
@@ -325,6 +339,8 @@ def analyze(etdump: Path, pte: bytes, etrecord: Optional[Path] = None) -> Profil
         elif kind == "DELEGATE_CALL" and instr_id not in internal_seen:
             backend = event.delegate_backend_name or (instruction.name if instruction else "delegate")
             row("(whole delegate)", backend, True).add(raw, "")
+        elif kind == "detail" and instr_id not in kernel_seen:  # nested in a timed kernel: not counted twice
+            row(str(event.name), "kernel", False).add(raw, source_line(event.stack_traces, str(event.name)))
     if mismatched:
         raise LlmcoreError(
             f"ETDump {str(etdump)!r} does not match this program ({mismatched} operator events name another "
@@ -428,15 +444,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise LlmcoreError(
             f"the folder of --etdump {str(etdump)!r} does not exist.", stage="profile", fix="create it first."
         )
-    tokenizer = TextTokenizer.from_file(args.tokenizer or tokenizer_beside(pte))
     program = TimedProgram(Program.load(pte, enable_etdump=True))
+    tokenizer = TextTokenizer.from_file(args.tokenizer or tokenizer_beside(pte))
     ids = prompt_ids_for(program, tokenizer, args.prompt)
     result = generate(program, ids, args.max_new_tokens, Sampling())
     stats = call_stats(program.calls)
     if not write_etdump(program.module, etdump):
         _print(args, stats=stats, generated=len(result.generated_ids), note=_no_tracer_note(args.pte, args.etrecord))
         return EXIT_NO_EVENTS
-    profile = analyze(etdump, Path(pte).read_bytes(), Path(args.etrecord) if args.etrecord else None)
+    from llmcore.inspect import read_pte
+
+    profile = analyze(etdump, read_pte(pte), Path(args.etrecord) if args.etrecord else None)
     _print(args, stats=stats, generated=len(result.generated_ids), profile=profile, etdump=str(etdump))
     return EXIT_OK
 
