@@ -1,0 +1,183 @@
+"""Source-level quantization with torchao, for programs that XNNPACK runs.
+
+``8da4w``: every ``nn.Linear`` gets int4 weights (symmetric, one scale per group of
+``group_size`` input features) and int8 activations quantized per token at run time,
+through torchao's ``Int8DynamicActivationIntxWeightConfig``. XNNPACK's partitioner
+recognises the resulting ``choose_qparams / quantize / dequantize`` pattern and runs the
+linear as one dynamically quantized GEMM with blockwise int4 weights.
+
+XNNPACK's blockwise int4 kernels need a group size that is a multiple of 32 (a group of
+the whole row included), so a layer whose in-features the requested group does not divide
+gets the largest multiple of 32 that does, and a layer whose in-features are not a multiple
+of 32 at all stays fp32 (XNNPACK still runs it, unquantized).
+
+Embeddings (``embedding_bits`` 8 or 4): the table gets int8 or packed int4 rows with one
+scale per ``embedding_group_size`` columns (torchao's ``IntxWeightOnlyConfig``). The
+lookup exports as ``dequantize_affine + embedding``, which ExecuTorch's quant-fusion pass
+(run by ``to_executorch``) turns into ``quantized_decomposed::embedding_byte`` or
+``embedding_4bit``: kernels of ``executorch.kernels.quantized``, run by the portable
+runtime (XNNPACK has no gather).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmcore.errors import LlmcoreError
+
+log = logging.getLogger(__name__)
+
+XNNPACK_GROUP_MULTIPLE = 32
+EMBEDDING_BITS = (0, 4, 8)
+
+
+def check_options(options: dict) -> None:
+    """Refuse option values the XNNPACK kernels or the runtime's embedding ops cannot take."""
+    group = options["group_size"]
+    if group < 0 or group % XNNPACK_GROUP_MULTIPLE:
+        raise LlmcoreError(
+            f"8da4w: group_size {group} is not supported: XNNPACK's int4 kernels need a multiple of "
+            f"{XNNPACK_GROUP_MULTIPLE} (or 0 for one scale per output channel).",
+            fix="use --quantize-option group_size=32 (or 64, 128, 256; 0 = per channel).",
+        )
+    bits = options["embedding_bits"]
+    if bits not in EMBEDDING_BITS:
+        raise LlmcoreError(
+            f"8da4w: embedding_bits {bits} is not supported.",
+            fix="use embedding_bits=8 or 4, or 0 to keep embeddings in fp32.",
+        )
+    egroup = options["embedding_group_size"]
+    if egroup < 0 or (bits == 4 and egroup % 2):
+        raise LlmcoreError(
+            f"8da4w: embedding_group_size {egroup} is not supported"
+            + (" with 4-bit embeddings, whose groups hold whole bytes" if egroup >= 0 else "")
+            + ".",
+            fix="use a positive even group (32 is the default), or 0 for one scale per row.",
+        )
+
+
+def linear_group(in_features: int, requested: int) -> Optional[int]:
+    """The int4 group for a linear: ``requested`` if it divides ``in_features``, else the
+    largest multiple of 32 below it that does; 0 means one group per row. None: keep fp32."""
+    if in_features % XNNPACK_GROUP_MULTIPLE:
+        return None
+    if requested == 0 or requested >= in_features:
+        return 0
+    for group in range(requested, 0, -XNNPACK_GROUP_MULTIPLE):
+        if in_features % group == 0:
+            return group
+    return None  # unreachable: 32 divides in_features
+
+
+def embedding_group(dim: int, requested: int) -> int:
+    """The embedding group: ``requested`` if it divides ``dim``, else 0 (one per row)."""
+    if requested == 0 or requested >= dim or dim % requested:
+        return 0
+    return requested
+
+
+def _granularity(group: int):
+    from torchao.quantization.granularity import PerAxis, PerGroup
+
+    return PerAxis(0) if group == 0 else PerGroup(group)
+
+
+def quantize_8da4w(module: nn.Module, options: dict) -> nn.Module:
+    """The ``8da4w`` recipe: int4 linears (and optionally int8/int4 embeddings), in place."""
+    check_options(options)
+    from torchao.quantization import quantize_
+    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
+
+    algorithm = "hqq_scale_only" if options["hqq"] else "affine"
+    # A table tied to the output layer is quantized twice, independently: quantize_ gives
+    # the linear a new weight and the embedding keeps the original for its own copy.
+    if options["embedding_bits"]:
+        quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"], algorithm)
+
+    by_group: dict[int, set[str]] = {}
+    kept: list[str] = []
+    for name, child in module.named_modules():
+        if isinstance(child, nn.Linear):
+            group = linear_group(child.in_features, options["group_size"])
+            if group is None:
+                kept.append(name)
+            else:
+                by_group.setdefault(group, set()).add(name)
+    for group, names in sorted(by_group.items()):
+        config = Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=torch.int4,
+            weight_granularity=_granularity(group),
+            # XNNPACK keeps blockwise int4 scales in bf16: rounding them here makes the
+            # quantized eager model compute what the program computes.
+            weight_scale_dtype=torch.bfloat16,
+            intx_choose_qparams_algorithm=algorithm,
+        )
+        with torch.no_grad():
+            quantize_(module, config, filter_fn=lambda m, fqn, names=names: isinstance(m, nn.Linear) and fqn in names)
+    if kept:
+        log.warning(
+            "8da4w: %d linear layer(s) kept in fp32, their in-features not being a multiple of %d: %s",
+            len(kept), XNNPACK_GROUP_MULTIPLE, ", ".join(kept),
+        )
+    return module
+
+
+class QuantizedLookupEmbedding(nn.Module):
+    """An ``nn.Embedding`` whose lookups read an int8 / int4 copy of its table.
+
+    ``weight`` stays the original fp32 parameter, for a linear tied to the table or code
+    that reads the table directly (nanoGPT slices its position table). ExecuTorch drops
+    parameters the exported graph does not read, so the program keeps the quantized table,
+    the fp32 one, or both, as the model actually uses them.
+    """
+
+    def __init__(self, embedding: nn.Embedding, config):
+        super().__init__()
+        from torchao.quantization import quantize_
+
+        self.num_embeddings = embedding.num_embeddings
+        self.embedding_dim = embedding.embedding_dim
+        self.padding_idx = embedding.padding_idx
+        self.weight = embedding.weight
+        table = nn.Embedding(self.num_embeddings, self.embedding_dim, _weight=embedding.weight.detach())
+        with torch.no_grad():
+            quantize_(table, config, filter_fn=lambda m, fqn: isinstance(m, nn.Embedding))
+        self.qweight = table.weight
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        return F.embedding(indices, self.qweight, self.padding_idx)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, quantized={self.qweight.__class__.__name__}"
+
+
+def quantize_embeddings(module: nn.Module, bits: int, group_size: int, algorithm: str = "affine") -> int:
+    """Give every plain ``nn.Embedding`` a quantized lookup table; returns how many got one."""
+    from torchao.quantization.quant_api import IntxWeightOnlyConfig
+
+    targets = [
+        (name, child)
+        for name, child in module.named_modules()
+        if type(child) is nn.Embedding and child.max_norm is None and child.weight.dim() == 2
+    ]
+    done = 0
+    for name, child in targets:
+        group = embedding_group(child.embedding_dim, group_size)
+        if bits == 4 and child.embedding_dim % 2:
+            log.warning("8da4w: embedding %s kept in fp32: 4-bit rows need an even width", name)
+            continue
+        config = IntxWeightOnlyConfig(
+            weight_dtype=getattr(torch, f"int{bits}"),
+            granularity=_granularity(group),
+            intx_choose_qparams_algorithm=algorithm,
+        )
+        parent_name, _, attr = name.rpartition(".")
+        parent = module.get_submodule(parent_name) if parent_name else module
+        setattr(parent, attr, QuantizedLookupEmbedding(child, config))
+        done += 1
+    return done
