@@ -7,7 +7,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 LLMCORE := $(VENV)/bin/llmcore
-PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
+# Every plugin in the repo: the core set under plugins/, and vendor-style examples.
+PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml examples/*/pyproject.toml))
 STAMP := $(VENV)/.llmcore-installed
 GPT2_BPE := plugins/nanogpt/llmcore_nanogpt/data/gpt2
 OUT := out
