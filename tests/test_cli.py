@@ -65,7 +65,7 @@ def test_plugins_json_lists_versions_and_hooks(cli):
     assert result.returncode == 0
     plugins = {p["name"]: p for p in json.loads(result.stdout)["plugins"]}
     assert plugins["nanogpt"]["distribution"] == "llmcore-nanogpt" and plugins["nanogpt"]["version"]
-    assert plugins["xnnpack"]["provides"]["quantizers"] == ["int8-dynamic"]
+    assert "int8-dynamic" in plugins["xnnpack"]["provides"]["quantizers"]
     assert "llmcore_post_passes" in plugins["xnnpack"]["hooks"]
 
 
