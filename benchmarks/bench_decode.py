@@ -8,8 +8,15 @@ bandwidth / bytes of weights read per generated token.
 
     .venv/bin/python benchmarks/bench_decode.py --models gpt2,smollm2
     .venv/bin/python benchmarks/bench_decode.py --models gpt2 --variants eager,int8 --new-tokens 64
+    .venv/bin/python benchmarks/bench_decode.py --models smollm2 --variants fp32,fp32-rmsnorm
 
 Programs are exported once into --cache (default .cache/bench) and reused.
+
+Custom kernel (plugins/kernels): the ``fp32-rmsnorm`` variant is ``fp32`` with
+``--transforms fused-rmsnorm`` (Llama family only). When both run, the two programs are
+also run alternately ``--ab-rounds`` more times and the median decode speeds compared, and
+the RMSNorm operators are timed on their own (``--rmsnorm-ops``): the wheel's runtime has
+no event tracer, so ``llmcore profile`` cannot give per-operator times here.
 """
 
 from __future__ import annotations
@@ -44,7 +51,12 @@ VARIANTS = {
     "fp32": ["--plugins", "xnnpack"],
     "int8": ["--plugins", "xnnpack", "--quantize", "int8-dynamic"],
     "8da4w": ["--plugins", "xnnpack", "--quantize", "8da4w"],
+    "fp32-rmsnorm": ["--plugins", "xnnpack", "--transforms", "fused-rmsnorm"],
 }
+# variants that apply to some models only
+VARIANT_MODELS = {"fp32-rmsnorm": ("smollm2",)}
+# SmolLM2-135M's norms: 30 layers x 2 + the final one, width 576.
+SMOLLM2_NORMS, SMOLLM2_DIM = 61, 576
 
 
 def export_program(model: str, variant: str, cache: Path, max_seq_len: int) -> Path:
@@ -98,6 +110,73 @@ class EagerProgram:
         return out.reshape(-1, out.shape[-1])[-1]
 
 
+def rmsnorm_ops_worker(args) -> None:
+    """Time SmolLM2's 61 RMSNorms on their own, as the module lowers with XNNPACK (pow,
+    add, rsqrt and muls delegated, mean portable) and as llmcore::rms_norm, at decode (1
+    token) and prefill (--prompt-tokens) widths. Each program chains the norms, so the
+    per-norm time is (program - empty program) / 61."""
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from torch import nn
+
+    from llmcore.runtime import Program
+    from llmcore_kernels.rmsnorm import swap_rms_norms
+    from llmcore_llama.model import RMSNorm
+
+    # One thread for PyTorch: the bindings copy inputs and outputs with ATen, whose OpenMP
+    # teams wait for a free core on a busy machine and swamp microsecond timings.
+    torch.set_num_threads(1)
+
+    class Chain(nn.Module):
+        def __init__(self, n: int):
+            super().__init__()
+            self.norms = nn.ModuleList(RMSNorm(SMOLLM2_DIM) for _ in range(n))
+            for norm in self.norms:
+                nn.init.normal_(norm.weight, 1.0, 0.1)
+
+        def forward(self, x):
+            for norm in self.norms:
+                x = norm(x)
+            return x
+
+    def program(n: int, fused: bool) -> Program:
+        torch.manual_seed(0)
+        model = Chain(n).eval()
+        if fused:
+            swap_rms_norms(model)
+        seq = torch.export.Dim("seq", min=1, max=args.max_seq_len)
+        ep = torch.export.export(model, (torch.randn(1, 8, SMOLLM2_DIM),), dynamic_shapes=({1: seq},))
+        lowered = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
+        return Program.load(bytes(lowered.to_executorch().buffer))
+
+    def median_us(prog: Program, tokens: int, calls: int) -> float:
+        x = torch.randn(1, tokens, SMOLLM2_DIM)
+        for _ in range(10):
+            prog.module.run_method("forward", [x])
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            prog.module.run_method("forward", [x])
+            times.append(time.perf_counter() - start)
+        return sorted(times)[len(times) // 2] * 1e6
+
+    from executorch.extension.pybindings import portable_lib
+
+    if args.et_threads:  # before any program holds the pool
+        portable_lib._unsafe_reset_threadpool(args.et_threads)
+    threads = portable_lib._threadpool_get_thread_count()
+    programs = {"empty": program(0, False), "before": program(SMOLLM2_NORMS, False),
+                "after": program(SMOLLM2_NORMS, True)}
+    rows = []
+    for tokens, calls in ((1, 400), (args.prompt_tokens, 100)):
+        us = {name: median_us(p, tokens, calls) for name, p in programs.items()}
+        per = {k: (us[k] - us["empty"]) / SMOLLM2_NORMS for k in ("before", "after")}
+        rows.append({"threads": threads, "tokens": tokens, "before_us": per["before"], "after_us": per["after"],
+                     "per_forward_saved_ms": (per["before"] - per["after"]) * SMOLLM2_NORMS / 1000})
+    print(json.dumps(rows))
+
+
 def worker(args) -> None:
     import torch
 
@@ -106,6 +185,8 @@ def worker(args) -> None:
     from llmcore.runtime import Program
 
     torch.set_num_threads(os.cpu_count() or 1)
+    if args.worker == "rmsnorm-ops":
+        return rmsnorm_ops_worker(args)
     if args.worker == "eager":
         program = EagerProgram(args.model, args.max_seq_len)
     else:
@@ -173,15 +254,20 @@ def weight_bytes_per_token(pte: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="gpt2,smollm2")
-    parser.add_argument("--variants", default="eager,nocache,fp32,int8,8da4w")
+    parser.add_argument("--variants", default="eager,nocache,fp32,fp32-rmsnorm,int8,8da4w")
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--max-seq-len", type=int, default=512)
     parser.add_argument("--cache", default=str(ROOT / ".cache" / "bench"))
     parser.add_argument("--runner", default=str(ROOT / "build" / "llmcore_runner"))
+    parser.add_argument("--ab-rounds", type=int, default=3,
+                        help="with fp32 and fp32-rmsnorm: run them alternately this many more times")
+    parser.add_argument("--rmsnorm-ops", action=argparse.BooleanOptionalAction, default=None,
+                        help="time the RMSNorm operators on their own (default: when fp32-rmsnorm runs)")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--et-threads", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args)
@@ -194,6 +280,8 @@ def main() -> None:
     for model in args.models.split(","):
         rows, eager = [], None
         for variant in args.variants.split(","):
+            if model not in VARIANT_MODELS.get(variant, (model,)):
+                continue
             pte = None if VARIANTS[variant] is None else export_program(model, variant, Path(args.cache), args.max_seq_len)
             stats = run_worker("eager" if pte is None else str(pte), model, args)
             stats |= {"model": model, "variant": variant, "runner": "python"}
@@ -227,8 +315,70 @@ def main() -> None:
         print(tabulate(table, headers=["variant", "runner", "prefill tok/s", "decode tok/s", "TTFT ms",
                                        "peak RSS MiB", "file MiB", "prefill vs eager", "decode vs eager",
                                        "bw limit tok/s", "of limit"]))
+        if any(r["variant"] == "fp32-rmsnorm" for r in rows) and any(r["variant"] == "fp32" for r in rows):
+            ab = fused_rmsnorm_ab(model, args)
+            results.append({"model": model, "variant": "fp32-rmsnorm-ab", **ab})
+    ops = None
+    if args.rmsnorm_ops or (args.rmsnorm_ops is None and "fp32-rmsnorm" in args.variants.split(",")):
+        ops = rmsnorm_ops(args)
     if args.json:
-        Path(args.json).write_text(json.dumps({"bandwidth_gbs": bandwidth, "results": results}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"bandwidth_gbs": bandwidth, "results": results, "rmsnorm_ops": ops}, indent=2)
+        )
+
+
+def fused_rmsnorm_ab(model: str, args) -> dict:
+    """fp32 and fp32-rmsnorm run alternately (A B A B ...), Python and C++ runners: the
+    median decode speed of each, measured under the same machine load."""
+    import statistics
+
+    ptes = {v: export_program(model, v, Path(args.cache), args.max_seq_len) for v in ("fp32", "fp32-rmsnorm")}
+    speeds: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.ab_rounds):
+        for variant, pte in ptes.items():
+            speeds.setdefault((variant, "python"), []).append(run_worker(str(pte), model, args)["decode_tok_s"])
+            cpp = run_cpp_runner(Path(args.runner), pte, args)
+            if cpp:
+                speeds.setdefault((variant, "c++"), []).append(cpp["decode_tok_s"])
+    table, out = [], {}
+    for runner in ("python", "c++"):
+        if (("fp32", runner) not in speeds) or (("fp32-rmsnorm", runner) not in speeds):
+            continue
+        base = statistics.median(speeds[("fp32", runner)])
+        fused = statistics.median(speeds[("fp32-rmsnorm", runner)])
+        out[runner] = {"fp32": speeds[("fp32", runner)], "fp32-rmsnorm": speeds[("fp32-rmsnorm", runner)],
+                       "median_fp32": base, "median_fp32_rmsnorm": fused, "ratio": fused / base}
+        table.append([runner, f"{base:.1f}", f"{fused:.1f}", f"{fused / base:.3f}x",
+                      " ".join(f"{s:.1f}" for s in speeds[("fp32", runner)]),
+                      " ".join(f"{s:.1f}" for s in speeds[("fp32-rmsnorm", runner)])])
+    from tabulate import tabulate
+
+    print(f"\n## {model}: fused RMSNorm kernel, decode tok/s ({args.ab_rounds} alternating rounds, median)")
+    print(tabulate(table, headers=["runner", "fp32", "fp32 + fused-rmsnorm", "ratio", "fp32 runs",
+                                   "fused runs"]))
+    return out
+
+
+def rmsnorm_ops(args) -> list[dict]:
+    # The runtime's thread pool as it comes (XNNPACK splits each of its ops over it), then
+    # one thread: the difference is what thread hand-offs cost on this machine right now.
+    rows = []
+    for threads in (0, 1):
+        cmd = [sys.executable, __file__, "--worker", "rmsnorm-ops", "--prompt-tokens", str(args.prompt_tokens),
+               "--max-seq-len", str(args.max_seq_len), "--et-threads", str(threads)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        rows += json.loads(out.stdout.strip().splitlines()[-1])
+    from tabulate import tabulate
+
+    print(f"\n## RMSNorm operator time, SmolLM2-135M shapes ({SMOLLM2_NORMS} norms of width {SMOLLM2_DIM}), "
+          "median per norm")
+    print(tabulate(
+        [[r["threads"], r["tokens"], f"{r['before_us']:.2f}", f"{r['after_us']:.2f}",
+          f"{r['before_us'] / r['after_us']:.1f}x" if r["after_us"] > 0 else "-", f"{r['per_forward_saved_ms']:.3f}"]
+         for r in rows],
+        headers=["runtime threads", "tokens per call", "before us (pow,mean,add,rsqrt,mul,mul)",
+                 "after us (llmcore::rms_norm)", "speed-up", "saved ms per forward (61 norms)"]))
+    return rows
 
 
 if __name__ == "__main__":

@@ -271,7 +271,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("llmcore: interrupted; nothing was written.", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as exc:  # a bug: still one line, traceback with --debug
+    except MemoryError:
+        if debug:
+            traceback.print_exc()
+        print(
+            "llmcore: error: ran out of memory (MemoryError); nothing was written. Fix: close other programs, "
+            "pass a smaller --max-seq-len, or run on a machine with more memory.",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # a bug (or a native library's panic): still one line
         if debug:
             traceback.print_exc()
         text = " ".join(str(exc).split())[:300]

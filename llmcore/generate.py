@@ -20,22 +20,47 @@ from llmcore.progress import peak_rss_mib
 TOKENIZER_FILE = "tokenizer.json"
 
 
+def native_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is an error of a native library rather than Ctrl-C or an exit: a Rust
+    panic in `tokenizers` surfaces as ``pyo3_runtime.PanicException``, which derives from
+    BaseException (not Exception) and cannot be imported by name."""
+    return not isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError))
+
+
 class TextTokenizer:
     """Encode/decode with a Hugging Face ``tokenizer.json`` (through the `tokenizers` package)."""
 
     def __init__(self, json_text: str, source: str = "<memory>"):
         from tokenizers import Tokenizer
 
+        from llmcore.runtime import captured_stderr
+
         try:
-            self._tok = Tokenizer.from_str(json_text)
-        except Exception as exc:
+            with captured_stderr():  # a Rust panic prints its backtrace on fd 2
+                self._tok = Tokenizer.from_str(json_text)
+        except BaseException as exc:
+            if not native_error(exc):
+                raise
             raise LlmcoreError(
-                f"tokenizer {source!r} is not a valid tokenizer.json: {str(exc)[:200]}",
+                f"tokenizer {source!r} is not a valid tokenizer.json: {' '.join(str(exc).split())[:200]}",
                 stage="tokenizer",
                 fix="export the model again so llmcore writes its tokenizer, or pass a valid --tokenizer.",
             ) from None
         self.source = source
         self.json_text = json_text
+
+    def _call(self, what: str, fn):
+        """Run the native tokenizer: its errors (a Rust panic included) become one line."""
+        try:
+            return fn()
+        except BaseException as exc:
+            if not native_error(exc):
+                raise
+            raise LlmcoreError(
+                f"tokenizer {self.source!r} failed to {what}: {' '.join(str(exc).split())[:200]}",
+                stage="tokenizer",
+                fix="export the model again so llmcore writes its tokenizer, or pass a valid --tokenizer.",
+            ) from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> "TextTokenizer":
@@ -51,10 +76,10 @@ class TextTokenizer:
         return cls(text, str(path))
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        return self._call("encode", lambda: self._tok.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return self._call("decode", lambda: self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def token_id(self, token: str) -> Optional[int]:
         return self._tok.token_to_id(token)

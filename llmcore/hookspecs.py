@@ -1,4 +1,4 @@
-"""The llmcore extension API: five hooks, one per kind of extension.
+"""The llmcore extension API: six hooks, one per kind of extension.
 
 A plugin is a Python module (or object) that implements any of these hooks with
 ``@llmcore.hookimpl`` and is published under the entry-point group ``llmcore``::
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pluggy
 
-from llmcore.records import Backend, ModelFamily, PostPass, QuantizerRecipe, SourceTransform
+from llmcore.records import Backend, ModelFamily, PostPass, QuantizerRecipe, RuntimeLibrary, SourceTransform
 
 PROJECT = "llmcore"
 
@@ -71,3 +71,21 @@ def llmcore_partitioners() -> list[Backend]:
 @hookspec
 def llmcore_post_passes() -> list[PostPass]:
     """Graph passes applied to the edge program before ``to_executorch``."""
+
+
+@hookspec
+def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
+    """Custom operator libraries that programs using their ops must load to run.
+
+    Each :class:`~llmcore.records.RuntimeLibrary` lists the runtime operator names it
+    registers (``"llmcore::rms_norm.out"``), a Python module whose import registers them
+    with PyTorch and with the ExecuTorch runtime, and the path of its native library for
+    runners without Python. A plugin that ships a custom kernel returns one here and a
+    source transform that swaps modules for the op (see ``docs/custom-kernels.md``).
+
+    The core then does the rest: an export whose graph calls one of ``ops`` records the
+    library in the report (``runtime_libraries``) and in the program (the constant method
+    ``get_runtime_libraries``: a list of library names), and
+    :meth:`llmcore.runtime.Program.load` loads the libraries of installed plugins that
+    provide operators the runtime lacks, before the program's methods load.
+    """

@@ -19,8 +19,8 @@ from typing import Any, Generic, Iterable, Optional, TypeVar
 import pluggy
 
 from llmcore import hookspecs
-from llmcore.errors import PluginConflictError, choose_one_of
-from llmcore.records import Backend, ModelFamily, PostPass, QuantizerRecipe, SourceTransform
+from llmcore.errors import LlmcoreError, PluginConflictError, choose_one_of
+from llmcore.records import Backend, ModelFamily, PostPass, QuantizerRecipe, RuntimeLibrary, SourceTransform
 
 ENTRY_POINT_GROUP = "llmcore"
 ALLOWLIST_ENV = "LLMCORE_LOAD_PLUGINS"
@@ -34,6 +34,7 @@ KINDS: dict[str, tuple[str, type, str, str]] = {
     "quantizers": ("llmcore_quantizers", QuantizerRecipe, "quantizer recipe", "quantizer recipes"),
     "backends": ("llmcore_partitioners", Backend, "backend", "backends"),
     "post_passes": ("llmcore_post_passes", PostPass, "post-pass", "post-passes"),
+    "runtime_libraries": ("llmcore_runtime_libraries", RuntimeLibrary, "runtime library", "runtime libraries"),
 }
 
 R = TypeVar("R")
@@ -170,6 +171,15 @@ class Registry:
                 raise conflict.error()
         if name not in self._items[kind]:
             noun = KINDS[kind][2]
+            for failure in self.failures:
+                if failure.name == name:  # the plugin named like the thing asked for did not load
+                    raise LlmcoreError(
+                        f"{noun} {name!r} is unavailable: plugin {name!r} could not be used ({failure.error}).",
+                        stage=stage,
+                        plugin=name,
+                        fix="install what it needs (or reinstall it), then check `llmcore plugins`; "
+                        "or choose one of: " + (", ".join(sorted(self._items[kind])) or "(none installed)") + ".",
+                    )
             hint = ""
             failed = [f.name for f in self.failures]
             if failed:

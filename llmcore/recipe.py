@@ -8,6 +8,7 @@ of the wrong type are errors that name the key and what it accepts.
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, get_args, get_origin, get_type_hints
@@ -61,6 +62,18 @@ class ExportOptions:
 
 FIELDS = {f.name: f for f in dataclasses.fields(ExportOptions)}
 _HINTS = get_type_hints(ExportOptions)
+# torch seeds are 64-bit: signed or unsigned
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 80
+_repr.maxlist = _repr.maxdict = _repr.maxtuple = _repr.maxset = 6
+_repr.maxlevel = 3
+
+
+def short_repr(value: Any) -> str:
+    """``repr`` cut short: a recipe value can be huge (a YAML alias bomb), a message must not."""
+    return _repr.repr(value)
 
 
 def _type_name(hint: Any) -> str:
@@ -68,7 +81,7 @@ def _type_name(hint: Any) -> str:
     if origin is list:
         return "a list"
     if origin is dict:
-        return "a mapping"
+        return "a mapping of option names to values"
     args = [a for a in get_args(hint) if a is not type(None)]
     if args:
         return _type_name(args[0])
@@ -93,9 +106,20 @@ def _coerce(key: str, value: Any) -> Any:
     ok = isinstance(value, want) and not (want in (int, float) and isinstance(value, bool))
     if want is list and ok:
         ok = all(isinstance(v, str) for v in value)
+    if want is dict and ok:
+        ok = all(isinstance(k, str) for k in value)
+    if key == "backend_options" and ok:
+        bad = [k for k, v in value.items() if not isinstance(v, dict) or not all(isinstance(o, str) for o in v)]
+        if bad:
+            raise LlmcoreError(
+                f"recipe key 'backend_options' must map each backend to a mapping of its options, "
+                f"got {short_repr(value[bad[0]])} for {short_repr(bad[0])}.",
+                stage="recipe",
+                fix="write e.g. `backend_options: {xnnpack: {per_op_mode: true}}`.",
+            )
     if not ok:
         raise LlmcoreError(
-            f"recipe key {key!r} must be {_type_name(hint)}, got {type(value).__name__} {value!r}.",
+            f"recipe key {key!r} must be {_type_name(hint)}, got {type(value).__name__} {short_repr(value)}.",
             stage="recipe",
             fix=f"set {key!r} to {_type_name(hint)}.",
         )
@@ -118,7 +142,7 @@ def parse_recipe(data: Any, source: str = "recipe") -> dict[str, Any]:
         if key not in FIELDS or key == "quiet":
             allowed = ", ".join(k.replace("_", "-") for k in FIELDS if k != "quiet")
             raise LlmcoreError(
-                f"unknown key {raw_key!r} in {source}.",
+                f"unknown key {short_repr(raw_key)} in {source}.",
                 stage="recipe",
                 fix=f"use one of: {allowed}.",
             )
@@ -132,15 +156,27 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
 
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise LlmcoreError(
             f"cannot read recipe {str(path)!r}: {exc.strerror or exc}.",
             stage="recipe",
             fix="check the path given to --recipe.",
         ) from None
+    except UnicodeDecodeError as exc:
+        raise LlmcoreError(
+            f"recipe {str(path)!r} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r}).",
+            stage="recipe",
+            fix="pass a YAML text file to --recipe, saved as UTF-8.",
+        ) from None
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise LlmcoreError(
+            f"recipe {str(path)!r} nests lists or mappings too deeply to read.",
+            stage="recipe",
+            fix="write one `key: value` per line, e.g. `quantize: int8-dynamic`.",
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -168,6 +204,12 @@ def build_options(recipe: dict[str, Any], flags: dict[str, Any]) -> ExportOption
             stage="recipe",
             fix=" and ".join(f"pass {flag[m]} (or set {m!r} in the recipe)" for m in missing) + ".",
         )
+    if not SEED_RANGE[0] <= options.seed <= SEED_RANGE[1]:
+        raise LlmcoreError(
+            f"seed {options.seed} does not fit in 64 bits.",
+            stage="recipe",
+            fix="pass a --seed between 0 and 2**64 - 1.",
+        )
     if options.max_seq_len is not None and options.max_seq_len < 2:
         raise LlmcoreError(
             f"max-seq-len must be at least 2, got {options.max_seq_len}.",
@@ -194,7 +236,7 @@ def check_plugin_options(what: str, schema: dict, given: dict, plugin: str) -> d
             value = float(value)
         if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
             raise LlmcoreError(
-                f"option {key!r} of {what} must be {typ.__name__}, got {value!r}.",
+                f"option {key!r} of {what} must be {typ.__name__}, got {short_repr(value)}.",
                 stage="options",
                 plugin=plugin,
                 fix=f"set {key} to a {typ.__name__}: {schema[key][2]}.",

@@ -239,3 +239,40 @@ class PostPass:
     create: Callable[[], Any]
     backends: tuple[str, ...] = ()
     order: int = 100
+
+
+# --------------------------------------------------------------------------------------
+# Runtime libraries
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuntimeLibrary:
+    """A library of custom operator kernels that programs using its ops need at run time.
+
+    A source transform that puts one of `ops` into a model makes every program exported
+    from it need this library, in the exporting process (for export and the parity
+    check) and in every process that runs the program. llmcore finds the libraries a
+    program needs from the operators it calls, names them in the program
+    (the `get_runtime_libraries` constant method) and in the export report, and loads
+    them before it runs a program (`llmcore run`, `profile`, `eval`; see
+    :func:`llmcore.runtime.load_program_libraries`).
+
+    `name` is also the library's file name for native runners: `llmcore_runner` looks
+    for `lib<name>.so` next to itself and in `LLMCORE_RUNTIME_LIBRARIES`.
+    """
+
+    name: str
+    description: str
+    ops: tuple[str, ...]
+    """Runtime operator names this library registers, `namespace::op.overload`
+    (`"llmcore::rms_norm.out"`): what ExecuTorch's registry and a program's operator
+    table call them."""
+    python_module: Optional[str] = None
+    """A module whose import registers the ops with both PyTorch (for export) and the
+    ExecuTorch runtime of this process. It raises `LlmcoreError` when it cannot (the
+    native library is not built, say)."""
+    shared_library: Optional[Callable[[], Path]] = None
+    """Returns the path of the runtime-only native library (ExecuTorch kernels, no
+    PyTorch): what a runner without Python loads. Raises `LlmcoreError` when it is not
+    built."""

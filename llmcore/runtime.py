@@ -3,12 +3,16 @@
 The ExecuTorch LLM custom ops (``llama::custom_sdpa``, ``llama::update_cache``) and the
 quantized kernels live in libraries that must be loaded in the process that runs a
 program, not only in the one that exported it, or loading fails with
-``Missing operator ... error 0x14``. :func:`load_runtime_libraries` loads them.
+``Missing operator ... error 0x14``. :func:`load_runtime_libraries` loads them. Kernels
+that plugins ship (``RuntimeLibrary`` records) are loaded per program, by
+:func:`llmcore.libraries.load_program_libraries`, when :meth:`Program.load` sees the
+program call operators this runtime lacks.
 """
 
 from __future__ import annotations
 
 import importlib
+import mmap
 import os
 import sys
 import tempfile
@@ -19,6 +23,7 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 
 from llmcore.errors import LlmcoreError
+from llmcore.libraries import load_program_libraries, missing_library_hint
 
 # Python modules whose import registers kernels with the ExecuTorch runtime.
 RUNTIME_LIBRARY_MODULES = (
@@ -59,7 +64,7 @@ class Program:
 
     def __init__(self, module: Any, source: str, data: bytes):
         self._module = module
-        self._data = data  # the runtime reads from this buffer; it must outlive the module
+        self._data = data  # a buffer the runtime reads from must outlive the module
         self.source = source
         self.method_names = set(module.method_names())
         self.metadata: dict[str, Any] = {}
@@ -74,34 +79,66 @@ class Program:
         self.eos_ids: list[int] = [int(i) for i in meta.get("get_eos_ids", [])]
         self.bos_id: int = meta.get("get_bos_id", -1)
         self.n_bos: int = meta.get("get_n_bos", 0)
+        self.runtime_libraries: list[str] = (
+            [str(v) for v in module.run_method("get_runtime_libraries", [])]
+            if "get_runtime_libraries" in self.method_names
+            else []
+        )
         self._warm = False
 
     @classmethod
-    def load(cls, source: str | Path | bytes, *, enable_etdump: bool = False) -> "Program":
+    def load(
+        cls, source: str | Path | bytes, *, enable_etdump: bool = False, modules: Sequence[str] = ()
+    ) -> "Program":
+        """Load a program, with the kernel libraries it needs: the built-in ones, the Python
+        ``modules`` given, and the runtime libraries of plugins that provide its custom
+        operators (:func:`llmcore.libraries.load_program_libraries`)."""
         from executorch.extension.pybindings import portable_lib
 
-        load_runtime_libraries()
-        label = "<buffer>" if isinstance(source, (bytes, bytearray)) else str(source)
-        if not isinstance(source, (bytes, bytearray)):
-            path = Path(source)
-            if not path.is_file():
-                raise LlmcoreError(
-                    f"program {label!r} does not exist.", stage="run", fix="check the path of the .pte file."
-                )
-            source = path.read_bytes()
-        _check_header(source, label)
-        if missing_backends(source):  # running a delegate with no backend can crash the process
-            raise load_error(label, source, RuntimeError("a delegate's backend is not registered"))
+        load_runtime_libraries(modules)
+        if isinstance(source, (bytes, bytearray)):
+            return cls._load(bytes(source), "<buffer>", enable_etdump, None)
+        path = Path(source)
+        if not path.is_file():
+            raise LlmcoreError(
+                f"program {str(path)!r} does not exist.", stage="run", fix="check the path of the .pte file."
+            )
+        # Check through a read-only mapping and let the runtime map the file itself: the
+        # weights are then paged in from disk, not held in a Python bytes object too.
+        with open(path, "rb") as f:
+            try:
+                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except ValueError:  # an empty file cannot be mapped
+                data = b""
+        try:
+            return cls._load(data, str(path), enable_etdump, path)
+        finally:
+            if isinstance(data, mmap.mmap):
+                data.close()
+
+    @classmethod
+    def _load(cls, data, label: str, enable_etdump: bool, path: Optional[Path]) -> "Program":
+        from executorch.extension.pybindings import portable_lib
+
+        _check_header(data, label)
+        load_program_libraries(data)
+        if missing_backends(data):  # running a delegate with no backend can crash the process
+            raise load_error(label, data, RuntimeError("a delegate's backend is not registered"))
         with captured_stderr() as runtime_log:
             try:
-                module = portable_lib._load_for_executorch_from_buffer(
-                    source, enable_etdump=enable_etdump, debug_buffer_size=0
-                )
-                program, failure = cls(module, label, source), None
+                if path is not None:
+                    module = portable_lib._load_for_executorch(
+                        str(path), enable_etdump=enable_etdump, debug_buffer_size=0
+                    )
+                else:
+                    module = portable_lib._load_for_executorch_from_buffer(
+                        data, enable_etdump=enable_etdump, debug_buffer_size=0
+                    )
+                program, failure = cls(module, label, data if path is None else None), None
             except Exception as exc:
                 failure = exc
         if failure is not None:
-            raise load_error(label, source, failure, runtime_log.text()) from failure
+            raise load_error(label, data, failure, runtime_log.text()) from failure
         return program
 
     def logits(self, tokens: Sequence[int], input_pos: Optional[int] = None) -> torch.Tensor:
@@ -197,7 +234,8 @@ def load_error(label: str, data: bytes, exc: BaseException, runtime_log: str = "
         return LlmcoreError(
             f"{label!r} uses an operator this runtime lacks ({text.strip()[:200]}).",
             stage="run",
-            fix="load the plugin's runtime library, or export without the custom op (see `llmcore inspect`).",
+            fix=missing_library_hint(data)
+            or "load the plugin's runtime library, or export without the custom op (see `llmcore inspect`).",
         )
     return LlmcoreError(
         f"{label!r} could not be loaded; the file is truncated or damaged ({type(exc).__name__}: {text.strip()[:200]}).",
@@ -236,7 +274,7 @@ def read_program_table(data: bytes) -> Any:
     segments: methods, values, operators and delegates, but not the weights."""
     from executorch.exir._serialize import _program
 
-    header = _program._get_extended_header(data)
+    header = _program._get_extended_header(data[:64])  # (it copies what it is given)
     size = header.program_size if header is not None else len(data)
     try:
         from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from llmcore import __version__, chat
+from llmcore import __version__, chat, libraries
 from llmcore.errors import LlmcoreError
 from llmcore.generate import TOKENIZER_FILE, TextTokenizer
 from llmcore.pipeline import capture, emit, lower, parity, quantize, report, transform, write
 from llmcore.pipeline.load import load_model
 from llmcore.plugins import Registry, load_registry
-from llmcore.progress import StageLog
+from llmcore.progress import StageLog, limit_heap_fragmentation
 from llmcore.recipe import ExportOptions
 from llmcore.records import ModelMetadata, TransformContext
 
@@ -41,9 +41,12 @@ class ExportResult:
 def export(options: ExportOptions, registry: Optional[Registry] = None) -> ExportResult:
     """Run the whole pipeline; writes the `.pte`, its report and the tokenizer, or nothing."""
     registry = registry if registry is not None else load_registry()
+    limit_heap_fragmentation()
     log = StageLog(quiet=options.quiet)
     output = Path(options.output)
     write.check_writable(output)
+    if options.etrecord:
+        write.check_folder(Path(options.etrecord), "--etrecord")
     report_path = output.with_name(output.stem + ".report.json")
     tokenizer_path = output.with_name(TOKENIZER_FILE)
 
@@ -101,11 +104,18 @@ def export(options: ExportOptions, registry: Optional[Registry] = None) -> Expor
                 family=options.model, what="the quantized model",
             )
         reference = converted
+        module = loaded.module = None  # the float model: only the quantized one is needed now
 
+    # Custom-operator libraries of plugins that the graph calls: named in the program and
+    # the report, loaded here for the parity check (llmcore/libraries.py).
+    runtime_libs = libraries.libraries_for_operators(libraries.graph_operators(exported), registry)
     methods = metadata_methods(meta, max_seq_len, context)
+    if runtime_libs:
+        methods[libraries.RUNTIME_LIBRARIES_METHOD] = [p.record.name for p in runtime_libs]
     with log.stage("lower"):
         edge = lower.lower(exported, backends, methods)
         delegation = report.delegation_report(edge)
+    exported = None  # from here on, only the lowered program (and the eager reference) are needed
     if options.print_graph:
         from executorch.exir.backend.utils import format_delegated_graph
 
@@ -124,9 +134,15 @@ def export(options: ExportOptions, registry: Optional[Registry] = None) -> Expor
         with log.stage("emit"):
             program = emit.to_executorch(edge, str(etrecord_tmp) if etrecord_tmp else None, edge_copy)
             buffer = program.buffer
+            # The edge and executorch programs hold every constant and delegate blob once
+            # more: only the serialized bytes go on to the parity check and the write.
+            program = edge = edge_copy = None
         with log.stage("parity"):
+            for provided in runtime_libs:
+                libraries.load_runtime_library(provided, stage="parity")
             result = parity.check_parity(
-                buffer, reference, prompt_ids, context.use_kv_cache, reference_name, context.runtime_imports
+                buffer, reference, prompt_ids, context.use_kv_cache, reference_name, context.runtime_imports,
+                runs_on={p.record.runtime_id: p.record.runs_on for p, _ in backends if p.record.runtime_id},
             )
         parity.enforce(result, options.strict_parity)
 
@@ -151,6 +167,7 @@ def export(options: ExportOptions, registry: Optional[Registry] = None) -> Expor
             "post_passes": [p.record.name for p in passes],
             "metadata_methods": methods,
             "runtime_imports": context.runtime_imports,
+            "runtime_libraries": [_library_entry(p) for p in runtime_libs],
             "delegation": delegation,
             "parity": result.as_dict(),
             "stages": [],
@@ -173,6 +190,21 @@ def export(options: ExportOptions, registry: Optional[Registry] = None) -> Expor
         bundle.discard()
     data["stages"] = log.as_dicts()
     return ExportResult(output, report_path, tokenizer_path, data)
+
+
+def _library_entry(provided) -> dict[str, Any]:
+    record = provided.record
+    try:
+        shared = str(record.shared_library()) if record.shared_library else None
+    except LlmcoreError:
+        shared = None
+    return {
+        "name": record.name,
+        "plugin": provided.plugin.package,
+        "ops": list(record.ops),
+        "python_module": record.python_module,
+        "shared_library": shared,
+    }
 
 
 def _prompt_ids(tokenizer: TextTokenizer, prompt: str, meta: ModelMetadata, max_seq_len: int) -> list[int]:

@@ -63,7 +63,12 @@ def to_executorch(edge, etrecord_path: Optional[str] = None, edge_copy: Any = No
     if etrecord_path and edge_copy is not None:
         from executorch.devtools import generate_etrecord
 
-        generate_etrecord(etrecord_path, edge_copy, program)
+        from llmcore.pipeline.write import _write_error
+
+        try:
+            generate_etrecord(etrecord_path, edge_copy, program)
+        except OSError as exc:  # a full disk, a file-size limit: the bundle discards the file
+            raise _write_error(etrecord_path, exc) from None
     return program
 
 

@@ -4,17 +4,21 @@ The eager reference is the module the program was captured from, after transform
 quantization, so the check measures lowering and serialisation, not the quantizer. It runs
 the example prompt at two lengths (the whole prompt and its first token), which exercises
 the dynamic sequence length.
+
+A program whose delegates need a backend this runtime lacks (Vulkan, Core ML, MPS on a
+Linux build machine) cannot be run here: the check is then skipped, and the report says
+which backend is missing and where it runs. ``--strict-parity`` refuses such a skip.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
 from llmcore.errors import LlmcoreError
-from llmcore.runtime import Program, captured_stderr
+from llmcore.runtime import Program, backend_target, captured_stderr, missing_backends
 
 
 @dataclass
@@ -28,6 +32,18 @@ class ParityResult:
         return asdict(self)
 
 
+@dataclass
+class ParitySkipped:
+    """The program was not run: this runtime lacks a backend its delegates need."""
+
+    skipped: str
+    missing_backends: list[str]
+    reference: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
 def check_parity(
     buffer: bytes,
     eager: Any,
@@ -35,12 +51,23 @@ def check_parity(
     use_kv_cache: bool,
     reference: str,
     runtime_imports: list[str] = (),
-) -> ParityResult:
+    runs_on: Optional[Mapping[str, str]] = None,
+) -> ParityResult | ParitySkipped:
     """Without a cache: the first token and the whole prompt. With one: a prefill of all
-    but the last prompt token, then one decode step at the next position."""
+    but the last prompt token, then one decode step at the next position.
+
+    ``runs_on`` maps a backend id to where it runs (``Backend.runs_on``), for the reason
+    given when the check is skipped."""
     from llmcore.runtime import load_runtime_libraries
 
     load_runtime_libraries(runtime_imports)
+    missing = missing_backends(bytes(buffer))
+    if missing:
+        where = dict(runs_on or {})
+        reason = "; ".join(
+            f"backend {b} is not in this runtime; it runs on {where.get(b) or backend_target(b)}" for b in missing
+        )
+        return ParitySkipped(reason, missing, reference)
     program = Program.load(bytes(buffer))
     if use_kv_cache and len(prompt_ids) >= 2:
         calls = [(prompt_ids[:-1], 0), (prompt_ids[-1:], len(prompt_ids) - 1)]
@@ -61,7 +88,14 @@ def check_parity(
     return ParityResult(round(worst, 6), agree / len(calls), [len(ids) for ids, _ in calls], reference)
 
 
-def enforce(result: ParityResult, tolerance: Optional[float]) -> None:
+def enforce(result: ParityResult | ParitySkipped, tolerance: Optional[float]) -> None:
+    if tolerance is not None and isinstance(result, ParitySkipped):
+        raise LlmcoreError(
+            f"--strict-parity {tolerance:g} needs a parity check, and it could not run: {result.skipped}.",
+            stage="parity",
+            fix="drop --strict-parity for this backend (the program runs only on its devices), or export "
+            "where the ExecuTorch runtime has the backend.",
+        )
     if tolerance is not None and result.max_abs_diff > tolerance:
         raise LlmcoreError(
             f"parity check failed: max |logit difference| {result.max_abs_diff:.4g} exceeds "

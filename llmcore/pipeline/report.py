@@ -86,8 +86,10 @@ def format_summary(report: dict[str, Any]) -> str:
     files = report["outputs"]
     total = sum(s["wall_s"] for s in report["stages"])
     peak = max((s["peak_rss_mib"] for s in report["stages"]), default=0.0)
-    return (
-        f"wrote {files['pte']} ({files['pte_bytes'] / 2**20:.2f} MiB) in {total:.1f}s, peak RSS {peak:.0f} MiB\n"
+    wrote = f"wrote {files['pte']} ({files['pte_bytes'] / 2**20:.2f} MiB) in {total:.1f}s, peak RSS {peak:.0f} MiB\n"
+    if "skipped" in parity:
+        return wrote + f"parity vs {parity['reference']}: skipped ({parity['skipped']})"
+    return wrote + (
         f"parity vs {parity['reference']}: max |logit diff| {parity['max_abs_diff']:.3g}, "
         f"top-1 agreement {parity['top1_agreement']:.0%} (lengths {parity['lengths']})"
     )

@@ -7,9 +7,11 @@ no `.pte` (and no half-written anything) behind.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 from llmcore.errors import LlmcoreError
 
@@ -27,8 +29,13 @@ class OutputBundle:
             fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent)
         except OSError as exc:
             raise _write_error(final, exc) from None
-        os.close(fd)
         self._staged.append((Path(tmp), final))
+        try:
+            os.fchmod(fd, _file_mode())  # mkstemp's 0600 would make the outputs private
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
         return Path(tmp)
 
     def stage(self, final: Path, data: bytes | str) -> Path:
@@ -45,14 +52,25 @@ class OutputBundle:
         return tmp
 
     def commit(self) -> list[Path]:
-        done = []
+        """Rename every staged file into place, the ``.pte`` last; if any rename fails (or
+        Ctrl-C lands in between), the ones already renamed are removed again."""
+        done: list[Path] = []
+        order = sorted(self._staged, key=lambda staged: staged[1].suffix == ".pte")
+        final = None
         try:
-            for tmp, final in self._staged:
+            for tmp, final in order:
                 os.replace(tmp, final)
                 done.append(final)
-        except OSError as exc:
+        except BaseException as exc:
+            for path in done:
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
             self.discard()
-            raise _write_error(final, exc) from None
+            if isinstance(exc, OSError):
+                raise _write_error(final, exc) from None
+            raise
         self._staged.clear()
         return done
 
@@ -65,21 +83,38 @@ class OutputBundle:
         self._staged.clear()
 
 
-def check_writable(output: Path) -> None:
-    """Fail before the long stages if the output folder cannot take the files."""
+def check_folder(output: Path, flag: str = "-o") -> None:
+    """Fail early if the folder ``output`` goes into is missing, a file, or read-only."""
     folder = output.parent
+    if folder.exists() and not folder.is_dir():
+        raise LlmcoreError(
+            f"output folder {str(folder)!r} is not a folder but a file.",
+            stage="write",
+            fix=f"pass {flag} with a path inside a folder.",
+        )
     if not folder.is_dir():
         raise LlmcoreError(
             f"output folder {str(folder)!r} does not exist.",
             stage="write",
-            fix="create it first, or pass another -o.",
+            fix=f"create it first, or pass another {flag}.",
+        )
+    if output.is_dir():
+        raise LlmcoreError(
+            f"output {str(output)!r} is a folder.",
+            stage="write",
+            fix=f"pass {flag} with the path of the file to write, not a folder.",
         )
     if not os.access(folder, os.W_OK | os.X_OK):
         raise LlmcoreError(
             f"output folder {str(folder)!r} is not writable.",
             stage="write",
-            fix="pass -o with a folder you can write to.",
+            fix=f"pass {flag} with a folder you can write to.",
         )
+
+
+def check_writable(output: Path) -> None:
+    """Fail before the long stages if the output folder cannot take the files."""
+    check_folder(output)
     if output.suffix != ".pte":
         raise LlmcoreError(
             f"output {str(output)!r} should end in .pte.",
@@ -88,7 +123,22 @@ def check_writable(output: Path) -> None:
         )
 
 
-def _write_error(path: Path, exc: OSError) -> LlmcoreError:
+def _file_mode() -> int:
+    """The mode a plain ``open()`` would give a new file (0666 less the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _write_error(path: Optional[Path], exc: OSError) -> LlmcoreError:
     reason = exc.strerror or str(exc)
-    fix = "free some disk space and export again." if exc.errno == 28 else "check the output folder and its permissions."
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free some disk space (or raise your quota) and export again, or pass -o on another disk."
+    elif exc.errno == errno.EFBIG:
+        reason += " (the file-size limit, `ulimit -f`, or the file system's largest file)"
+        fix = "raise the file-size limit (ulimit -f unlimited) or pass -o on another file system."
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "pass -o with a folder you can write to."
+    else:
+        fix = "check the output folder and its permissions."
     return LlmcoreError(f"could not write {str(path)!r}: {reason}; nothing was written.", stage="write", fix=fix)

@@ -2,15 +2,23 @@
 //
 //   llmcore_runner PTE --prompt TEXT [--tokenizer PATH] [--max-new-tokens N]
 //                  [--temperature T] [--top-k K] [--top-p P] [--seed S]
-//                  [--print-ids] [--threads N] [--verbose]
+//                  [--print-ids] [--threads N] [--load-library PATH]... [--verbose]
 //
 // stdout: the generated text, streamed token by token, then a newline; with
 //         --print-ids one more line "ids: <generated token ids>".
 // stderr: one "stats:" line (time to first token, prefill and decode speed,
 //         peak RSS), plus warnings/errors.
 // Exit status: 0 ok, 1 runtime error (bad file, failed method...), 2 usage error.
+//
+// Custom-operator libraries (docs/custom-kernels.md): a program that calls kernels
+// of a plugin names them in its `get_runtime_libraries` constant method. Before
+// loading `forward`, the runner loads every --load-library PATH and every file in
+// LLMCORE_RUNTIME_LIBRARIES (':'-separated), then looks for lib<name>.so of each
+// declared library in the folders of LLMCORE_RUNTIME_LIBRARIES and next to itself.
 #include <dlfcn.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -42,6 +50,7 @@ struct Options {
   bool print_ids = false;
   unsigned threads = 0;
   bool verbose = false;
+  std::vector<std::string> libraries;  // --load-library
 };
 
 const char* kUsage =
@@ -60,6 +69,8 @@ const char* kUsage =
     "  --seed S               sampling seed (default: random)\n"
     "  --print-ids            after the text print 'ids: <generated ids>'\n"
     "  --threads N            ExecuTorch CPU threads (default: runtime's choice)\n"
+    "  --load-library PATH    load a custom-operator kernel library first (repeatable;\n"
+    "                         also LLMCORE_RUNTIME_LIBRARIES=path:folder:...)\n"
     "  --verbose              print program metadata and ExecuTorch info logs\n"
     "  -h, --help             this help\n";
 
@@ -137,6 +148,8 @@ Options parse_args(int argc, char** argv) {
       o.print_ids = true;
     } else if (a == "--threads") {
       o.threads = static_cast<unsigned>(parse_long(a, next(), 0, 1024));
+    } else if (a == "--load-library") {
+      o.libraries.push_back(next());
     } else if (a == "--verbose" || a == "-v") {
       o.verbose = true;
     } else if (a.size() > 1 && a[0] == '-') {
@@ -256,6 +269,92 @@ class TextStreamer {
   size_t prefix_offset_ = 0, read_offset_ = 0;
 };
 
+// ---- custom-operator libraries ----
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool is_file(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string base_name(const std::string& p) {
+  size_t slash = p.find_last_of('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+std::string self_dir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  buf[n] = '\0';
+  std::string p(buf);
+  size_t slash = p.find_last_of('/');
+  return slash == std::string::npos ? "." : p.substr(0, slash);
+}
+
+// Loads kernel libraries; their kernels register themselves with the runtime on load.
+class KernelLibraries {
+ public:
+  KernelLibraries(const Options& opt) {
+    std::vector<std::string> files = opt.libraries;
+    if (const char* env = std::getenv("LLMCORE_RUNTIME_LIBRARIES")) {
+      std::string list(env);
+      size_t start = 0;
+      while (start <= list.size()) {
+        size_t end = list.find(':', start);
+        if (end == std::string::npos) end = list.size();
+        std::string entry = list.substr(start, end - start);
+        if (!entry.empty()) (is_dir(entry) ? dirs_ : files).push_back(entry);
+        start = end + 1;
+      }
+    }
+    dirs_.push_back(self_dir());
+    for (const std::string& f : files) load(f, opt.verbose);
+  }
+
+  // Loads lib<name>.so for each library the program declares and none loaded yet provides.
+  void load_declared(const std::vector<std::string>& names, bool verbose) {
+    for (const std::string& name : names) {
+      const std::string file = "lib" + name + ".so";
+      if (std::find(loaded_.begin(), loaded_.end(), file) != loaded_.end()) continue;
+      bool found = false;
+      for (const std::string& d : dirs_) {
+        if (is_file(d + "/" + file)) {
+          load(d + "/" + file, verbose);
+          found = true;
+          break;
+        }
+      }
+      if (!found) {
+        missing_ += (missing_.empty() ? "" : ", ") + name;
+        std::fprintf(stderr, "llmcore_runner: warning: the program needs runtime library '%s' (%s), not found next to the "
+                     "runner or in LLMCORE_RUNTIME_LIBRARIES; pass --load-library PATH\n", name.c_str(), file.c_str());
+      }
+    }
+  }
+
+  // For errors: the declared libraries that were not found ("" if none).
+  const std::string& missing() const { return missing_; }
+
+ private:
+  void load(const std::string& path, bool verbose) {
+    if (!dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL)) {
+      const char* why = dlerror();
+      throw llmcore::RuntimeError("cannot load kernel library '" + path + "': " + (why ? why : "unknown error"));
+    }
+    loaded_.push_back(base_name(path));
+    if (verbose) std::fprintf(stderr, "llmcore_runner: loaded kernel library %s\n", path.c_str());
+  }
+
+  std::vector<std::string> dirs_;
+  std::vector<std::string> loaded_;
+  std::string missing_;
+};
+
 int run(const Options& opt) {
   executorch::runtime::runtime_init();
   llmcore::install_executorch_logging(opt.verbose);
@@ -263,10 +362,20 @@ int run(const Options& opt) {
   const size_t omp_limited = llmcore::limit_openmp_threads();
 
   auto t_load0 = Clock::now();
+  KernelLibraries kernels(opt);
   llmcore::PteModule module(opt.pte);
   if (!module.has_method("forward")) throw llmcore::RuntimeError("program '" + opt.pte + "' has no 'forward' method");
+  if (module.has_method("get_runtime_libraries")) {
+    kernels.load_declared(module.run_string_method("get_runtime_libraries"), opt.verbose);
+  }
   Meta meta = read_meta(module);
-  module.load_forward();
+  try {
+    module.load_forward();
+  } catch (const llmcore::RuntimeError& e) {
+    if (kernels.missing().empty()) throw;
+    throw llmcore::RuntimeError(std::string(e.what()) + "; the program needs runtime libraries that were not found: " +
+                                kernels.missing() + " (pass --load-library PATH)");
+  }
   std::unique_ptr<llmcore::Tokenizer> tok = llmcore::Tokenizer::load(opt.tokenizer);
   auto t_load1 = Clock::now();
 

@@ -325,6 +325,21 @@ std::vector<int64_t> PteModule::run_constant_method(const std::string& name) {
   return out;
 }
 
+std::vector<std::string> PteModule::run_string_method(const std::string& name) {
+  std::unique_ptr<LoadedMethod> lm = load_method(name);
+  et::Method& m = *lm->method;
+  if (m.inputs_size() != 0) throw RuntimeError("method '" + name + "' takes inputs; expected a constant method");
+  et::Error e = m.execute();
+  if (e != et::Error::Ok) throw RuntimeError("method '" + name + "' failed: " + err_str(e));
+  std::vector<std::string> out;
+  for (size_t i = 0; i < m.outputs_size(); ++i) {
+    const et::EValue& v = m.get_output(i);
+    if (!v.isString()) throw RuntimeError("method '" + name + "' returns a value that is not a string");
+    out.emplace_back(v.toString());
+  }
+  return out;
+}
+
 void PteModule::load_forward() {
   if (!forward_) forward_ = load_method("forward");
 }

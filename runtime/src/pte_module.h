@@ -33,6 +33,9 @@ class PteModule {
   // (Int/Bool scalars, Double truncated, integer/bool tensors flattened).
   std::vector<int64_t> run_constant_method(const std::string& name);
 
+  // Runs a method that takes no inputs and returns strings (e.g. get_runtime_libraries).
+  std::vector<std::string> run_string_method(const std::string& name);
+
   // Loads `forward` (allocates its planned memory). Idempotent.
   void load_forward();
   size_t forward_num_inputs() const;

@@ -20,6 +20,20 @@ class RopeScaling:
     original_max_position_embeddings: int = 8192
 
 
+# Bounds on sizes, far beyond any llama-architecture model (Llama 3.1 405B: dim 16384, ffn
+# 53248, 126 layers, 128 heads; the longest contexts are around 1M): a checkpoint outside
+# them is damaged, and building RoPE tables or weights for it would exhaust memory.
+_LIMITS = {
+    "dim": 1 << 16,
+    "n_layers": 1024,
+    "n_heads": 1024,
+    "n_kv_heads": 1024,
+    "vocab_size": 1 << 22,
+    "hidden_dim": 1 << 18,
+    "max_seq_len": 1 << 22,
+}
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
     dim: int
@@ -40,6 +54,14 @@ class LlamaConfig:
 
     def __post_init__(self) -> None:
         problems = []
+        for name, limit in _LIMITS.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= limit:
+                problems.append(f"{name}={value!r} is outside 1..{limit}")
+        if problems:  # the checks below assume sane sizes
+            raise ValueError("invalid Llama config: " + "; ".join(problems))
+        if self.head_dim is not None and not 0 < self.head_dim <= 4096:
+            problems.append(f"head_dim={self.head_dim} is outside 1..4096")
         if self.n_heads <= 0 or self.n_kv_heads <= 0:
             problems.append("n_heads and n_kv_heads must be positive")
         elif self.n_heads % self.n_kv_heads:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 from typing import Optional
@@ -136,3 +137,143 @@ def llama2c_header(path: Path) -> Optional[dict]:
 
 def is_llama2c(path: Path) -> bool:
     return llama2c_header(path) is not None
+
+
+
+# GGUF value types (gguf.GGUFValueType): struct formats of the scalars; 8 = STRING, 9 = ARRAY.
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+GGUF_MAX_DIMS = 4
+GGUF_MAX_NESTING = 4
+
+
+class GGUFLayoutError(ValueError):
+    """A GGUF whose header does not describe a file of its size and shape."""
+
+    def __init__(self, message: str, truncated: bool = False):
+        super().__init__(message)
+        self.truncated = truncated
+
+
+def check_gguf_layout(path: Path, block_sizes: Optional[dict] = None) -> None:
+    """Walk a GGUF's header (key/values, tensor infos) and check every count, length and
+    tensor extent against the file's size, building nothing.
+
+    A reader that trusts the header can loop for ever on an array length flipped to
+    2**60 or fail deep inside on a truncated file; this turns both into one clear
+    :class:`GGUFLayoutError` first. ``block_sizes`` maps ggml type ids to (values per block,
+    bytes per block); when given, tensor types must be among them and the tensor data must
+    lie inside the file.
+    """
+    import mmap
+
+    with open(Path(path), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 24:
+            raise GGUFLayoutError(f"it has {size} bytes, fewer than a GGUF header", truncated=True)
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            _GGUFWalker(data, size).walk(block_sizes)
+
+
+class _GGUFWalker:
+    def __init__(self, data, size: int):
+        self.data, self.size, self.pos, self.order = data, size, 0, "<"
+
+    def need(self, n: int, what: str) -> None:
+        if self.pos + n > self.size:
+            raise GGUFLayoutError(
+                f"{what} (at byte {self.pos}) would need {n} bytes, but the file ends at byte {self.size}",
+                truncated=True,
+            )
+
+    def read(self, fmt: str, what: str) -> tuple:
+        n = struct.calcsize(self.order + fmt)
+        self.need(n, what)
+        values = struct.unpack_from(self.order + fmt, self.data, self.pos)
+        self.pos += n
+        return values
+
+    def string(self, what: str) -> bytes:
+        (length,) = self.read("Q", what)
+        self.need(length, what)
+        text = self.data[self.pos : self.pos + length]
+        self.pos += length
+        return text
+
+    def value(self, vtype: int, key: str, depth: int = 0):
+        """Skip one value (returning it when it is a scalar)."""
+        if vtype in _GGUF_SCALARS:
+            return self.read(_GGUF_SCALARS[vtype], f"the value of {key!r}")[0]
+        if vtype == _GGUF_STRING:
+            self.string(f"the value of {key!r}")
+            return None
+        if vtype != _GGUF_ARRAY:
+            raise GGUFLayoutError(f"key {key!r} has an unknown value type {vtype}")
+        if depth >= GGUF_MAX_NESTING:
+            raise GGUFLayoutError(f"key {key!r} nests arrays more than {GGUF_MAX_NESTING} deep")
+        itype, length = self.read("IQ", f"the array header of {key!r}")
+        if itype in _GGUF_SCALARS:
+            n = length * struct.calcsize(_GGUF_SCALARS[itype])
+            self.need(n, f"the {length} values of {key!r}")
+            self.pos += n
+            return None
+        smallest = 8 if itype == _GGUF_STRING else 12
+        self.need(length * smallest, f"the {length} values of {key!r}")
+        for _ in range(length):
+            self.value(itype, key, depth + 1)
+        return None
+
+    def walk(self, block_sizes: Optional[dict]) -> None:
+        if self.data[:4] != GGUF_MAGIC:
+            raise GGUFLayoutError("it has no GGUF magic")
+        (version,) = struct.unpack_from("<I", self.data, 4)
+        if version & 0xFFFF == 0:  # written on a big-endian machine
+            self.order = ">"
+            (version,) = struct.unpack_from(">I", self.data, 4)
+        if version not in (2, 3):
+            raise GGUFLayoutError(f"it is GGUF version {version}, which is not supported (2 and 3 are)")
+        self.pos = 8
+        tensor_count, kv_count = self.read("QQ", "the tensor and key/value counts")
+        # a key/value takes at least 13 bytes, a tensor info at least 24
+        if kv_count * 13 + tensor_count * 24 > self.size - self.pos:
+            raise GGUFLayoutError(
+                f"its header claims {kv_count} key/values and {tensor_count} tensors, more than its "
+                f"{self.size} bytes can hold",
+                truncated=True,
+            )
+        alignment = 32
+        for _ in range(kv_count):
+            key = self.string("a key").decode("utf-8", "replace")[:80]
+            (vtype,) = self.read("I", f"the type of {key!r}")
+            value = self.value(vtype, key)
+            if key == "general.alignment":
+                if not isinstance(value, int) or isinstance(value, bool) or value <= 0 or value & (value - 1):
+                    raise GGUFLayoutError(f"general.alignment {value!r} is not a power of two")
+                alignment = value
+        tensors = []
+        for _ in range(tensor_count):
+            name = self.string("a tensor name").decode("utf-8", "replace")[:80]
+            (n_dims,) = self.read("I", f"the rank of tensor {name!r}")
+            if n_dims > GGUF_MAX_DIMS:
+                raise GGUFLayoutError(f"tensor {name!r} claims {n_dims} dimensions (GGUF allows {GGUF_MAX_DIMS})")
+            dims = self.read(f"{n_dims}Q", f"the shape of tensor {name!r}")
+            ggml_type, offset = self.read("IQ", f"the type and offset of tensor {name!r}")
+            tensors.append((name, dims, ggml_type, offset))
+        start = self.pos + (-self.pos) % alignment
+        if block_sizes is None:
+            return
+        for name, dims, ggml_type, offset in tensors:
+            if ggml_type not in block_sizes:
+                raise GGUFLayoutError(f"tensor {name!r} has an unknown ggml type id {ggml_type}")
+            per_block, block_bytes = block_sizes[ggml_type]
+            count = 1
+            for d in dims:
+                count *= d
+            if dims and dims[0] % per_block:
+                raise GGUFLayoutError(f"tensor {name!r} has rows of {dims[0]} values, not whole {per_block}-value blocks")
+            end = start + offset + count // per_block * block_bytes
+            if end > self.size:
+                raise GGUFLayoutError(
+                    f"the data of tensor {name!r} ends at byte {end}, but the file ends at byte {self.size}",
+                    truncated=True,
+                )

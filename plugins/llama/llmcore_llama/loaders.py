@@ -42,8 +42,15 @@ DTYPES = {
 }
 
 
+DEFAULT_FIX = (
+    "check that the checkpoint is complete (compare its size with the source's) and holds a "
+    "llama-architecture model (--debug shows details)."
+)
+FIT_FIX = "check that the config (config.json, params.json or the GGUF metadata) belongs to these weights and that no file is missing or cut short."
+
+
 def load_error(message: str, fix: Optional[str] = None) -> LlmcoreError:
-    return LlmcoreError(message, stage="load", plugin=PLUGIN, fix=fix)
+    return LlmcoreError(message, stage="load", plugin=PLUGIN, fix=fix or DEFAULT_FIX)
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -84,14 +91,22 @@ def finish(
     source: str,
     *,
     tokenizer_explicit: bool = True,
+    file_name: Callable[[str], str] = lambda name: name,
 ) -> LoadedModel:
-    config = config.with_max_seq_len(options.max_seq_len)
+    """``file_name`` maps a Meta parameter name to the name the checkpoint file uses, for
+    errors about missing, extra or misshapen tensors."""
+    try:
+        config = config.with_max_seq_len(options.max_seq_len)
+    except ValueError as e:
+        raise load_error(f"{e}.", fix="pass a smaller --max-seq-len.") from None
+    check_fit(config, state_dict, source, file_name)
     dtype = resolve_dtype(options.dtype)
     state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
     try:
         model = build_model(config, state_dict)
     except (KeyError, RuntimeError, ValueError) as e:
-        raise load_error(f"the weights in {source} do not fit a Llama model: {e}") from e
+        reason = e.args[0] if isinstance(e, KeyError) and e.args else e
+        raise load_error(f"the weights in {source} do not fit a Llama model: {reason}", fix=FIT_FIX) from e
     cos, sin = rope_tables(config)  # keep RoPE tables in float32 whatever the dtype
     model.freqs_cos, model.freqs_sin = cos, sin
     model.eval()
@@ -123,6 +138,41 @@ def finish(
     )
 
 
+def check_fit(config: LlamaConfig, state_dict: dict, source: str, file_name: Callable[[str], str]) -> None:
+    """Missing, unexpected or misshapen tensors, named as the checkpoint names them."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in build_model(config).state_dict().items() if not k.startswith("freqs")}
+    if config.tie_embeddings:
+        expected.pop("output.weight", None)
+    given = {k: v for k, v in state_dict.items() if not (config.tie_embeddings and k == "output.weight")}
+    missing = sorted(set(expected) - set(given))
+    extra = sorted(set(given) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(given) if tuple(given[k].shape) != expected[k])
+
+    def names(keys: list[str]) -> str:
+        shown = ", ".join(file_name(k) for k in keys[:3])
+        return f"{len(keys)} tensor(s): {shown}" + (", ..." if len(keys) > 3 else "")
+
+    problems = []
+    if missing:
+        problems.append(f"missing {names(missing)}")
+    if extra:
+        problems.append(f"unexpected {names(extra)}")
+    if wrong:
+        k = wrong[0]
+        problems.append(
+            f"wrong shape for {names(wrong)} (e.g. {file_name(k)}: {list(given[k].shape)}, expected {list(expected[k])})"
+        )
+    if problems:
+        c = config
+        raise load_error(
+            f"the weights in {source} do not fit a llama model with dim={c.dim}, n_layers={c.n_layers}, "
+            f"n_heads={c.n_heads}, n_kv_heads={c.n_kv_heads}, hidden_dim={c.hidden_dim}, "
+            f"vocab_size={c.vocab_size}: " + "; ".join(problems) + ".",
+            fix=FIT_FIX,
+        )
+
+
 def _check_file(path: Path) -> Path:
     path = Path(path)
     if not path.exists():
@@ -149,9 +199,14 @@ def safe_torch_load(path: Path) -> dict:
                 raise
             obj = torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) file
     except pickle.UnpicklingError as e:
+        from llmcore.pickles import foreign_globals
+
         text = str(e)
         m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text) or re.search(r"Unsupported operand \d+", text)
         reason = f"it references {m.group(1)}" if m and m.groups() else (m.group(0) if m else "it is not plain tensors")
+        calls = foreign_globals(path)
+        if calls:
+            reason = f"it references {', '.join(calls)}"
         raise load_error(
             f"refusing to load {path}: it is not a plain tensor checkpoint, its pickle asks to "
             f"run code or build arbitrary objects ({reason}). Nothing in it was executed.",
@@ -276,6 +331,19 @@ _HF_TOP = {
 }
 
 
+def hf_name(meta_name: str) -> str:
+    """The Hugging Face name of a Meta parameter name (for messages)."""
+    for hf, meta in _HF_TOP.items():
+        if meta == meta_name:
+            return hf
+    parts = meta_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "layers":
+        for hf, meta in _HF_NAMES.items():
+            if meta == parts[2]:
+                return f"model.layers.{parts[1]}.{hf}"
+    return meta_name
+
+
 def unpermute_hf_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Undo HF's Q/K row permutation: HF keeps each head's rotary halves
     (``[x_0..x_{D/2-1}, y_0..y_{D/2-1}]``), Meta interleaves them (``x_0, y_0, x_1, ...``)."""
@@ -340,17 +408,21 @@ def hf_to_meta_state_dict(hf: dict, config: LlamaConfig) -> dict:
         m = _HF_LAYER.match(name)
         if m and m.group(2) in _HF_NAMES:
             new = _HF_NAMES[m.group(2)]
-            if new == "attention.wq.weight":
-                t = unpermute_hf_rotary(t, config.n_heads)
-            elif new == "attention.wk.weight":
-                t = unpermute_hf_rotary(t, config.n_kv_heads)
+            heads = {"attention.wq.weight": config.n_heads, "attention.wk.weight": config.n_kv_heads}.get(new)
+            if heads and t.dim() == 2 and t.shape[0] == heads * config.resolved_head_dim:
+                t = unpermute_hf_rotary(t, heads)  # a misshapen one is reported by check_fit
             sd[f"layers.{m.group(1)}.{new}"] = t
         elif name.endswith("rotary_emb.inv_freq"):
             continue
         else:
             unknown.append(name)
     if unknown:
-        raise load_error(f"unexpected tensors in the Hugging Face checkpoint: {', '.join(unknown[:5])}")
+        raise load_error(
+            f"unexpected tensors in the Hugging Face checkpoint: {', '.join(unknown[:5])}"
+            + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""),
+            fix="use the llama family for LlamaForCausalLM checkpoints only (no biases, no extra heads); "
+            + FIT_FIX,
+        )
     if config.tie_embeddings:
         sd.pop("output.weight", None)
     return sd
@@ -368,8 +440,17 @@ def load_hf(path: Path, options: LoadOptions) -> LoadedModel:
     try:
         cfg = json.loads(config_path.read_text())
     except Exception as e:
-        raise load_error(f"could not read {config_path}: {e}") from e
-    config = hf_config(cfg)
+        raise load_error(f"could not read {config_path}: {e}", fix="check the config.json of the checkpoint.") from e
+    try:
+        config = hf_config(cfg)
+    except LlmcoreError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise load_error(
+            f"{config_path} does not describe a Llama model: {type(e).__name__}: {e}",
+            fix="check the config.json of the checkpoint (hidden_size, num_hidden_layers, num_attention_heads, "
+            "intermediate_size, vocab_size).",
+        ) from None
     from safetensors.torch import load_file
 
     hf: dict = {}
@@ -380,12 +461,17 @@ def load_hf(path: Path, options: LoadOptions) -> LoadedModel:
         try:
             hf.update(load_file(str(f)))
         except Exception as e:
-            raise load_error(f"could not read {f} as safetensors: {e}") from e
+            raise load_error(
+                f"could not read {f} as safetensors: {e}",
+                fix="download the file again: it is truncated or damaged (compare its size with the source's).",
+            ) from e
     sd = hf_to_meta_state_dict(hf, config)
     folder = config_path.parent
     tok_path = find_tokenizer_near(folder)
     tok = resolve_tokenizer(options, (lambda: load_tokenizer_file(tok_path)) if tok_path else None)
-    return finish(config, sd, tok, options, str(path), tokenizer_explicit=options.tokenizer_path is not None)
+    return finish(
+        config, sd, tok, options, str(path), tokenizer_explicit=options.tokenizer_path is not None, file_name=hf_name
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -420,9 +506,26 @@ class GGUFFile:
         except ImportError as e:  # pragma: no cover
             raise load_error("reading GGUF files needs the gguf package.", fix="pip install gguf") from e
         try:
+            formats.check_gguf_layout(path, {int(k): v for k, v in gguf.GGML_QUANT_SIZES.items()})
+        except formats.GGUFLayoutError as e:
+            if e.truncated:
+                raise load_error(
+                    f"{path} is truncated: {e}.",
+                    fix="download or copy it again (compare its size with the source's).",
+                ) from None
+            raise load_error(
+                f"{path} is not a valid GGUF file: {e}.",
+                fix="download it again, or convert the model with llama.cpp's convert_hf_to_gguf.py.",
+            ) from None
+        except OSError as e:
+            raise load_error(f"could not read {path}: {e.strerror or e}.", fix="check the file's permissions.") from None
+        try:
             self.reader = gguf.GGUFReader(str(path))
         except Exception as e:
-            raise load_error(f"could not read {path} as GGUF: {e}") from e
+            raise load_error(
+                f"could not read {path} as GGUF: {type(e).__name__}: {e}",
+                fix="download it again, or convert the model with llama.cpp's convert_hf_to_gguf.py.",
+            ) from e
         self.path = path
 
     def get(self, key: str, default=None):
@@ -430,9 +533,53 @@ class GGUFFile:
         if field is None:
             return default
         try:
-            return field.contents()
-        except Exception:  # older gguf versions: decode by hand
-            return _field_value(field)
+            try:
+                return field.contents()
+            except Exception:  # older gguf versions: decode by hand
+                return _field_value(field)
+        except Exception as e:
+            raise load_error(
+                f"{self.path}: metadata field {key!r} is malformed ({type(e).__name__}: {e}).",
+                fix="download the file again, or convert the model with llama.cpp's convert_hf_to_gguf.py.",
+            ) from None
+
+    def drop_pages(self, tensor) -> None:
+        """Let the kernel drop the file pages of a tensor already dequantized: they count in
+        the process's resident memory (the size of the file, on top of the float weights)."""
+        import mmap
+
+        mapping = getattr(self.reader.data, "_mmap", None)
+        if mapping is None or not hasattr(mapping, "madvise"):
+            return
+        page = mmap.PAGESIZE
+        start = int(tensor.data_offset) // page * page
+        end = int(tensor.data_offset) + int(tensor.n_bytes)
+        try:
+            mapping.madvise(mmap.MADV_DONTNEED, start, max(0, min(end, len(mapping)) - start))
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def release_metadata(self) -> None:
+        """Forget the parsed key/values (the tensors stay readable)."""
+        self.reader.fields = type(self.reader.fields)()
+
+    def require(self, key: str, kind=int):
+        """A metadata value the model cannot do without, as ``kind``; an error names the key."""
+        value = self.get(key)
+        if value is None:
+            raise load_error(
+                f"{self.path} lacks the metadata key {key!r} that a llama GGUF carries.",
+                fix="convert the model again with llama.cpp's convert_hf_to_gguf.py.",
+            )
+        try:
+            if isinstance(value, (list, str, bytes)) and kind is not str:
+                raise TypeError(type(value).__name__)
+            return kind(value)
+        except (TypeError, ValueError, OverflowError):
+            raise load_error(
+                f"{self.path}: metadata key {key!r} holds {str(value)[:40]!r}, not {'an integer' if kind is int else 'a number'}.",
+                fix="convert the model again with llama.cpp's convert_hf_to_gguf.py.",
+            ) from None
 
 
 def _field_value(field):
@@ -461,38 +608,57 @@ def gguf_config(g: GGUFFile, tensors: dict) -> LlamaConfig:
         )
     experts = g.get("llama.expert_count") or 0
     if experts:
-        raise load_error(f"{g.path} is a mixture-of-experts llama ({experts} experts), which this plugin does not support.")
-    dim = int(g.get("llama.embedding_length"))
-    n_heads = int(g.get("llama.attention.head_count"))
-    n_kv = g.get("llama.attention.head_count_kv")
-    if isinstance(n_kv, list):
-        raise load_error("per-layer KV head counts are not supported.")
-    head_dim = g.get("llama.attention.key_length") or g.get("llama.rope.dimension_count")
-    if head_dim is not None and int(head_dim) == dim // n_heads:
+        raise load_error(
+            f"{g.path} is a mixture-of-experts llama ({experts} experts), which this plugin does not support.",
+            fix="use a dense llama-architecture GGUF.",
+        )
+    dim = g.require("llama.embedding_length")
+    n_heads = g.require("llama.attention.head_count")
+    if isinstance(g.get("llama.attention.head_count_kv"), list):
+        raise load_error("per-layer KV head counts are not supported.", fix="use a GGUF with one KV head count.")
+    n_kv = g.require("llama.attention.head_count_kv") if g.get("llama.attention.head_count_kv") else n_heads
+    head_dim = None
+    for key in ("llama.attention.key_length", "llama.rope.dimension_count"):
+        if g.get(key):
+            head_dim = g.require(key)
+            break
+    if head_dim is not None and n_heads > 0 and head_dim == dim // n_heads:
         head_dim = None
     scaling_type = g.get("llama.rope.scaling.type")
     if scaling_type not in (None, "none"):
-        raise load_error(f"GGUF RoPE scaling type {scaling_type!r} is not supported.")
+        raise load_error(
+            f"GGUF RoPE scaling type {scaling_type!r} is not supported.",
+            fix="use a GGUF without RoPE scaling metadata (or with llama3-style rope_freqs.weight).",
+        )
+    if "token_embd.weight" not in tensors:
+        raise load_error(
+            f"{g.path} has no token_embd.weight tensor: it is not a complete llama model.",
+            fix="convert the model again with llama.cpp's convert_hf_to_gguf.py.",
+        )
     emb = tensors["token_embd.weight"]
-    vocab = int(g.get("llama.vocab_size") or emb[1][0])
-    hidden = int(g.get("llama.feed_forward_length"))
+    vocab = g.require("llama.vocab_size") if g.get("llama.vocab_size") else int(emb[1][0] if emb[1] else 0)
     factors = None
     if "rope_freqs.weight" in tensors:
-        factors = tuple(float(x) for x in _gguf_tensor(tensors["rope_freqs.weight"], "rope_freqs.weight").tolist())
-    return LlamaConfig(
-        dim=dim,
-        n_layers=int(g.get("llama.block_count")),
-        n_heads=n_heads,
-        n_kv_heads=int(n_kv or n_heads),
-        vocab_size=vocab,
-        hidden_dim=hidden,
-        norm_eps=float(g.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(g.get("llama.rope.freq_base", 10000.0)),
-        max_seq_len=int(g.get("llama.context_length", 2048)),
-        tie_embeddings="output.weight" not in tensors,
-        head_dim=int(head_dim) if head_dim else None,
-        rope_freq_factors=factors,
-    )
+        factors = tuple(float(x) for x in _gguf_tensor(tensors["rope_freqs.weight"], "rope_freqs.weight").reshape(-1).tolist())
+    try:
+        return LlamaConfig(
+            dim=dim,
+            n_layers=g.require("llama.block_count"),
+            n_heads=n_heads,
+            n_kv_heads=n_kv,
+            vocab_size=vocab,
+            hidden_dim=g.require("llama.feed_forward_length"),
+            norm_eps=g.require("llama.attention.layer_norm_rms_epsilon", float)
+            if g.get("llama.attention.layer_norm_rms_epsilon") is not None
+            else 1e-5,
+            rope_theta=g.require("llama.rope.freq_base", float) if g.get("llama.rope.freq_base") is not None else 10000.0,
+            max_seq_len=g.require("llama.context_length") if g.get("llama.context_length") is not None else 2048,
+            tie_embeddings="output.weight" not in tensors,
+            head_dim=head_dim or None,
+            rope_freq_factors=factors,
+        )
+    except ValueError as e:
+        raise load_error(f"{g.path}: {e}.", fix="convert the model again with llama.cpp's convert_hf_to_gguf.py.") from None
 
 
 def _gguf_tensor(entry, name: str) -> torch.Tensor:
@@ -504,6 +670,12 @@ def _gguf_tensor(entry, name: str) -> torch.Tensor:
             f"tensor {name!r} is stored as {quants.type_name(int(t.tensor_type))}, which the llama plugin "
             f"cannot dequantize (supported: {', '.join(quants.SUPPORTED)}).",
             fix="use a GGUF quantized with supported types only (F16, Q8_0, Q4_0, Q4_1, Q4_K_M ...).",
+        ) from None
+    except (ValueError, RuntimeError) as e:  # the data does not hold the shape the header gives
+        raise load_error(
+            f"tensor {name!r} of shape {list(shape)} cannot be read from its {quants.type_name(int(t.tensor_type))} "
+            f"data ({type(e).__name__}: {e}).",
+            fix="download the file again: it is damaged.",
         ) from None
 
 
@@ -518,28 +690,49 @@ def load_gguf(path: Path, options: LoadOptions) -> LoadedModel:
         shape = tuple(int(x) for x in reversed([int(d) for d in t.shape]))
         tensors[t.name] = (t, shape)
     config = gguf_config(g, tensors)
-
-    sd = {}
+    names = {}
     unknown = []
-    with quants.single_threaded():
-        for name, entry in tensors.items():
-            if name in _GGUF_TOP:
-                sd[_GGUF_TOP[name]] = _gguf_tensor(entry, name)
-                continue
-            if name == "rope_freqs.weight":
-                continue
-            m = _GGUF_LAYER.match(name)
-            if m and m.group(2) in _GGUF_NAMES:
-                sd[f"layers.{m.group(1)}.{_GGUF_NAMES[m.group(2)]}"] = _gguf_tensor(entry, name)
-            else:
-                unknown.append(name)
+    for name in tensors:
+        m = _GGUF_LAYER.match(name)
+        if name in _GGUF_TOP:
+            names[name] = _GGUF_TOP[name]
+        elif m and m.group(2) in _GGUF_NAMES:
+            names[name] = f"layers.{m.group(1)}.{_GGUF_NAMES[m.group(2)]}"
+        elif name != "rope_freqs.weight":
+            unknown.append(name)
     if unknown:
-        raise load_error(f"{path} has tensors a llama model does not use: {', '.join(unknown[:5])}")
-    log.info("GGUF %s read and dequantized in %.2fs", path, time.perf_counter() - t0)
+        raise load_error(
+            f"{path} has tensors a llama model does not use: {', '.join(unknown[:5])}",
+            fix="use the model family that matches this GGUF (see `llmcore plugins`).",
+        )
     tok = resolve_tokenizer(options, lambda: _gguf_tokenizer(g))
     if tok is not None and tok.chat_template is None and g.get("tokenizer.chat_template"):
         tok = replace(tok, chat_template=str(g.get("tokenizer.chat_template")))
-    return finish(config, sd, tok, options, str(path))
+    # The reader keeps a numpy view per string of the vocabulary and merges (~150 MB for a
+    # 49k-token vocabulary): drop them before the weights are dequantized next to them.
+    g.release_metadata()
+
+    sd = {}
+    with quants.single_threaded():
+        for name, entry in tensors.items():
+            if name in names:
+                sd[names[name]] = _gguf_tensor(entry, name)
+                g.drop_pages(entry[0])
+    log.info("GGUF %s read and dequantized in %.2fs", path, time.perf_counter() - t0)
+    return finish(config, sd, tok, options, str(path), file_name=gguf_name)
+
+
+def gguf_name(meta_name: str) -> str:
+    """The GGUF name of a Meta parameter name (for messages)."""
+    for name, meta in _GGUF_TOP.items():
+        if meta == meta_name:
+            return name
+    parts = meta_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "layers":
+        for name, meta in _GGUF_NAMES.items():
+            if meta == parts[2]:
+                return f"blk.{parts[1]}.{name}"
+    return meta_name
 
 
 def _gguf_tokenizer(g: GGUFFile) -> Optional[TokenizerInfo]:

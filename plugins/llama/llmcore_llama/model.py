@@ -195,6 +195,14 @@ def build_model(config: LlamaConfig, state_dict: Optional[dict] = None, *, stric
     sd = dict(state_dict)
     if config.tie_embeddings:
         sd.pop("output.weight", None)
+    expected = model.state_dict()
+    wrong = [k for k, v in sd.items() if k in expected and tuple(v.shape) != tuple(expected[k].shape)]
+    if wrong:
+        k = wrong[0]
+        raise ValueError(
+            f"wrong shape for {len(wrong)} tensor(s), e.g. {k}: {list(sd[k].shape)}, "
+            f"expected {list(expected[k].shape)}"
+        )
     missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
     if config.tie_embeddings:
         missing = [m for m in missing if m != "output.weight"]

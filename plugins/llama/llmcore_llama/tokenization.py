@@ -196,18 +196,57 @@ GGUF_PRE_TOKENIZERS: dict[str, tuple[Optional[str], bool]] = {
 }
 
 
+def _gguf_list(value, key: str, kind: type, length: Optional[int] = None) -> list:
+    """A GGUF array field as a list of ``kind`` (of ``length`` items), or a TokenizerError."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise TokenizerError(f"the GGUF's {key} is a {type(value).__name__}, not an array")
+    if length is not None and len(value) != length:
+        raise TokenizerError(f"the GGUF's {key} has {len(value)} entries for {length} tokens")
+    ok = (lambda v: isinstance(v, str)) if kind is str else (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or float(v).is_integer())
+    )
+    bad = next((v for v in value if not ok(v)), None)
+    if bad is not None or (kind is float and any(v != v for v in value)):
+        raise TokenizerError(f"the GGUF's {key} holds {str(bad)[:40]!r}, not {'text' if kind is str else 'a number'}")
+    return [kind(v) for v in value]
+
+
+def _gguf_id(value, key: str, n_tokens: int) -> Optional[int]:
+    """A token id field (None when absent), checked against the vocabulary's size."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TokenizerError(f"the GGUF's {key} is {str(value)[:40]!r}, not a token id")
+    if not -1 <= value < n_tokens:
+        raise TokenizerError(f"the GGUF's {key} is {value}, outside the {n_tokens}-token vocabulary")
+    return value
+
+
 def tokenizer_from_gguf_fields(get) -> TokenizerInfo:
-    """Build a tokenizer from GGUF metadata. ``get(key, default=None)`` reads one field."""
+    """Build a tokenizer from GGUF metadata. ``get(key, default=None)`` reads one field.
+    Malformed metadata is a :class:`TokenizerError`."""
+    try:
+        return _tokenizer_from_gguf_fields(get)
+    except TokenizerError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
+        raise TokenizerError(f"the GGUF's embedded tokenizer is malformed: {type(e).__name__}: {str(e)[:160]}") from None
+
+
+def _tokenizer_from_gguf_fields(get) -> TokenizerInfo:
     model = get("tokenizer.ggml.model")
     tokens = get("tokenizer.ggml.tokens")
     if model is None or tokens is None:
         raise TokenizerError("the GGUF file has no embedded tokenizer (tokenizer.ggml.model / tokens)")
-    tokens = [str(t) for t in tokens]
-    types = list(get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
-    bos = get("tokenizer.ggml.bos_token_id")
-    eos = get("tokenizer.ggml.eos_token_id")
-    extra_eos = [get("tokenizer.ggml.eot_token_id"), get("tokenizer.ggml.eom_token_id")]
+    tokens = _gguf_list(tokens, "tokenizer.ggml.tokens", str)
+    n = len(tokens)
+    types = _gguf_list(get("tokenizer.ggml.token_type") or [NORMAL] * n, "tokenizer.ggml.token_type", int, n)
+    bos = _gguf_id(get("tokenizer.ggml.bos_token_id"), "tokenizer.ggml.bos_token_id", n)
+    eos = _gguf_id(get("tokenizer.ggml.eos_token_id"), "tokenizer.ggml.eos_token_id", n)
+    extra_eos = [_gguf_id(get(k), k, n) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")]
     chat_template = get("tokenizer.chat_template")
+    if chat_template is not None and not isinstance(chat_template, str):
+        raise TokenizerError(f"the GGUF's tokenizer.chat_template is a {type(chat_template).__name__}, not text")
     tokens_by_id = {i: t for i, t in enumerate(tokens)}
 
     if model == "gpt2":
@@ -220,6 +259,10 @@ def tokenizer_from_gguf_fields(get) -> TokenizerInfo:
         merges = get("tokenizer.ggml.merges")
         if merges is None:
             raise TokenizerError("the GGUF gpt2 tokenizer has no tokenizer.ggml.merges")
+        merges = _gguf_list(merges, "tokenizer.ggml.merges", str)
+        bad = next((m for m in merges if len(m.split(" ")) != 2), None)
+        if bad is not None:
+            raise TokenizerError(f"the GGUF's tokenizer.ggml.merges holds {bad[:40]!r}, not two tokens joined by a space")
         pattern, digits = GGUF_PRE_TOKENIZERS[pre]
         added = [
             _added_token(i, t, special=(ty == CONTROL))
@@ -231,8 +274,8 @@ def tokenizer_from_gguf_fields(get) -> TokenizerInfo:
         add_bos = bool(get("tokenizer.ggml.add_bos_token", False))
         desc = f"byte-level BPE from GGUF (pre-tokenizer {pre!r}, {len(tokens)} tokens)"
     elif model == "llama":
-        scores = list(get("tokenizer.ggml.scores") or [0.0] * len(tokens))
-        unk = get("tokenizer.ggml.unknown_token_id", 0)
+        scores = _gguf_list(get("tokenizer.ggml.scores") or [0.0] * n, "tokenizer.ggml.scores", float, n)
+        unk = _gguf_id(get("tokenizer.ggml.unknown_token_id", 0), "tokenizer.ggml.unknown_token_id", n)
         text = sentencepiece_to_json(
             tokens,
             scores,
@@ -623,13 +666,24 @@ def tokenizer_json_info(path: Path) -> TokenizerInfo:
 def load_tokenizer_file(path: Path) -> TokenizerInfo:
     """``tokenizer.json`` (as is), a SentencePiece ``.model`` or a tiktoken ranks file.
 
-    A folder is searched for ``tokenizer.json``, then ``tokenizer.model``.
+    A folder is searched for ``tokenizer.json``, then ``tokenizer.model``. Whatever is
+    wrong with the file is a :class:`TokenizerError`.
     """
-    path = Path(path)
+    try:
+        return _load_tokenizer_file(Path(path))
+    except TokenizerError:
+        raise
+    except (OSError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"cannot read tokenizer {path}: {getattr(e, 'strerror', None) or e}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError) as e:
+        raise TokenizerError(f"{path} is not a usable tokenizer: {type(e).__name__}: {str(e)[:160]}") from None
+
+
+def _load_tokenizer_file(path: Path) -> TokenizerInfo:
     if path.is_dir():
         for name in ("tokenizer.json", "tokenizer.model"):
             if (path / name).is_file():
-                return load_tokenizer_file(path / name)
+                return _load_tokenizer_file(path / name)
         raise TokenizerError(f"no tokenizer.json or tokenizer.model in {path}")
     if not path.is_file():
         raise TokenizerError(f"tokenizer file {path} does not exist")

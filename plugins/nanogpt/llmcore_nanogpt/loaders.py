@@ -38,9 +38,13 @@ def load_pickle(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=False)
     except pickle.UnpicklingError as exc:
+        from llmcore.pickles import foreign_globals
+
+        calls = foreign_globals(path)
+        reason = f"it asks to call {', '.join(calls)}" if calls else _unpickling_reason(exc)
         raise _error(
-            f"refused to load {str(path)!r}: it contains pickled objects beyond tensors and plain data "
-            f"(possibly code to execute) - {str(exc).splitlines()[0][:160]}",
+            f"refused to load {str(path)!r}: its pickle holds more than tensors and plain data ({reason}); "
+            "nothing in it was executed.",
             "load only checkpoints you trust, re-saved as plain state dicts or safetensors.",
         ) from None
     except (EOFError, RuntimeError, OSError, ValueError) as exc:
@@ -48,6 +52,15 @@ def load_pickle(path: Path) -> Any:
             f"{str(path)!r} is truncated or not a PyTorch checkpoint ({type(exc).__name__}: {str(exc)[:160]}).",
             "check the file, or save it again.",
         ) from None
+
+
+def _unpickling_reason(exc: Exception) -> str:
+    """The line of torch's long weights-only message that says what was refused."""
+    lines = [l.strip() for l in str(exc).splitlines() if l.strip()]
+    for line in lines:
+        if line.startswith(("Unsupported", "Trying to", "Can only")):
+            return line[:160]
+    return (lines[0] if lines else type(exc).__name__)[:160]
 
 
 def build_model(config: GPTConfig, state: dict[str, torch.Tensor], source: str) -> GPT:

@@ -114,18 +114,23 @@ def load_tokenizer(path: Path) -> Tokenizer:
     try:
         if merges_path is None:
             text = vocab_path.read_text(encoding="utf-8")
-            json.loads(text)
+            doc = json.loads(text)
+            model = doc.get("model") if isinstance(doc, dict) else None
+            if not isinstance(model, dict) or not isinstance(model.get("vocab"), dict):
+                raise ValueError("it has no BPE model with a token -> id vocabulary (model.vocab)")
             return Tokenizer(text, description=str(vocab_path))
         vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
-        if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
+        if not isinstance(vocab, dict) or not all(type(v) is int for v in vocab.values()):
             raise ValueError(f"{vocab_path.name} must map tokens to integer ids")
         merges = _read_merges(merges_path)
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
+        what = str(vocab_path) if merges_path is None else f"{vocab_path} + {merges_path.name}"
         raise LlmcoreError(
-            f"tokenizer files at {str(vocab_path.parent)!r} are unreadable or corrupt: {exc}",
+            f"tokenizer {what!r} is unreadable or corrupt: {getattr(exc, 'strerror', None) or exc}",
             stage="load",
             plugin="nanogpt",
-            fix="replace them with GPT-2's vocab.json + merges.txt (or encoder.json + vocab.bpe).",
+            fix="pass --tokenizer a Hugging Face tokenizer.json, or GPT-2's vocab.json + merges.txt "
+            "(or encoder.json + vocab.bpe).",
         ) from None
     return Tokenizer(tokenizer_json(vocab, merges), description=f"{vocab_path.name} + {merges_path.name}")
 

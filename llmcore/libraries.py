@@ -1,0 +1,271 @@
+"""Runtime libraries: the custom-operator kernels a program needs besides ExecuTorch's own.
+
+A plugin declares them with the ``llmcore_runtime_libraries`` hook
+(:class:`llmcore.records.RuntimeLibrary`: the operators it registers, a Python module that
+registers them with PyTorch and the ExecuTorch runtime, its native library). Then:
+
+* **export** finds the libraries whose operators the exported graph calls
+  (:func:`graph_operators`, :func:`libraries_for_operators`), names them in the program
+  (the constant method ``get_runtime_libraries``, a list of names) and in the report;
+* **running** (:meth:`llmcore.runtime.Program.load`, hence ``llmcore run``, ``profile``,
+  ``eval``) calls :func:`load_program_libraries` before the program's methods load: it
+  loads what ``LLMCORE_RUNTIME_LIBRARIES`` names, then, for operators this runtime still
+  lacks, the runtime libraries of installed plugins that register them;
+* **inspect** can list them with :func:`runtime_library_requirements`.
+
+``LLMCORE_RUNTIME_LIBRARIES`` is a ``:``-separated list of native libraries to load, or of
+folders holding ``lib<name>.so`` for the names a program declares; ``llmcore_runner``
+reads it too (and looks next to itself).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from llmcore.errors import LlmcoreError
+
+RUNTIME_LIBRARIES_METHOD = "get_runtime_libraries"
+RUNTIME_LIBRARIES_ENV = "LLMCORE_RUNTIME_LIBRARIES"
+
+_handles: dict[str, Any] = {}  # native libraries loaded here: path -> handle (kept alive)
+
+
+# ---- what a program calls and declares ---------------------------------------------------
+
+
+def _read(data: Any) -> tuple[list[str], list[str]]:
+    """(operators, declared library names) of a serialized program.
+
+    Reads just those fields through the flatbuffer accessors: unpacking the whole program
+    table (``llmcore.runtime.read_program_table``) takes seconds for a 135M-parameter model,
+    this takes milliseconds. Only the program part is read, never the weights.
+    """
+    from executorch.exir._serialize import _program
+    from executorch.exir._serialize._flatbuffer_program import _patch_generated_flatbuffer_aliases
+    from executorch.exir._serialize.generated.executorch_flatbuffer.KernelTypes import KernelTypes
+    from executorch.exir._serialize.generated.executorch_flatbuffer.Program import Program as FlatProgram
+    from executorch.exir._serialize.generated.executorch_flatbuffer.String import String as FlatString
+
+    _patch_generated_flatbuffer_aliases()  # the generated modules need it (idempotent)
+    header = _program._get_extended_header(bytes(data[:64]))
+    size = header.program_size if header is not None else len(data)
+    program = FlatProgram.GetRootAs(bytes(data[:size]), 0)
+
+    def text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else (value or "")
+
+    ops: list[str] = []
+    declared: list[str] = []
+    for i in range(program.ExecutionPlanLength()):
+        plan = program.ExecutionPlan(i)
+        for j in range(plan.OperatorsLength()):
+            op = plan.Operators(j)
+            name, overload = text(op.Name()), text(op.Overload())
+            full = f"{name}.{overload}" if overload else name
+            if full not in ops:
+                ops.append(full)
+        if text(plan.Name()) == RUNTIME_LIBRARIES_METHOD:
+            for k in range(plan.ValuesLength()):
+                value = plan.Values(k)
+                if value.ValType() == KernelTypes.String:
+                    string, table = FlatString(), value.Val()
+                    string.Init(table.Bytes, table.Pos)
+                    declared.append(text(string.StringVal()))
+    return ops, declared
+
+
+def program_operators(data: Any) -> list[str]:
+    """Operators a serialized program calls outside its delegates, named as the runtime
+    registers them (``aten::add.out``, ``llmcore::rms_norm.out``)."""
+    return _read(data)[0]
+
+
+def declared_libraries(data: Any) -> list[str]:
+    """The names the program's ``get_runtime_libraries`` method returns (none if it has none)."""
+    return _read(data)[1]
+
+
+def _missing(ops: list[str]) -> list[str]:
+    from executorch.extension.pybindings import portable_lib
+
+    have = set(portable_lib._get_operator_names())
+    return [op for op in ops if op not in have]
+
+
+def missing_operators(data: Any) -> list[str]:
+    """The program's operators that this process's ExecuTorch runtime has no kernel for."""
+    return _missing(program_operators(data))
+
+
+def graph_operators(exported: Any) -> set[str]:
+    """``namespace::name`` of the operators an ``ExportedProgram`` calls, including those
+    wrapped by ``auto_functionalized`` (mutating custom ops)."""
+    import torch
+
+    names: set[str] = set()
+    for node in exported.graph_module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        targets = [node.target]
+        if isinstance(node.target, torch._ops.HigherOrderOperator) and node.args:
+            targets.append(node.args[0])
+        for target in targets:
+            if isinstance(target, torch._ops.OpOverload):
+                names.add(target._schema.name)
+    return names
+
+
+def _base(op: str) -> str:
+    """``llmcore::rms_norm.out`` -> ``llmcore::rms_norm``."""
+    return op.split(".", 1)[0]
+
+
+def libraries_for_operators(ops: Iterable[str], registry: Any) -> list:
+    """The installed runtime libraries (``Provided`` records) that register any of ``ops``
+    (given with or without an overload)."""
+    wanted = {_base(op) for op in ops}
+    return [p for p in registry.all("runtime_libraries") if {_base(op) for op in p.record.ops} & wanted]
+
+
+# ---- loading -----------------------------------------------------------------------------
+
+
+def load_shared_library(path: str | Path) -> None:
+    """Load a native kernel library into this process; its kernels register themselves
+    with the ExecuTorch runtime it links."""
+    key = str(Path(path).resolve())
+    if key in _handles:
+        return
+    try:
+        _handles[key] = ctypes.CDLL(key, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+    except OSError as exc:
+        raise LlmcoreError(
+            f"runtime library {str(path)!r} could not be loaded: {exc}.",
+            stage="run",
+            fix=f"check the path (and {RUNTIME_LIBRARIES_ENV}); rebuild the library against this executorch.",
+        ) from exc
+
+
+def load_runtime_library(provided: Any, *, stage: str = "run") -> str:
+    """Load one plugin's runtime library here: its Python module when it has one (PyTorch
+    and ExecuTorch registration), else its native library. Returns what was loaded."""
+    record, plugin = provided.record, provided.plugin
+    try:
+        if record.python_module:
+            importlib.import_module(record.python_module)
+            return record.python_module
+        if record.shared_library is not None:
+            path = record.shared_library()
+            load_shared_library(path)
+            return str(path)
+    except LlmcoreError as exc:
+        exc.stage, exc.plugin = exc.stage or stage, exc.plugin or plugin.name
+        raise
+    except Exception as exc:
+        raise LlmcoreError(
+            f"runtime library {record.name!r} could not be loaded: {type(exc).__name__}: {exc}.",
+            stage=stage,
+            plugin=plugin.name,
+            fix="check that the plugin is installed and built (`llmcore plugins`).",
+        ) from exc
+    raise LlmcoreError(
+        f"runtime library {record.name!r} names neither a python_module nor a shared_library.",
+        stage=stage,
+        plugin=plugin.name,
+        fix="report it to the plugin's authors.",
+    )
+
+
+def _load_from_env(declared: list[str]) -> list[str]:
+    loaded = []
+    for entry in filter(None, os.environ.get(RUNTIME_LIBRARIES_ENV, "").split(os.pathsep)):
+        path = Path(entry)
+        if path.is_dir():
+            for name in declared:
+                candidate = path / f"lib{name}.so"
+                if candidate.is_file():
+                    load_shared_library(candidate)
+                    loaded.append(str(candidate))
+        else:
+            load_shared_library(path)
+            loaded.append(str(path))
+    return loaded
+
+
+def load_program_libraries(data: Any, registry: Optional[Any] = None) -> list[str]:
+    """Load what a program needs beyond the runtime's built-in kernels, before its methods
+    load: the libraries ``LLMCORE_RUNTIME_LIBRARIES`` names, then, if the runtime still
+    lacks some of the program's operators, the runtime libraries of installed plugins that
+    register them. Returns what was loaded. Operators that no plugin provides are left for
+    the runtime's load error (see :func:`missing_library_hint`)."""
+    try:
+        ops, declared = _read(data)
+    except Exception:  # not a readable program: loading it reports that
+        return []
+    missing = _missing(ops)
+    loaded = _load_from_env(declared)
+    if loaded:
+        missing = _missing(ops)
+    if not missing:
+        return loaded
+    if registry is None:
+        from llmcore.plugins import load_registry
+
+        registry = load_registry()
+    for provided in libraries_for_operators(missing, registry):
+        loaded.append(load_runtime_library(provided))
+    return loaded
+
+
+def missing_library_hint(data: Any) -> str:
+    """For a load error about a missing operator: which runtime libraries the program
+    declares, and how to provide them ("" when it declares none)."""
+    try:
+        declared = declared_libraries(data)
+    except Exception:
+        return ""
+    if not declared:
+        return ""
+    names = ", ".join(declared)
+    return (
+        f"the program needs runtime libraries {names}: install the plugin that provides them "
+        f"(`llmcore plugins` lists runtime libraries) and build it, or point {RUNTIME_LIBRARIES_ENV} "
+        f"at lib<name>.so."
+    )
+
+
+def runtime_library_requirements(data: Any, registry: Optional[Any] = None) -> list[dict[str, Any]]:
+    """The runtime libraries a program needs, for ``llmcore inspect``: each library it
+    declares or whose operators it calls, with the plugin that provides it here (``None``
+    when none does), its Python module, and its native library (``None`` with ``error``
+    when it is not built)."""
+    if registry is None:
+        from llmcore.plugins import load_registry
+
+        registry = load_registry()
+    ops, declared = _read(data)
+    by_name = {p.record.name: p for p in registry.all("runtime_libraries")}
+    providing = {p.record.name: p for p in libraries_for_operators(ops, registry)}
+    rows = []
+    for name in [*declared, *(n for n in providing if n not in declared)]:
+        provided = by_name.get(name)
+        row: dict[str, Any] = {"name": name, "declared": name in declared, "plugin": None, "ops": [],
+                               "python_module": None, "shared_library": None, "error": None}
+        if provided is None:
+            row["error"] = "no installed plugin provides it"
+        else:
+            record = provided.record
+            bases = {_base(op) for op in record.ops}
+            row.update(plugin=provided.plugin.package, python_module=record.python_module,
+                       ops=[op for op in ops if _base(op) in bases])
+            if record.shared_library is not None:
+                try:
+                    row["shared_library"] = str(record.shared_library())
+                except LlmcoreError as exc:
+                    row["error"] = exc.one_line()
+        rows.append(row)
+    return rows

@@ -1,0 +1,58 @@
+"""llmcore-kernels: custom ExecuTorch kernels for llmcore models.
+
+Provides
+
+* the runtime library ``llmcore_kernels``: the kernels, written against the ExecuTorch
+  runtime headers of the executorch wheel and built by the project's CMake
+  (``make runner``) into ``build/libllmcore_kernels.so`` (ExecuTorch registration) and
+  ``build/libllmcore_kernels_aot.so`` (PyTorch registration);
+* the source transform ``fused-rmsnorm`` (``--transforms fused-rmsnorm``): Llama-style
+  RMSNorm modules become one call of ``llmcore::rms_norm``.
+
+See ``docs/custom-kernels.md`` for how this plugin is put together.
+"""
+
+from __future__ import annotations
+
+from llmcore import hookimpl
+from llmcore.records import RuntimeLibrary, SourceTransform
+
+from llmcore_kernels import library
+
+__version__ = "0.1.0"
+
+# Runtime operator names the native library registers (kept here, not in .ops, so that
+# listing plugins does not load the library).
+OPS = ("llmcore::rms_norm.out",)
+
+
+def _apply_fused_rmsnorm(module, context):
+    from llmcore_kernels import rmsnorm
+
+    return rmsnorm.apply(module, context)
+
+
+@hookimpl
+def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
+    return [
+        RuntimeLibrary(
+            name="llmcore_kernels",
+            description="fused RMSNorm (llmcore::rms_norm.out), C++ against the ExecuTorch runtime headers",
+            ops=OPS,
+            python_module="llmcore_kernels.ops",
+            shared_library=library.runtime_library,
+        )
+    ]
+
+
+@hookimpl
+def llmcore_source_transforms() -> list[SourceTransform]:
+    return [
+        SourceTransform(
+            name="fused-rmsnorm",
+            description="swap Llama-style RMSNorm modules for the fused llmcore::rms_norm kernel "
+            "(programs then need the llmcore_kernels runtime library)",
+            apply=_apply_fused_rmsnorm,
+            order=60,
+        )
+    ]

@@ -1,0 +1,75 @@
+"""Finding and loading the native libraries of llmcore-kernels.
+
+The C++ sources (``plugins/kernels/csrc``) are built by the project's CMake
+(``make runner``) into the build folder:
+
+* ``libllmcore_kernels.so``: the ExecuTorch kernels, registered with the runtime on load;
+* ``libllmcore_kernels_aot.so``: their PyTorch registration; it links the first, so loading
+  it in Python registers the ops with both PyTorch and the ExecuTorch runtime.
+
+They are looked up in ``$LLMCORE_KERNELS_LIB_DIR`` when it is set, else in ``build/`` of the
+checkout this package is installed from (editable installs).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from llmcore.errors import LlmcoreError
+
+PLUGIN = "kernels"
+LIB_DIR_ENV = "LLMCORE_KERNELS_LIB_DIR"
+RUNTIME_LIBRARY = "libllmcore_kernels.so"
+AOT_LIBRARY = "libllmcore_kernels_aot.so"
+_SOURCE_ROOT = Path(__file__).resolve().parents[3]  # the checkout, for an editable install
+
+_loaded = False
+
+
+def library_dir() -> Path:
+    value = os.environ.get(LIB_DIR_ENV)
+    return Path(value) if value else _SOURCE_ROOT / "build"
+
+
+def library_path(file_name: str = RUNTIME_LIBRARY) -> Path:
+    """The built library, or a `LlmcoreError` that says how to build it (its stage is
+    filled in by the caller: ``transform`` during an export, ``run`` when loading a program)."""
+    path = library_dir() / file_name
+    if not path.is_file():
+        where = f"${LIB_DIR_ENV}" if os.environ.get(LIB_DIR_ENV) else "the build folder of the checkout"
+        raise LlmcoreError(
+            f"the llmcore-kernels native library {file_name} is not built (looked in {where}: {path.parent}).",
+            plugin=PLUGIN,
+            fix=f"run `make runner` in {_SOURCE_ROOT} (it builds the kernels with the C++ runner), "
+            f"or set {LIB_DIR_ENV} to the folder that holds {file_name}.",
+        )
+    return path
+
+
+def runtime_library() -> Path:
+    """The ExecuTorch-only library (what runners without PyTorch load)."""
+    return library_path(RUNTIME_LIBRARY)
+
+
+def load() -> None:
+    """Register the kernels with PyTorch and with this process's ExecuTorch runtime."""
+    global _loaded
+    if _loaded:
+        return
+    import torch
+
+    # The kernels register into the runtime that the Python bindings use: import it first
+    # so that the library's dependency on _portable_lib resolves to that same copy.
+    from executorch.extension.pybindings import portable_lib  # noqa: F401
+
+    path = library_path(AOT_LIBRARY)
+    try:
+        torch.ops.load_library(str(path))
+    except OSError as exc:
+        raise LlmcoreError(
+            f"could not load {path}: {exc}.",
+            plugin=PLUGIN,
+            fix="rebuild it against this environment's torch and executorch: run `make runner`.",
+        ) from exc
+    _loaded = True

@@ -1,0 +1,36 @@
+"""Importing this module registers the llmcore-kernels operators with PyTorch (eager and
+``torch.export``) and with the ExecuTorch runtime of this process.
+
+It is the ``python_module`` of the plugin's ``RuntimeLibrary``: llmcore imports it in the
+exporting process and before it runs a program that calls ``llmcore::`` operators. The
+import raises ``LlmcoreError`` (fix: ``make runner``) when the native library is not built.
+
+Operators (schemas are defined in C++, ``csrc/rms_norm_aten.cpp``):
+
+``llmcore::rms_norm(Tensor input, Tensor weight, float eps) -> Tensor``
+    ``input * rsqrt(mean(input**2, -1) + eps) * weight``, computed in float32 for 16-bit
+    inputs; ``input`` and ``weight`` of one floating dtype, ``weight`` 1-D.
+``llmcore::rms_norm.out(..., *, Tensor(a!) out) -> Tensor(a!)``
+    the same into ``out``: what ``to_executorch`` emits, and the ExecuTorch kernel's name.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llmcore_kernels import library
+
+library.load()
+
+
+# Shapes for torch.export's fake tensors: a new contiguous tensor shaped like the input
+# (its sizes stay symbolic, so the sequence length stays dynamic).
+@torch.library.register_fake("llmcore::rms_norm")
+def _rms_norm_fake(input: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    torch._check(weight.dim() == 1)
+    torch._check(input.shape[-1] == weight.shape[0])
+    return torch.empty_like(input, memory_format=torch.contiguous_format)
+
+
+def rms_norm(input: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.ops.llmcore.rms_norm.default(input, weight, eps)

@@ -1,0 +1,79 @@
+"""Fixtures: the native libraries (built with CMake when missing), and one small export
+that uses the fused kernel, made once per session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+BUILD = ROOT / "build"
+RUNNER = BUILD / "llmcore_runner"
+
+
+@pytest.fixture(scope="session")
+def kernel_library() -> Path:
+    """The folder holding libllmcore_kernels.so and libllmcore_kernels_aot.so (and, for the
+    default folder, llmcore_runner), building them into build/ when missing."""
+    from llmcore_kernels import library
+
+    targets = [BUILD / library.RUNTIME_LIBRARY, BUILD / library.AOT_LIBRARY, RUNNER]
+    if os.environ.get(library.LIB_DIR_ENV):
+        folder = library.library_dir()
+        if not (folder / library.AOT_LIBRARY).is_file():
+            pytest.fail(f"{library.LIB_DIR_ENV}={folder} holds no {library.AOT_LIBRARY}")
+        return folder
+    if not all(t.is_file() for t in targets):
+        if shutil.which("cmake") is None:
+            pytest.skip("cmake is not available to build the kernel library")
+        subprocess.run(
+            ["cmake", "-S", str(ROOT), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release",
+             f"-DPython3_EXECUTABLE={sys.executable}"],
+            check=True, stdout=subprocess.DEVNULL,
+        )
+        subprocess.run(
+            ["cmake", "--build", str(BUILD), "-j2", "--target", "llmcore_kernels", "llmcore_kernels_aot",
+             "llmcore_runner"],
+            check=True, stdout=subprocess.DEVNULL,
+        )
+    return BUILD
+
+
+@pytest.fixture(scope="session")
+def fused_export(kernel_library, tmp_path_factory):
+    """The tiny random Llama exported for XNNPACK with --transforms fused-rmsnorm."""
+    from llmcore.pipeline import export
+    from llmcore.plugins import load_registry
+    from llmcore.recipe import ExportOptions
+
+    out = tmp_path_factory.mktemp("fused") / "tiny.pte"
+    options = ExportOptions(
+        model="llama", config="tiny", plugins=["xnnpack"], transforms=["fused-rmsnorm"], output=str(out), quiet=True
+    )
+    return export(options, load_registry())
+
+
+@pytest.fixture(scope="session")
+def runner(kernel_library) -> Path:
+    path = kernel_library / "llmcore_runner"
+    if not path.is_file():
+        pytest.skip(f"no llmcore_runner in {kernel_library}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def llmcore_cli():
+    """``llmcore ARGS`` in a fresh process, as a user runs it."""
+
+    def run(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "llmcore", *args],
+            capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+        )
+
+    return run

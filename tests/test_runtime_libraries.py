@@ -1,0 +1,141 @@
+"""Runtime libraries (the ``llmcore_runtime_libraries`` hook): plugins declare them, a
+program's operators select them, and loading a program loads them first.
+
+Uses a throwaway custom op that has no ExecuTorch kernel (``llmcore_test::twice``), so
+nothing here needs a native library; plugins/kernels/tests covers a real one.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from llmcore import hookimpl, libraries
+from llmcore.errors import LlmcoreError
+from llmcore.plugins import load_registry
+from llmcore.records import RuntimeLibrary
+
+_lib = torch.library.Library("llmcore_test", "DEF")
+_lib.define("twice(Tensor x) -> Tensor")
+_lib.define("twice.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)")
+_lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
+
+
+def _twice_out(x, *, out):
+    out.resize_(x.shape)
+    return out.copy_(x * 2)
+
+
+_lib.impl("twice.out", _twice_out, "CompositeExplicitAutograd")
+
+
+class KernelsPlugin:
+    def __init__(self, module: str | None = None):
+        self.module = module
+
+    @hookimpl
+    def llmcore_runtime_libraries(self):
+        return [RuntimeLibrary(name="fake_kernels", description="fake", ops=("llmcore_test::twice.out",),
+                               python_module=self.module)]
+
+
+class WrongRecordPlugin:
+    @hookimpl
+    def llmcore_runtime_libraries(self):
+        return [{"name": "not-a-record"}]
+
+
+@pytest.fixture(scope="module")
+def program_with_custom_op() -> bytes:
+    from executorch.exir import to_edge
+
+    class Twice(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.llmcore_test.twice(x) + 1
+
+    ep = torch.export.export(Twice(), (torch.ones(3),))
+    edge = to_edge(ep, constant_methods={libraries.RUNTIME_LIBRARIES_METHOD: ["fake_kernels"]})
+    return bytes(edge.to_executorch().buffer)
+
+
+def test_the_hook_is_a_kind_of_extension():
+    registry = load_registry(extra_plugins=[("fake", KernelsPlugin()), ("wrong", WrongRecordPlugin())])
+    assert "fake_kernels" in registry.names("runtime_libraries")
+    fake = next(p for p in registry.plugins if p.name == "fake")
+    assert fake.provides["runtime_libraries"] == ["fake_kernels"]
+    failure = next(f for f in registry.failures if f.name == "wrong")
+    assert "expected llmcore.records.RuntimeLibrary" in failure.error
+
+
+def test_libraries_are_matched_by_operator_with_or_without_overload():
+    registry = load_registry(extra_plugins=[("fake", KernelsPlugin())])
+    for ops in (["llmcore_test::twice"], ["llmcore_test::twice.out"], ["aten::add.out", "llmcore_test::twice.out"]):
+        assert [p.record.name for p in libraries.libraries_for_operators(ops, registry)] == ["fake_kernels"]
+    assert libraries.libraries_for_operators(["aten::add.out", "llmcore_test::thrice.out"], registry) == []
+
+
+def test_export_graph_operators_are_found():
+    class Twice(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.llmcore_test.twice(x)
+
+    ep = torch.export.export(Twice(), (torch.ones(3),))
+    assert "llmcore_test::twice" in libraries.graph_operators(ep)
+
+
+def test_a_program_names_its_operators_and_libraries(program_with_custom_op):
+    data = program_with_custom_op
+    assert "llmcore_test::twice.out" in libraries.program_operators(data)
+    assert libraries.declared_libraries(data) == ["fake_kernels"]
+    assert libraries.missing_operators(data) == ["llmcore_test::twice.out"]
+
+
+def test_loading_a_program_loads_the_plugin_library_first(program_with_custom_op, tmp_path, monkeypatch):
+    marker = tmp_path / "fake_kernels_mod.py"
+    marker.write_text(textwrap.dedent("""
+        LOADED = True
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = load_registry(extra_plugins=[("fake", KernelsPlugin("fake_kernels_mod"))])
+    loaded = libraries.load_program_libraries(program_with_custom_op, registry)
+    assert loaded == ["fake_kernels_mod"] and sys.modules["fake_kernels_mod"].LOADED
+    # (the fake module registers no kernel, so the runtime still lacks the op)
+    assert libraries.missing_operators(program_with_custom_op) == ["llmcore_test::twice.out"]
+
+
+def test_a_library_that_cannot_load_names_its_plugin(program_with_custom_op, tmp_path, monkeypatch):
+    module = tmp_path / "broken_kernels_mod.py"
+    module.write_text(
+        "from llmcore.errors import LlmcoreError\n"
+        "raise LlmcoreError('libfake.so is not built.', fix='run make runner.')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = load_registry(extra_plugins=[("fake", KernelsPlugin("broken_kernels_mod"))])
+    with pytest.raises(LlmcoreError) as info:
+        libraries.load_program_libraries(program_with_custom_op, registry)
+    assert info.value.stage == "run" and info.value.plugin == "fake" and "make runner" in info.value.fix
+
+
+def test_a_missing_kernel_error_says_which_library_is_needed(program_with_custom_op, monkeypatch):
+    from llmcore.runtime import Program
+
+    monkeypatch.setenv("LLMCORE_LOAD_PLUGINS", "")  # no plugin provides the library
+    with pytest.raises(LlmcoreError) as info:
+        Program.load(program_with_custom_op).logits([1, 2, 3])
+    assert "llmcore_test::twice.out" in str(info.value) or "operator" in str(info.value)
+    assert "fake_kernels" in info.value.fix and libraries.RUNTIME_LIBRARIES_ENV in info.value.fix
+    rows = libraries.runtime_library_requirements(program_with_custom_op, load_registry())
+    assert rows == [{"name": "fake_kernels", "declared": True, "plugin": None, "ops": [], "python_module": None,
+                     "shared_library": None, "error": "no installed plugin provides it"}]
+
+
+def test_the_environment_variable_loads_native_libraries(program_with_custom_op, tmp_path, monkeypatch):
+    monkeypatch.setenv(libraries.RUNTIME_LIBRARIES_ENV, str(tmp_path / "libnothere.so"))
+    with pytest.raises(LlmcoreError, match="libnothere.so"):
+        libraries.load_program_libraries(program_with_custom_op, load_registry(extra_plugins=[]))
+    monkeypatch.setenv(libraries.RUNTIME_LIBRARIES_ENV, str(tmp_path))  # a folder without libfake_kernels.so
+    monkeypatch.setenv("LLMCORE_LOAD_PLUGINS", "")
+    assert libraries.load_program_libraries(program_with_custom_op) == []
