@@ -69,7 +69,7 @@ def _backend_options(pairs: Sequence[str]) -> dict[str, dict[str, Any]]:
             raise LlmcoreError(
                 f"--backend-option expects BACKEND.KEY=VALUE, got {key!r}.",
                 stage="cli",
-                fix="write e.g. --backend-option xnnpack.per_op_mode=true.",
+                fix="write e.g. --backend-option mybackend.some_option=true.",
             )
         out.setdefault(backend, {})[option] = value
     return out
@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="named config for random initialisation")
     p.add_argument("--checkpoint", help="checkpoint file or folder")
     p.add_argument("--tokenizer", help="tokenizer files, when the checkpoint has none")
-    p.add_argument("--plugins", help="backends in partitioning order, e.g. vulkan,xnnpack (empty: portable)")
+    p.add_argument("--plugins", help="backends in partitioning order, e.g. gpu_backend,cpu_backend (empty: portable runtime only)")
     p.add_argument("--quantize", help="quantizer recipe, e.g. int8-dynamic")
     p.add_argument("--quantize-option", action="append", metavar="KEY=VALUE", help="recipe option (repeatable)")
     p.add_argument("--backend-option", action="append", metavar="BACKEND.KEY=VALUE", help="partitioner option")

@@ -31,6 +31,8 @@ class LlmcoreError(Exception):
         """``[stage/plugin] message. Fix: ...`` on one line."""
         where = "/".join(p for p in (self.stage, self.plugin) if p)
         text = " ".join(self.message.split())
+        if self.fix and text and text[-1] not in ".!?":
+            text += "."  # "... corrupt. Fix: ...", not "... corrupt Fix: ..."
         line = f"[{where}] {text}" if where else text
         if self.fix:
             line += f" Fix: {' '.join(self.fix.split())}"

@@ -39,7 +39,7 @@ class ExportOptions:
     quantize_options: dict[str, Any] = field(default_factory=dict)
     """Options for the quantizer recipe, e.g. ``{group_size: 32}``."""
     backend_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per-backend partitioner options: ``{xnnpack: {per_op_mode: true}}``."""
+    """Per-backend partitioner options: ``{backend_name: {option: value}}``."""
     transforms: list[str] = field(default_factory=list)
     """Extra source transforms by name, on top of the automatic ones."""
     skip_transforms: list[str] = field(default_factory=list)
@@ -115,7 +115,7 @@ def _coerce(key: str, value: Any) -> Any:
                 f"recipe key 'backend_options' must map each backend to a mapping of its options, "
                 f"got {short_repr(value[bad[0]])} for {short_repr(bad[0])}.",
                 stage="recipe",
-                fix="write e.g. `backend_options: {xnnpack: {per_op_mode: true}}`.",
+                fix="write e.g. `backend_options: {mybackend: {some_option: true}}`.",
             )
     if not ok:
         raise LlmcoreError(

@@ -2,7 +2,7 @@
 
 Every hook in :mod:`llmcore.hookspecs` returns a list of these dataclasses. They carry
 *factories* (plain callables) rather than built objects, so that listing plugins never
-imports a heavy backend: ExecuTorch backends, torchao or coremltools are imported only
+imports a heavy backend: ExecuTorch backends, torchao or vendor SDKs are imported only
 when a factory is called for an export that uses them.
 """
 

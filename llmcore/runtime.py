@@ -228,7 +228,7 @@ def load_error(label: str, data: bytes, exc: BaseException, runtime_log: str = "
             f"{label!r} needs backend {needs}. This ExecuTorch runtime does not have it (it has: {have}).",
             stage="run",
             fix="run it with an ExecuTorch runtime built with that backend, on such a device, or export it again "
-            "for a backend this runtime has (e.g. --plugins xnnpack); `llmcore inspect` lists what a program needs.",
+            "for a backend this runtime has (see `llmcore plugins`); `llmcore inspect` lists what a program needs.",
         )
     if "0x14" in text or "Missing operator" in text:
         return LlmcoreError(
@@ -244,29 +244,18 @@ def load_error(label: str, data: bytes, exc: BaseException, runtime_log: str = "
     )
 
 
-# Where the code of each ExecuTorch backend (delegate id) runs, for error messages and inspect.
-BACKEND_TARGETS = {
-    "XnnpackBackend": "CPUs (Arm and x86) through XNNPACK",
-    "VulkanBackend": "GPUs through Vulkan (Android; Linux and Windows with a Vulkan driver)",
-    "CoreMLBackend": "Apple devices (macOS, iOS) through Core ML (CPU, GPU, Neural Engine)",
-    "MPSBackend": "Apple GPUs through Metal Performance Shaders (macOS, iOS)",
-    "MetalBackend": "Apple GPUs through Metal (macOS)",
-    "MLXBackend": "Apple silicon through MLX (macOS)",
-    "QnnBackend": "Qualcomm Snapdragon SoCs (Hexagon NPU) through QNN",
-    "NeuropilotBackend": "MediaTek SoCs (APU) through NeuroPilot",
-    "EnnBackend": "Samsung Exynos SoCs (NPU) through ENN",
-    "OpenvinoBackend": "Intel CPUs, GPUs and NPUs through OpenVINO",
-    "EthosUBackend": "Arm Ethos-U NPUs (microcontrollers)",
-    "VgfBackend": "Arm ML SDK for Vulkan (VGF)",
-    "TOSABackend": "a TOSA reference model (Arm)",
-    "NeutronBackend": "NXP Neutron NPUs (i.MX RT)",
-    "CudaBackend": "NVIDIA GPUs through CUDA",
-}
-
-
 def backend_target(backend_id: str) -> str:
-    """Where a backend's delegates run, in words (``"a device with the Foo backend"`` if unknown)."""
-    return BACKEND_TARGETS.get(backend_id, f"a runtime built with the {backend_id} backend")
+    """Where a backend's delegates run, in words: the ``runs_on`` of the installed plugin
+    whose backend carries this delegate id; the core itself names no backend."""
+    try:
+        from llmcore.plugins import load_registry
+
+        for provided in load_registry().all("backends"):
+            if provided.record.runtime_id == backend_id and provided.record.runs_on:
+                return provided.record.runs_on
+    except Exception:  # an error message must not fail for want of plugins
+        pass
+    return f"a runtime built with the {backend_id} backend (install its llmcore plugin to learn more)"
 
 
 def read_program_table(data: bytes) -> Any:

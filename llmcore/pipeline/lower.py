@@ -1,7 +1,7 @@
 """Stage 5: to_edge + lowering, with partitioners in the order the user listed backends.
 
-``--plugins vulkan,xnnpack`` gives Vulkan the first pick of the graph and XNNPACK what is
-left. The order comes from the user's list, never from plugin registration order.
+``--plugins gpu,cpu`` gives the GPU backend the first pick of the graph and the CPU backend
+what is left. The order comes from the user's list, never from plugin registration order.
 """
 
 from __future__ import annotations

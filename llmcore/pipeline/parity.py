@@ -5,7 +5,7 @@ quantization, so the check measures lowering and serialisation, not the quantize
 the example prompt at two lengths (the whole prompt and its first token), which exercises
 the dynamic sequence length.
 
-A program whose delegates need a backend this runtime lacks (Vulkan, Core ML, MPS on a
+A program whose delegates need a backend this runtime lacks (a GPU or NPU backend on a
 Linux build machine) cannot be run here: the check is then skipped, and the report says
 which backend is missing and where it runs. ``--strict-parity`` refuses such a skip.
 """

@@ -48,8 +48,9 @@ def load_pickle(path: Path) -> Any:
             "load only checkpoints you trust, re-saved as plain state dicts or safetensors.",
         ) from None
     except (EOFError, RuntimeError, OSError, ValueError) as exc:
+        reason = " ".join(str(exc).split()).split(". ")[0][:160]  # torch appends paragraphs of advice
         raise _error(
-            f"{str(path)!r} is truncated or not a PyTorch checkpoint ({type(exc).__name__}: {str(exc)[:160]}).",
+            f"{str(path)!r} is truncated or not a PyTorch checkpoint ({type(exc).__name__}: {reason}).",
             "check the file, or save it again.",
         ) from None
 
