@@ -103,6 +103,8 @@ class Inspection:
     backends: list[BackendInfo]
     operators: list[OperatorInfo]
     runtime: dict[str, Any] = field(default_factory=dict)
+    runtime_libraries: list[dict[str, Any]] = field(default_factory=list)
+    """Kernel libraries the program needs (declared in it, or providing its operators)."""
 
     @property
     def missing_backends(self) -> list[BackendInfo]:
@@ -367,9 +369,20 @@ def inspect_program(path: str | Path, *, verify: bool = True) -> Inspection:
     """Read, describe and check a `.pte` against this runtime."""
     label = str(path)
     data = read_pte(path)
+    from llmcore import libraries
+
+    try:  # the plugin libraries a program needs are loaded first, as `llmcore run` does
+        libraries.load_program_libraries(data)
+    except LlmcoreError:
+        pass  # reported below as a requirement, and its operators as missing
     if verify:
         verify_with_runtime(path, label)
-    return check_runtime(describe(data, label, Path(path).stat().st_size))
+    inspection = check_runtime(describe(data, label, Path(path).stat().st_size))
+    try:
+        inspection.runtime_libraries = libraries.runtime_library_requirements(data)
+    except Exception:  # a description of requirements must not fail the inspection
+        inspection.runtime_libraries = []
+    return inspection
 
 
 # ---- output ---------------------------------------------------------------------------------
@@ -455,6 +468,14 @@ def format_text(ins: Inspection) -> str:
             f"{ns}:: {_LIBRARY_HINTS.get(ns, 'a kernel library the exporting plugin names')}" for ns in names
         ))
     lines.append("")
+
+    if ins.runtime_libraries:
+        lines.append("runtime libraries the program needs")
+        for lib in ins.runtime_libraries:
+            where = lib.get("shared_library") or lib.get("error") or ""
+            plugin = f"from plugin {lib['plugin']}" if lib.get("plugin") else "no plugin here provides it"
+            lines.append(f"  {lib['name']}  {plugin}  {where}".rstrip())
+        lines.append("")
 
     runtime = ins.runtime
     lines.append(

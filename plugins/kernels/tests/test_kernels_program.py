@@ -124,3 +124,17 @@ def test_an_unbuilt_library_is_a_clear_error(fused_export, llmcore_cli, tmp_path
     assert export.returncode != 0
     assert "[transform/kernels]" in export.stderr and "make runner" in export.stderr
     assert not out.exists()
+
+
+def test_inspect_names_the_kernel_library(fused_export):
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "llmcore", "inspect", str(fused_export.pte), "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    names = [lib["name"] for lib in data["runtime_libraries"]]
+    assert "llmcore_kernels" in names
+    assert data["ok"] is True
