@@ -44,6 +44,8 @@ MODELS = {
     "gpt2": lambda: ["--model", "nanogpt", "--config", "gpt2"],
     "smollm2": lambda: ["--model", "llama", "--checkpoint", smollm2_path()],
 }
+# model name -> (vocab, width) of its token embedding, for the bytes a decode step reads
+EMBEDDINGS = {"gpt2": (50257, 768), "smollm2": (49152, 576)}
 # variant -> export flags (None: eager PyTorch, not exported)
 VARIANTS = {
     "eager": None,
@@ -51,10 +53,13 @@ VARIANTS = {
     "fp32": ["--plugins", "xnnpack"],
     "int8": ["--plugins", "xnnpack", "--quantize", "int8-dynamic"],
     "8da4w": ["--plugins", "xnnpack", "--quantize", "8da4w"],
+    "8da4w-gs128": ["--plugins", "xnnpack", "--quantize", "8da4w", "--quantize-option", "group_size=128"],
+    "8da4w-emb8": ["--plugins", "xnnpack", "--quantize", "8da4w", "--quantize-option", "embedding_bits=8"],
+    "8da4w-emb4": ["--plugins", "xnnpack", "--quantize", "8da4w", "--quantize-option", "embedding_bits=4"],
     "fp32-rmsnorm": ["--plugins", "xnnpack", "--transforms", "fused-rmsnorm"],
 }
 # variants that apply to some models only
-VARIANT_MODELS = {"fp32-rmsnorm": ("smollm2",)}
+VARIANT_MODELS = {v: ("smollm2",) for v in ("fp32-rmsnorm", "8da4w-gs128", "8da4w-emb8", "8da4w-emb4")}
 # SmolLM2-135M's norms: 30 layers x 2 + the final one, width 576.
 SMOLLM2_NORMS, SMOLLM2_DIM = 61, 576
 
@@ -244,11 +249,17 @@ def memory_bandwidth_gbs(size_mib: int = 1024, repeats: int = 5) -> float:
     return buf.numel() * 4 / best / 1e9
 
 
-def weight_bytes_per_token(pte: Path) -> int:
-    """Bytes a decode step must read, taken as the program's size: every weight once.
-    An embedding table is read one row per token, so for programs that store it apart
-    from the output layer this overstates the bytes and understates the limit."""
-    return pte.stat().st_size
+def weight_bytes_per_token(pte: Path, model: str, variant: str) -> int:
+    """Bytes of weights a decode step reads: the whole program, except that a token
+    embedding stored apart from the output layer (the quantized recipes keep their own
+    output weights) is read one row per token, not whole."""
+    size = pte.stat().st_size
+    if variant in ("fp32", "fp32-rmsnorm", "nocache"):
+        return size  # the tied table is stored once and read whole by the output layer
+    vocab, width = EMBEDDINGS[model]
+    bits = 8 if variant.endswith("emb8") else 4 if variant.endswith("emb4") else 32
+    per_row = width * bits / 8 + (width // 32 * 4 if bits < 32 else 0)  # + per-group scales
+    return int(size - vocab * per_row + per_row)
 
 
 def main() -> None:
@@ -265,6 +276,10 @@ def main() -> None:
     parser.add_argument("--rmsnorm-ops", action=argparse.BooleanOptionalAction, default=None,
                         help="time the RMSNorm operators on their own (default: when fp32-rmsnorm runs)")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--export-only", action="store_true", help="export the programs into --cache, run nothing")
+    parser.add_argument("--llama-cpp", choices=("auto", "build", "off"), default="auto",
+                        help="the llama.cpp peer row for smollm2: auto = if llama-bench is built "
+                        "(benchmarks/llamacpp_peer.py build), build = build it first (15-25 min on 2 cores)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--et-threads", type=int, default=0, help=argparse.SUPPRESS)
@@ -274,6 +289,12 @@ def main() -> None:
 
     from tabulate import tabulate
 
+    if args.export_only:
+        for model in args.models.split(","):
+            for variant in args.variants.split(","):
+                if VARIANTS[variant] is not None and model in VARIANT_MODELS.get(variant, (model,)):
+                    print(export_program(model, variant, Path(args.cache), args.max_seq_len))
+        return
     bandwidth = memory_bandwidth_gbs()
     print(f"memory read bandwidth here: {bandwidth:.1f} GB/s ({os.cpu_count()} threads)")
     results = []
@@ -287,7 +308,7 @@ def main() -> None:
             stats |= {"model": model, "variant": variant, "runner": "python"}
             stats["file_mib"] = pte.stat().st_size / 2**20 if pte else None
             if pte is not None:
-                stats["bandwidth_limit_tok_s"] = bandwidth * 1e9 / weight_bytes_per_token(pte)
+                stats["bandwidth_limit_tok_s"] = bandwidth * 1e9 / weight_bytes_per_token(pte, model, variant)
             if variant == "eager":
                 eager = stats
             rows.append(stats)
@@ -295,7 +316,12 @@ def main() -> None:
                 cpp = run_cpp_runner(Path(args.runner), pte, args)
                 if cpp:
                     rows.append(stats | cpp | {"runner": "c++"})
+        peer = llama_cpp_row(model, args)
+        if peer:
+            rows.append(peer)
         for r in rows:
+            if peer and r is not peer:
+                r["decode_x_llama_cpp"] = r["decode_tok_s"] / peer["decode_tok_s"]
             if eager:
                 r["decode_x_eager"] = r["decode_tok_s"] / eager["decode_tok_s"]
                 r["prefill_x_eager"] = r["prefill_tok_s"] / eager["prefill_tok_s"]
@@ -304,17 +330,18 @@ def main() -> None:
         results.extend(rows)
         table = [
             [r["variant"], r["runner"], f"{r['prefill_tok_s']:.1f}", f"{r['decode_tok_s']:.1f}",
-             f"{r['time_to_first_token_s'] * 1000:.0f}", f"{r['peak_rss_mib']:.0f}",
+             f"{r['time_to_first_token_s'] * 1000:.0f}", f"{r['peak_rss_mib']:.0f}" if r["peak_rss_mib"] == r["peak_rss_mib"] else "-",
              f"{r['file_mib']:.1f}" if r["file_mib"] else "-",
              f"{r.get('prefill_x_eager', 0):.2f}x", f"{r.get('decode_x_eager', 0):.2f}x",
              f"{r['bandwidth_limit_tok_s']:.0f}" if r.get("bandwidth_limit_tok_s") else "-",
-             f"{r['of_bw_limit']:.0%}" if r.get("of_bw_limit") else "-"]
+             f"{r['of_bw_limit']:.0%}" if r.get("of_bw_limit") else "-",
+             f"{r['decode_x_llama_cpp']:.2f}x" if r.get("decode_x_llama_cpp") else "-"]
             for r in rows
         ]
         print(f"\n## {model} (prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, greedy)")
         print(tabulate(table, headers=["variant", "runner", "prefill tok/s", "decode tok/s", "TTFT ms",
                                        "peak RSS MiB", "file MiB", "prefill vs eager", "decode vs eager",
-                                       "bw limit tok/s", "of limit"]))
+                                       "bw limit tok/s", "of limit", "decode vs llama.cpp"]))
         if any(r["variant"] == "fp32-rmsnorm" for r in rows) and any(r["variant"] == "fp32" for r in rows):
             ab = fused_rmsnorm_ab(model, args)
             results.append({"model": model, "variant": "fp32-rmsnorm-ab", **ab})
@@ -325,6 +352,25 @@ def main() -> None:
         Path(args.json).write_text(
             json.dumps({"bandwidth_gbs": bandwidth, "results": results, "rmsnorm_ops": ops}, indent=2)
         )
+
+
+def llama_cpp_row(model: str, args) -> dict | None:
+    """llama.cpp's llama-bench on the same GGUF (SmolLM2 only): the peer row."""
+    if model != "smollm2" or args.llama_cpp == "off":
+        return None
+    import llamacpp_peer as llama_cpp
+
+    if args.llama_cpp == "build":
+        llama_cpp.build_llama_bench()
+    if not llama_cpp.llama_bench_path().is_file():
+        print("# llama.cpp row skipped: build it with `benchmarks/llamacpp_peer.py build`", file=sys.stderr)
+        return None
+    gguf = Path(smollm2_path())
+    r = llama_cpp.run_llama_bench(gguf, args.prompt_tokens, args.new_tokens, os.cpu_count() or 1)
+    return {"model": model, "variant": f"llama.cpp {r['type']}", "runner": "llama-bench",
+            "prefill_tok_s": r["prefill_tok_s"], "decode_tok_s": r["decode_tok_s"],
+            "time_to_first_token_s": args.prompt_tokens / r["prefill_tok_s"], "peak_rss_mib": float("nan"),
+            "file_mib": gguf.stat().st_size / 2**20, "llama_cpp_build": r["build"]}
 
 
 def fused_rmsnorm_ab(model: str, args) -> dict:

@@ -47,6 +47,16 @@ class CausalAttention(nn.Module):
         return y.transpose(1, 2).reshape(bsz, seq_len, self.n_heads * self.head_dim)
 
 
+def static_shape(x: torch.Tensor) -> list[int]:
+    """``x.shape`` with its one dynamic (symbolic) dim written as -1.
+
+    A ``view`` to such a shape exports with plain ints, which XNNPACK delegates; a view
+    to a symbolic shape stays outside the delegate and splits the graph around it.
+    """
+    shape = [d if isinstance(d, int) else -1 for d in x.shape]
+    return shape if shape.count(-1) <= 1 else list(x.shape)
+
+
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """Repeat ``[B, H_kv, T, D]`` key/value heads ``n_rep`` times along the head axis."""
     if n_rep == 1:

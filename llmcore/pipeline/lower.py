@@ -6,8 +6,10 @@ what is left. The order comes from the user's list, never from plugin registrati
 
 from __future__ import annotations
 
+import importlib
 from collections import Counter
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 
@@ -87,12 +89,13 @@ def lower(
     config = edge_compile_config([p.record for p, _ in backends])
     names = ", ".join(p.record.name for p, _ in backends) or "the portable runtime"
     try:
-        return to_edge_transform_and_lower(
-            exported,
-            partitioner=partitioners,
-            compile_config=config,
-            constant_methods=constant_methods,
-        )
+        with lean_dependency_viewers():
+            return to_edge_transform_and_lower(
+                exported,
+                partitioner=partitioners,
+                compile_config=config,
+                constant_methods=constant_methods,
+            )
     except LlmcoreError:
         raise
     except (KeyboardInterrupt, MemoryError):
@@ -105,3 +108,95 @@ def lower(
             plugin=backends[0][0].plugin.name if backends else None,
             fix="try the backends one at a time to find the one that fails (--debug shows the traceback).",
         ) from exc
+
+
+# ---- partitioning memory --------------------------------------------------------------------
+
+# The partitioners that group supported nodes into delegates (torch.fx's
+# CapabilityBasedPartitioner and ExecuTorch's GroupBasedPartitioner, which XNNPACK uses) first
+# build a ``_DependencyViewer``: for every node, the set of all nodes downstream of it (and,
+# in ExecuTorch's, upstream too). That is quadratic in the graph: for SmolLM2-135M's ~30-layer
+# graph, ~900 MB of Python sets, the peak of the whole export. They only ever iterate over one
+# node's downstream nodes, so the same answer can come from bitmasks (N^2 bits: ~10 MB).
+_VIEWER_MODULES = (
+    "torch.fx.passes.infra.partitioner",
+    "executorch.exir.backend.canonical_partitioners.group_partitioner",
+)
+
+
+class _NodeSet:
+    """The nodes whose bits are set in ``mask``, in graph order (a read-only set view)."""
+
+    __slots__ = ("_mask", "_nodes", "_index")
+
+    def __init__(self, mask: int, nodes: list, index: dict):
+        self._mask, self._nodes, self._index = mask, nodes, index
+
+    def __iter__(self):
+        mask, nodes = self._mask, self._nodes
+        while mask:
+            low = mask & -mask
+            yield nodes[low.bit_length() - 1]
+            mask ^= low
+
+    def __contains__(self, node) -> bool:
+        i = self._index.get(node)
+        return i is not None and bool(self._mask >> i & 1)
+
+    def __len__(self) -> int:
+        return bin(self._mask).count("1")
+
+    def __bool__(self) -> bool:
+        return bool(self._mask)
+
+
+class LeanDependencyViewer:
+    """Drop-in for the partitioners' ``_DependencyViewer``: transitive downstream (and
+    upstream) nodes of each node, kept as bitmasks over the graph's node order."""
+
+    def __init__(self, graph_module) -> None:
+        self._nodes = list(graph_module.graph.nodes)
+        self._index = {node: i for i, node in enumerate(self._nodes)}
+        self._down: dict = {}
+        for node in reversed(self._nodes):
+            mask = 0
+            for user in node.users:
+                j = self._index.get(user)
+                if j is not None:
+                    mask |= (1 << j) | self._down.get(user, 0)
+            self._down[node] = mask
+        self._up: dict | None = None
+
+    def downstreams_of(self, node) -> _NodeSet:
+        return _NodeSet(self._down.get(node, 0), self._nodes, self._index)
+
+    def upstreams_of(self, node) -> _NodeSet:
+        if self._up is None:
+            self._up = {}
+            for node_ in self._nodes:
+                mask = 0
+                for source in node_.all_input_nodes:
+                    j = self._index.get(source)
+                    if j is not None:
+                        mask |= (1 << j) | self._up.get(source, 0)
+                self._up[node_] = mask
+        return _NodeSet(self._up.get(node, 0), self._nodes, self._index)
+
+
+@contextmanager
+def lean_dependency_viewers() -> Iterator[None]:
+    """Let the partitioners use :class:`LeanDependencyViewer` while lowering."""
+    swapped = []
+    for name in _VIEWER_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if isinstance(getattr(module, "_DependencyViewer", None), type):
+            swapped.append((module, module._DependencyViewer))
+            module._DependencyViewer = LeanDependencyViewer
+    try:
+        yield
+    finally:
+        for module, original in swapped:
+            module._DependencyViewer = original

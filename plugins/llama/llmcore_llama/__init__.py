@@ -25,7 +25,7 @@ def build_random(config: str, options: LoadOptions) -> LoadedModel:
     from llmcore.records import ModelMetadata, Tokenizer
 
     from .loaders import load_error, resolve_dtype, resolve_tokenizer
-    from .model import Transformer, init_random, rope_tables
+    from .model import Transformer, init_random
     from .tokenization import tiny_tokenizer
 
     if config not in CONFIGS:
@@ -40,7 +40,7 @@ def build_random(config: str, options: LoadOptions) -> LoadedModel:
     model = model.to_empty(device="cpu")
     model.tie_weights()
     model = init_random(model, seed=options.seed).to(dtype)
-    model.freqs_cos, model.freqs_sin = rope_tables(cfg)
+    model.reset_buffers()
     model.eval()
     tok = resolve_tokenizer(options)
     if tok is None and config == "tiny":

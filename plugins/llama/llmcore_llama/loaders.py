@@ -107,8 +107,7 @@ def finish(
     except (KeyError, RuntimeError, ValueError) as e:
         reason = e.args[0] if isinstance(e, KeyError) and e.args else e
         raise load_error(f"the weights in {source} do not fit a Llama model: {reason}", fix=FIT_FIX) from e
-    cos, sin = rope_tables(config)  # keep RoPE tables in float32 whatever the dtype
-    model.freqs_cos, model.freqs_sin = cos, sin
+    model.reset_buffers()  # keep RoPE tables in float32 whatever the dtype
     model.eval()
 
     if tokenizer is not None and tokenizer.size > config.vocab_size:
@@ -855,8 +854,8 @@ def write_llama2c(model, path: Path, *, version: int = 0) -> None:
                 *layers("feed_forward.w2.weight"),
                 *layers("feed_forward.w3.weight"),
                 sd["norm.weight"],
-                model.freqs_cos.float(),
-                model.freqs_sin.float(),
+                model.freqs_cos[:, ::2].float(),  # the format keeps one value per pair
+                model.freqs_sin[:, ::2].float(),
             ]
         elif version == 1:
             header = struct.pack("<Ii", formats.LLAMA2C_V1_MAGIC, 1)

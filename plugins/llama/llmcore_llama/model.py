@@ -8,8 +8,12 @@ seam KV-cache transforms replace. There is no cache in here.
 
 RoPE uses Meta's interleaved layout: channel pairs ``(2i, 2i+1)`` of each head are
 rotated by ``pos * inv_freq[i]``. It is computed with real cos/sin tables (buffers
-``freqs_cos``/``freqs_sin`` of shape ``[max_seq_len, head_dim // 2]``) so the module
-exports without complex numbers.
+``freqs_cos``/``freqs_sin`` of shape ``[max_seq_len, head_dim]``, each value repeated
+for both channels of its pair) so the module exports without complex numbers.
+
+Everything between two attention calls is written with ops XNNPACK delegates (linear,
+mul, add, mm, a 4-D mean, views with one -1): a Llama layer lowers to one delegate, not
+four, which halves export time and saves a delegate hand-off per norm at decode.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmcore.modules import CausalAttention, positions_slice
+from llmcore.modules import CausalAttention, positions_slice, static_shape
 
 from .config import LlamaConfig, RopeScaling
 
@@ -33,9 +37,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The mean is taken over the two inner dims of a [N, 1, 1, dim] view: that is a
+        # global average pool, which XNNPACK delegates (a mean over the last dim of a 3-D
+        # tensor it does not, and each norm would split the layer into separate delegates).
+        # Same arithmetic, same result.
         xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return xf.type_as(x) * self.weight
+        x4 = xf.reshape(-1, 1, 1, xf.shape[-1])
+        x4 = x4 * torch.rsqrt((x4 * x4).mean((2, 3), keepdim=True) + self.eps)
+        return x4.view(static_shape(x)).type_as(x) * self.weight
 
 
 def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
@@ -65,20 +74,32 @@ def scale_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
 
 
 def rope_tables(config: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of ``pos * inv_freq``, each ``[max_seq_len, head_dim // 2]`` float32."""
+    """cos and sin of ``pos * inv_freq``, each ``[max_seq_len, head_dim]`` float32, every
+    value repeated for both channels of its rotary pair (so no op is needed to widen them)."""
     t = torch.arange(config.max_seq_len, dtype=torch.float32)
-    angles = torch.outer(t, rope_inv_freq(config))
+    angles = torch.outer(t, rope_inv_freq(config)).repeat_interleave(2, dim=-1)
     return torch.cos(angles), torch.sin(angles)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved channel pairs of ``x [B, T, H, D]`` by ``cos/sin [T, D/2]``."""
-    pairs = x.float().unflatten(-1, (-1, 2))
-    x0, x1 = pairs[..., 0], pairs[..., 1]
-    c = cos[None, :, None, :]
-    s = sin[None, :, None, :]
-    out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1)
-    return out.flatten(-2).type_as(x)
+def pair_swap_matrix(head_dim: int) -> torch.Tensor:
+    """``P`` with ``(x @ P)[2i] = -x[2i+1]`` and ``(x @ P)[2i+1] = x[2i]``: the partner of
+    each channel in its rotary pair, signed. A matmul with it is exact in float32 and,
+    unlike selecting the even and odd channels, lowers into the same XNNPACK delegate as
+    the projections around it."""
+    p = torch.zeros(head_dim, head_dim)
+    idx = torch.arange(0, head_dim, 2)
+    p[idx + 1, idx] = -1.0
+    p[idx, idx + 1] = 1.0
+    return p
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pair_swap: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved channel pairs of ``x [B, T, H, D]``; ``cos/sin`` are ``[1, T, 1, D]``
+    rows of :func:`rope_tables`: ``out = x * cos + swap(x) * sin``."""
+    xf = x.float()
+    shape = static_shape(xf)
+    swapped = torch.mm(xf.reshape(-1, xf.shape[-1]), pair_swap).view(shape)
+    return (xf * cos + swapped * sin).type_as(x)
 
 
 class Attention(nn.Module):
@@ -92,6 +113,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_heads * self.head_dim, config.dim, bias=False)
         self.attn = CausalAttention(self.n_heads, self.n_kv_heads, self.head_dim)
+        self.register_buffer("pair_swap", pair_swap_matrix(self.head_dim), persistent=False)
 
     def forward(
         self,
@@ -100,12 +122,12 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         input_pos: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        bsz, seq_len = x.shape[0], x.shape[1]
-        q = self.wq(x).view(bsz, seq_len, self.n_heads, self.head_dim)
-        k = self.wk(x).view(bsz, seq_len, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).view(bsz, seq_len, self.n_kv_heads, self.head_dim)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        bsz = x.shape[0]  # static; the sequence dim is left to -1 so the views stay delegated
+        q = self.wq(x).view(bsz, -1, self.n_heads, self.head_dim)
+        k = self.wk(x).view(bsz, -1, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(bsz, -1, self.n_kv_heads, self.head_dim)
+        q = apply_rope(q, cos, sin, self.pair_swap)
+        k = apply_rope(k, cos, sin, self.pair_swap)
         return self.wo(self.attn(q, k, v, input_pos))
 
 
@@ -156,13 +178,25 @@ class Transformer(nn.Module):
         return self.config.max_seq_len
 
     def forward(self, tokens: torch.Tensor, input_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
-        seq_len = tokens.shape[1]
-        cos = positions_slice(self.freqs_cos, seq_len, input_pos)
-        sin = positions_slice(self.freqs_sin, seq_len, input_pos)
+        cos, sin = self.rope_at(tokens.shape[1], input_pos)
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, cos, sin, input_pos)
         return self.output(self.norm(h[:, -1, :]))
+
+    def reset_buffers(self) -> None:
+        """(Re)compute the non-persistent float32 buffers: RoPE tables and pair swaps.
+        Needed after construction on the meta device or a cast to another dtype."""
+        self.freqs_cos, self.freqs_sin = rope_tables(self.config)
+        for layer in self.layers:
+            layer.attention.pair_swap = pair_swap_matrix(layer.attention.head_dim)
+
+    def rope_at(self, seq_len: int, input_pos: Optional[torch.Tensor] = None):
+        """cos and sin for positions ``[start, start + seq_len)``, shaped ``[1, T, 1, D]``.
+        Computed once per forward, outside the layers."""
+        cos = positions_slice(self.freqs_cos, seq_len, input_pos)
+        sin = positions_slice(self.freqs_sin, seq_len, input_pos)
+        return cos.view(1, -1, 1, cos.shape[-1]), sin.view(1, -1, 1, sin.shape[-1])
 
     def tie_weights(self) -> None:
         """Re-tie ``output`` to ``tok_embeddings`` (after ``load_state_dict``, ``to()``)."""
@@ -209,7 +243,5 @@ def build_model(config: LlamaConfig, state_dict: Optional[dict] = None, *, stric
     if strict and (missing or unexpected):
         raise KeyError(f"state dict does not fit the Llama config: missing {sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}")
     model.tie_weights()
-    cos, sin = rope_tables(config)
-    model.freqs_cos = cos
-    model.freqs_sin = sin
+    model.reset_buffers()
     return model

@@ -63,3 +63,22 @@ def test_unknown_config_lists_choices():
     with pytest.raises(LlmcoreError) as e:
         build_random("huge", LoadOptions())
     assert "tiny" in e.value.fix and e.value.stage == "load"
+
+
+def test_each_layer_lowers_to_one_xnnpack_delegate(tmp_path):
+    """Norms, RoPE and the head views stay inside XNNPACK: the only breaks in a layer are
+    the KV-cache ops, so a 2-layer model has at most one delegate per layer plus the
+    ends (it had 11 when the 3-D mean and RoPE's channel selects split every layer)."""
+    import json
+
+    pytest.importorskip("llmcore_xnnpack")
+    out = tmp_path / "tiny.pte"
+    subprocess.run([sys.executable, "-m", "llmcore", "export", "--model", "llama", "--config", "tiny",
+                    "--plugins", "xnnpack", "--quiet", "-o", str(out)], check=True, capture_output=True)
+    report = json.loads(out.with_suffix(".report.json").read_text())
+    delegated = {row["op_type"]: row["delegated"] for row in report["delegation"]["operators"]}
+    not_delegated = {row["op_type"]: row["not_delegated"] for row in report["delegation"]["operators"]}
+    assert report["delegation"]["delegated_subgraphs"] <= 2 + 2, report["delegation"]
+    assert not_delegated.get("aten_mean_dim", 0) == 0 and delegated["aten_mean_dim"] == 5  # 2 x 2 + final norm
+    assert not_delegated.get("aten_mul_tensor", 0) == 0 and not_delegated.get("aten_mm_default", 0) == 0
+    assert report["parity"]["top1_agreement"] == 1.0

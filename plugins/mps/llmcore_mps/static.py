@@ -91,7 +91,7 @@ def _gpt_head(m, last):
 
 def _llama_body(m, tokens):
     length = tokens.shape[1]
-    cos, sin = m.freqs_cos[:length], m.freqs_sin[:length]
+    cos, sin = m.rope_at(length, None)
     h = m.tok_embeddings(tokens)
     for layer in m.layers:
         h = layer(h, cos, sin, None)

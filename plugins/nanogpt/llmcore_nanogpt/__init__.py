@@ -6,7 +6,15 @@ from pathlib import Path
 from typing import Optional
 
 from llmcore import hookimpl
-from llmcore.records import CheckpointLoader, LoadedModel, LoadOptions, ModelFamily, ModelMetadata, Tokenizer
+from llmcore.records import (
+    CheckpointLoader,
+    LoadedModel,
+    LoadOptions,
+    ModelFamily,
+    ModelMetadata,
+    SourceTransform,
+    Tokenizer,
+)
 
 __version__ = "0.1.0"
 
@@ -94,5 +102,27 @@ def llmcore_model_families() -> list[ModelFamily]:
                         "matches_nanogpt", "load_nanogpt"),
             ),
             default_config="gpt2",
+        )
+    ]
+
+
+def _split_qkv(module, context):
+    from llmcore_nanogpt.model import split_qkv
+
+    split_qkv(module)
+    return module
+
+
+@hookimpl
+def llmcore_source_transforms() -> list[SourceTransform]:
+    return [
+        SourceTransform(
+            name="split-qkv",
+            description="compute q, k, v with three linears instead of splitting c_attn's output "
+            "(a split no delegate takes; same values)",
+            apply=_split_qkv,
+            order=10,
+            families=(FAMILY,),
+            automatic=True,
         )
     ]

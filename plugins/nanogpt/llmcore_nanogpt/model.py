@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmcore.modules import CausalAttention, positions_slice
+from llmcore.modules import CausalAttention, positions_slice, static_shape
 
 
 @dataclass
@@ -47,7 +47,14 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+        # Written out with means over the two inner dims of a [N, 1, 1, C] view (a global
+        # average pool): XNNPACK has no layer_norm, but delegates these, so a block lowers
+        # to one delegate instead of three.
+        x4 = x.reshape(-1, 1, 1, x.shape[-1])
+        centred = x4 - x4.mean((2, 3), keepdim=True)
+        var = (centred * centred).mean((2, 3), keepdim=True)
+        y = (centred * torch.rsqrt(var + 1e-5)).view(static_shape(x)) * self.weight
+        return y + self.bias if self.bias is not None else y
 
 
 class SelfAttention(nn.Module):
@@ -60,11 +67,47 @@ class SelfAttention(nn.Module):
         self.attn = CausalAttention(config.n_head, config.n_head, self.head_dim)
 
     def forward(self, x: torch.Tensor, input_pos: Optional[torch.Tensor]) -> torch.Tensor:
-        bsz, seq_len, width = x.shape
-        q, k, v = self.c_attn(x).split(width, dim=2)
-        shape = (bsz, seq_len, self.n_head, self.head_dim)
+        qkv = self.c_attn(x)
+        q, k, v = qkv if isinstance(qkv, tuple) else qkv.split(x.shape[-1], dim=2)
+        shape = (x.shape[0], -1, self.n_head, self.head_dim)  # -1: the sequence, kept delegable
         y = self.attn(q.view(shape), k.view(shape), v.view(shape), input_pos)
         return self.c_proj(y)
+
+
+class SplitQKV(nn.Module):
+    """``c_attn`` as three projections returning ``(q, k, v)``.
+
+    Splitting the fused projection's output is a ``split_with_sizes`` that XNNPACK cannot
+    take (nor can it slice a tensor of dynamic length), so every block would leave its
+    delegate there. Three linears with the rows of the fused one compute the same values
+    and stay in one delegate; per-row (per-channel, per-group) quantization sees the same
+    rows either way.
+    """
+
+    def __init__(self, fused: nn.Linear):
+        super().__init__()
+        width = fused.out_features // 3
+        self.q, self.k, self.v = (
+            nn.Linear(fused.in_features, width, bias=fused.bias is not None, device="meta") for _ in range(3)
+        )
+        for i, proj in enumerate((self.q, self.k, self.v)):
+            rows = slice(i * width, (i + 1) * width)
+            proj.weight = nn.Parameter(fused.weight.detach()[rows].clone(), requires_grad=False)
+            if fused.bias is not None:
+                proj.bias = nn.Parameter(fused.bias.detach()[rows].clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.q(x), self.k(x), self.v(x)
+
+
+def split_qkv(model: nn.Module) -> int:
+    """Replace every :class:`SelfAttention`'s fused ``c_attn`` with :class:`SplitQKV`."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, SelfAttention) and isinstance(module.c_attn, nn.Linear):
+            module.c_attn = SplitQKV(module.c_attn)
+            count += 1
+    return count
 
 
 class MLP(nn.Module):

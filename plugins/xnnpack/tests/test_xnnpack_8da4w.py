@@ -30,7 +30,7 @@ BOUNDS = {
     "8da4w-emb4": (0.2, 0.02),
 }
 PREFILL_LENGTHS = (1, 17, 64, 128)
-N_LINEAR = 9  # 2 blocks x (c_attn, attn.c_proj, c_fc, mlp.c_proj) + lm_head
+N_LINEAR = 13  # 2 blocks x (q, k, v after split-qkv, attn.c_proj, c_fc, mlp.c_proj) + lm_head
 
 
 def fp32_tiny() -> GPT:

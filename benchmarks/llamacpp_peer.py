@@ -1,0 +1,100 @@
+"""llama.cpp's ``llama-bench`` as the peer for the SmolLM2 rows of the decode benchmark.
+
+It is built once from the PyPI ``llama-cpp-python`` sdist (its ``vendor/llama.cpp``) into a
+cache folder, because PyPI is the only network this project may reach. On 2 cores the
+build takes 15-25 minutes; later runs reuse the binary.
+
+    .venv/bin/python benchmarks/llamacpp_peer.py build            # just build it
+    .venv/bin/python benchmarks/llamacpp_peer.py run MODEL.gguf   # build if needed, then bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CACHE = ROOT / ".cache" / "llama.cpp"
+SDIST = "llama-cpp-python==0.3.36"
+
+
+def llama_bench_path(cache: Path = DEFAULT_CACHE) -> Path:
+    return cache / "build" / "bin" / "llama-bench"
+
+
+def build_llama_bench(cache: Path = DEFAULT_CACHE, jobs: int | None = None) -> Path:
+    """Download the sdist (if absent), configure vendor/llama.cpp and build llama-bench."""
+    binary = llama_bench_path(cache)
+    if binary.is_file():
+        return binary
+    cache.mkdir(parents=True, exist_ok=True)
+    sdists = sorted(cache.glob("llama_cpp_python-*.tar.gz"))
+    if not sdists:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        SDIST, "-d", str(cache)], check=True)
+        sdists = sorted(cache.glob("llama_cpp_python-*.tar.gz"))
+    source = cache / "src"
+    if not (source / "CMakeLists.txt").is_file():
+        shutil.rmtree(source, ignore_errors=True)
+        with tarfile.open(sdists[-1]) as tar:
+            top = tar.getnames()[0].split("/")[0]
+            prefix = f"{top}/vendor/llama.cpp/"
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+            for m in members:
+                m.name = m.name[len(prefix):]
+            tar.extractall(source, members=[m for m in members if m.name], filter="data")
+    build = cache / "build"
+    subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                    "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+                    # The CPU may report AMX while the (virtual) machine does not grant the
+                    # tile state: llama.cpp's AMX kernels then die with SIGILL.
+                    "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"], check=True)
+    subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", str(jobs or os.cpu_count() or 1)],
+                   check=True)
+    if not binary.is_file():
+        raise FileNotFoundError(f"llama-bench was built but is not at {binary}")
+    return binary
+
+
+def run_llama_bench(gguf: Path, prompt_tokens: int, new_tokens: int, threads: int,
+                    cache: Path = DEFAULT_CACHE, repetitions: int = 3) -> dict:
+    """Prefill and decode tok/s of llama.cpp on `gguf` (its own test shapes: pp and tg)."""
+    binary = llama_bench_path(cache)
+    out = subprocess.run([str(binary), "-m", str(gguf), "-p", str(prompt_tokens), "-n", str(new_tokens),
+                          "-t", str(threads), "-r", str(repetitions), "-o", "json"],
+                         check=True, capture_output=True, text=True)
+    rows = json.loads(out.stdout)
+    result = {"build": rows[0].get("build_commit"), "type": rows[0].get("model_type"),
+              "size_mib": rows[0].get("model_size", 0) / 2**20}
+    for row in rows:
+        key = "prefill_tok_s" if row.get("n_prompt") else "decode_tok_s"
+        result[key] = row["avg_ts"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["build", "run"])
+    parser.add_argument("gguf", nargs="?")
+    parser.add_argument("--cache", default=str(DEFAULT_CACHE))
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    args = parser.parse_args()
+    cache = Path(args.cache)
+    print(build_llama_bench(cache))
+    if args.command == "run":
+        if not args.gguf:
+            parser.error("run needs a GGUF file")
+        print(json.dumps(run_llama_bench(Path(args.gguf), args.prompt_tokens, args.new_tokens, args.threads, cache)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""The nanoGPT / GPT-2 plugin: its LayerNorm, the split-qkv transform, its loaders, an export.
+
+Every model here is a small random-weight GPT built in the test; nothing touches the network.
+"""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llmcore.records import LoadOptions, SourceTransform
+
+from llmcore_nanogpt import loaders
+from llmcore_nanogpt.model import CONFIGS, GPT, GPTConfig, LayerNorm, SelfAttention, SplitQKV, split_qkv
+
+LENGTHS = (1, 2, 7, 33, 128)  # 128 is the tiny config's block_size
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+    yield
+
+
+def _tiny(seed: int = 0, config: GPTConfig = CONFIGS["tiny"]) -> GPT:
+    """A GPT whose every parameter is random, LayerNorm weights and biases included.
+
+    ``init_random`` leaves biases at 0 and norm weights at 1, which would hide a loader that
+    swaps or drops them; perturbing everything makes each tensor's place count.
+    """
+    model = GPT(config).init_random(seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+    return model.eval()
+
+
+def _tokens(length: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(seed + length))
+
+
+def _logits(model: torch.nn.Module, length: int) -> torch.Tensor:
+    with torch.no_grad():
+        return model(_tokens(length, model.config.vocab_size))
+
+
+# ---- LayerNorm ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(5, 64), (2, 7, 64), (1, 1, 64)])
+def test_layer_norm_matches_torch(bias, shape):
+    norm = LayerNorm(64, bias=bias)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64))
+        if bias:
+            norm.bias.copy_(torch.randn(64))
+    assert (norm.bias is None) == (not bias)
+    x = torch.randn(shape) * 3 + 1.5  # off-centre, not unit variance
+    got = norm(x)
+    expected = F.layer_norm(x, (64,), norm.weight, norm.bias, 1e-5)
+    assert got.shape == x.shape
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_layer_norm_is_per_row():
+    # Rows on wildly different scales: a norm that pooled over the wrong axes would mix them.
+    norm = LayerNorm(16, bias=True)
+    x = torch.randn(3, 4, 16) * torch.tensor([1e-2, 1.0, 1e2]).view(3, 1, 1)
+    torch.testing.assert_close(norm(x), F.layer_norm(x, (16,), norm.weight, norm.bias, 1e-5), atol=1e-5, rtol=0)
+
+
+# ---- split-qkv ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_split_qkv_keeps_logits(bias):
+    config = dataclasses.replace(CONFIGS["tiny"], bias=bias)
+    model = _tiny(config=config)
+    before = {n: _logits(model, n) for n in LENGTHS}
+
+    assert split_qkv(model) == config.n_layer
+    attns = [m for m in model.modules() if isinstance(m, SelfAttention)]
+    assert len(attns) == config.n_layer and all(isinstance(a.c_attn, SplitQKV) for a in attns)
+    for a in attns:
+        assert (a.c_attn.q.bias is None) == (not bias)
+        assert a.c_attn.q.weight.shape == (config.n_embd, config.n_embd)
+
+    for n in LENGTHS:
+        torch.testing.assert_close(_logits(model, n), before[n], atol=1e-5, rtol=0)
+
+    assert split_qkv(model) == 0  # already split: nothing left to do
+    torch.testing.assert_close(_logits(model, 7), before[7], atol=1e-5, rtol=0)
+
+
+def test_split_qkv_rows_are_q_k_v_in_order():
+    model = _tiny()
+    fused = model.transformer.h[0].attn.c_attn
+    w, b = fused.weight.detach().clone(), fused.bias.detach().clone()
+    split_qkv(model)
+    split = model.transformer.h[0].attn.c_attn
+    width = model.config.n_embd
+    for i, proj in enumerate((split.q, split.k, split.v)):
+        assert torch.equal(proj.weight, w[i * width:(i + 1) * width])
+        assert torch.equal(proj.bias, b[i * width:(i + 1) * width])
+        assert proj.weight.device.type == "cpu"
+
+
+def test_source_transform_hook():
+    import llmcore_nanogpt
+
+    transforms = llmcore_nanogpt.llmcore_source_transforms()
+    by_name = {t.name: t for t in transforms}
+    assert "split-qkv" in by_name
+    t = by_name["split-qkv"]
+    assert isinstance(t, SourceTransform)
+    assert t.automatic is True
+    assert t.families == ("nanogpt",) and t.backends == ()
+
+    model = _tiny()
+    before = _logits(model, 9)
+    out = t.apply(model, None)
+    assert isinstance(out.transformer.h[1].attn.c_attn, SplitQKV)
+    torch.testing.assert_close(_logits(out, 9), before, atol=1e-5, rtol=0)
+
+
+# ---- loaders --------------------------------------------------------------------------------
+
+
+def _save_nanogpt(model: GPT, folder: Path, prefix: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {prefix + k: v.clone() for k, v in model.state_dict().items()}
+    torch.save({"model_args": dataclasses.asdict(model.config), "model": state, "iter_num": 7}, folder / "ckpt.pt")
+    return folder / "ckpt.pt"
+
+
+def _hf_state(model: GPT, prefix: str = "transformer.", mask_buffers: bool = False) -> dict[str, torch.Tensor]:
+    """The state dict as HF GPT-2 stores it: Conv1D weights as [in, out], lm_head tied away."""
+    state = {}
+    for key, value in model.state_dict().items():
+        if key == "lm_head.weight":
+            continue
+        if key.endswith(loaders.CONV1D_SUFFIXES):
+            value = value.t()
+        state[prefix + key.removeprefix("transformer.")] = value.contiguous().clone()
+    if mask_buffers:  # what older transformers versions saved for the causal mask
+        n = model.config.block_size
+        for i in range(model.config.n_layer):
+            state[f"{prefix}h.{i}.attn.bias"] = torch.tril(torch.ones(n, n)).view(1, 1, n, n)
+            state[f"{prefix}h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    return state
+
+
+def _save_hf(model: GPT, folder: Path, fmt: str = "safetensors", **kwargs) -> Path:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    c = model.config
+    config = {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": c.vocab_size,
+        "n_positions": c.block_size,
+        "n_ctx": c.block_size,
+        "n_embd": c.n_embd,
+        "n_layer": c.n_layer,
+        "n_head": c.n_head,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "tie_word_embeddings": True,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    state = _hf_state(model, **kwargs)
+    if fmt == "safetensors":
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        torch.save(state, folder / "pytorch_model.bin")
+    return folder
+
+
+def _assert_same_logits(loaded: torch.nn.Module, original: GPT):
+    assert loaded.config.n_layer == original.config.n_layer
+    assert loaded.config.vocab_size == original.config.vocab_size
+    assert loaded.config.block_size == original.config.block_size
+    for n in (1, 5, 64):
+        torch.testing.assert_close(_logits(loaded, n), _logits(original, n), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("prefix", ["", "_orig_mod."])
+def test_load_nanogpt_ckpt(tmp_path, prefix):
+    original = _tiny(seed=5)
+    file = _save_nanogpt(original, tmp_path / "run", prefix)
+    for path in (file, file.parent):  # the file or its folder
+        assert loaders.matches_nanogpt(path)
+        loaded = loaders.load_nanogpt(path, LoadOptions(), None)
+        _assert_same_logits(loaded.module, original)
+    assert loaded.module.lm_head.weight is loaded.module.transformer.wte.weight
+
+
+def test_load_nanogpt_ckpt_no_bias(tmp_path):
+    original = _tiny(seed=6, config=dataclasses.replace(CONFIGS["tiny"], bias=False, n_layer=1))
+    file = _save_nanogpt(original, tmp_path)
+    loaded = loaders.load_nanogpt(file, LoadOptions(), None)
+    assert loaded.module.config.bias is False
+    _assert_same_logits(loaded.module, original)
+
+
+@pytest.mark.parametrize(
+    "fmt, kwargs",
+    [
+        ("safetensors", {}),
+        ("safetensors", {"prefix": "", "mask_buffers": True}),  # GPT2Model names, as on the Hub
+        ("bin", {}),
+    ],
+    ids=["safetensors", "safetensors-bare-names", "pytorch_model.bin"],
+)
+def test_load_hf_gpt2(tmp_path, fmt, kwargs):
+    original = _tiny(seed=7)
+    folder = _save_hf(original, tmp_path / "hf", fmt, **kwargs)
+    assert loaders.matches_hf(folder) and not loaders.matches_nanogpt(folder)
+    loaded = loaders.load_hf(folder, LoadOptions(), None)
+    _assert_same_logits(loaded.module, original)
+
+
+def test_load_hf_matches_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    original = _tiny(seed=8)
+    folder = _save_hf(original, tmp_path / "hf")
+    ours = loaders.load_hf(folder, LoadOptions(), None).module
+    ref = transformers.GPT2LMHeadModel.from_pretrained(str(folder), torch_dtype=torch.float32).eval()
+    for n in (1, 6, 40, 128):
+        tokens = _tokens(n, original.config.vocab_size)
+        with torch.no_grad():
+            expected = ref(tokens).logits[:, -1, :]
+            got = ours(tokens)
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+
+
+def test_plugin_loader_records(tmp_path):
+    """The records the hook hands llmcore: matching, loading, tokenizer and metadata."""
+    import llmcore_nanogpt
+
+    (family,) = llmcore_nanogpt.llmcore_model_families()
+    assert family.name == "nanogpt" and "tiny" in family.configs
+    by_name = {l.name: l for l in family.loaders}
+    original = _tiny(seed=9)
+    ckpt = _save_nanogpt(original, tmp_path / "ckpt")
+    hf = _save_hf(original, tmp_path / "hf")
+    assert by_name["nanogpt-ckpt"].matches(ckpt) and not by_name["hf-gpt2"].matches(ckpt)
+    assert by_name["hf-gpt2"].matches(hf)
+    for loader, path in ((by_name["nanogpt-ckpt"], ckpt), (by_name["hf-gpt2"], hf)):
+        loaded = loader.load(path, LoadOptions())
+        _assert_same_logits(loaded.module, original)
+        md = loaded.metadata
+        assert (md.vocab_size, md.max_seq_len) == (257, 128)
+        assert loaded.tokenizer is not None  # 257 tokens: the byte-level tokenizer
+
+
+def test_load_hf_wrong_shapes_are_named(tmp_path):
+    from llmcore.errors import LlmcoreError
+
+    original = _tiny()
+    folder = _save_hf(original, tmp_path / "hf")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "n_embd": 32}))
+    with pytest.raises(LlmcoreError) as e:
+        loaders.load_hf(folder, LoadOptions(), None)
+    assert "wrong shape" in str(e.value) and e.value.stage == "load"
+
+
+# ---- end to end -----------------------------------------------------------------------------
+
+
+def test_cli_export_tiny_xnnpack(tmp_path):
+    pytest.importorskip("llmcore_xnnpack")
+    out = tmp_path / "m.pte"
+    cmd = [sys.executable, "-m", "llmcore", "export", "--model", "nanogpt", "--config", "tiny",
+           "--plugins", "xnnpack", "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert out.is_file() and out.stat().st_size > 0
+    report = json.loads((tmp_path / "m.report.json").read_text())
+
+    n_layer = CONFIGS["tiny"].n_layer
+    delegation = report["delegation"]
+    assert 1 <= delegation["delegated_subgraphs"] <= n_layer + 2, delegation["delegated_subgraphs"]
+    assert "XnnpackBackend" in delegation["by_backend"]
+    assert "split-qkv" in report["transforms"]
+    parity = report["parity"]
+    assert "skipped" not in parity, parity
+    assert parity["top1_agreement"] == 1.0, parity
