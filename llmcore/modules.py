@@ -16,6 +16,36 @@ import torch.nn.functional as F
 from torch import nn
 
 
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last dim, computed in float32 (Llama's).
+
+    Shared so that a backend plugin can recognise it and swap in a form its delegate takes
+    (``xnnpack-norms`` in llmcore-xnnpack) without knowing the family."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm over the last dim with an optional bias (GPT-2's, nanoGPT's names)."""
+
+    def __init__(self, dim: int, bias: bool = True, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
 class CausalAttention(nn.Module):
     """Causal scaled-dot-product attention over ``[B, T, H, D]`` inputs, without a cache.
 
@@ -38,13 +68,13 @@ class CausalAttention(nn.Module):
         v: torch.Tensor,
         input_pos: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        bsz, seq_len = q.shape[0], q.shape[1]
+        bsz = q.shape[0]
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
         k, v = repeat_kv(k, self.n_heads // self.n_kv_heads), repeat_kv(
             v, self.n_heads // self.n_kv_heads
         )
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return y.transpose(1, 2).reshape(bsz, seq_len, self.n_heads * self.head_dim)
+        return y.transpose(1, 2).reshape(bsz, -1, self.n_heads * self.head_dim)
 
 
 def static_shape(x: torch.Tensor) -> list[int]:

@@ -135,7 +135,9 @@ class SourceTransform:
     `automatic=True` runs whenever one of its `backends` is selected (or always, when it
     names no backend) unless the user skips it with `--skip-transforms`; others run only
     when the user names them with `--transforms`. A selected transform drops the ones it
-    `replaces` (a plain-PyTorch KV cache replacing the custom-op one, say).
+    `replaces` (a plain-PyTorch KV cache replacing the custom-op one, say). `applies`,
+    when given, is asked once the context is known; a transform it declines is skipped and
+    not reported (a rewrite for XNNPACK that only helps when XNNPACK gets the graph first).
     """
 
     name: str
@@ -146,6 +148,7 @@ class SourceTransform:
     backends: tuple[str, ...] = ()
     automatic: bool = False
     replaces: tuple[str, ...] = ()
+    applies: Optional[Callable[["TransformContext"], bool]] = None
 
 
 # --------------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ def test_report_records_delegation_and_parity(exports):
     assert report["parity"]["top1_agreement"] == 1.0
     assert report["parity"]["max_abs_diff"] < 0.05
     assert report["quantization"]["recipe"] == "int8-dynamic"
-    assert report["transforms"] == ["kv-cache"]
+    assert report["transforms"] == ["split-qkv", "xnnpack-norms", "kv-cache"]
     stages = [s["name"] for s in report["stages"]]
     assert stages[:3] == ["load", "transform", "export"] and "lower" in stages and stages[-1] == "write"
     assert all(s["peak_rss_mib"] > 0 for s in report["stages"])

@@ -105,6 +105,13 @@ def export(options: ExportOptions, registry: Optional[Registry] = None) -> Expor
             )
         reference = converted
         module = loaded.module = None  # the float model: only the quantized one is needed now
+    else:
+        converted = None
+
+    # The eager model's logits for the parity check, now: then the eager model can go, and
+    # lowering, serialisation and the parity run do not hold it beside the program.
+    expected = parity.reference_logits(reference, prompt_ids, context.use_kv_cache)
+    reference = module = loaded.module = converted = None
 
     # Custom-operator libraries of plugins that the graph calls: named in the program and
     # the report, loaded here for the parity check (llmcore/libraries.py).
@@ -137,11 +144,16 @@ def export(options: ExportOptions, registry: Optional[Registry] = None) -> Expor
             # The edge and executorch programs hold every constant and delegate blob once
             # more: only the serialized bytes go on to the parity check and the write.
             program = edge = edge_copy = None
+        # Staged now (renamed into place only when everything has passed), so the parity
+        # run maps the file instead of holding the serialized bytes as well.
+        pte_bytes = len(buffer)
+        staged_pte = bundle.stage(output, buffer)
+        buffer = None
         with log.stage("parity"):
             for provided in runtime_libs:
                 libraries.load_runtime_library(provided, stage="parity")
             result = parity.check_parity(
-                buffer, reference, prompt_ids, context.use_kv_cache, reference_name, context.runtime_imports,
+                str(staged_pte), expected, reference_name, context.runtime_imports,
                 runs_on={p.record.runtime_id: p.record.runs_on for p, _ in backends if p.record.runtime_id},
             )
         parity.enforce(result, options.strict_parity)
@@ -173,14 +185,13 @@ def export(options: ExportOptions, registry: Optional[Registry] = None) -> Expor
             "stages": [],
             "outputs": {
                 "pte": str(output),
-                "pte_bytes": len(buffer),
+                "pte_bytes": pte_bytes,
                 "report": str(report_path),
                 "tokenizer": str(tokenizer_path),
                 "etrecord": options.etrecord,
             },
         }
         with log.stage("write"):
-            bundle.stage(output, buffer)
             bundle.stage(tokenizer_path, tokenizer.json_text)
             bundle.stage(tokenizer_path.with_name(chat.CONFIG_FILE), _tokenizer_config(tokenizer, meta))
             data["stages"] = log.as_dicts()

@@ -12,6 +12,7 @@ which backend is missing and where it runs. ``--strict-parity`` refuses such a s
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
@@ -44,48 +45,82 @@ class ParitySkipped:
         return asdict(self)
 
 
+@dataclass
+class ReferenceCall:
+    """One call of the parity check and the eager model's logits for it."""
+
+    ids: list[int]
+    pos: Optional[int]
+    logits: torch.Tensor
+
+
+def parity_calls(prompt_ids: list[int], use_kv_cache: bool) -> list[tuple[list[int], Optional[int]]]:
+    """Without a cache: the first token and the whole prompt. With one: a prefill of all
+    but the last prompt token, then one decode step at the next position."""
+    if use_kv_cache and len(prompt_ids) >= 2:
+        return [(prompt_ids[:-1], 0), (prompt_ids[-1:], len(prompt_ids) - 1)]
+    return [(prompt_ids[:n], 0 if use_kv_cache else None) for n in sorted({1, len(prompt_ids)})]
+
+
+def reference_logits(eager: Any, prompt_ids: list[int], use_kv_cache: bool) -> list[ReferenceCall]:
+    """The eager model's logits for each parity call, taken before lowering so the eager
+    model can be freed while the program is lowered, serialised and loaded (on a 135M
+    model it is the largest thing held besides the program).
+
+    Running the model writes its KV-cache buffers, which the captured program shares as
+    initial values: every buffer is restored afterwards, so the program's bytes do not
+    depend on this check."""
+    buffers = {name: b.clone() for name, b in eager.named_buffers()} if hasattr(eager, "named_buffers") else {}
+    out = []
+    try:
+        for ids, pos in parity_calls(prompt_ids, use_kv_cache):
+            tokens = torch.tensor([ids], dtype=torch.long)
+            with torch.no_grad(), captured_stderr():
+                if use_kv_cache:
+                    expected = eager(tokens, torch.tensor([pos], dtype=torch.long))
+                else:
+                    expected = eager(tokens)
+            out.append(ReferenceCall(ids, pos, expected.reshape(-1, expected.shape[-1])[-1].float().clone()))
+    finally:
+        with torch.no_grad():
+            for name, b in eager.named_buffers() if buffers else ():
+                b.copy_(buffers[name])
+    return out
+
+
 def check_parity(
-    buffer: bytes,
-    eager: Any,
-    prompt_ids: list[int],
-    use_kv_cache: bool,
+    program_source: "bytes | str",
+    expected: list[ReferenceCall],
     reference: str,
     runtime_imports: list[str] = (),
     runs_on: Optional[Mapping[str, str]] = None,
 ) -> ParityResult | ParitySkipped:
-    """Without a cache: the first token and the whole prompt. With one: a prefill of all
-    but the last prompt token, then one decode step at the next position.
+    """Run the program (its bytes, or the path of the staged file, which the runtime maps
+    instead of copying) on the calls of ``expected`` and compare the logits.
 
     ``runs_on`` maps a backend id to where it runs (``Backend.runs_on``), for the reason
     given when the check is skipped."""
     from llmcore.runtime import load_runtime_libraries
 
     load_runtime_libraries(runtime_imports)
-    missing = missing_backends(bytes(buffer))
+    if isinstance(program_source, (bytes, bytearray)):
+        missing = missing_backends(bytes(program_source))
+    else:  # only the program table is read, through a mapping: the weights stay on disk
+        with open(program_source, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            missing = missing_backends(mapped)
     if missing:
         where = dict(runs_on or {})
         reason = "; ".join(
             f"backend {b} is not in this runtime; it runs on {where.get(b) or backend_target(b)}" for b in missing
         )
         return ParitySkipped(reason, missing, reference)
-    program = Program.load(bytes(buffer))
-    if use_kv_cache and len(prompt_ids) >= 2:
-        calls = [(prompt_ids[:-1], 0), (prompt_ids[-1:], len(prompt_ids) - 1)]
-    else:
-        calls = [(prompt_ids[:n], 0 if use_kv_cache else None) for n in sorted({1, len(prompt_ids)})]
+    program = Program.load(program_source)
     worst, agree = 0.0, 0
-    for ids, pos in calls:
-        tokens = torch.tensor([ids], dtype=torch.long)
-        with torch.no_grad(), captured_stderr():
-            if use_kv_cache:
-                expected = eager(tokens, torch.tensor([pos], dtype=torch.long))
-            else:
-                expected = eager(tokens)
-        expected = expected.reshape(-1, expected.shape[-1])[-1].float()
-        got = program.logits(ids, pos).float()
-        worst = max(worst, float((got - expected).abs().max()))
-        agree += int(torch.argmax(got) == torch.argmax(expected))
-    return ParityResult(round(worst, 6), agree / len(calls), [len(ids) for ids, _ in calls], reference)
+    for call in expected:
+        got = program.logits(call.ids, call.pos).float()
+        worst = max(worst, float((got - call.logits).abs().max()))
+        agree += int(torch.argmax(got) == torch.argmax(call.logits))
+    return ParityResult(round(worst, 6), agree / len(expected), [len(c.ids) for c in expected], reference)
 
 
 def enforce(result: ParityResult | ParitySkipped, tolerance: Optional[float]) -> None:

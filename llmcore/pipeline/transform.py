@@ -63,6 +63,8 @@ def apply_transforms(
     applied = []
     for provided in transforms:
         t: SourceTransform = provided.record
+        if t.applies is not None and not t.applies(context):
+            continue
         try:
             result = t.apply(loaded.module, context)
         except LlmcoreError as exc:

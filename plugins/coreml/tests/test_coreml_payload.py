@@ -56,8 +56,10 @@ def test_cache_outside_core_ml_when_asked(tmp_path):
 def test_weight_quantization_lowers_to_core_ml_int_weights(recipe, tmp_path):
     result = export_tiny("coreml", "llama", quantize=recipe)
     ops = mil_operations(_model(result, tmp_path))
-    # Every linear layer (the tied output layer too) reads constexpr int weights.
-    assert ops["constexpr_blockwise_shift_scale"] == ops["linear"] == transformer_linear_layers("llama") + 1
+    # Every linear layer (the tied output layer too) reads constexpr int weights; the other
+    # linears are RoPE's pair swaps (q and k in each layer), exact and left in float.
+    assert ops["constexpr_blockwise_shift_scale"] == transformer_linear_layers("llama") + 1
+    assert ops["linear"] == transformer_linear_layers("llama") + 1 + 2 * LAYERS
     fp = export_tiny("coreml", "llama")
     assert result.report["outputs"]["pte_bytes"] < fp.report["outputs"]["pte_bytes"]
 

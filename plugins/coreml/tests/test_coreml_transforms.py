@@ -79,4 +79,4 @@ def test_plain_pytorch_cache_is_left_to_core_ml():
 
 def test_transform_runs_only_when_coreml_is_selected():
     _module, _context, applied = transformed_tiny("nanogpt", ["xnnpack"])
-    assert applied == ["kv-cache"]
+    assert applied == ["split-qkv", "xnnpack-norms", "kv-cache"]

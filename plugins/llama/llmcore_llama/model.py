@@ -11,9 +11,10 @@ rotated by ``pos * inv_freq[i]``. It is computed with real cos/sin tables (buffe
 ``freqs_cos``/``freqs_sin`` of shape ``[max_seq_len, head_dim]``, each value repeated
 for both channels of its pair) so the module exports without complex numbers.
 
-Everything between two attention calls is written with ops XNNPACK delegates (linear,
-mul, add, mm, a 4-D mean, views with one -1): a Llama layer lowers to one delegate, not
-four, which halves export time and saves a delegate hand-off per norm at decode.
+RoPE is written with ops that CPU and GPU delegates take (a matmul with a constant
+pair-swap matrix, muls, adds, views with one -1) rather than selecting even and odd
+channels, which XNNPACK and Vulkan cannot lower. With XNNPACK's ``xnnpack-norms``
+transform for the norms, a whole layer lowers to one delegate.
 """
 
 from __future__ import annotations
@@ -25,26 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmcore.modules import CausalAttention, positions_slice, static_shape
+from llmcore.modules import CausalAttention, RMSNorm, positions_slice, static_shape
+
+__all__ = ["RMSNorm", "Transformer", "build_model", "init_random", "rope_tables"]
 
 from .config import LlamaConfig, RopeScaling
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The mean is taken over the two inner dims of a [N, 1, 1, dim] view: that is a
-        # global average pool, which XNNPACK delegates (a mean over the last dim of a 3-D
-        # tensor it does not, and each norm would split the layer into separate delegates).
-        # Same arithmetic, same result.
-        xf = x.float()
-        x4 = xf.reshape(-1, 1, 1, xf.shape[-1])
-        x4 = x4 * torch.rsqrt((x4 * x4).mean((2, 3), keepdim=True) + self.eps)
-        return x4.view(static_shape(x)).type_as(x) * self.weight
 
 
 def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
@@ -113,7 +99,11 @@ class Attention(nn.Module):
         self.wv = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_heads * self.head_dim, config.dim, bias=False)
         self.attn = CausalAttention(self.n_heads, self.n_kv_heads, self.head_dim)
-        self.register_buffer("pair_swap", pair_swap_matrix(self.head_dim), persistent=False)
+        # One swap matrix each for q and k: XNNPACK's partitioner groups the nodes that read
+        # one constant, and a q and k sharing it can be grouped across the attention
+        # between them (a partition with a dependency cycle, when there is no KV cache).
+        self.register_buffer("pair_swap_q", pair_swap_matrix(self.head_dim), persistent=False)
+        self.register_buffer("pair_swap_k", pair_swap_matrix(self.head_dim), persistent=False)
 
     def forward(
         self,
@@ -126,8 +116,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(bsz, -1, self.n_heads, self.head_dim)
         k = self.wk(x).view(bsz, -1, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(bsz, -1, self.n_kv_heads, self.head_dim)
-        q = apply_rope(q, cos, sin, self.pair_swap)
-        k = apply_rope(k, cos, sin, self.pair_swap)
+        q = apply_rope(q, cos, sin, self.pair_swap_q)
+        k = apply_rope(k, cos, sin, self.pair_swap_k)
         return self.wo(self.attn(q, k, v, input_pos))
 
 
@@ -189,7 +179,8 @@ class Transformer(nn.Module):
         Needed after construction on the meta device or a cast to another dtype."""
         self.freqs_cos, self.freqs_sin = rope_tables(self.config)
         for layer in self.layers:
-            layer.attention.pair_swap = pair_swap_matrix(layer.attention.head_dim)
+            layer.attention.pair_swap_q = pair_swap_matrix(layer.attention.head_dim)
+            layer.attention.pair_swap_k = pair_swap_matrix(layer.attention.head_dim)
 
     def rope_at(self, seq_len: int, input_pos: Optional[torch.Tensor] = None):
         """cos and sin for positions ``[start, start + seq_len)``, shaped ``[1, T, 1, D]``.

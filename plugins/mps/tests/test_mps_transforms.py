@@ -62,4 +62,4 @@ def test_unknown_family_is_refused_with_a_fix():
 
 def test_transform_runs_only_when_mps_is_selected():
     _module, context, applied = transformed_tiny("nanogpt", ["xnnpack"])
-    assert applied == ["kv-cache"] and context.use_kv_cache
+    assert applied == ["split-qkv", "xnnpack-norms", "kv-cache"] and context.use_kv_cache

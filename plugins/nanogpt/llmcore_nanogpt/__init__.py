@@ -119,10 +119,14 @@ def llmcore_source_transforms() -> list[SourceTransform]:
         SourceTransform(
             name="split-qkv",
             description="compute q, k, v with three linears instead of splitting c_attn's output "
-            "(a split no delegate takes; same values)",
+            "(a split XNNPACK cannot take; same values)",
             apply=_split_qkv,
             order=10,
             families=(FAMILY,),
+            # Backends that take the split (Core ML, QNN, Vulkan, ...) keep one fused matmul;
+            # listed after one of them, XNNPACK only gets what they leave.
+            backends=("xnnpack",),
             automatic=True,
+            applies=lambda context: tuple(context.backends[:1]) == ("xnnpack",),
         )
     ]

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmcore.modules import CausalAttention, positions_slice, static_shape
+from llmcore.modules import CausalAttention, LayerNorm, positions_slice
 
 
 @dataclass
@@ -36,25 +36,6 @@ CONFIGS: dict[str, GPTConfig] = {
     "gpt2-medium": GPTConfig(n_layer=24, n_head=16, n_embd=1024),
     "tiny": GPTConfig(block_size=128, vocab_size=257, n_layer=2, n_head=4, n_embd=64),
 }
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm with an optional bias (nanoGPT's; PyTorch's lacks bias=False on old versions)."""
-
-    def __init__(self, ndim: int, bias: bool):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Written out with means over the two inner dims of a [N, 1, 1, C] view (a global
-        # average pool): XNNPACK has no layer_norm, but delegates these, so a block lowers
-        # to one delegate instead of three.
-        x4 = x.reshape(-1, 1, 1, x.shape[-1])
-        centred = x4 - x4.mean((2, 3), keepdim=True)
-        var = (centred * centred).mean((2, 3), keepdim=True)
-        y = (centred * torch.rsqrt(var + 1e-5)).view(static_shape(x)) * self.weight
-        return y + self.bias if self.bias is not None else y
 
 
 class SelfAttention(nn.Module):

@@ -122,7 +122,7 @@ def test_source_transform_hook():
     t = by_name["split-qkv"]
     assert isinstance(t, SourceTransform)
     assert t.automatic is True
-    assert t.families == ("nanogpt",) and t.backends == ()
+    assert t.families == ("nanogpt",) and t.backends == ("xnnpack",)
 
     model = _tiny()
     before = _logits(model, 9)

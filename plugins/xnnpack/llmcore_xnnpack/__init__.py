@@ -11,7 +11,7 @@ imported only inside the factories.
 from __future__ import annotations
 
 from llmcore import hookimpl
-from llmcore.records import Backend, EdgeSettings, PostPass, QuantizerRecipe
+from llmcore.records import Backend, EdgeSettings, PostPass, QuantizerRecipe, SourceTransform
 
 __version__ = "0.1.0"
 
@@ -126,5 +126,31 @@ def llmcore_post_passes() -> list[PostPass]:
             description="fuse permute + mm/addmm left outside delegates back into linear",
             create=_convert_to_linear,
             backends=(BACKEND,),
+        )
+    ]
+
+
+def _norms(module, context):
+    from llmcore_xnnpack import norms
+
+    return norms.apply(module, context)
+
+
+def _xnnpack_first(context) -> bool:
+    return tuple(context.backends[:1]) == ("xnnpack",)
+
+
+@hookimpl
+def llmcore_source_transforms() -> list[SourceTransform]:
+    return [
+        SourceTransform(
+            name="xnnpack-norms",
+            description="RMSNorm / LayerNorm with their means as 4-D global pools, which XNNPACK "
+            "delegates (same values); when XNNPACK is the first backend",
+            apply=_norms,
+            order=20,
+            backends=("xnnpack",),
+            automatic=True,
+            applies=_xnnpack_first,
         )
     ]
