@@ -50,6 +50,7 @@ EMBEDDINGS = {"gpt2": (50257, 768), "smollm2": (49152, 576)}
 VARIANTS = {
     "eager": None,
     "nocache": ["--plugins", "xnnpack", "--skip-transforms", "kv-cache"],
+    "nocache-8da4w": ["--plugins", "xnnpack", "--skip-transforms", "kv-cache", "--quantize", "8da4w"],
     "fp32": ["--plugins", "xnnpack"],
     "int8": ["--plugins", "xnnpack", "--quantize", "int8-dynamic"],
     "8da4w": ["--plugins", "xnnpack", "--quantize", "8da4w"],
@@ -59,7 +60,7 @@ VARIANTS = {
     "fp32-rmsnorm": ["--plugins", "xnnpack", "--transforms", "fused-rmsnorm"],
 }
 # variants that apply to some models only
-VARIANT_MODELS = {v: ("smollm2",) for v in ("fp32-rmsnorm", "8da4w-gs128", "8da4w-emb8", "8da4w-emb4")}
+VARIANT_MODELS = {v: ("smollm2",) for v in ("fp32-rmsnorm", "8da4w-emb8", "8da4w-emb4")}
 # SmolLM2-135M's norms: 30 layers x 2 + the final one, width 576.
 SMOLLM2_NORMS, SMOLLM2_DIM = 61, 576
 
@@ -265,7 +266,7 @@ def weight_bytes_per_token(pte: Path, model: str, variant: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="gpt2,smollm2")
-    parser.add_argument("--variants", default="eager,nocache,fp32,fp32-rmsnorm,int8,8da4w")
+    parser.add_argument("--variants", default="eager,nocache,nocache-8da4w,fp32,int8,8da4w,8da4w-gs128,8da4w-emb8,8da4w-emb4")
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--max-seq-len", type=int, default=512)
@@ -312,7 +313,7 @@ def main() -> None:
             if variant == "eager":
                 eager = stats
             rows.append(stats)
-            if pte is not None and variant != "nocache":
+            if pte is not None and not variant.startswith("nocache"):
                 cpp = run_cpp_runner(Path(args.runner), pte, args)
                 if cpp:
                     rows.append(stats | cpp | {"runner": "c++"})

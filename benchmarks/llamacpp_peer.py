@@ -53,8 +53,10 @@ def build_llama_bench(cache: Path = DEFAULT_CACHE, jobs: int | None = None) -> P
     subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                     "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
                     # The CPU may report AMX while the (virtual) machine does not grant the
-                    # tile state: llama.cpp's AMX kernels then die with SIGILL.
-                    "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    # tile state: llama.cpp's AMX kernels then die (SIGILL / SIGSEGV). With
+                    # GGML_NATIVE the GGML_AMX_* options are ignored, so turn the ISA off.
+                    "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+                    "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16", "-DLLAMA_BUILD_TESTS=OFF",
                     "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"], check=True)
     subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", str(jobs or os.cpu_count() or 1)],
                    check=True)
