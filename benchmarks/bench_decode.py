@@ -55,12 +55,13 @@ VARIANTS = {
     "int8": ["--plugins", "xnnpack", "--quantize", "int8-dynamic"],
     "8da4w": ["--plugins", "xnnpack", "--quantize", "8da4w"],
     "8da4w-gs128": ["--plugins", "xnnpack", "--quantize", "8da4w", "--quantize-option", "group_size=128"],
+    "8da4w-hqq": ["--plugins", "xnnpack", "--quantize", "8da4w", "--quantize-option", "hqq=true"],
     "8da4w-emb8": ["--plugins", "xnnpack", "--quantize", "8da4w", "--quantize-option", "embedding_bits=8"],
     "8da4w-emb4": ["--plugins", "xnnpack", "--quantize", "8da4w", "--quantize-option", "embedding_bits=4"],
     "fp32-rmsnorm": ["--plugins", "xnnpack", "--transforms", "fused-rmsnorm"],
 }
 # variants that apply to some models only
-VARIANT_MODELS = {v: ("smollm2",) for v in ("fp32-rmsnorm", "8da4w-emb8", "8da4w-emb4")}
+VARIANT_MODELS = {v: ("smollm2",) for v in ("fp32-rmsnorm", "8da4w-hqq", "8da4w-emb8", "8da4w-emb4")}
 # SmolLM2-135M's norms: 30 layers x 2 + the final one, width 576.
 SMOLLM2_NORMS, SMOLLM2_DIM = 61, 576
 
@@ -190,12 +191,15 @@ def worker(args) -> None:
     from llmcore.progress import peak_rss_mib
     from llmcore.runtime import Program
 
-    torch.set_num_threads(os.cpu_count() or 1)
     if args.worker == "rmsnorm-ops":
         return rmsnorm_ops_worker(args)
     if args.worker == "eager":
+        torch.set_num_threads(os.cpu_count() or 1)  # eager PyTorch computes with ATen's threads
         program = EagerProgram(args.model, args.max_seq_len)
     else:
+        # The runtime computes with its own thread pool; ATen's OpenMP threads (custom_sdpa,
+        # the loop's tensor ops) would spin beside it on the same cores (as `llmcore run`).
+        torch.set_num_threads(1)
         program = Program.load(args.worker)
     prompt = [int(i) % 256 + 10 for i in range(args.prompt_tokens)]
     generate(program, prompt[:8], 4, Sampling(), stop_at_eos=False)  # warm-up: backend init
@@ -313,7 +317,7 @@ def main() -> None:
             if variant == "eager":
                 eager = stats
             rows.append(stats)
-            if pte is not None and not variant.startswith("nocache"):
+            if pte is not None:
                 cpp = run_cpp_runner(Path(args.runner), pte, args)
                 if cpp:
                     rows.append(stats | cpp | {"runner": "c++"})

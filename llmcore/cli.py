@@ -158,6 +158,15 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_aten_thread() -> None:
+    """The program computes on the runtime's own thread pool; ATen's OpenMP threads (the
+    LLM custom ops', the loop's tensor ops) would otherwise spin on the same cores beside
+    it. The C++ runner does the same."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from llmcore import chat
     from llmcore.generate import Sampling, TextStream, TextTokenizer, generate, prompt_ids_for, tokenizer_beside
@@ -167,6 +176,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise LlmcoreError("--max-new-tokens must be at least 1.", stage="cli", fix="pass a positive --max-new-tokens.")
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     tokenizer_path = args.tokenizer or tokenizer_beside(args.pte)
+    _one_aten_thread()
     program = Program.load(args.pte)
     tokenizer = TextTokenizer.from_file(tokenizer_path)
     prompt = args.prompt

@@ -61,7 +61,17 @@ def current_rss_mib() -> float:
 
 
 def peak_rss_mib() -> float:
-    """Peak resident set size of this process so far."""
+    """Peak resident set size of this process so far.
+
+    Read from ``VmHWM`` where there is one: ``ru_maxrss`` carries over the parent's peak
+    into a forked child, so a worker started by a big process would report the parent's."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
