@@ -212,7 +212,11 @@ def run_worker(target: str, model: str, args) -> dict:
     cmd = [sys.executable, __file__, "--worker", target, "--model", model,
            "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
            "--max-seq-len", str(args.max_seq_len)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    env = dict(os.environ)
+    if target != "eager":
+        # As `llmcore run` does: one OpenMP thread per runtime worker (see llmcore/cli.py).
+        env.setdefault("OMP_NUM_THREADS", "1")
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
