@@ -20,7 +20,7 @@ class RMSNorm(nn.Module):
     """Root-mean-square norm over the last dim, computed in float32 (Llama's).
 
     Shared so that a backend plugin can recognise it and swap in a form its delegate takes
-    (``xnnpack-norms`` in llmcore-xnnpack) without knowing the family."""
+    without knowing which model family built it."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -34,7 +34,7 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm over the last dim with an optional bias (GPT-2's, nanoGPT's names)."""
+    """LayerNorm over the last dim with an optional bias (``weight``, ``bias`` names)."""
 
     def __init__(self, dim: int, bias: bool = True, eps: float = 1e-5):
         super().__init__()

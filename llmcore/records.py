@@ -125,6 +125,11 @@ class TransformContext:
     runtime_imports: list[str] = field(default_factory=list)
     """Python modules that register custom ops the program needs at run time."""
 
+    @property
+    def first_backend(self) -> Optional[str]:
+        """The backend that gets the graph first (``--plugins``' first name), if any."""
+        return self.backends[0] if self.backends else None
+
 
 @dataclass(frozen=True)
 class SourceTransform:
@@ -137,7 +142,7 @@ class SourceTransform:
     when the user names them with `--transforms`. A selected transform drops the ones it
     `replaces` (a plain-PyTorch KV cache replacing the custom-op one, say). `applies`,
     when given, is asked once the context is known; a transform it declines is skipped and
-    not reported (a rewrite for XNNPACK that only helps when XNNPACK gets the graph first).
+    not reported (a rewrite that only helps when its backend gets the graph first).
     """
 
     name: str

@@ -70,7 +70,7 @@ def reference_logits(eager: Any, prompt_ids: list[int], use_kv_cache: bool) -> l
     Running the model writes its KV-cache buffers, which the captured program shares as
     initial values: every buffer is restored afterwards, so the program's bytes do not
     depend on this check."""
-    buffers = {name: b.clone() for name, b in eager.named_buffers()} if hasattr(eager, "named_buffers") else {}
+    saved = [(b, b.clone()) for b in eager.buffers()]
     out = []
     try:
         for ids, pos in parity_calls(prompt_ids, use_kv_cache):
@@ -83,8 +83,8 @@ def reference_logits(eager: Any, prompt_ids: list[int], use_kv_cache: bool) -> l
             out.append(ReferenceCall(ids, pos, expected.reshape(-1, expected.shape[-1])[-1].float().clone()))
     finally:
         with torch.no_grad():
-            for name, b in eager.named_buffers() if buffers else ():
-                b.copy_(buffers[name])
+            for buffer, initial in saved:
+                buffer.copy_(initial)
     return out
 
 

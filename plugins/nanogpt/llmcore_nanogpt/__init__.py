@@ -127,6 +127,6 @@ def llmcore_source_transforms() -> list[SourceTransform]:
             # listed after one of them, XNNPACK only gets what they leave.
             backends=("xnnpack",),
             automatic=True,
-            applies=lambda context: tuple(context.backends[:1]) == ("xnnpack",),
+            applies=lambda context: context.first_backend == "xnnpack",
         )
     ]

@@ -137,7 +137,7 @@ def _norms(module, context):
 
 
 def _xnnpack_first(context) -> bool:
-    return tuple(context.backends[:1]) == ("xnnpack",)
+    return context.first_backend == "xnnpack"
 
 
 @hookimpl
