@@ -1,17 +1,19 @@
 """``llmcore profile OUT.pte --prompt TEXT``: where a program spends its time.
 
 Runs a generation with the runtime's event tracer on (an ETDump), then reads the ETDump
-with ExecuTorch's Inspector and prints the operators that took the most time: delegated
-ones under their backend, the others as the runtime's kernels, each linked to the model
-source line through the ETRecord when one is given (``llmcore export --etrecord PATH``).
+with ExecuTorch's Inspector and prints, for the prefill and for the decode steps apart,
+the operators that took the most time: delegated ones under their backend (XNNPACK's own
+operators, such as ``Fully Connected (NC, QD8, F32, QB4W) GEMM``, plus the rest of each
+delegate call), the others as the runtime's kernels, each linked to the model source line
+through the ETRecord when one is given (``llmcore export --etrecord PATH``). Time is
+accounted per instruction, so the rows add up to ``Method::execute``.
 
-The per-call times of the generation (prefill and decode) are measured here and always
-printed. The operator table needs a runtime built with the event tracer
-(``EXECUTORCH_ENABLE_EVENT_TRACER``); where the runtime has none the command says so and
-exits 3. An ETDump recorded elsewhere (a device runner built with the tracer) is analysed
-with ``--from-etdump FILE``.
+The per-call times of the generation are measured here and always printed. ExecuTorch 1.5's
+runtime records ETDumps; a runtime built without the event tracer records none, and then
+the command says so and exits 3. An ETDump recorded elsewhere (``llmcore_runner --etdump
+FILE``, a device runner) is analysed with ``--from-etdump FILE``.
 
-Exit codes: 0 with the operator table, 3 when this runtime records no operator events,
+Exit codes: 0 with the operator tables, 3 when this runtime records no operator events,
 2 for errors the user can act on.
 """
 
@@ -133,11 +135,14 @@ class OperatorTime:
 
 @dataclass
 class Profile:
+    """Operator times over a set of ``forward`` runs (one phase of a generation, or all)."""
+
     operators: list[OperatorTime]
     runs: int
     execute_ms: float
-    """Total time in ``Method::execute`` (0 if the ETDump has none)."""
+    """Total time in ``Method::execute`` over these runs (0 if the ETDump has none)."""
     etrecord: Optional[str]
+    phase: str = "all"
 
     @property
     def operator_ms(self) -> float:
@@ -288,59 +293,94 @@ def _quiet():
         yield
 
 
-def analyze(etdump: Path, pte: bytes, etrecord: Optional[Path] = None) -> Profile:
-    """Operator times from an ETDump of ``pte``'s forward method."""
+DELEGATE_OVERHEAD = "(outside its operators)"
+"""The row for a delegate call's time that none of its operators account for: copying inputs
+and outputs, and re-planning a dynamic-shape graph for a new length (XNNPACK's reshape)."""
+
+
+@dataclass
+class _Row:
+    name: str
+    where: str
+    delegated: bool
+    per_run: dict[int, list[float]] = field(default_factory=dict)
+    sources: list[tuple[float, str]] = field(default_factory=list)
+
+    def add(self, run: int, ms: float, source: str = "") -> None:
+        self.per_run.setdefault(run, []).append(ms)
+        if source:
+            self.sources.append((ms, source))
+
+    def over(self, runs: set[int]) -> Optional[OperatorTime]:
+        times = [t for r, ts in self.per_run.items() if r in runs for t in ts]
+        if not times:
+            return None
+        out = OperatorTime(self.name, self.where, self.delegated, calls=len(times), total_ms=float(sum(times)))
+        if self.sources:
+            out.source = max(self.sources)[1]  # the source of the costliest instance
+        return out
+
+
+def _forward_blocks(inspector: Any) -> list[Any]:
+    """The event blocks of ``forward`` runs. Constant methods (``get_max_seq_len``, ...) run
+    no instructions, so their blocks hold nothing but framework events."""
+    return [b for b in inspector.event_blocks if any(e.name not in _FRAMEWORK_EVENTS for e in b.events)]
+
+
+def analyze(etdump: Path, pte: bytes, etrecord: Optional[Path] = None, prefill_runs: int = 1) -> dict[str, Profile]:
+    """Operator times from an ETDump of ``pte``'s forward method, as profiles of all runs
+    (``"all"``) and of the generation's phases: the first ``prefill_runs`` runs are the
+    prefill, the rest decode steps (a phase without runs is left out).
+
+    Time is accounted per instruction, so that the rows add up to ``Method::execute`` less
+    the interpreter's own work between instructions: a kernel instruction counts its whole
+    ``OPERATOR_CALL``; a delegate call is split into the backend's own operator events plus
+    one row for the rest of the call (:data:`DELEGATE_OVERHEAD`)."""
     instructions = _plan_instructions(pte)
     inspector = _inspector(etdump, etrecord, instructions)
-    rows: dict[tuple[str, str], OperatorTime] = {}
-    kernel_seen: set[int] = set()
-    internal_seen: set[int] = set()
-    fallbacks: list[tuple[str, int, Any]] = []  # OPERATOR_CALL / DELEGATE_CALL, used when nothing finer exists
-    execute_ms, runs, mismatched = 0.0, 0, 0
+    rows: dict[tuple[str, str], _Row] = {}
+    execute: dict[int, float] = {}
+    operator_calls: dict[tuple[int, int], float] = {}  # (run, instruction) -> ms
+    kernel_events: dict[tuple[int, int], tuple[float, Any]] = {}
+    details: dict[tuple[int, int], list[tuple[float, Any]]] = {}
+    delegate_calls: dict[tuple[int, int], float] = {}
+    delegate_inside: dict[tuple[int, int], float] = {}
+    mismatched = 0
 
-    def row(name: str, where: str, delegated: bool) -> OperatorTime:
-        return rows.setdefault((where, name), OperatorTime(name, where, delegated))
+    def row(name: str, where: str, delegated: bool) -> _Row:
+        return rows.setdefault((where, name), _Row(name, where, delegated))
 
-    other_methods = _method_names(pte) - {"forward"}
-    for block in inspector.event_blocks:
-        if block.name in other_methods:  # the constant methods run at load; instruction ids are per method
-            continue
+    first_run = 0
+    for block in _forward_blocks(inspector):
+        block_runs = 0
         for event in block.events:
             if event.perf_data is None:
                 continue
             raw = list(event.perf_data.raw)
+            block_runs = max(block_runs, len(raw))
             instr_id = getattr(event, "_instruction_id", None)
             instruction = instructions.get(instr_id) if instr_id is not None else None
-            if event.name == "Method::execute":
-                execute_ms += sum(raw)
-                runs += len(raw)
-            elif event.name in _FRAMEWORK_EVENTS:
-                continue
-            elif event.is_delegated_op:
-                backend = event.delegate_backend_name or (instruction.name if instruction else "delegate")
-                row(str(event.name), backend, True).add(raw, source_line(event.stack_traces))
-                if instr_id is not None:
-                    internal_seen.add(instr_id)
-            elif event.name in ("OPERATOR_CALL", "DELEGATE_CALL"):
-                fallbacks.append((event.name, instr_id, event))
-            elif instruction is not None and instruction.kind == "kernel" and _same_op(event.name, instruction.name):
-                row(instruction.name, "kernel", False).add(raw, source_line(event.stack_traces, instruction.name))
-                kernel_seen.add(instr_id)
-            elif event.name.startswith(_KERNEL_PREFIX):  # a kernel this program does not call there
-                mismatched += 1
-            else:  # an event a kernel logs inside its own call
-                fallbacks.append(("detail", instr_id, event))
-    for kind, instr_id, event in fallbacks:
-        instruction = instructions.get(instr_id) if instr_id is not None else None
-        raw = list(event.perf_data.raw)
-        if kind == "OPERATOR_CALL" and instr_id not in kernel_seen:
-            name = instruction.name if instruction else f"instruction {instr_id}"
-            row(name, "kernel", False).add(raw, source_line(event.stack_traces, name))
-        elif kind == "DELEGATE_CALL" and instr_id not in internal_seen:
-            backend = event.delegate_backend_name or (instruction.name if instruction else "delegate")
-            row("(whole delegate)", backend, True).add(raw, "")
-        elif kind == "detail" and instr_id not in kernel_seen:  # nested in a timed kernel: not counted twice
-            row(str(event.name), "kernel", False).add(raw, source_line(event.stack_traces, str(event.name)))
+            for offset, ms in enumerate(raw):
+                run, key = first_run + offset, (first_run + offset, instr_id)
+                if event.name == "Method::execute":
+                    execute[run] = execute.get(run, 0.0) + ms
+                elif event.name in _FRAMEWORK_EVENTS:
+                    continue
+                elif event.is_delegated_op:
+                    backend = event.delegate_backend_name or (instruction.name if instruction else "delegate")
+                    row(str(event.name), backend, True).add(run, ms, source_line(event.stack_traces))
+                    delegate_inside[key] = delegate_inside.get(key, 0.0) + ms
+                elif event.name == "OPERATOR_CALL":
+                    operator_calls[key] = ms
+                elif event.name == "DELEGATE_CALL":
+                    delegate_calls[key] = ms
+                elif instruction is not None and instruction.kind == "kernel" and _same_op(event.name, instruction.name):
+                    kernel_events[key] = (ms, event)
+                elif event.name.startswith(_KERNEL_PREFIX):  # a kernel this program does not call there
+                    mismatched += 1
+                else:  # an event a kernel logs inside its own call
+                    details.setdefault(key, []).append((ms, event))
+        first_run += block_runs
     if mismatched:
         raise LlmcoreError(
             f"ETDump {str(etdump)!r} does not match this program ({mismatched} operator events name another "
@@ -348,8 +388,45 @@ def analyze(etdump: Path, pte: bytes, etrecord: Optional[Path] = None) -> Profil
             stage="profile",
             fix="pass the .pte that the ETDump was recorded with.",
         )
-    operators = sorted(rows.values(), key=lambda o: -o.total_ms)
-    return Profile(operators, runs, execute_ms, str(etrecord) if etrecord else None)
+
+    def kernel_name(instr_id: Optional[int]) -> str:
+        instruction = instructions.get(instr_id) if instr_id is not None else None
+        return instruction.name if instruction else f"instruction {instr_id}"
+
+    # kernels: the whole OPERATOR_CALL where there is one (the kernel's own event and what it
+    # logs inside are nested in it), else the kernel's event, else what it logged
+    timed = set(operator_calls) | set(kernel_events)
+    for (run, instr_id), ms in operator_calls.items():
+        name = kernel_name(instr_id)
+        event = kernel_events.get((run, instr_id), (0.0, None))[1]
+        row(name, "kernel", False).add(run, ms, source_line(event.stack_traces, name) if event is not None else "")
+    for (run, instr_id), (ms, event) in kernel_events.items():
+        if (run, instr_id) not in operator_calls:
+            name = kernel_name(instr_id)
+            row(name, "kernel", False).add(run, ms, source_line(event.stack_traces, name))
+    for (run, instr_id), events in details.items():
+        if (run, instr_id) not in timed:
+            for ms, event in events:
+                row(str(event.name), "kernel", False).add(run, ms, source_line(event.stack_traces, str(event.name)))
+    for (run, instr_id), ms in delegate_calls.items():
+        backend = instructions[instr_id].name if instr_id in instructions else "delegate"
+        inside = delegate_inside.get((run, instr_id))
+        if inside is None:
+            row("(whole delegate)", backend, True).add(run, ms)
+        else:
+            row(DELEGATE_OVERHEAD, backend, True).add(run, max(ms - inside, 0.0))
+
+    runs = sorted(set(execute) | {r for row_ in rows.values() for r in row_.per_run})
+    phases = {"all": set(runs), "prefill": set(runs[:prefill_runs]), "decode": set(runs[prefill_runs:])}
+    out: dict[str, Profile] = {}
+    for phase, selected in phases.items():
+        if not selected and phase != "all":
+            continue
+        operators = [o for o in (r.over(selected) for r in rows.values()) if o is not None]
+        operators.sort(key=lambda o: -o.total_ms)
+        execute_ms = sum(ms for r, ms in execute.items() if r in selected)
+        out[phase] = Profile(operators, len(selected), execute_ms, str(etrecord) if etrecord else None, phase)
+    return out
 
 
 # ---- output ---------------------------------------------------------------------------------
@@ -371,8 +448,11 @@ def format_profile(profile: Profile, top: int) -> str:
     total = profile.operator_ms
     shown = profile.operators[:top]
     head = f"top {len(shown)} of {len(profile.operators)} operators by total time"
+    if profile.phase != "all":
+        head = f"{profile.phase}: {head}"
     if profile.runs:
-        head += f" ({profile.runs} runs, {profile.execute_ms:.3f} ms in Method::execute)"
+        runs = f"{profile.runs} run" + ("s" if profile.runs != 1 else "")
+        head += f" ({runs}, {profile.execute_ms:.3f} ms in Method::execute)"
     lines = [head]
     if not profile.operators:
         lines.append("  (the ETDump has no operator events)")
@@ -393,12 +473,27 @@ def format_profile(profile: Profile, top: int) -> str:
     parts = []
     for key, ms in sorted(profile.by_backend().items(), key=lambda kv: -kv[1]):
         parts.append(f"{key} {100 * ms / total if total else 0:.1f}%")
-    lines.append(f"operator time {total:.3f} ms: " + ", ".join(parts))
+    summary = f"operator time {total:.3f} ms: " + ", ".join(parts)
+    if profile.execute_ms:
+        summary += f" ({100 * total / profile.execute_ms:.0f}% of Method::execute)"
+    lines.append(summary)
     lines.append(
         "kernel = the runtime's own kernels (not delegated); "
         + ("source lines from the ETRecord" if profile.etrecord else "pass --etrecord for source lines")
     )
     return "\n".join(lines)
+
+
+def _profile_json(profile: Profile) -> dict[str, Any]:
+    return {
+        "runs": profile.runs,
+        "execute_ms": profile.execute_ms,
+        "operators": [
+            {k: v for k, v in asdict(o).items() if not k.startswith("_")} | {"avg_ms": o.avg_ms}
+            for o in profile.operators
+        ],
+        "by_backend_ms": profile.by_backend(),
+    }
 
 
 # ---- command --------------------------------------------------------------------------------
@@ -425,9 +520,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.from_etdump:
         from llmcore.inspect import read_pte
 
+        if args.prefill_runs < 0:
+            raise LlmcoreError("--prefill-runs must be 0 or more.", stage="cli", fix="pass e.g. --prefill-runs 1.")
         data = read_pte(pte)
-        profile = analyze(Path(args.from_etdump), data, Path(args.etrecord) if args.etrecord else None)
-        _print(args, profile=profile)
+        etrecord = Path(args.etrecord) if args.etrecord else None
+        _print(args, profiles=analyze(Path(args.from_etdump), data, etrecord, args.prefill_runs))
         return EXIT_OK
     if args.prompt is None:
         raise LlmcoreError(
@@ -454,8 +551,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return EXIT_NO_EVENTS
     from llmcore.inspect import read_pte
 
-    profile = analyze(etdump, read_pte(pte), Path(args.etrecord) if args.etrecord else None)
-    _print(args, stats=stats, generated=len(result.generated_ids), profile=profile, etdump=str(etdump))
+    prefill_runs = next((s.calls for s in stats if s.phase == "prefill"), 0)
+    profiles = analyze(etdump, read_pte(pte), Path(args.etrecord) if args.etrecord else None, prefill_runs)
+    _print(args, stats=stats, generated=len(result.generated_ids), profiles=profiles, etdump=str(etdump))
     return EXIT_OK
 
 
@@ -464,21 +562,19 @@ def _print(
     *,
     stats: Optional[list[CallStats]] = None,
     generated: int = 0,
-    profile: Optional[Profile] = None,
+    profiles: Optional[dict[str, Profile]] = None,
     etdump: Optional[str] = None,
     note: Optional[str] = None,
 ) -> None:
+    """The per-call times, then one operator table per phase (prefill, decode); the JSON form
+    carries all runs at the top level and each phase under ``phases``."""
+    phases = {k: v for k, v in (profiles or {}).items() if k != "all"}
     if args.json:
         data: dict[str, Any] = {"calls": [asdict(s) for s in stats] if stats is not None else None}
-        data["operator_events"] = profile is not None
-        if profile is not None:
-            data["runs"] = profile.runs
-            data["execute_ms"] = profile.execute_ms
-            data["operators"] = [
-                {k: v for k, v in asdict(o).items() if not k.startswith("_")} | {"avg_ms": o.avg_ms}
-                for o in profile.operators
-            ]
-            data["by_backend_ms"] = profile.by_backend()
+        data["operator_events"] = profiles is not None
+        if profiles is not None:
+            data.update(_profile_json(profiles["all"]))
+            data["phases"] = {phase: _profile_json(p) for phase, p in phases.items()}
         data["etdump"] = etdump or args.from_etdump
         data["etrecord"] = args.etrecord
         if note:
@@ -488,8 +584,7 @@ def _print(
         blocks = []
         if stats is not None:
             blocks.append(format_calls(stats, generated))
-        if profile is not None:
-            blocks.append(format_profile(profile, args.top))
+        blocks.extend(format_profile(p, args.top) for p in (phases or {"all": profiles["all"]} if profiles else {}).values())
         if etdump:
             blocks.append(f"ETDump: {etdump}")
         print("\n\n".join(blocks))
@@ -500,9 +595,10 @@ def _print(
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "profile",
-        help="time a generation per operator (ETDump + Inspector), delegated vs not",
-        description="Run a generation with the runtime's event tracer on and print the operators that took "
-        "the most time (from the ETDump, through ExecuTorch's Inspector), delegated ones under their backend, "
+        help="time a generation per operator (ETDump + Inspector), prefill and decode apart",
+        description="Run a generation with the runtime's event tracer on and print, for the prefill and the "
+        "decode steps apart, the operators that took the most time (from the ETDump, through ExecuTorch's "
+        "Inspector), delegated ones under their backend, "
         "linked to model source lines through an ETRecord (`llmcore export --etrecord PATH`). Per-call "
         "prefill/decode times are always printed.",
         epilog="exit status: 0 with the operator table; 3 when this ExecuTorch runtime was built without the "
@@ -515,7 +611,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", help="tokenizer.json (default: the one next to the .pte)")
     p.add_argument("--etrecord", help="ETRecord from `llmcore export --etrecord`, to link operators to source lines")
     p.add_argument("--etdump", help="where to write the ETDump (default: OUT.etdump next to the .pte)")
-    p.add_argument("--from-etdump", metavar="ETDUMP", help="analyse this recorded ETDump instead of running")
+    p.add_argument("--from-etdump", metavar="ETDUMP", help="analyse this recorded ETDump instead of running "
+                   "(e.g. one `llmcore_runner --etdump FILE` wrote)")
+    p.add_argument("--prefill-runs", type=int, default=1, metavar="N",
+                   help="with --from-etdump: how many leading forward runs were the prefill (default 1); "
+                   "the rest are tabled as decode steps")
     p.add_argument("--top", type=int, default=15, help="how many operators to list (default 15)")
     p.add_argument("--json", action="store_true", help="print the findings as one JSON object")
     p.set_defaults(func=cmd_profile)

@@ -1,11 +1,14 @@
 """`llmcore profile` as a user runs it.
 
-The pybindings runtime in this environment is built without ExecuTorch's event tracer, so a
-profiled generation here yields per-call times and no operator events (exit 3). The
-operator table is tested on an ETDump with the layout the runtime writes (``Method::execute``,
-``OPERATOR_CALL`` + ``native_call_<op>`` per kernel instruction, the full name for kernels
-registered by hand, ``DELEGATE_CALL`` plus the backend's own events per delegate
-instruction), made here for the exported program and read back through the real Inspector
+The shipped runtime (ExecuTorch 1.5) records ETDumps, so a profiled generation must give the
+operator tables, checked against what the exported program is known to contain: every
+delegated linear once per run under XNNPACK, every kernel instruction under its operator
+name, and rows that add up to ``Method::execute``.
+
+The accounting itself is pinned on an ETDump with known times, made here in the layout the
+runtime writes (``Method::execute``, ``OPERATOR_CALL`` + ``native_call_<op>`` per kernel
+instruction, the full name for kernels registered by hand, ``DELEGATE_CALL`` plus the
+backend's own events per delegate instruction) and read back through the real Inspector
 and the real ETRecord that `llmcore export` wrote.
 """
 
@@ -17,6 +20,7 @@ import struct
 import pytest
 
 from clitools import run_cli
+from llmcore.profile import DELEGATE_OVERHEAD
 
 TINY = ["export", "--model", "nanogpt", "--config", "tiny"]
 XNNPACK_OPS = ("Fully Connected (NC, F32) GEMM", "Add (ND, F32)")
@@ -94,39 +98,68 @@ def _one_line_error(result, expected):
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def _delegated_linears(pte) -> int:
+    report = json.loads(pte.with_name(pte.stem + ".report.json").read_text())
+    return next(o["delegated"] for o in report["delegation"]["operators"] if o["op_type"] == "aten_linear_default")
+
+
+def _kernel_instructions(pte) -> set:
+    from llmcore.profile import _plan_instructions
+
+    return {i.name for i in _plan_instructions(pte.read_bytes()).values() if i.kind == "kernel"}
+
+
 def test_profile_a_generation(exported):
     etdump = exported["folder"] / "run.etdump"
     result = run_cli(
         "profile", str(exported["pte"]), "--prompt", "Hello", "--max-new-tokens", "6",
         "--etrecord", str(exported["etrecord"]), "--etdump", str(etdump),
     )
+    assert result.returncode == 0, result.stderr
     assert "prefill" in result.stdout and "decode" in result.stdout and "tok/s" in result.stdout
-    if result.returncode == 3:  # this runtime has no event tracer: it says so, and writes no ETDump
-        assert "built without the event tracer" in result.stderr and "--from-etdump" in result.stderr
-        assert not etdump.exists()
-        assert not list(exported["folder"].glob("*.partial"))
-    else:
-        assert result.returncode == 0, result.stderr
-        assert "operators by total time" in result.stdout and etdump.is_file()
+    assert "prefill: top 15 of " in result.stdout and "(1 run, " in result.stdout
+    assert "decode: top 15 of " in result.stdout and "(5 runs, " in result.stdout
+    assert "Fully Connected" in result.stdout and "XnnpackBackend" in result.stdout
+    assert "model.py:" in result.stdout  # linked to the nanoGPT source by the ETRecord
+    assert etdump.is_file() and not list(exported["folder"].glob("*.partial"))
 
 
-def test_profile_json_has_per_call_times(exported):
-    result, data = _profile_json(str(exported["pte"]), "--prompt", "Hello", "--max-new-tokens", "5")
-    assert result.returncode in (0, 3), result.stderr
-    phases = {c["phase"]: c for c in data["calls"]}
-    assert phases["prefill"]["calls"] == 1 and phases["decode"]["calls"] == 4
+def test_live_profile_matches_the_program(exported):
+    """The operator mix of the tiny nanoGPT is known: its report counts the delegated
+    linears, its plan the kernel instructions. Each phase's table must show all of them,
+    once per run, and its rows must add up to the time spent in ``Method::execute``."""
+    pte = exported["pte"]
+    result, data = _profile_json(str(pte), "--prompt", "Hello there", "--max-new-tokens", "5")
+    assert result.returncode == 0, result.stderr
+    assert data["operator_events"] is True and data["runs"] == 5
+    calls = {c["phase"]: c for c in data["calls"]}
+    assert calls["prefill"]["calls"] == 1 and calls["decode"]["calls"] == 4
     assert all(c["total_ms"] > 0 for c in data["calls"])
-    assert data["operator_events"] is (result.returncode == 0)
+    linears, kernels = _delegated_linears(pte), _kernel_instructions(pte)
+    assert linears >= 8
+    assert {p: d["runs"] for p, d in data["phases"].items()} == {"prefill": 1, "decode": 4}
+    for phase, found in data["phases"].items():
+        ops = found["operators"]
+        gemms = [o for o in ops if o["where"] == "XnnpackBackend" and o["name"].startswith("Fully Connected")]
+        assert sum(o["calls"] for o in gemms) == linears * found["runs"], phase
+        not_delegated = {o["name"] for o in ops if not o["delegated"]}
+        assert not_delegated == kernels, phase
+        counted = sum(o["total_ms"] for o in ops)
+        assert 0.8 * found["execute_ms"] <= counted <= found["execute_ms"] * 1.0001, (phase, counted, found["execute_ms"])
+    # the phases partition the runs
+    total = sum(o["total_ms"] for o in data["operators"])
+    by_phase = sum(o["total_ms"] for p in data["phases"].values() for o in p["operators"])
+    assert by_phase == pytest.approx(total)
 
 
 def test_operator_table_from_an_etdump_with_source_lines(exported):
     result = run_cli(
         "profile", str(exported["pte"]), "--from-etdump", str(exported["etdump"]),
-        "--etrecord", str(exported["etrecord"]), "--top", "6",
+        "--etrecord", str(exported["etrecord"]), "--top", "6", "--prefill-runs", "0",
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("top 6 of ") and "3 runs" in lines[0]
+    assert lines[0].startswith("decode: top 6 of ") and "3 runs" in lines[0]
     table = lines[2:8]
     # the delegate's own events come first (they are the slowest here), under their backend
     assert "XnnpackBackend" in table[0] and "Add (ND, F32)" in table[0]
@@ -147,11 +180,23 @@ def test_operator_times_add_up(exported):
     assert data["runs"] == 3
     delegated = [o for o in ops if o["delegated"]]
     assert {o["where"] for o in delegated} == {"XnnpackBackend"}
-    assert {o["name"] for o in delegated} == set(XNNPACK_OPS)
+    assert {o["name"] for o in delegated} == set(XNNPACK_OPS) | {DELEGATE_OVERHEAD}
     n_delegates = delegated[0]["calls"] // 3
     add = next(o for o in delegated if o["name"] == "Add (ND, F32)")
     assert add["avg_ms"] == pytest.approx(0.040)  # 40 us per call, in ms
     assert add["total_ms"] == pytest.approx(0.040 * 3 * n_delegates)
+    # the delegate call lasts 120 ns longer than its two operators: 2 gaps of 10 ns, 100 ns after
+    overhead = next(o for o in delegated if o["name"] == DELEGATE_OVERHEAD)
+    assert overhead["calls"] == 3 * n_delegates and overhead["avg_ms"] == pytest.approx(0.000120)
+    # a kernel instruction counts its whole OPERATOR_CALL: (op_index + 1) us of work + 50 ns
+    for o in ops:
+        if not o["delegated"]:
+            work_us = (o["avg_ms"] - 0.000050) * 1000
+            assert work_us == pytest.approx(round(work_us)) and round(work_us) >= 1, o
+    # phases: the first run is the prefill, the other two decode steps; they partition the rows
+    assert {p: d["runs"] for p, d in data["phases"].items()} == {"prefill": 1, "decode": 2}
+    by_phase = sum(o["total_ms"] for d in data["phases"].values() for o in d["operators"])
+    assert by_phase == pytest.approx(sum(o["total_ms"] for o in ops))
     # every kernel instruction appears once per run, under the program's own operator names
     kernels = [o for o in ops if not o["delegated"]]
     assert all("::" in o["name"] for o in kernels)
