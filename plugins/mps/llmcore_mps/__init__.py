@@ -11,16 +11,39 @@ Provides
   sees static shapes while the program keeps the dynamic ``tokens[1, T]`` interface
   (:mod:`llmcore_mps.static`). It replaces ``kv-cache``: MPS programs have no cache.
 
-ExecuTorch marks MPS as deprecated in favour of Core ML (``coreml``), which takes dynamic
-shapes and a KV cache; MPS is here for programs that must use MPSGraph. Programs lowered
-here run on Apple GPUs only; the pip wheel's runtime has no MPS backend, so ``llmcore
-export`` skips its parity check and says so.
+ExecuTorch deprecated MPS in 1.2 in favour of Core ML (``coreml``), which takes dynamic
+shapes and a KV cache, and removed it in 1.5 (pytorch/executorch#22181). This plugin
+needs executorch 1.4.x: imported with a later one, it refuses with one line that says
+what to use instead, and ``llmcore plugins`` lists it as failed. Programs lowered here
+run on Apple GPUs only; the pip wheel's runtime has no MPS backend, so ``llmcore export``
+skips its parity check and says so.
 """
 
 from __future__ import annotations
 
-from llmcore import hookimpl
-from llmcore.records import Backend, EdgeSettings, SourceTransform
+import re
+from importlib import metadata
+
+LAST_EXECUTORCH = (1, 4)  # ExecuTorch 1.5 removed the MPS backend
+
+
+def _refuse_without_mps() -> None:
+    try:
+        installed = metadata.version("executorch")
+    except metadata.PackageNotFoundError:
+        return  # a source tree on sys.path: let the MPS imports speak for themselves
+    if tuple(int(p) for p in re.findall(r"\d+", installed)[:2]) > LAST_EXECUTORCH:
+        raise ImportError(
+            f"llmcore-mps needs executorch 1.4.x, and {installed} is installed: ExecuTorch 1.5 removed its MPS "
+            "backend (pytorch/executorch#22181). Use the coreml plugin (--plugins coreml) on 1.5, or llmcore-mps "
+            "in an environment with executorch 1.4.x (`make test-mps` sets one up in .venv-et14)."
+        )
+
+
+_refuse_without_mps()
+
+from llmcore import hookimpl  # noqa: E402
+from llmcore.records import Backend, EdgeSettings, SourceTransform  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -46,7 +69,7 @@ def llmcore_partitioners() -> list[Backend]:
     return [
         Backend(
             name=BACKEND,
-            description="MPS: Apple GPUs through Metal Performance Shaders (static shapes; deprecated upstream for Core ML)",
+            description="MPS: Apple GPUs through Metal Performance Shaders (static shapes; executorch 1.4.x only: 1.5 removed MPS)",
             partitioners=_partitioners,
             edge=EdgeSettings(check_ir_validity=False, skip_dim_order=True),
             runtime_id=RUNTIME_ID,
