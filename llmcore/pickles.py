@@ -5,13 +5,18 @@ tensors and plain containers, but its message often names only an opcode ("Unsup
 operand 149"). :func:`foreign_globals` reads the pickle's opcodes with :mod:`pickletools`
 (which never executes anything) and lists the callables it references, so that an error
 can say "it asks to call posix.system".
+
+:func:`load_plain_data` reads a pickle of plain data (dicts, strings, numbers) with an
+unpickler that refuses every class and callable.
 """
 
 from __future__ import annotations
 
+import pickle
 import pickletools
 import zipfile
 from pathlib import Path
+from typing import Any
 
 # Globals that plain PyTorch checkpoints reference.
 _PLAIN = ("torch.", "collections.OrderedDict", "_codecs.encode", "numpy.core.multiarray._reconstruct",
@@ -49,3 +54,20 @@ def foreign_globals(path: str | Path, limit: int = 3) -> list[str]:
     except Exception:  # a damaged pickle: report what was found before the damage
         pass
     return found
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """Unpickles plain data only: every class or callable a pickle names is refused here,
+    before anything is looked up or called (dicts, lists, tuples, strings, bytes, numbers,
+    booleans and None need none)."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"it references {module}.{name}")
+
+
+def load_plain_data(path: str | Path) -> Any:
+    """Read a pickle that holds plain data (nanoGPT's ``meta.pkl``, say) without running
+    anything in it. Raises :class:`pickle.UnpicklingError` naming what a pickle that needs
+    more asked for (a class or a callable such as ``posix.system``)."""
+    with open(path, "rb") as f:
+        return _PlainDataUnpickler(f).load()

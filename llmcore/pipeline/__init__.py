@@ -165,6 +165,8 @@ def export(options: ExportOptions, registry: Optional[Registry] = None) -> Expor
                 "family": loaded.family,
                 "plugin": family_plugin.package,
                 "source": loaded.source,
+                # which tokenizer the family chose (Tokenizer.description), e.g. nanoGPT's meta.pkl
+                "tokenizer": tokenizer.source,
                 "metadata": dataclasses.asdict(meta) | {"chat_template": bool(meta.chat_template)},
                 "max_seq_len": max_seq_len,
             },

@@ -51,6 +51,10 @@ class LlamaConfig:
     rope_scaling: Optional[RopeScaling] = None
     rope_freq_factors: Optional[tuple[float, ...]] = field(default=None, repr=False)
     """Explicit per-frequency divisors (GGUF's `rope_freqs.weight`); wins over rope_scaling."""
+    rope_linear_factor: float = 1.0
+    """Linear RoPE scaling (position interpolation): every inverse frequency is divided by
+    it, after rope_scaling or rope_freq_factors (HF ``rope_type: linear``, GGUF
+    ``rope.scaling.factor``)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -60,6 +64,10 @@ class LlamaConfig:
                 problems.append(f"{name}={value!r} is outside 1..{limit}")
         if problems:  # the checks below assume sane sizes
             raise ValueError("invalid Llama config: " + "; ".join(problems))
+        if not (isinstance(self.rope_theta, (int, float)) and 0 < self.rope_theta < float("inf")):
+            problems.append(f"rope_theta={self.rope_theta!r} must be a positive number")
+        if not (isinstance(self.rope_linear_factor, (int, float)) and 0 < self.rope_linear_factor < float("inf")):
+            problems.append(f"rope_linear_factor={self.rope_linear_factor!r} must be a positive number")
         if self.head_dim is not None and not 0 < self.head_dim <= 4096:
             problems.append(f"head_dim={self.head_dim} is outside 1..4096")
         if self.n_heads <= 0 or self.n_kv_heads <= 0:

@@ -22,7 +22,7 @@ import torch
 from llmcore.errors import LlmcoreError
 from llmcore.records import LoadedModel, LoadOptions, ModelMetadata, Tokenizer
 
-from . import formats, quants
+from . import formats, keys, quants
 from .config import LlamaConfig, RopeScaling, hidden_dim_from_meta_params
 from .model import build_model, rope_tables
 from .tokenization import TokenizerError, TokenizerInfo, find_tokenizer_near, load_tokenizer_file
@@ -249,21 +249,41 @@ def _clean_meta_keys(sd: dict) -> dict:
     return out
 
 
+def _one_of(params: dict, names: tuple[str, ...], default):
+    """The value of whichever of ``names`` params.json sets (they must agree), else ``default``."""
+    given = [(n, params[n]) for n in names if params.get(n) is not None]
+    if any(float(v) != float(given[0][1]) for _, v in given[1:]):
+        shown = ", ".join(f"{n} = {v!r}" for n, v in given)
+        raise load_error(
+            f"params.json gives one setting under several names with different values ({shown}).",
+            fix="keep one of them in params.json: the one the weights were trained with.",
+        )
+    return given[0][1] if given else default
+
+
 def meta_config(params: dict, sd: dict) -> LlamaConfig:
+    """A :class:`LlamaConfig` from params.json: every key is implemented, harmless, or
+    refused by name (``keys.META_KEYS``)."""
+    keys.check_meta(params)
     dim = int(params["dim"])
     n_heads = int(params["n_heads"])
     vocab = int(params.get("vocab_size", -1))
     if vocab <= 0:
         vocab = int(sd["tok_embeddings.weight"].shape[0])
-    if "layers.0.feed_forward.w1.weight" in sd:
+    if params.get("hidden_dim"):
+        hidden = int(params["hidden_dim"])  # check_fit compares it with the weights
+    elif "layers.0.feed_forward.w1.weight" in sd:
         hidden = int(sd["layers.0.feed_forward.w1.weight"].shape[0])
     else:
         hidden = hidden_dim_from_meta_params(dim, int(params.get("multiple_of", 256)), params.get("ffn_dim_multiplier"))
-    theta = float(params.get("rope_theta", 10000.0))
+    # ExecuTorch's examples call the base rope_freq_base and use rope_theta over it when set
+    theta = float(params["rope_theta"] if params.get("rope_theta") is not None else params.get("rope_freq_base", 10000.0))
     scaling = None
     if params.get("use_scaled_rope"):
-        factor = params.get("rope_scale_factor", params.get("rope_scaling_factor", 8.0))
-        scaling = RopeScaling(factor=float(factor))
+        scaling = RopeScaling(
+            factor=float(_one_of(params, ("rope_scaling_factor", "rope_scale_factor"), 8.0)),
+            high_freq_factor=float(_one_of(params, ("rope_high_freq_factor", "high_freq_factor"), 4.0)),
+        )
     head_dim = params.get("head_dim")
     max_seq_len = params.get("max_seq_len") or (8192 if theta >= 500000 else 4096)
     return LlamaConfig(
@@ -295,6 +315,9 @@ def load_meta(path: Path, options: LoadOptions) -> LoadedModel:
         params = json.loads(params_path.read_text())
     except Exception as e:
         raise load_error(f"could not read {params_path}: {e}") from e
+    if not isinstance(params, dict):
+        raise load_error(f"{params_path} holds {type(params).__name__}, not an object of hyper-parameters.")
+    keys.check_meta(params)  # before the weights are read
     shards = [_clean_meta_keys(safe_torch_load(p)) for p in shard_paths]
     sd = _merge_meta_shards(shards, int(params.get("dim", 0)))
     try:
@@ -358,28 +381,18 @@ def permute_to_hf_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, head_dim // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
 
 
-def hf_config(cfg: dict) -> LlamaConfig:
+def hf_config(cfg: dict, max_seq_len: Optional[int] = None) -> LlamaConfig:
+    """A :class:`LlamaConfig` from a config.json. Every key is implemented, harmless, or
+    refused by name (``keys.HF_KEYS``); ``max_seq_len`` is the length asked for, which
+    decides whether dynamic RoPE is a no-op."""
     archs = cfg.get("architectures") or []
     if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in archs:
         raise load_error(
             f"this Hugging Face checkpoint is a {cfg.get('model_type') or archs or 'unknown'} model, not llama.",
             fix="pick the model family that matches the checkpoint's architecture.",
         )
-    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-        raise load_error("Llama checkpoints with attention or MLP biases are not supported.")
-    scaling = None
-    rs = cfg.get("rope_scaling")
-    if rs:
-        kind = rs.get("rope_type", rs.get("type"))
-        if kind == "llama3":
-            scaling = RopeScaling(
-                factor=float(rs.get("factor", 8.0)),
-                low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
-                high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
-                original_max_position_embeddings=int(rs.get("original_max_position_embeddings", 8192)),
-            )
-        elif kind != "default":
-            raise load_error(f"RoPE scaling type {kind!r} is not supported (supported: llama3).")
+    keys.check_hf(cfg)
+    theta, scaling, linear = keys.hf_rope(cfg, max_seq_len)
     n_heads = int(cfg["num_attention_heads"])
     return LlamaConfig(
         dim=int(cfg["hidden_size"]),
@@ -388,12 +401,13 @@ def hf_config(cfg: dict) -> LlamaConfig:
         n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
         vocab_size=int(cfg["vocab_size"]),
         hidden_dim=int(cfg["intermediate_size"]),
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
-        max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
+        norm_eps=float(cfg["rms_norm_eps"]) if cfg.get("rms_norm_eps") is not None else 1e-6,
+        rope_theta=theta,
+        max_seq_len=int(cfg.get("max_position_embeddings") or 2048),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None,
         rope_scaling=scaling,
+        rope_linear_factor=linear,
     )
 
 
@@ -441,7 +455,7 @@ def load_hf(path: Path, options: LoadOptions) -> LoadedModel:
     except Exception as e:
         raise load_error(f"could not read {config_path}: {e}", fix="check the config.json of the checkpoint.") from e
     try:
-        config = hf_config(cfg)
+        config = hf_config(cfg, options.max_seq_len)
     except LlmcoreError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -616,19 +630,27 @@ def gguf_config(g: GGUFFile, tensors: dict) -> LlamaConfig:
     if isinstance(g.get("llama.attention.head_count_kv"), list):
         raise load_error("per-layer KV head counts are not supported.", fix="use a GGUF with one KV head count.")
     n_kv = g.require("llama.attention.head_count_kv") if g.get("llama.attention.head_count_kv") else n_heads
+    # Every `llama.` key is implemented, harmless or refused by name (keys.GGUF_KEYS).
+    keys.check_gguf({k: g.get(k) for k in g.reader.fields if k.startswith("llama.")})
     head_dim = None
     for key in ("llama.attention.key_length", "llama.rope.dimension_count"):
         if g.get(key):
             head_dim = g.require(key)
             break
+    width = head_dim or (dim // n_heads if n_heads > 0 else 0)
+    for key, what in (
+        ("llama.rope.dimension_count", "RoPE on part of each head"),
+        ("llama.attention.value_length", "values narrower or wider than keys"),
+    ):
+        if g.get(key) is not None and g.require(key) != width:
+            raise load_error(
+                f"GGUF metadata key {key!r} = {g.get(key)} differs from the head width {width} ({what}), which "
+                "the llama plugin does not implement.",
+                fix="use a model family that implements it (see `llmcore plugins`).",
+            )
     if head_dim is not None and n_heads > 0 and head_dim == dim // n_heads:
         head_dim = None
-    scaling_type = g.get("llama.rope.scaling.type")
-    if scaling_type not in (None, "none"):
-        raise load_error(
-            f"GGUF RoPE scaling type {scaling_type!r} is not supported.",
-            fix="use a GGUF without RoPE scaling metadata (or with llama3-style rope_freqs.weight).",
-        )
+    linear = keys.gguf_linear_factor(g.get)
     if "token_embd.weight" not in tensors:
         raise load_error(
             f"{g.path} has no token_embd.weight tensor: it is not a complete llama model.",
@@ -655,6 +677,7 @@ def gguf_config(g: GGUFFile, tensors: dict) -> LlamaConfig:
             tie_embeddings="output.weight" not in tensors,
             head_dim=head_dim or None,
             rope_freq_factors=factors,
+            rope_linear_factor=linear,
         )
     except ValueError as e:
         raise load_error(f"{g.path}: {e}.", fix="convert the model again with llama.cpp's convert_hf_to_gguf.py.") from None
@@ -791,8 +814,7 @@ def load_llama2c(path: Path, options: LoadOptions) -> LoadedModel:
         per_layer("feed_forward.w2.weight", dim, hidden)
         per_layer("feed_forward.w3.weight", hidden, dim)
         sd["norm.weight"] = take(dim)
-        take(seq, head_dim // 2)  # freqs_cos (recomputed from theta)
-        take(seq, head_dim // 2)  # freqs_sin
+        stored_rope = (take(seq, head_dim // 2), take(seq, head_dim // 2))  # freqs_cos, freqs_sin
     else:
         per_layer("attention_norm.weight", dim)
         per_layer("ffn_norm.weight", dim)
@@ -809,6 +831,8 @@ def load_llama2c(path: Path, options: LoadOptions) -> LoadedModel:
         sd["output.weight"] = take(vocab, dim)
     assert pos == flat.numel(), (pos, flat.numel())
 
+    # The header has no RoPE or norm settings: llama2.c's run.c computes RoPE with base
+    # 10000 and RMSNorm with eps 1e-5, and so does this model.
     config = LlamaConfig(
         dim=dim,
         n_layers=L,
@@ -821,9 +845,25 @@ def load_llama2c(path: Path, options: LoadOptions) -> LoadedModel:
         max_seq_len=seq,
         tie_embeddings=h["shared_classifier"],
     )
+    if h["version"] == 0:
+        _check_llama2c_rope(path, config, *stored_rope)
     tok_path = find_tokenizer_near(path.parent)
     tok = resolve_tokenizer(options, (lambda: load_tokenizer_file(tok_path)) if tok_path else None)
     return finish(config, sd, tok, options, str(path), tokenizer_explicit=options.tokenizer_path is not None)
+
+
+def _check_llama2c_rope(path: Path, config: LlamaConfig, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """A legacy llama2.c file stores the RoPE tables it was trained with: they must be the
+    base-10000 ones this model computes (a model trained with other RoPE is refused)."""
+    ours_cos, ours_sin = rope_tables(config)
+    diff = max((cos - ours_cos[:, ::2]).abs().max().item(), (sin - ours_sin[:, ::2]).abs().max().item())
+    if not diff <= 1e-3:  # float32 rounding of large angles stays far below
+        raise load_error(
+            f"{path}: the RoPE tables stored in this llama2.c checkpoint (freq_cis) are not the base-10000 ones "
+            f"llama2.c computes (max difference {diff:.3g}): it was trained with other RoPE settings, which the "
+            "legacy header cannot describe.",
+            fix="export it from a format that states its RoPE settings (a Meta or Hugging Face checkpoint).",
+        )
 
 
 def write_llama2c(model, path: Path, *, version: int = 0) -> None:

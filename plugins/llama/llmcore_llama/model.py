@@ -35,13 +35,15 @@ from .config import LlamaConfig, RopeScaling
 
 def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
     """``inv_freq[i] = theta ** (-2i / head_dim)`` in float32 (as Meta and HF compute it),
-    then Llama-3.1 scaling or explicit per-frequency factors."""
+    then Llama-3.1 scaling or explicit per-frequency factors, then linear scaling."""
     head_dim = config.resolved_head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
     if config.rope_freq_factors is not None:
-        return inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float32)
-    if config.rope_scaling is not None:
-        return scale_inv_freq(inv_freq, config.rope_scaling)
+        inv_freq = inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float32)
+    elif config.rope_scaling is not None:
+        inv_freq = scale_inv_freq(inv_freq, config.rope_scaling)
+    if config.rope_linear_factor != 1.0:
+        inv_freq = inv_freq / config.rope_linear_factor
     return inv_freq
 
 

@@ -271,10 +271,11 @@ def gguf_name(meta_name: str) -> str:
 
 
 def write_gguf(path: Path, sd: dict, c: LlamaConfig, *, types: Optional[dict] = None, arch: str = "llama",
-               tokenizer: Optional[dict] = None, raw: Optional[dict] = None) -> dict:
+               tokenizer: Optional[dict] = None, raw: Optional[dict] = None, metadata=None) -> dict:
     """Write `sd` (Meta names/layout) as a GGUF. `types` maps meta names to a
     GGMLQuantizationType (default F32); `raw` maps meta names to ready-made raw blocks
-    (uint8 arrays) with their type. Returns {gguf name: (ggml type, stored array)}."""
+    (uint8 arrays) with their type; `metadata(writer)` adds more keys. Returns
+    {gguf name: (ggml type, stored array)}."""
     import gguf
     from gguf import quants as gq
 
@@ -306,6 +307,8 @@ def write_gguf(path: Path, sd: dict, c: LlamaConfig, *, types: Optional[dict] = 
             w.add_add_space_prefix(tokenizer["add_space_prefix"])
         if tokenizer.get("chat_template"):
             w.add_chat_template(tokenizer["chat_template"])
+    if metadata is not None:
+        metadata(w)
     stored = {}
     types = types or {}
     raw = raw or {}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
 from llmcore import hookimpl
+from llmcore.errors import LlmcoreError
 from llmcore.records import (
     CheckpointLoader,
     LoadedModel,
@@ -22,7 +24,15 @@ FAMILY = "nanogpt"
 GPT2_VOCAB = 50257
 
 
-def _tokenizer_for(vocab_size: int, options: LoadOptions, checkpoint: Optional[Path] = None) -> Optional[Tokenizer]:
+def _tokenizer_for(
+    vocab_size: int, options: LoadOptions, checkpoint: Optional[Path] = None, *, nanogpt_ckpt: bool = False,
+    dataset: Optional[str] = None,
+) -> Optional[Tokenizer]:
+    """The tokenizer, first found of: ``--tokenizer``; tokenizer files beside the
+    checkpoint; for a nanoGPT ``ckpt.pt``, the char-level ``meta.pkl`` of its dataset (as
+    nanoGPT's ``sample.py`` does); the byte-level one of a 257-token vocabulary; GPT-2's
+    BPE (nanoGPT's default) for a vocabulary that holds it (50257, or 50304 as nanoGPT pads
+    it). The chosen one's description goes into the export report."""
     from llmcore_nanogpt import tokenizer as tok
 
     if options.tokenizer_path is not None:
@@ -31,10 +41,39 @@ def _tokenizer_for(vocab_size: int, options: LoadOptions, checkpoint: Optional[P
         folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
         if tok.find_files(folder):
             return tok.load_tokenizer(folder)
+    looked: list[Path] = []
+    if nanogpt_ckpt and checkpoint is not None:
+        looked = tok.meta_candidates(checkpoint, dataset)
+        for meta in looked:
+            if meta.is_file():
+                found = tok.char_level_tokenizer(meta)
+                size = len(json.loads(found.json_text)["model"]["vocab"])
+                if size > vocab_size:
+                    raise LlmcoreError(
+                        f"{str(meta)!r} has {size} characters but the checkpoint's vocabulary has {vocab_size}: "
+                        "they do not belong together.",
+                        stage="load", plugin=FAMILY,
+                        fix="pass --tokenizer with the model's tokenizer, or put the right meta.pkl beside ckpt.pt.",
+                    )
+                return found
     if vocab_size == 257:
         return tok.byte_level_tokenizer()
-    if vocab_size == GPT2_VOCAB and (files := tok.default_gpt2_files()) is not None:
-        return tok.load_tokenizer(files)
+    if vocab_size >= GPT2_VOCAB and (files := tok.default_gpt2_files()) is not None:
+        found = tok.load_tokenizer(files)
+        return Tokenizer(found.json_text, description=f"GPT-2 BPE ({found.description} from {files})")
+    if nanogpt_ckpt:
+        where = ", ".join(str(p) for p in looked)
+        gpt2 = (
+            "its vocabulary is smaller than GPT-2's"
+            if vocab_size < GPT2_VOCAB
+            else "GPT-2's BPE files (nanoGPT's default) are not installed"
+        )
+        raise LlmcoreError(
+            f"found no tokenizer for this nanoGPT checkpoint: no meta.pkl (looked at {where}) and {gpt2}.",
+            stage="load", plugin=FAMILY,
+            fix="put the dataset's meta.pkl beside ckpt.pt, run `make` (it fetches GPT-2's BPE) or set "
+            "LLMCORE_GPT2_TOKENIZER to a folder with encoder.json + vocab.bpe, or pass --tokenizer.",
+        )
     return None
 
 
@@ -76,6 +115,11 @@ def _loader(name: str, description: str, matches_name: str, load_name: str) -> C
     def load(path: Path, options: LoadOptions) -> LoadedModel:
         from llmcore_nanogpt import loaders
 
+        if load_name == "load_nanogpt":
+            model, dataset, file = loaders.read_nanogpt(path)
+            tokenizer = _tokenizer_for(model.config.vocab_size, options, path, nanogpt_ckpt=True, dataset=dataset)
+            return _finish(LoadedModel(model, metadata=None, tokenizer=tokenizer, family=FAMILY, source=str(file)),
+                           options)
         loaded = getattr(loaders, load_name)(path, options, None)
         loaded.tokenizer = _tokenizer_for(loaded.module.config.vocab_size, options, path)
         return _finish(loaded, options)

@@ -116,7 +116,9 @@ def matches_nanogpt(path: Path) -> bool:
     return _ckpt_file(path) is not None
 
 
-def load_nanogpt(path: Path, options: LoadOptions, tokenizer: Optional[Tokenizer]) -> LoadedModel:
+def read_nanogpt(path: Path) -> tuple[GPT, Optional[str], Path]:
+    """The model of a nanoGPT ``ckpt.pt``, the dataset it was trained on (its training
+    config's ``dataset``, which locates ``data/<dataset>/meta.pkl``), and the file read."""
     file = _ckpt_file(path)
     data = load_pickle(file)
     if not isinstance(data, dict) or "model_args" not in data or "model" not in data:
@@ -126,9 +128,26 @@ def load_nanogpt(path: Path, options: LoadOptions, tokenizer: Optional[Tokenizer
         )
     args = data["model_args"]
     fields = GPTConfig.__dataclass_fields__
-    config = GPTConfig(**{k: v for k, v in args.items() if k in fields})
+    # A key the model here does not know may change the math (a fork's extra option):
+    # refused by name, never dropped.
+    unknown = sorted(str(k) for k in args if k not in fields)
+    if unknown:
+        raise _error(
+            f"{str(file)!r}: model_args {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not part of "
+            f"nanoGPT's GPTConfig ({', '.join(fields)}), so the exported model would not compute what it says.",
+            "export the checkpoint with the model family that implements those options, or remove them from "
+            "model_args if they are known not to change the forward pass.",
+        )
+    config = GPTConfig(**args)
     state = {k.removeprefix("_orig_mod."): v for k, v in data["model"].items()}
-    return LoadedModel(build_model(config, state, str(file)), metadata=None, tokenizer=tokenizer)
+    train_config = data.get("config")
+    dataset = train_config.get("dataset") if isinstance(train_config, dict) else None
+    return build_model(config, state, str(file)), dataset if isinstance(dataset, str) else None, file
+
+
+def load_nanogpt(path: Path, options: LoadOptions, tokenizer: Optional[Tokenizer]) -> LoadedModel:
+    model, _, _ = read_nanogpt(path)
+    return LoadedModel(model, metadata=None, tokenizer=tokenizer)
 
 
 # ---- Hugging Face GPT-2 -------------------------------------------------------------------

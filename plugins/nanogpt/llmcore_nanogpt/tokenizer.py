@@ -147,3 +147,76 @@ def default_gpt2_files() -> Optional[Path]:
         if find_files(candidate):
             return candidate
     return None
+
+
+# ---- nanoGPT's char-level meta.pkl ----------------------------------------------------------
+
+
+def meta_candidates(checkpoint: Path, dataset: Optional[str], cwd: Optional[Path] = None) -> list[Path]:
+    """Where nanoGPT's ``meta.pkl`` may be, in the order they are tried.
+
+    nanoGPT's ``sample.py`` reads ``data/<dataset>/meta.pkl`` relative to the directory it
+    runs in (the repository, where ``out-*/ckpt.pt`` lies beside ``data/``). Here: beside
+    the checkpoint, then ``data/<dataset>/meta.pkl`` under the checkpoint's folder, its
+    parent (nanoGPT's own layout) and the current directory.
+    """
+    folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+    found = [folder / "meta.pkl"]
+    if isinstance(dataset, str) and dataset and dataset not in (".", "..") and "/" not in dataset and "\\" not in dataset:
+        for base in (folder, folder.parent, cwd or Path.cwd()):
+            found.append(base / "data" / dataset / "meta.pkl")
+    unique: list[Path] = []
+    for p in found:
+        if p.resolve() not in [u.resolve() for u in unique]:
+            unique.append(p)
+    return unique
+
+
+def _meta_error(path: Path, reason: str) -> LlmcoreError:
+    return LlmcoreError(
+        f"{str(path)!r} is not a usable nanoGPT meta.pkl: {reason}.",
+        stage="load",
+        plugin="nanogpt",
+        fix="pass --tokenizer with the model's tokenizer, or remove the stray meta.pkl.",
+    )
+
+
+def char_level_tokenizer(path: Path) -> Tokenizer:
+    """The character-level tokenizer of a nanoGPT ``meta.pkl`` (``stoi``/``itos``, as its
+    ``data/*_char/prepare.py`` writes), as a tokenizer.json: a BPE model whose vocabulary is
+    the characters and which has no merges, so every character is one token, decoded by
+    concatenation (``Fuse``). The pickle is read with an unpickler that refuses any class or
+    callable."""
+    import pickle
+
+    from llmcore.pickles import load_plain_data
+
+    try:
+        meta = load_plain_data(path)
+    except pickle.UnpicklingError as exc:
+        raise LlmcoreError(
+            f"refused to load {str(path)!r}: a meta.pkl holds plain data, but this pickle asks for more ({exc}); "
+            "nothing in it was executed.",
+            stage="load",
+            plugin="nanogpt",
+            fix="load only files you trust; rewrite meta.pkl with plain dicts (as nanoGPT's prepare.py does).",
+        ) from None
+    except (OSError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError, RecursionError) as exc:
+        raise _meta_error(path, f"it cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("stoi"), dict) or not isinstance(meta.get("itos"), dict):
+        raise _meta_error(path, "it has no 'stoi' and 'itos' dictionaries")
+    stoi, itos = meta["stoi"], meta["itos"]
+    if not all(isinstance(c, str) and type(i) is int for c, i in stoi.items()):
+        raise _meta_error(path, "'stoi' must map strings to integer ids")
+    if any(len(c) != 1 for c in stoi):
+        bad = next(c for c in stoi if len(c) != 1)
+        raise _meta_error(path, f"'stoi' has the multi-character token {bad!r}, so it is not a character-level vocabulary")
+    if sorted(stoi.values()) != list(range(len(stoi))) or {i: c for c, i in stoi.items()} != itos:
+        raise _meta_error(path, "'stoi' and 'itos' are not inverse maps over the ids 0..N-1")
+
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models
+
+    tok = HFTokenizer(models.BPE(vocab=dict(stoi), merges=[]))
+    tok.decoder = decoders.Fuse()
+    return Tokenizer(tok.to_str(), description=f"char-level ({len(stoi)} characters) from nanoGPT's {path}")

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from llmcore.errors import LlmcoreError
 from llmcore.records import LoadOptions, SourceTransform
 
 from llmcore_nanogpt import loaders
@@ -207,6 +208,18 @@ def test_load_nanogpt_ckpt(tmp_path, prefix):
     assert loaded.module.lm_head.weight is loaded.module.transformer.wte.weight
 
 
+def test_unknown_model_args_are_refused_by_name(tmp_path):
+    """A fork's extra model_args key may change the math: refused, not dropped."""
+    original = _tiny(seed=7)
+    file = _save_nanogpt(original, tmp_path)
+    data = torch.load(file, weights_only=True)
+    data["model_args"]["rope_theta"] = 10000.0
+    torch.save(data, file)
+    with pytest.raises(LlmcoreError, match=r"model_args rope_theta is not part of nanoGPT's GPTConfig") as info:
+        loaders.load_nanogpt(file, LoadOptions(), None)
+    assert info.value.plugin == "nanogpt" and info.value.fix
+
+
 def test_load_nanogpt_ckpt_no_bias(tmp_path):
     original = _tiny(seed=6, config=dataclasses.replace(CONFIGS["tiny"], bias=False, n_layer=1))
     file = _save_nanogpt(original, tmp_path)
@@ -299,3 +312,163 @@ def test_cli_export_tiny_xnnpack(tmp_path):
     parity = report["parity"]
     assert "skipped" not in parity, parity
     assert parity["top1_agreement"] == 1.0, parity
+
+
+# ---- nanoGPT's train.py checkpoints and their tokenizer ---------------------------------------
+
+CHARS = "\n !',.?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # 59 characters
+
+
+def _save_train_py(model: GPT, path: Path, dataset: str) -> Path:
+    """A ckpt.pt as nanoGPT's train.py writes it: model, optimizer, model_args, iter_num,
+    best_val_loss and the training config (which names the dataset)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    c = model.config
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99))
+    checkpoint = {
+        "model": {"_orig_mod." + k: v.clone() for k, v in model.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "model_args": dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, block_size=c.block_size,
+                           bias=c.bias, vocab_size=c.vocab_size, dropout=0.0),
+        "iter_num": 250,
+        "best_val_loss": torch.tensor(1.4697),
+        "config": {"out_dir": str(path.parent.name), "dataset": dataset, "batch_size": 64, "compile": True,
+                   "learning_rate": 1e-3, "dtype": "bfloat16"},
+    }
+    torch.save(checkpoint, path)
+    return path
+
+
+def _save_meta(path: Path, chars: str = CHARS) -> Path:
+    """meta.pkl as nanoGPT's data/shakespeare_char/prepare.py writes it."""
+    import pickle
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stoi = {ch: i for i, ch in enumerate(chars)}
+    itos = {i: ch for i, ch in enumerate(chars)}
+    with open(path, "wb") as f:
+        pickle.dump({"vocab_size": len(chars), "itos": itos, "stoi": stoi}, f)
+    return path
+
+
+def _char_model(vocab: int = len(CHARS), seed: int = 11) -> GPT:
+    return _tiny(seed, dataclasses.replace(CONFIGS["tiny"], vocab_size=vocab, n_layer=1))
+
+
+def _ckpt_loader():
+    import llmcore_nanogpt
+
+    (family,) = llmcore_nanogpt.llmcore_model_families()
+    return next(l for l in family.loaders if l.name == "nanogpt-ckpt")
+
+
+def _check_char_tokenizer(loaded, meta: Path):
+    from tokenizers import Tokenizer
+
+    assert loaded.tokenizer is not None and "char-level" in loaded.tokenizer.description
+    assert str(meta) in loaded.tokenizer.description
+    tok = Tokenizer.from_str(loaded.tokenizer.json_text)
+    text = "Hello, World!\nIs it? O'er the sea."
+    ids = tok.encode(text, add_special_tokens=False).ids
+    assert ids == [CHARS.index(ch) for ch in text]  # nanoGPT's encode: [stoi[c] for c in s]
+    assert tok.decode(ids) == text  # and decode: "".join(itos[i] for i in l)
+
+
+@pytest.mark.parametrize("where", ["nanogpt-layout", "beside", "cwd"])
+def test_train_py_ckpt_uses_its_meta_pkl(tmp_path, monkeypatch, where):
+    original = _char_model()
+    repo = tmp_path / "nanoGPT"
+    ckpt = _save_train_py(original, repo / "out-shakespeare-char" / "ckpt.pt", "shakespeare_char")
+    if where == "nanogpt-layout":  # repo/data/<dataset>/meta.pkl, repo/out-*/ckpt.pt
+        meta = _save_meta(repo / "data" / "shakespeare_char" / "meta.pkl")
+    elif where == "beside":
+        meta = _save_meta(ckpt.parent / "meta.pkl")
+    else:
+        meta = _save_meta(tmp_path / "elsewhere" / "data" / "shakespeare_char" / "meta.pkl")
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        meta = Path.cwd() / "data" / "shakespeare_char" / "meta.pkl"
+    loaded = _ckpt_loader().load(ckpt, LoadOptions())
+    _assert_same_logits(loaded.module, original)
+    _check_char_tokenizer(loaded, meta)
+    assert loaded.metadata.vocab_size == len(CHARS) and loaded.metadata.eos_ids == ()
+    assert loaded.source == str(ckpt)
+
+
+def test_train_py_ckpt_without_meta_uses_gpt2_bpe(tmp_path, monkeypatch):
+    """No meta.pkl: nanoGPT's sample.py falls back to GPT-2's BPE; train.py pads its vocabulary to 50304."""
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    from llmcore_nanogpt.tokenizer import EOT, bytes_to_unicode
+
+    table = bytes_to_unicode()
+    (gpt2 / "vocab.json").write_text(json.dumps({**{table[b]: b for b in range(256)}, EOT: 256}))
+    (gpt2 / "merges.txt").write_text("#version: 0.2\n")
+    monkeypatch.setenv("LLMCORE_GPT2_TOKENIZER", str(gpt2))
+    original = GPT(dataclasses.replace(CONFIGS["tiny"], vocab_size=50304, n_layer=1, n_embd=16, n_head=2)).init_random(3)
+    ckpt = _save_train_py(original, tmp_path / "run" / "out" / "ckpt.pt", "openwebtext")
+    loaded = _ckpt_loader().load(ckpt, LoadOptions())
+    assert loaded.tokenizer.description.startswith("GPT-2 BPE") and str(gpt2) in loaded.tokenizer.description
+    assert loaded.metadata.vocab_size == 50304
+
+
+def test_train_py_ckpt_without_any_tokenizer_says_where_it_looked(tmp_path, monkeypatch):
+    from llmcore.errors import LlmcoreError
+
+    monkeypatch.chdir(tmp_path)
+    ckpt = _save_train_py(_char_model(), tmp_path / "out" / "ckpt.pt", "shakespeare_char")
+    with pytest.raises(LlmcoreError) as e:
+        _ckpt_loader().load(ckpt, LoadOptions())
+    assert "meta.pkl" in str(e.value) and "data/shakespeare_char/meta.pkl" in str(e.value)
+    assert e.value.plugin == "nanogpt" and "--tokenizer" in e.value.fix
+    meta = _save_meta(tmp_path / "data" / "shakespeare_char" / "meta.pkl")  # now found through the CWD
+    loaded = _ckpt_loader().load(ckpt, LoadOptions())
+    assert "char-level" in loaded.tokenizer.description
+    explicit = tmp_path / "mine.json"  # but --tokenizer wins over it
+    explicit.write_text(loaded.tokenizer.json_text)
+    assert _ckpt_loader().load(ckpt, LoadOptions(tokenizer_path=explicit)).tokenizer.description == str(explicit)
+
+
+def test_meta_pkl_that_runs_code_is_refused(tmp_path):
+    import pickle
+
+    from llmcore.errors import LlmcoreError
+
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    ckpt = _save_train_py(_char_model(), tmp_path / "out" / "ckpt.pt", "shakespeare_char")
+    with open(ckpt.parent / "meta.pkl", "wb") as f:
+        pickle.dump({"stoi": {"a": 0}, "itos": {0: "a"}, "x": Payload()}, f)
+    with pytest.raises(LlmcoreError) as e:
+        _ckpt_loader().load(ckpt, LoadOptions())
+    assert "refused" in str(e.value) and "pathlib" in str(e.value) and not marker.exists()
+
+
+def test_meta_pkl_larger_than_the_model_vocabulary_is_refused(tmp_path):
+    from llmcore.errors import LlmcoreError
+
+    ckpt = _save_train_py(_char_model(vocab=20), tmp_path / "out" / "ckpt.pt", "shakespeare_char")
+    _save_meta(ckpt.parent / "meta.pkl")
+    with pytest.raises(LlmcoreError) as e:
+        _ckpt_loader().load(ckpt, LoadOptions())
+    assert f"{len(CHARS)} characters" in str(e.value)
+
+
+def test_cli_export_train_py_ckpt_reports_its_tokenizer(tmp_path):
+    """nanoGPT's ckpt.pt + data/<dataset>/meta.pkl export without --tokenizer; the report says which."""
+    repo = tmp_path / "nanoGPT"
+    ckpt = _save_train_py(_char_model(), repo / "out-shakespeare-char" / "ckpt.pt", "shakespeare_char")
+    meta = _save_meta(repo / "data" / "shakespeare_char" / "meta.pkl")
+    out = tmp_path / "m.pte"
+    cmd = [sys.executable, "-m", "llmcore", "export", "--model", "nanogpt", "--checkpoint", str(ckpt),
+           "--quiet", "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "m.report.json").read_text())
+    assert report["model"]["tokenizer"] == f"char-level ({len(CHARS)} characters) from nanoGPT's {meta}"
+    assert report["parity"]["top1_agreement"] == 1.0
+    written = json.loads((tmp_path / "tokenizer.json").read_text())
+    assert written["model"]["vocab"] == {ch: i for i, ch in enumerate(CHARS)}
