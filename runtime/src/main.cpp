@@ -2,7 +2,8 @@
 //
 //   llmcore_runner PTE --prompt TEXT [--tokenizer PATH] [--max-new-tokens N]
 //                  [--temperature T] [--top-k K] [--top-p P] [--seed S]
-//                  [--print-ids] [--threads N] [--load-library PATH]... [--verbose]
+//                  [--print-ids] [--threads N] [--load-library PATH]... [--etdump FILE]
+//                  [--verbose]
 //
 // stdout: the generated text, streamed token by token, then a newline; with
 //         --print-ids one more line "ids: <generated token ids>".
@@ -15,6 +16,12 @@
 // loading `forward`, the runner loads every --load-library PATH and every file in
 // LLMCORE_RUNTIME_LIBRARIES (':'-separated), then looks for lib<name>.so of each
 // declared library in the folders of LLMCORE_RUNTIME_LIBRARIES and next to itself.
+// KV-cache programs' llama::update_cache / llama::custom_sdpa kernels are linked in
+// (plugins/kernels/csrc/llm_ops.cpp).
+//
+// --etdump FILE records every `forward` call with ExecuTorch's ETDump event tracer
+// (operator and delegate timings) and writes it to FILE at the end, for
+// `llmcore profile PTE --from-etdump FILE` or executorch.devtools.Inspector.
 #include <dlfcn.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -51,6 +58,7 @@ struct Options {
   unsigned threads = 0;
   bool verbose = false;
   std::vector<std::string> libraries;  // --load-library
+  std::string etdump;                  // --etdump FILE ("" = off)
 };
 
 const char* kUsage =
@@ -71,6 +79,8 @@ const char* kUsage =
     "  --threads N            ExecuTorch CPU threads (default: runtime's choice)\n"
     "  --load-library PATH    load a custom-operator kernel library first (repeatable;\n"
     "                         also LLMCORE_RUNTIME_LIBRARIES=path:folder:...)\n"
+    "  --etdump FILE          record an ETDump of the forward calls (operator and\n"
+    "                         delegate times) and write it to FILE at the end\n"
     "  --verbose              print program metadata and ExecuTorch info logs\n"
     "  -h, --help             this help\n";
 
@@ -150,6 +160,9 @@ Options parse_args(int argc, char** argv) {
       o.threads = static_cast<unsigned>(parse_long(a, next(), 0, 1024));
     } else if (a == "--load-library") {
       o.libraries.push_back(next());
+    } else if (a == "--etdump") {
+      o.etdump = next();
+      if (o.etdump.empty()) usage_error("--etdump needs a file name");
     } else if (a == "--verbose" || a == "-v") {
       o.verbose = true;
     } else if (a.size() > 1 && a[0] == '-') {
@@ -359,8 +372,12 @@ int run(const Options& opt) {
   executorch::runtime::runtime_init();
   llmcore::install_executorch_logging(opt.verbose);
   llmcore::set_executorch_threads(opt.threads);
-  const size_t omp_limited = llmcore::limit_openmp_threads();
 
+  if (!opt.etdump.empty()) {
+    size_t slash = opt.etdump.find_last_of('/');
+    std::string folder = slash == std::string::npos ? "." : (slash == 0 ? "/" : opt.etdump.substr(0, slash));
+    if (!is_dir(folder)) throw llmcore::RuntimeError("--etdump: the folder '" + folder + "' does not exist");
+  }
   auto t_load0 = Clock::now();
   KernelLibraries kernels(opt);
   llmcore::PteModule module(opt.pte);
@@ -369,6 +386,7 @@ int run(const Options& opt) {
     kernels.load_declared(module.run_string_method("get_runtime_libraries"), opt.verbose);
   }
   Meta meta = read_meta(module);
+  if (!opt.etdump.empty()) module.enable_etdump();
   try {
     module.load_forward();
   } catch (const llmcore::RuntimeError& e) {
@@ -408,12 +426,6 @@ int run(const Options& opt) {
                  meta.enable_dynamic_shape ? 1 : 0, (long long)chunk);
     std::fprintf(stderr, "llmcore_runner: tokenizer %s: %s\n", opt.tokenizer.c_str(), tok->describe().c_str());
     std::fprintf(stderr, "llmcore_runner: seed %llu\n", (unsigned long long)opt.sampler.seed);
-    using omp_max_fn = int (*)();
-    if (auto f = reinterpret_cast<omp_max_fn>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"))) {
-      const char* env = std::getenv("OMP_NUM_THREADS");
-      std::fprintf(stderr, "llmcore_runner: OpenMP max threads %d (OMP_NUM_THREADS=%s; limited to 1 on %zu threads)\n", f(),
-                   env ? env : "unset", omp_limited);
-    }
   }
 
   // ---- tokenize ----
@@ -530,6 +542,11 @@ int run(const Options& opt) {
                "generated_tokens=%zu load_ms=%.1f stop=%s\n",
                ttft_ms, prefill_tok_s, decode_tok_s, peak_rss_mib(), n_prompt, generated.size(),
                ms_since(t_load0, t_load1), stop_reason.c_str());
+  if (!opt.etdump.empty()) {
+    std::string why;
+    if (!module.write_etdump(opt.etdump, &why)) throw llmcore::RuntimeError("--etdump: " + why);
+    if (opt.verbose) std::fprintf(stderr, "llmcore_runner: wrote ETDump %s\n", opt.etdump.c_str());
+  }
   return 0;
 }
 

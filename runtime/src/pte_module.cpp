@@ -1,12 +1,14 @@
 #include "pte_module.h"
 
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 
-#include <executorch/extension/threadpool/threadpool.h>
+#include <executorch/devtools/etdump/etdump_flatcc.h>
+#include <executorch/extension/memory_allocator/malloc_memory_allocator.h>
 #include <executorch/runtime/core/evalue.h>
 #include <executorch/runtime/core/hierarchical_allocator.h>
 #include <executorch/runtime/core/memory_allocator.h>
@@ -17,15 +19,8 @@
 #include <executorch/runtime/executor/program.h>
 #include <executorch/runtime/platform/platform.h>
 
+#include "executorch_threadpool.h"  // runtime/src/compat: the wheel has no threadpool.h
 #include "mmap_data_loader.h"
-
-#include <dlfcn.h>
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <chrono>
-#include <thread>
 
 namespace et = executorch::runtime;
 using executorch::aten::ScalarType;
@@ -41,37 +36,6 @@ std::string err_str(et::Error e) {
   std::snprintf(buf, sizeof(buf), " (0x%x)", static_cast<unsigned>(e));
   return std::string(et::to_string(e)) + buf;
 }
-
-// MemoryAllocator that takes each request from the heap. Used for the method
-// allocator (whose total size is not known up front) and the temp allocator.
-// reset() releases everything handed out since the last reset.
-class HeapAllocator final : public et::MemoryAllocator {
- public:
-  HeapAllocator() : et::MemoryAllocator(0, nullptr) {}
-  ~HeapAllocator() override { release(); }
-
-  void* allocate(size_t size, size_t alignment = kDefaultAlignment) override {
-    if (alignment == 0 || (alignment & (alignment - 1)) != 0) return nullptr;
-    if (alignment < sizeof(void*)) alignment = sizeof(void*);
-    void* p = nullptr;
-    if (posix_memalign(&p, alignment, size == 0 ? 1 : size) != 0) return nullptr;
-    blocks_.push_back(p);
-    used_ += size;
-    return p;
-  }
-  void reset() override { release(); }
-  size_t used_size() const override { return used_; }
-  size_t free_size() const override { return SIZE_MAX / 2; }
-
- private:
-  void release() {
-    for (void* p : blocks_) std::free(p);
-    blocks_.clear();
-    used_ = 0;
-  }
-  std::vector<void*> blocks_;
-  size_t used_ = 0;
-};
 
 struct AlignedFree {
   void operator()(uint8_t* p) const { std::free(p); }
@@ -126,64 +90,13 @@ void log_sink(et_timestamp_t /*timestamp*/, et_pal_log_level_t level, const char
 
 void install_executorch_logging(bool verbose) {
   g_verbose_logs = verbose;
-  // The wheel's _portable_lib registers its own PAL at load time, so replacing
-  // it makes ExecuTorch log a "register_pal() called multiple times" notice
-  // through the old logger. Keep that notice off stderr unless verbose.
-  int saved = -1, devnull = -1;
-  if (!verbose) {
-    std::fflush(stderr);
-    saved = ::dup(STDERR_FILENO);
-    devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
-    if (saved >= 0 && devnull >= 0) ::dup2(devnull, STDERR_FILENO);
-  }
   et::register_pal(et::PalImpl::create(log_sink, __FILE__));
-  if (saved >= 0) {
-    std::fflush(stderr);
-    ::dup2(saved, STDERR_FILENO);
-    ::close(saved);
-  }
-  if (devnull >= 0) ::close(devnull);
 }
 
 void set_executorch_threads(unsigned n) {
   if (n == 0) return;
   auto* pool = executorch::extension::threadpool::get_threadpool();
-  if (pool == nullptr) return;
-#ifdef __GNUC__
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-#endif
-  pool->_unsafe_reset_threadpool(n);
-#ifdef __GNUC__
-#pragma GCC diagnostic pop
-#endif
-}
-
-size_t limit_openmp_threads() {
-  if (std::getenv("OMP_NUM_THREADS") != nullptr) return 0;  // the user decided
-  using omp_set_fn = void (*)(int);
-  auto omp_set_num_threads_fn = reinterpret_cast<omp_set_fn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
-  if (omp_set_num_threads_fn == nullptr) return 0;  // no OpenMP runtime loaded
-  omp_set_num_threads_fn(1);                        // the calling thread
-  auto* pool = executorch::extension::threadpool::get_threadpool();
-  if (pool == nullptr) return 1;
-  const size_t n = pool->get_thread_count();
-  if (n <= 1) return 1;
-  // OpenMP settings are per thread: run exactly one task on each pool thread.
-  // pthreadpool hands thread i item i first, and every task waits until all n
-  // have started, so no thread can take a second one (the wait is bounded in
-  // case the pool has fewer live threads than it reports).
-  std::atomic<size_t> started{0};
-  std::atomic<size_t> configured{0};
-  auto task = [&](size_t) {
-    omp_set_num_threads_fn(1);
-    configured.fetch_add(1);
-    started.fetch_add(1);
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-    while (started.load() < n && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
-  };
-  pool->run(task, n);
-  return configured.load();
+  if (pool != nullptr) pool->_unsafe_reset_threadpool(n);
 }
 
 struct PteModule::ProgramHolder {
@@ -191,10 +104,15 @@ struct PteModule::ProgramHolder {
   et::Program program;
 };
 
+struct PteModule::Tracer {
+  executorch::etdump::ETDumpGen etdump;  // grows its buffer on the heap
+};
+
 struct PteModule::LoadedMethod {
   std::string name;
-  HeapAllocator method_allocator;
-  HeapAllocator temp_allocator;
+  // Method and temp allocations come from the heap (sizes are not known up front).
+  executorch::extension::MallocMemoryAllocator method_allocator;
+  executorch::extension::MallocMemoryAllocator temp_allocator;
   std::vector<std::unique_ptr<uint8_t, AlignedFree>> planned;
   std::vector<et::Span<uint8_t>> planned_spans;
   std::unique_ptr<et::HierarchicalAllocator> planned_memory;
@@ -255,7 +173,7 @@ bool PteModule::has_method(const std::string& name) const {
   return false;
 }
 
-std::unique_ptr<PteModule::LoadedMethod> PteModule::load_method(const std::string& name) const {
+std::unique_ptr<PteModule::LoadedMethod> PteModule::load_method(const std::string& name, bool traced) const {
   const et::Program& program = program_->program;
   et::Result<et::MethodMeta> meta = program.method_meta(name.c_str());
   if (!meta.ok()) throw RuntimeError("method '" + name + "' not found in program: " + err_str(meta.error()));
@@ -279,7 +197,8 @@ std::unique_ptr<PteModule::LoadedMethod> PteModule::load_method(const std::strin
   lm->memory_manager.reset(
       new et::MemoryManager(&lm->method_allocator, lm->planned_memory.get(), &lm->temp_allocator));
 
-  et::Result<et::Method> method = program.load_method(name.c_str(), lm->memory_manager.get());
+  et::EventTracer* tracer = traced && tracer_ ? &tracer_->etdump : nullptr;
+  et::Result<et::Method> method = program.load_method(name.c_str(), lm->memory_manager.get(), tracer);
   if (!method.ok()) {
     std::string hint;
     if (method.error() == et::Error::OperatorMissing) {
@@ -341,7 +260,37 @@ std::vector<std::string> PteModule::run_string_method(const std::string& name) {
 }
 
 void PteModule::load_forward() {
-  if (!forward_) forward_ = load_method("forward");
+  if (!forward_) forward_ = load_method("forward", /*traced=*/true);
+}
+
+void PteModule::enable_etdump() {
+  if (forward_) throw RuntimeError("enable_etdump() must come before forward is loaded");
+  if (!tracer_) tracer_.reset(new Tracer());
+}
+
+bool PteModule::write_etdump(const std::string& path, std::string* err) {
+  if (!tracer_) {
+    *err = "no ETDump was recorded";
+    return false;
+  }
+  executorch::etdump::ETDumpResult result = tracer_->etdump.get_etdump_data();
+  if (result.buf == nullptr || result.size == 0) {
+    *err = "the event tracer recorded nothing";
+    return false;
+  }
+  const std::string partial = path + ".partial";
+  bool ok = false;
+  if (FILE* f = std::fopen(partial.c_str(), "wb")) {
+    ok = std::fwrite(result.buf, 1, result.size, f) == result.size;
+    ok = (std::fclose(f) == 0) && ok;
+  }
+  std::free(result.buf);  // the caller owns the finished buffer
+  if (!ok || std::rename(partial.c_str(), path.c_str()) != 0) {
+    *err = "cannot write '" + path + "': " + std::strerror(errno);
+    std::remove(partial.c_str());
+    return false;
+  }
+  return true;
 }
 
 size_t PteModule::forward_num_inputs() const { return forward_ ? forward_->method->inputs_size() : 0; }

@@ -1,6 +1,7 @@
 // Thin wrapper over the ExecuTorch runtime API shipped in the wheel (Program,
 // Method, MemoryManager, HierarchicalAllocator): loads a .pte through our mmap
-// loader, runs constant methods and `forward`.
+// loader, runs constant methods and `forward`, optionally under an ETDump event
+// tracer.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,13 @@ class PteModule {
   // Runs a method that takes no inputs and returns strings (e.g. get_runtime_libraries).
   std::vector<std::string> run_string_method(const std::string& name);
 
+  // Records an ETDump of `forward` (profiling events of every execute); call before
+  // load_forward(). write_etdump() writes it to `path` atomically (path.partial, then
+  // rename) and returns false, with *err set, when there is nothing to write or the
+  // write fails.
+  void enable_etdump();
+  bool write_etdump(const std::string& path, std::string* err);
+
   // Loads `forward` (allocates its planned memory). Idempotent.
   void load_forward();
   size_t forward_num_inputs() const;
@@ -48,12 +56,14 @@ class PteModule {
 
  private:
   struct LoadedMethod;
-  std::unique_ptr<LoadedMethod> load_method(const std::string& name) const;
+  std::unique_ptr<LoadedMethod> load_method(const std::string& name, bool traced = false) const;
 
   std::string path_;
   std::unique_ptr<MmapDataLoader> loader_;
   struct ProgramHolder;
   std::unique_ptr<ProgramHolder> program_;
+  struct Tracer;
+  std::unique_ptr<Tracer> tracer_;  // outlives forward_
   std::unique_ptr<LoadedMethod> forward_;
 };
 
@@ -62,13 +72,5 @@ void install_executorch_logging(bool verbose);
 
 // Sets the ExecuTorch CPU thread pool size (0 = leave the default).
 void set_executorch_threads(unsigned n);
-
-// The wheel's KV-cache attention kernel (llama::custom_sdpa) does its matrix
-// products with MKL from libtorch, which opens OpenMP teams from inside
-// ExecuTorch's thread pool: nested, oversubscribed parallelism that made decode
-// up to 10x slower in our measurements. Unless OMP_NUM_THREADS is set, limit
-// OpenMP to one thread on every thread-pool thread (and the caller). Call after
-// set_executorch_threads(). Returns the number of threads configured.
-size_t limit_openmp_threads();
 
 }  // namespace llmcore

@@ -31,14 +31,24 @@ tokenizers = pytest.importorskip("tokenizers")
 # --------------------------------------------------------------------------
 
 
+def cmake_executable():
+    """The venv's cmake (`pip install "cmake>=3.28"`, next to sys.executable) when present:
+    the runner needs CMake >= 3.28, newer than many systems' own. Else cmake from PATH."""
+    venv_cmake = Path(sys.executable).parent / "cmake"
+    if venv_cmake.is_file() and os.access(venv_cmake, os.X_OK):
+        return str(venv_cmake)
+    return shutil.which("cmake")
+
+
 @pytest.fixture(scope="session")
 def binaries():
     if not RUNNER.exists() or not TOKENIZE.exists():
-        if shutil.which("cmake") is None:
+        cmake = cmake_executable()
+        if cmake is None:
             pytest.skip("cmake not available to build the runner")
         subprocess.run(
             [
-                "cmake",
+                cmake,
                 "-S",
                 str(ROOT),
                 "-B",
@@ -49,7 +59,7 @@ def binaries():
             check=True,
         )
         jobs = str(max(1, min(os.cpu_count() or 2, 4)))
-        subprocess.run(["cmake", "--build", str(BUILD), "-j", jobs], check=True)
+        subprocess.run([cmake, "--build", str(BUILD), "-j", jobs], check=True)
     assert RUNNER.exists() and TOKENIZE.exists()
     return RUNNER, TOKENIZE
 

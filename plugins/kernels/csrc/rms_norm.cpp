@@ -10,7 +10,7 @@
 // Written against the ExecuTorch runtime headers that ship in the executorch
 // wheel, and registered with EXECUTORCH_LIBRARY: the registration runs when this
 // library is loaded, into the operator registry of the runtime it links
-// (_portable_lib in the wheel, the same one the Python bindings use).
+// (the wheel's libexecutorch.so, the same one the Python bindings `_C` link).
 #include "rms_norm.h"
 
 #include <cmath>

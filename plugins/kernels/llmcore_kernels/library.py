@@ -59,8 +59,8 @@ def load() -> None:
         return
     import torch
 
-    # The kernels register into the runtime that the Python bindings use: import it first
-    # so that the library's dependency on _portable_lib resolves to that same copy.
+    # The kernels register into the runtime that the Python bindings use: import them first
+    # so that the library's dependency on libexecutorch.so resolves to the copy they loaded.
     from executorch.extension.pybindings import portable_lib  # noqa: F401
 
     path = library_path(AOT_LIBRARY)

@@ -1,0 +1,346 @@
+// llama::update_cache.out and llama::custom_sdpa.out for llmcore_runner (see llm_ops.h).
+//
+// Attention: each work item is one (batch, query head, block of up to kRowBlock query
+// rows). Per row it computes the scaled scores against every key the row may see (four
+// keys at a time, for instruction-level parallelism), a numerically stable softmax (max
+// subtracted, a vectorised exp), then the weighted sum of v rows (four at a time) into
+// the output row; the block's k and v rows stay in cache between its rows. Items run on ExecuTorch's thread pool
+// (parallel_for): a decode step has one item per head, a prefill chunk one per head and
+// block. The hot loops are compiled twice, for x86-64-v3 (AVX2 + FMA) and the baseline,
+// and picked at load time (target_clones) where the compiler supports it.
+#include "llm_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
+#include <executorch/runtime/kernel/thread_parallel_interface.h>
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define LLMCORE_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define LLMCORE_MULTIVERSION
+#endif
+// The helpers are inlined into each clone of attend_block, so they are compiled for its
+// target too.
+#define LLMCORE_INLINE inline __attribute__((always_inline))
+
+namespace llmcore_kernels {
+
+using executorch::aten::ScalarType;
+using executorch::aten::Tensor;
+using executorch::runtime::Error;
+using executorch::runtime::KernelRuntimeContext;
+
+namespace {
+
+constexpr int64_t kRowBlock = 8;  // query rows per work item (prefill)
+
+bool dense(const Tensor& t) {
+  return executorch::runtime::tensor_is_default_dim_order(t) && executorch::runtime::tensor_is_contiguous(t);
+}
+
+// Eight floats as one value (GCC/Clang vector extensions): one AVX register in the
+// x86-64-v3 build, two SSE registers in the baseline one. Loads and stores go through
+// memcpy, so no alignment is assumed.
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+constexpr int kVec = 8;
+
+LLMCORE_INLINE v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+LLMCORE_INLINE void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
+LLMCORE_INLINE v8f splat(float x) { return v8f{x, x, x, x, x, x, x, x}; }
+LLMCORE_INLINE float hsum(v8f v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+// exp(x) for x <= 0 (softmax arguments after the row's max is subtracted): x = n ln2 + r
+// with |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (truncation error below 1e-8
+// relative), 2^n built in the exponent bits. Below -87 the result is clamped at
+// exp(-87) ~ 1.6e-38, negligible next to the row's largest term (1).
+LLMCORE_INLINE v8f exp_nonpositive(v8f x) {
+  x = x < splat(-87.0f) ? splat(-87.0f) : x;
+  const v8f a = x * splat(1.44269504088896341f) + splat(0.5f);
+  v8i n = __builtin_convertvector(a, v8i);  // truncates toward zero
+  v8f fn = __builtin_convertvector(n, v8f);
+  const v8i above = fn > a;                 // -1 where truncation rounded up: floor
+  n += above;
+  fn = __builtin_convertvector(n, v8f);     // n = round(x / ln2)
+  v8f r = x - fn * splat(0.693145751953125f);  // ln2, high bits (exact product)
+  r = r - fn * splat(1.4286068203094172e-06f); // ln2, low bits
+  v8f p = splat(1.0f / 5040.0f);
+  p = p * r + splat(1.0f / 720.0f);
+  p = p * r + splat(1.0f / 120.0f);
+  p = p * r + splat(1.0f / 24.0f);
+  p = p * r + splat(1.0f / 6.0f);
+  p = p * r + splat(0.5f);
+  p = p * r + splat(1.0f);
+  p = p * r + splat(1.0f);
+  const v8i bits = (n + 127) << 23;  // n >= -126: a normal power of two
+  v8f two_n;
+  std::memcpy(&two_n, &bits, sizeof(two_n));
+  return p * two_n;
+}
+
+// Four dot products q . k_t (t = 0..3) of length d, in independent accumulators.
+LLMCORE_INLINE void dot4(const float* q, const float* k0, const float* k1, const float* k2, const float* k3, int64_t d,
+                 float out[4]) {
+  v8f a0 = splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+  int64_t c = 0;
+  for (; c + kVec <= d; c += kVec) {
+    const v8f x = load8(q + c);
+    a0 += x * load8(k0 + c);
+    a1 += x * load8(k1 + c);
+    a2 += x * load8(k2 + c);
+    a3 += x * load8(k3 + c);
+  }
+  float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
+  for (; c < d; ++c) {
+    s0 += q[c] * k0[c];
+    s1 += q[c] * k1[c];
+    s2 += q[c] * k2[c];
+    s3 += q[c] * k3[c];
+  }
+  out[0] = s0;
+  out[1] = s1;
+  out[2] = s2;
+  out[3] = s3;
+}
+
+LLMCORE_INLINE float dot1(const float* q, const float* k, int64_t d) {
+  v8f a = splat(0.0f);
+  int64_t c = 0;
+  for (; c + kVec <= d; c += kVec) a += load8(q + c) * load8(k + c);
+  float s = hsum(a);
+  for (; c < d; ++c) s += q[c] * k[c];
+  return s;
+}
+
+// Softmax numerator of one row in place: s[j] <- exp(s[j] - max); returns the sum.
+LLMCORE_INLINE float softmax_row(float* s, int64_t n) {
+  float mx = s[0];
+  int64_t j = 0;
+  if (n >= kVec) {
+    v8f m = load8(s);
+    for (j = kVec; j + kVec <= n; j += kVec) {
+      const v8f x = load8(s + j);
+      m = x > m ? x : m;
+    }
+    for (int l = 0; l < kVec; ++l) mx = m[l] > mx ? m[l] : mx;
+  }
+  for (; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
+  const v8f vmx = splat(mx);
+  v8f part = splat(0.0f);
+  for (j = 0; j + kVec <= n; j += kVec) {
+    const v8f e = exp_nonpositive(load8(s + j) - vmx);
+    store8(s + j, e);
+    part += e;
+  }
+  float sum = hsum(part);
+  if (j < n) {  // the tail, padded with the max (exp 1, not stored or summed)
+    float tail[kVec];
+    for (int l = 0; l < kVec; ++l) tail[l] = j + l < n ? s[j + l] : mx;
+    const v8f e = exp_nonpositive(load8(tail) - vmx);
+    for (int l = 0; j + l < n; ++l) {
+      s[j + l] = e[l];
+      sum += e[l];
+    }
+  }
+  return sum;
+}
+
+struct Attention {
+  const float* q;
+  const float* k;
+  const float* v;
+  float* out;
+  int64_t batch, q_len, n_heads, head_dim;  // q and out: [batch, q_len, n_heads, head_dim]
+  int64_t kv_len, n_kv_heads;               // k and v: [batch, kv_len, n_kv_heads, head_dim]
+  int64_t start_pos;
+  bool causal;
+  float scale;
+  int64_t row_blocks;  // ceil(q_len / kRowBlock)
+};
+
+// One work item: batch b, head h, rows [i0, i1) of the query.
+LLMCORE_MULTIVERSION
+void attend_block(const Attention& a, int64_t b, int64_t h, int64_t i0, int64_t i1, std::vector<float>& scratch) {
+  const int64_t d = a.head_dim;
+  const int64_t g = h / (a.n_heads / a.n_kv_heads);  // the kv head this query head reads
+  const int64_t rows = i1 - i0;
+  const int64_t all_keys = a.start_pos + a.q_len;
+  // Row r sees keys [0, limit[r]).
+  int64_t limit[kRowBlock];
+  for (int64_t r = 0; r < rows; ++r) limit[r] = a.causal ? a.start_pos + i0 + r + 1 : all_keys;
+  const int64_t n_keys = limit[rows - 1];  // the largest
+  if (static_cast<int64_t>(scratch.size()) < rows * n_keys) scratch.resize(rows * n_keys);
+  float* scores = scratch.data();
+
+  const int64_t q_row_stride = a.n_heads * d;
+  const int64_t kv_row_stride = a.n_kv_heads * d;
+  const float* q0 = a.q + ((b * a.q_len + i0) * a.n_heads + h) * d;
+  const float* k0 = a.k + (b * a.kv_len * a.n_kv_heads + g) * d;
+  const float* v0 = a.v + (b * a.kv_len * a.n_kv_heads + g) * d;
+  float* o0 = a.out + ((b * a.q_len + i0) * a.n_heads + h) * d;
+
+  // Scores, scaled: keys in fours while all four are visible to the row.
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* qr = q0 + r * q_row_stride;
+    float* sr = scores + r * n_keys;
+    int64_t j = 0;
+    for (; j + 4 <= limit[r]; j += 4) {
+      const float* kj = k0 + j * kv_row_stride;
+      float dots[4];
+      dot4(qr, kj, kj + kv_row_stride, kj + 2 * kv_row_stride, kj + 3 * kv_row_stride, d, dots);
+      for (int t = 0; t < 4; ++t) sr[j + t] = dots[t] * a.scale;
+    }
+    for (; j < limit[r]; ++j) sr[j] = dot1(qr, k0 + j * kv_row_stride, d) * a.scale;
+  }
+
+  // Softmax and weighted sum of values, four keys per pass over the output row.
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = scores + r * n_keys;
+    const int64_t n = limit[r];
+    const float inv_sum = 1.0f / softmax_row(sr, n);
+    float* orow = o0 + r * q_row_stride;
+    for (int64_t c = 0; c < d; ++c) orow[c] = 0.0f;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      const float* va = v0 + j * kv_row_stride;
+      const float* vb = va + kv_row_stride;
+      const float* vc = vb + kv_row_stride;
+      const float* vd = vc + kv_row_stride;
+      const float pa = sr[j], pb = sr[j + 1], pc = sr[j + 2], pd = sr[j + 3];
+      int64_t c = 0;
+      for (; c + kVec <= d; c += kVec) {
+        store8(orow + c, load8(orow + c) + splat(pa) * load8(va + c) + splat(pb) * load8(vb + c) +
+                             splat(pc) * load8(vc + c) + splat(pd) * load8(vd + c));
+      }
+      for (; c < d; ++c) orow[c] += pa * va[c] + pb * vb[c] + pc * vc[c] + pd * vd[c];
+    }
+    for (; j < n; ++j) {
+      const float* vj = v0 + j * kv_row_stride;
+      const float p = sr[j];
+      int64_t c = 0;
+      for (; c + kVec <= d; c += kVec) store8(orow + c, load8(orow + c) + splat(p) * load8(vj + c));
+      for (; c < d; ++c) orow[c] += p * vj[c];
+    }
+    for (int64_t c = 0; c < d; ++c) orow[c] *= inv_sum;
+  }
+}
+
+void attend(const Attention& a) {
+  const int64_t items = a.batch * a.n_heads * a.row_blocks;
+  executorch::extension::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scratch;
+    for (int64_t it = begin; it < end; ++it) {
+      const int64_t blk = it % a.row_blocks;
+      const int64_t h = (it / a.row_blocks) % a.n_heads;
+      const int64_t b = it / (a.row_blocks * a.n_heads);
+      const int64_t i0 = blk * kRowBlock;
+      attend_block(a, b, h, i0, std::min(a.q_len, i0 + kRowBlock), scratch);
+    }
+  });
+}
+
+const char* dtype_name(ScalarType t) { return executorch::runtime::toString(t); }
+
+}  // namespace
+
+Tensor& update_cache_out(KernelRuntimeContext& ctx, const Tensor& value, Tensor& cache, int64_t start_pos,
+                         Tensor& out) {
+  ET_KERNEL_CHECK_MSG(ctx, value.scalar_type() == ScalarType::Float && cache.scalar_type() == ScalarType::Float,
+                      InvalidType, out, "llama::update_cache: llmcore's kernel takes float32 only (value %s, cache %s)",
+                      dtype_name(value.scalar_type()), dtype_name(cache.scalar_type()));
+  ET_KERNEL_CHECK_MSG(ctx, value.dim() == 4 && cache.dim() == 4, InvalidArgument, out,
+                      "llama::update_cache: value and cache must be 4-D [B, S, H, D] (got %zd-D and %zd-D)",
+                      (ssize_t)value.dim(), (ssize_t)cache.dim());
+  ET_KERNEL_CHECK_MSG(ctx,
+                      value.size(0) == cache.size(0) && value.size(2) == cache.size(2) && value.size(3) == cache.size(3),
+                      InvalidArgument, out,
+                      "llama::update_cache: value [%zd, %zd, %zd, %zd] does not fit cache [%zd, %zd, %zd, %zd] "
+                      "(batch, heads and head size must match)",
+                      (ssize_t)value.size(0), (ssize_t)value.size(1), (ssize_t)value.size(2), (ssize_t)value.size(3),
+                      (ssize_t)cache.size(0), (ssize_t)cache.size(1), (ssize_t)cache.size(2), (ssize_t)cache.size(3));
+  const int64_t seq = value.size(1), capacity = cache.size(1);
+  ET_KERNEL_CHECK_MSG(ctx, start_pos >= 0 && start_pos + seq <= capacity, InvalidArgument, out,
+                      "llama::update_cache: positions [%lld, %lld) are outside the cache's %lld",
+                      (long long)start_pos, (long long)(start_pos + seq), (long long)capacity);
+  ET_KERNEL_CHECK_MSG(ctx, dense(value) && dense(cache), InvalidArgument, out,
+                      "llama::update_cache: value and cache must be contiguous");
+  const int64_t row = value.size(2) * value.size(3);  // floats per position
+  const float* src = value.const_data_ptr<float>();
+  float* dst = cache.mutable_data_ptr<float>();
+  for (int64_t b = 0; b < value.size(0); ++b) {
+    std::memcpy(dst + (b * capacity + start_pos) * row, src + b * seq * row, sizeof(float) * seq * row);
+  }
+  return out;
+}
+
+Tensor& custom_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                        int64_t start_pos, const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal,
+                        std::optional<double> scale, Tensor& out) {
+  ET_KERNEL_CHECK_MSG(ctx, !attn_mask.has_value(), InvalidArgument, out,
+                      "llama::custom_sdpa: llmcore's kernel does not take attn_mask (causal masking from start_pos only)");
+  ET_KERNEL_CHECK_MSG(ctx, dropout_p == 0.0, InvalidArgument, out,
+                      "llama::custom_sdpa: dropout_p must be 0 (got %f)", dropout_p);
+  ET_KERNEL_CHECK_MSG(ctx,
+                      q.scalar_type() == ScalarType::Float && k.scalar_type() == ScalarType::Float &&
+                          v.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float,
+                      InvalidType, out,
+                      "llama::custom_sdpa: llmcore's kernel takes float32 only (query %s, key %s, value %s, out %s)",
+                      dtype_name(q.scalar_type()), dtype_name(k.scalar_type()), dtype_name(v.scalar_type()),
+                      dtype_name(out.scalar_type()));
+  ET_KERNEL_CHECK_MSG(ctx, q.dim() == 4 && k.dim() == 4 && v.dim() == 4, InvalidArgument, out,
+                      "llama::custom_sdpa: query, key and value must be 4-D [B, S, H, D]");
+  ET_KERNEL_CHECK_MSG(ctx, k.sizes() == v.sizes(), InvalidArgument, out,
+                      "llama::custom_sdpa: key and value must have one shape");
+  const int64_t batch = q.size(0), q_len = q.size(1), n_heads = q.size(2), head_dim = q.size(3);
+  const int64_t kv_len = k.size(1), n_kv_heads = k.size(2);
+  ET_KERNEL_CHECK_MSG(ctx, k.size(0) == batch && k.size(3) == head_dim, InvalidArgument, out,
+                      "llama::custom_sdpa: key [%lld, %lld, %lld, %lld] does not match query [%lld, %lld, %lld, %lld] "
+                      "in batch or head size",
+                      (long long)k.size(0), (long long)kv_len, (long long)n_kv_heads, (long long)k.size(3),
+                      (long long)batch, (long long)q_len, (long long)n_heads, (long long)head_dim);
+  ET_KERNEL_CHECK_MSG(ctx, n_kv_heads > 0 && n_heads % n_kv_heads == 0, InvalidArgument, out,
+                      "llama::custom_sdpa: %lld query heads are not a multiple of %lld key/value heads",
+                      (long long)n_heads, (long long)n_kv_heads);
+  ET_KERNEL_CHECK_MSG(ctx, start_pos >= 0 && start_pos + q_len <= kv_len, InvalidArgument, out,
+                      "llama::custom_sdpa: positions [%lld, %lld) are outside the cache's %lld",
+                      (long long)start_pos, (long long)(start_pos + q_len), (long long)kv_len);
+  ET_KERNEL_CHECK_MSG(ctx, !scale.has_value() || std::isfinite(*scale), InvalidArgument, out,
+                      "llama::custom_sdpa: scale must be finite");
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, q.sizes()) == Error::Ok, InvalidArgument, out);
+  ET_KERNEL_CHECK_MSG(ctx, dense(q) && dense(k) && dense(v) && dense(out), InvalidArgument, out,
+                      "llama::custom_sdpa: query, key, value and out must be contiguous");
+  if (q.numel() == 0) return out;
+  ET_KERNEL_CHECK_MSG(ctx, head_dim > 0, InvalidArgument, out, "llama::custom_sdpa: head size must be positive");
+
+  Attention a;
+  a.q = q.const_data_ptr<float>();
+  a.k = k.const_data_ptr<float>();
+  a.v = v.const_data_ptr<float>();
+  a.out = out.mutable_data_ptr<float>();
+  a.batch = batch;
+  a.q_len = q_len;
+  a.n_heads = n_heads;
+  a.head_dim = head_dim;
+  a.kv_len = kv_len;
+  a.n_kv_heads = n_kv_heads;
+  a.start_pos = start_pos;
+  a.causal = is_causal;
+  a.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim)));
+  a.row_blocks = (q_len + kRowBlock - 1) / kRowBlock;
+  attend(a);
+  return out;
+}
+
+}  // namespace llmcore_kernels
+
+// Run at load time of the executable that links these objects.
+EXECUTORCH_LIBRARY(llama, "update_cache.out", llmcore_kernels::update_cache_out);
+EXECUTORCH_LIBRARY(llama, "custom_sdpa.out", llmcore_kernels::custom_sdpa_out);

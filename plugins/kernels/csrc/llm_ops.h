@@ -1,0 +1,41 @@
+// llmcore's own ExecuTorch kernels for the two LLM custom ops that llmcore's
+// `kv-cache` transform emits (llmcore/builtins/kv_cache.py):
+//
+//   llama::update_cache.out(Tensor value, Tensor(a!) cache, SymInt start_pos, *, Tensor(b!) out) -> Tensor(b!)
+//   llama::custom_sdpa.out(Tensor query, Tensor key, Tensor value, SymInt start_pos, Tensor? attn_mask=None,
+//                          float drpout_p=0., bool is_causal=False, float? scale=None, *, Tensor(a!) out) -> Tensor(a!)
+//
+// ExecuTorch ships kernels for them only inside libcustom_ops_aot_lib.so, which needs
+// libtorch and the Python extension. These are written from the schemas and from the
+// behaviour of those ops in PyTorch, for float32, layout [B, S, H, D]:
+//
+// * update_cache writes value[b, s] into cache[b, start_pos + s] (in place); `out` is
+//   a placeholder the program never reads, and is left untouched.
+// * custom_sdpa attends each query row i of q[b, :, h] (absolute position start_pos + i)
+//   to keys 0 .. start_pos + S - 1 of k/v[b, :, h / (H / H_kv)] (grouped-query attention),
+//   only up to its own position when is_causal. scale defaults to 1/sqrt(D).
+//   attn_mask and dropout are refused.
+//
+// Registered with EXECUTORCH_LIBRARY into the runtime they are linked with. Built as an
+// object library for llmcore_runner only (plugins/kernels/CMakeLists.txt): a Python
+// process has ExecuTorch's own registrations of these names.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include <executorch/runtime/kernel/kernel_includes.h>
+
+namespace llmcore_kernels {
+
+executorch::aten::Tensor& update_cache_out(executorch::runtime::KernelRuntimeContext& ctx,
+                                           const executorch::aten::Tensor& value, executorch::aten::Tensor& cache,
+                                           int64_t start_pos, executorch::aten::Tensor& out);
+
+executorch::aten::Tensor& custom_sdpa_out(executorch::runtime::KernelRuntimeContext& ctx,
+                                          const executorch::aten::Tensor& q, const executorch::aten::Tensor& k,
+                                          const executorch::aten::Tensor& v, int64_t start_pos,
+                                          const std::optional<executorch::aten::Tensor>& attn_mask, double dropout_p,
+                                          bool is_causal, std::optional<double> scale, executorch::aten::Tensor& out);
+
+}  // namespace llmcore_kernels

@@ -1,0 +1,209 @@
+// llmcore_llm_ops_check: runs the runner's llama:: kernels (llm_ops.cpp) through the
+// ExecuTorch operator registry, on raw float32 buffers, so that tests can compare them
+// with PyTorch. Not installed anywhere; the tests in tests/runtime/test_llm_ops.py use it.
+//
+//   llmcore_llm_ops_check registered
+//       prints "llama::update_cache.out llama::custom_sdpa.out" when both are registered
+//   llmcore_llm_ops_check sdpa DIR key=value...
+//       keys: batch q_len heads head_dim kv_len kv_heads start causal (0/1) scale (a number
+//       or "none") dtype (float/double/half) mask (0/1) dropout (a number) repeat (N calls)
+//       reads DIR/q.bin [batch,q_len,heads,head_dim], DIR/k.bin and DIR/v.bin
+//       [batch,kv_len,kv_heads,head_dim] (float32, when dtype=float), writes DIR/out.bin;
+//       prints "us_per_call=..." (the median of `repeat` calls)
+//   llmcore_llm_ops_check update_cache DIR key=value...
+//       keys: batch seq heads head_dim capacity start dtype
+//       reads DIR/value.bin and DIR/cache.bin, writes the updated cache to DIR/cache_out.bin
+// Exit status: 0 when the kernel succeeded, 1 when it failed (ExecuTorch logs the reason
+// on stderr), 2 on a usage error.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
+#include <executorch/runtime/kernel/kernel_runtime_context.h>
+#include <executorch/runtime/kernel/operator_registry.h>
+#include <executorch/runtime/platform/runtime.h>
+
+namespace et = executorch::runtime;
+using executorch::aten::ScalarType;
+using executorch::aten::Tensor;
+using executorch::aten::TensorImpl;
+
+namespace {
+
+[[noreturn]] void usage(const std::string& msg) {
+  std::fprintf(stderr, "llmcore_llm_ops_check: %s\n", msg.c_str());
+  std::exit(2);
+}
+
+std::vector<char> read_file(const std::string& path, size_t bytes) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) usage("cannot read " + path);
+  std::vector<char> data(bytes);
+  f.read(data.data(), static_cast<std::streamsize>(bytes));
+  if (static_cast<size_t>(f.gcount()) != bytes) usage(path + " is shorter than " + std::to_string(bytes) + " bytes");
+  return data;
+}
+
+void write_file(const std::string& path, const void* data, size_t bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  if (!f) usage("cannot write " + path);
+}
+
+// A contiguous tensor over caller-owned memory.
+struct Buffer {
+  std::vector<TensorImpl::SizesType> sizes;
+  std::vector<TensorImpl::DimOrderType> order;
+  std::vector<TensorImpl::StridesType> strides;
+  std::vector<char> data;
+  std::unique_ptr<TensorImpl> impl;
+
+  Buffer(ScalarType type, std::vector<int64_t> shape, std::vector<char> bytes = {}) {
+    size_t n = 1;
+    for (int64_t s : shape) {
+      sizes.push_back(static_cast<TensorImpl::SizesType>(s));
+      n *= static_cast<size_t>(s);
+    }
+    strides.resize(shape.size());
+    TensorImpl::StridesType stride = 1;
+    for (size_t i = shape.size(); i-- > 0;) {
+      strides[i] = stride;
+      stride *= std::max<TensorImpl::SizesType>(sizes[i], 1);
+      order.insert(order.begin(), static_cast<TensorImpl::DimOrderType>(i));
+    }
+    const size_t bytes_needed = n * executorch::runtime::elementSize(type);
+    data = bytes.empty() ? std::vector<char>(bytes_needed) : std::move(bytes);
+    if (data.size() < bytes_needed) data.resize(bytes_needed);
+    impl.reset(new TensorImpl(type, static_cast<ssize_t>(shape.size()), sizes.data(), data.data(), order.data(),
+                              strides.data()));
+  }
+  size_t nbytes() const { return impl->nbytes(); }
+  Tensor tensor() { return Tensor(impl.get()); }
+};
+
+struct Args {
+  std::string dir;
+  std::map<std::string, std::string> kv;
+  std::string get(const std::string& k, const std::string& dflt) const {
+    auto it = kv.find(k);
+    return it == kv.end() ? dflt : it->second;
+  }
+  int64_t num(const std::string& k, int64_t dflt) const { return std::stoll(get(k, std::to_string(dflt))); }
+};
+
+Args parse(int argc, char** argv) {
+  if (argc < 3) usage("expected: sdpa|update_cache DIR key=value...");
+  Args a;
+  a.dir = argv[2];
+  for (int i = 3; i < argc; ++i) {
+    std::string s = argv[i];
+    size_t eq = s.find('=');
+    if (eq == std::string::npos) usage("expected key=value, got " + s);
+    a.kv[s.substr(0, eq)] = s.substr(eq + 1);
+  }
+  return a;
+}
+
+ScalarType dtype_of(const std::string& name) {
+  if (name == "float") return ScalarType::Float;
+  if (name == "double") return ScalarType::Double;
+  if (name == "half") return ScalarType::Half;
+  usage("unknown dtype " + name);
+}
+
+et::OpFunction lookup(const char* name) {
+  et::Result<et::OpFunction> op = et::get_op_function_from_registry(name);
+  if (!op.ok()) {
+    std::fprintf(stderr, "llmcore_llm_ops_check: %s is not registered\n", name);
+    std::exit(1);
+  }
+  return *op;
+}
+
+int run_sdpa(const Args& a) {
+  const int64_t batch = a.num("batch", 1), q_len = a.num("q_len", 1), heads = a.num("heads", 1);
+  const int64_t head_dim = a.num("head_dim", 8), kv_len = a.num("kv_len", 8), kv_heads = a.num("kv_heads", heads);
+  const ScalarType type = dtype_of(a.get("dtype", "float"));
+  const bool from_files = type == ScalarType::Float;
+  auto load = [&](const char* name, std::vector<int64_t> shape) {
+    size_t n = 1;
+    for (int64_t s : shape) n *= static_cast<size_t>(s);
+    return Buffer(type, shape, from_files ? read_file(a.dir + "/" + name, n * sizeof(float)) : std::vector<char>());
+  };
+  Buffer q = load("q.bin", {batch, q_len, heads, head_dim});
+  Buffer k = load("k.bin", {batch, kv_len, kv_heads, head_dim});
+  Buffer v = load("v.bin", {batch, kv_len, kv_heads, head_dim});
+  Buffer out(type, {batch, q_len, heads, head_dim});
+  Buffer mask(type, {q_len, kv_len});
+  const std::string scale = a.get("scale", "none");
+
+  et::EValue ev_q(q.tensor()), ev_k(k.tensor()), ev_v(v.tensor()), ev_start(a.num("start", 0));
+  et::EValue ev_mask = a.num("mask", 0) ? et::EValue(mask.tensor()) : et::EValue();
+  et::EValue ev_dropout(std::stod(a.get("dropout", "0")));
+  et::EValue ev_causal(a.num("causal", 1) != 0);
+  et::EValue ev_scale = scale == "none" ? et::EValue() : et::EValue(std::stod(scale));
+  et::EValue ev_out(out.tensor());
+  et::EValue* stack[] = {&ev_q, &ev_k, &ev_v, &ev_start, &ev_mask, &ev_dropout, &ev_causal, &ev_scale, &ev_out};
+
+  et::OpFunction op = lookup("llama::custom_sdpa.out");
+  const int64_t repeat = std::max<int64_t>(1, a.num("repeat", 1));
+  std::vector<double> us;
+  for (int64_t r = 0; r < repeat; ++r) {
+    et::KernelRuntimeContext ctx;
+    auto t0 = std::chrono::steady_clock::now();
+    op(ctx, et::Span<et::EValue*>(stack, 9));
+    auto t1 = std::chrono::steady_clock::now();
+    if (ctx.failure_state() != et::Error::Ok) return 1;
+    us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  std::sort(us.begin(), us.end());
+  write_file(a.dir + "/out.bin", out.data.data(), out.nbytes());
+  std::printf("us_per_call=%.3f\n", us[us.size() / 2]);
+  return 0;
+}
+
+int run_update_cache(const Args& a) {
+  const int64_t batch = a.num("batch", 1), seq = a.num("seq", 1), heads = a.num("heads", 1);
+  const int64_t head_dim = a.num("head_dim", 8), capacity = a.num("capacity", 8);
+  const ScalarType type = dtype_of(a.get("dtype", "float"));
+  const bool from_files = type == ScalarType::Float;
+  const size_t value_bytes = static_cast<size_t>(batch * seq * heads * head_dim) * sizeof(float);
+  const size_t cache_bytes = static_cast<size_t>(batch * capacity * heads * head_dim) * sizeof(float);
+  Buffer value(type, {batch, seq, heads, head_dim}, from_files ? read_file(a.dir + "/value.bin", value_bytes) : std::vector<char>());
+  Buffer cache(type, {batch, capacity, heads, head_dim},
+               from_files ? read_file(a.dir + "/cache.bin", cache_bytes) : std::vector<char>());
+  Buffer out(type, {1});
+  et::EValue ev_value(value.tensor()), ev_cache(cache.tensor()), ev_start(a.num("start", 0)), ev_out(out.tensor());
+  et::EValue* stack[] = {&ev_value, &ev_cache, &ev_start, &ev_out};
+  et::KernelRuntimeContext ctx;
+  lookup("llama::update_cache.out")(ctx, et::Span<et::EValue*>(stack, 4));
+  if (ctx.failure_state() != et::Error::Ok) return 1;
+  write_file(a.dir + "/cache_out.bin", cache.data.data(), cache.nbytes());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  et::runtime_init();
+  if (argc < 2) usage("expected a command: registered, sdpa, update_cache");
+  const std::string cmd = argv[1];
+  if (cmd == "registered") {
+    for (const char* name : {"llama::update_cache.out", "llama::custom_sdpa.out"}) {
+      if (et::registry_has_op_function(name)) std::printf("%s ", name);
+    }
+    std::printf("\n");
+    return 0;
+  }
+  if (cmd == "sdpa") return run_sdpa(parse(argc, argv));
+  if (cmd == "update_cache") return run_update_cache(parse(argc, argv));
+  usage("unknown command " + cmd);
+}
