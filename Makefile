@@ -53,10 +53,11 @@ demo: setup runner
 	$(LLMCORE) export --model llama --checkpoint $(SMOLLM2_GGUF) --plugins xnnpack --quantize 8da4w \
 		--max-seq-len 1024 -o $(OUT)/smollm2/smollm2.pte
 	$(LLMCORE) run $(OUT)/smollm2/smollm2.pte --chat --prompt "$(QUESTION)" --max-new-tokens 48
-	@echo "--- the same program, C++ runner:"
-	build/llmcore_runner $(OUT)/smollm2/smollm2.pte --max-new-tokens 48 --prompt "$$($(PY) -c \
-		'import sys; from llmcore.chat import apply_template; print(apply_template(sys.argv[1], sys.argv[2]), end="")' \
-		$(OUT)/smollm2/tokenizer.json "$(QUESTION)")"
+	@echo "--- the same program, C++ runner, on the same templated prompt (a file keeps its final newline):"
+	$(PY) -c 'import sys; from llmcore.chat import apply_template; \
+		open(sys.argv[3], "w").write(apply_template(sys.argv[1], sys.argv[2]))' \
+		$(OUT)/smollm2/tokenizer.json "$(QUESTION)" $(OUT)/smollm2/prompt.txt
+	build/llmcore_runner $(OUT)/smollm2/smollm2.pte --max-new-tokens 48 --prompt-file $(OUT)/smollm2/prompt.txt
 
 # A GPT-2-shaped nanoGPT (random weights, GPT-2's real BPE), int8, generating text.
 demo-gpt2: setup

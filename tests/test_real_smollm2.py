@@ -48,15 +48,50 @@ def test_report_and_program(smollm2):
     assert report["outputs"]["pte_bytes"] < 250 * 2**20
 
 
-def test_cpp_runner_agrees(smollm2, cli):
+# Two attention kernels (ExecuTorch's custom_sdpa in Python, llmcore's own in the C++ runner)
+# sum in different orders; the dynamic int8 activations of 8da4w can turn that last-bit
+# difference into a different argmax where the two best logits are this close.
+NEAR_TIE = 0.1
+
+
+def test_cpp_runner_agrees_on_the_demo_question(smollm2, tmp_path):
+    """The demo's question, templated as `make demo` does (a file keeps the final newline):
+    the runner's greedy tokens equal the Python runtime's up to the first step whose top-2
+    logit margin is a near tie, and both answer Paris."""
+    import subprocess
+
+    import torch
+
+    from llmcore.chat import apply_template
+    from llmcore.generate import TextTokenizer
+    from llmcore.runtime import Program
+
     runner = Path(__file__).resolve().parents[1] / "build" / "llmcore_runner"
     if not runner.is_file():
         pytest.skip("build the C++ runner with `make runner`")
-    import subprocess
+    tokenizer_json = smollm2.with_name("tokenizer.json")
+    prompt = apply_template(str(tokenizer_json), QUESTION)
+    assert prompt.endswith("\n")
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text(prompt)
+    steps = 48
 
-    prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
-    ours = json.loads(cli("run", str(smollm2), "--prompt", prompt, "--max-new-tokens", "16", "--json").stdout)
-    out = subprocess.run([str(runner), str(smollm2), "--prompt", prompt, "--max-new-tokens", "16",
-                          "--temperature", "0", "--print-ids"], capture_output=True, text=True, timeout=600)
-    ids = next(l for l in out.stdout.splitlines() if l.startswith("ids:")).split()[1:]
-    assert [int(i) for i in ids] == ours["generated_ids"]
+    program = Program.load(smollm2)
+    ids = TextTokenizer.from_file(tokenizer_json).encode(prompt)
+    logits, ours, margins = program.logits(ids, 0), [], []
+    for step in range(steps):
+        top = torch.topk(torch.as_tensor(logits).flatten(), 2)
+        ours.append(int(top.indices[0]))
+        margins.append(float(top.values[0] - top.values[1]))
+        logits = program.logits([ours[-1]], len(ids) + step)
+
+    out = subprocess.run([str(runner), str(smollm2), "--prompt-file", str(prompt_file), "--max-new-tokens",
+                          str(steps), "--temperature", "0", "--print-ids"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert f"prompt_tokens={len(ids)} " in out.stderr  # the same prompt, final newline included
+    theirs = [int(i) for i in next(l for l in out.stdout.splitlines() if l.startswith("ids:")).split()[1:]]
+    same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    if same < min(len(ours), len(theirs)):
+        assert margins[same] < NEAR_TIE, (same, margins[same], ours, theirs)
+    assert same >= 8, (ours, theirs)
+    assert "Paris" in out.stdout

@@ -1,6 +1,6 @@
 // llmcore_runner: run an llmcore `.pte` (see docs/pte-contract.md) on a prompt.
 //
-//   llmcore_runner PTE --prompt TEXT [--tokenizer PATH] [--max-new-tokens N]
+//   llmcore_runner PTE (--prompt TEXT | --prompt-file PATH) [--tokenizer PATH] [--max-new-tokens N]
 //                  [--temperature T] [--top-k K] [--top-p P] [--seed S]
 //                  [--print-ids] [--threads N] [--load-library PATH]... [--etdump FILE]
 //                  [--verbose]
@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <random>
 #include <string>
@@ -68,7 +69,8 @@ const char* kUsage =
     "prefills, decodes and streams the generated text to stdout.\n"
     "\n"
     "options:\n"
-    "  --prompt TEXT          prompt text (required)\n"
+    "  --prompt TEXT          prompt text (this or --prompt-file is required)\n"
+    "  --prompt-file PATH     read the prompt from a file, byte for byte\n"
     "  --tokenizer PATH       tokenizer.json (default: tokenizer.json next to PTE)\n"
     "  --max-new-tokens N     most tokens to generate (default 128)\n"
     "  --temperature T        0 = greedy argmax (default 0)\n"
@@ -130,7 +132,22 @@ Options parse_args(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       std::exit(0);
     } else if (a == "--prompt") {
+      if (o.has_prompt) usage_error("give the prompt once: --prompt or --prompt-file");
       o.prompt = next();
+      o.has_prompt = true;
+    } else if (a == "--prompt-file") {
+      // The prompt byte for byte, trailing newline included: a chat template's prompt ends
+      // in one, and a shell's $(...) would strip it.
+      if (o.has_prompt) usage_error("give the prompt once: --prompt or --prompt-file");
+      std::string path = next();
+      std::FILE* f = std::fopen(path.c_str(), "rb");
+      if (f == nullptr) usage_error("--prompt-file: cannot open '" + path + "': " + std::strerror(errno));
+      char buf[65536];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) o.prompt.append(buf, n);
+      bool failed = std::ferror(f) != 0;
+      std::fclose(f);
+      if (failed) usage_error("--prompt-file: cannot read '" + path + "'");
       o.has_prompt = true;
     } else if (a == "--tokenizer") {
       o.tokenizer = next();
@@ -173,7 +190,7 @@ Options parse_args(int argc, char** argv) {
   }
   if (positional.empty()) usage_error("missing PTE path");
   if (positional.size() > 1) usage_error("unexpected argument '" + positional[1] + "'");
-  if (!o.has_prompt) usage_error("missing --prompt");
+  if (!o.has_prompt) usage_error("missing --prompt (or --prompt-file)");
   o.pte = positional[0];
   if (o.tokenizer.empty()) {
     size_t slash = o.pte.find_last_of('/');

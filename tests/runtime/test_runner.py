@@ -226,6 +226,22 @@ def test_degenerate_sampling_equals_greedy(binaries, programs, variant):
     assert tiny_p == greedy
 
 
+def test_prompt_file_keeps_every_byte(binaries, programs, hf_tok, tmp_path):
+    """--prompt-file feeds the file byte for byte: a prompt ending in a newline (as a chat
+    template's does) tokenizes with it, which a shell's $(...) around --prompt would drop."""
+    prompt = "hello there\n"
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(prompt.encode())
+    cmd = [str(RUNNER), str(programs / "kv.pte"), "--prompt-file", str(path), "--max-new-tokens", "6", "--print-ids"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    _, out, err = run_runner(programs / "kv.pte", prompt, "--max-new-tokens", 6, "--print-ids")
+    assert parse_ids(r.stdout) == parse_ids(out)
+    n = len(hf_tok.encode(prompt, add_special_tokens=False).ids)
+    assert f"prompt_tokens={n} " in r.stderr or f"prompt_tokens={n + 1} " in r.stderr  # + BOS, if the program asks
+    assert re.search(r"prompt_tokens=(\d+)", r.stderr).group(1) == re.search(r"prompt_tokens=(\d+)", err).group(1)
+
+
 def test_zero_new_tokens(binaries, programs):
     _, out, err = run_runner(programs / "kv.pte", "hello", "--max-new-tokens", 0, "--print-ids")
     assert out == "\nids:\n"
@@ -285,6 +301,8 @@ def test_bad_tokenizer(binaries, programs, tmp_path):
         ["--prompt", "x", "--top-p", "0"],
         ["--prompt", "x", "--temperature", "-1"],
         ["--prompt", "x", "--max-new-tokens", "abc"],
+        ["--prompt-file", "/nonexistent/prompt.txt"],
+        ["--prompt", "x", "--prompt-file", "/dev/null"],
     ],
 )
 def test_usage_errors(binaries, programs, args):
