@@ -12,11 +12,20 @@ bandwidth / bytes of weights read per generated token.
 
 Programs are exported once into --cache (default .cache/bench) and reused.
 
+Machines of one kind differ (AVX-512 VNNI or AVX2 only): the header prints the CPU model,
+its SIMD flags, the load average and the versions, and only ratios from one run compare.
+``--repeat N`` measures every row N times in alternating rounds and prints the median with
+the range. The same programs can be run by other environments in the same run, to compare
+runtimes side by side::
+
+    .venv/bin/python benchmarks/bench_decode.py --models smollm2 --variants 8da4w --repeat 3 \
+        --also-python .venv-et14/bin/python --also-runner et1.4.1=/tmp/old/llmcore_runner
+
 Custom kernel (plugins/kernels): the ``fp32-rmsnorm`` variant is ``fp32`` with
 ``--transforms fused-rmsnorm`` (Llama family only). When both run, the two programs are
 also run alternately ``--ab-rounds`` more times and the median decode speeds compared, and
-the RMSNorm operators are timed on their own (``--rmsnorm-ops``): the wheel's runtime has
-no event tracer, so ``llmcore profile`` cannot give per-operator times here.
+the RMSNorm operators are timed on their own (``--rmsnorm-ops``), in isolation from the rest
+of the program (``llmcore profile`` gives them in place).
 """
 
 from __future__ import annotations
@@ -208,8 +217,8 @@ def worker(args) -> None:
     print(json.dumps(stats))
 
 
-def run_worker(target: str, model: str, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", target, "--model", model,
+def run_worker(target: str, model: str, args, python: str = sys.executable) -> dict:
+    cmd = [python, __file__, "--worker", target, "--model", model,
            "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
            "--max-seq-len", str(args.max_seq_len)]
     env = dict(os.environ)
@@ -223,6 +232,9 @@ def run_worker(target: str, model: str, args) -> dict:
 def run_cpp_runner(runner: Path, pte: Path, args) -> dict | None:
     """The C++ runner on the same program; reads its ``stats: key=value ...`` line."""
     if not runner.is_file():
+        return None
+    if not runner_can_load(runner, pte):
+        print(f"# {runner} cannot load {pte} (missing operators?): row skipped", file=sys.stderr)
         return None
     prompt = " ".join(["the"] * args.prompt_tokens)
     out = subprocess.run([str(runner), str(pte), "--prompt", prompt, "--max-new-tokens", str(args.new_tokens),
@@ -238,6 +250,71 @@ def run_cpp_runner(runner: Path, pte: Path, args) -> dict | None:
                 "generated_tokens": int(fields["generated_tokens"]),
             }
     return None
+
+
+def runner_can_load(runner: Path, pte: Path) -> bool:
+    out = subprocess.run([str(runner), str(pte), "--prompt", "a", "--max-new-tokens", "0"], capture_output=True)
+    return out.returncode == 0
+
+
+def machine_header() -> str:
+    """CPU model, SIMD flags, load and versions: figures from different machines never compare."""
+    import importlib.metadata as md
+    import platform
+
+    model, flags = platform.processor() or "?", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    simd = [f for f in ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni",
+                        "avx512_bf16", "amx_tile", "amx_int8") if f in flags]
+    versions = []
+    for package in ("executorch", "torch", "torchao"):
+        try:
+            versions.append(f"{package} {md.version(package)}")
+        except md.PackageNotFoundError:
+            pass
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"# cpu: {model}, {os.cpu_count()} threads; simd: {' '.join(simd) or 'none'}\n"
+            f"# load average at start: {load}; {', '.join(versions)}")
+
+
+def env_label(python: str) -> str:
+    """``et 1.4.1``: the ExecuTorch version of another environment's interpreter."""
+    out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('executorch'))"],
+                         capture_output=True, text=True, check=True)
+    return f"et {out.stdout.strip()}"
+
+
+def measure(targets: list, rounds: int) -> list[dict]:
+    """Each (label, run) target ``rounds`` times, alternating, so that a change in machine load
+    touches every target alike; per target the medians, and the decode speed of each round."""
+    import statistics
+
+    runs: dict[str, list[dict]] = {}
+    for _ in range(rounds):
+        for label, run in targets:
+            try:
+                stats = run()
+            except subprocess.CalledProcessError as exc:
+                print(f"# {label}: failed ({' '.join(str(exc.stderr or '').split())[-300:]}): row skipped",
+                      file=sys.stderr)
+                continue
+            if stats:
+                runs.setdefault(label, []).append(stats)
+    rows = []
+    for label, results in runs.items():
+        row = {k: statistics.median(r[k] for r in results) if isinstance(v, (int, float)) else v
+               for k, v in results[0].items()}
+        row["runner"] = label
+        row["decode_runs"] = [r["decode_tok_s"] for r in results]
+        rows.append(row)
+    return rows
 
 
 # ---- memory bandwidth --------------------------------------------------------------------
@@ -285,6 +362,12 @@ def main() -> None:
     parser.add_argument("--rmsnorm-ops", action=argparse.BooleanOptionalAction, default=None,
                         help="time the RMSNorm operators on their own (default: when fp32-rmsnorm runs)")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds per row, alternating; medians are printed")
+    parser.add_argument("--also-python", action="append", default=[], metavar="PY",
+                        help="also run the Python loop with this interpreter (another environment, e.g. "
+                        "another ExecuTorch version) on the same programs (repeatable)")
+    parser.add_argument("--also-runner", action="append", default=[], metavar="PATH",
+                        help="also run this C++ runner build on the same programs, as [LABEL=]PATH (repeatable)")
     parser.add_argument("--export-only", action="store_true", help="export the programs into --cache, run nothing")
     parser.add_argument("--llama-cpp", choices=("auto", "build", "off"), default="auto",
                         help="the llama.cpp peer row for smollm2: auto = if llama-bench is built "
@@ -304,8 +387,14 @@ def main() -> None:
                 if VARIANTS[variant] is not None and model in VARIANT_MODELS.get(variant, (model,)):
                     print(export_program(model, variant, Path(args.cache), args.max_seq_len))
         return
+    print(machine_header())
     bandwidth = memory_bandwidth_gbs()
     print(f"memory read bandwidth here: {bandwidth:.1f} GB/s ({os.cpu_count()} threads)")
+    other_pythons = [(py, env_label(py)) for py in args.also_python]
+    runners = [(Path(args.runner), "c++")]
+    for spec in args.also_runner:
+        label, _, path = spec.rpartition("=")
+        runners.append((Path(path), f"c++ {label or path}"))
     results = []
     for model in args.models.split(","):
         rows, eager = [], None
@@ -313,18 +402,21 @@ def main() -> None:
             if model not in VARIANT_MODELS.get(variant, (model,)):
                 continue
             pte = None if VARIANTS[variant] is None else export_program(model, variant, Path(args.cache), args.max_seq_len)
-            stats = run_worker("eager" if pte is None else str(pte), model, args)
-            stats |= {"model": model, "variant": variant, "runner": "python"}
-            stats["file_mib"] = pte.stat().st_size / 2**20 if pte else None
-            if pte is not None:
-                stats["bandwidth_limit_tok_s"] = bandwidth * 1e9 / weight_bytes_per_token(pte, model, variant)
-            if variant == "eager":
-                eager = stats
-            rows.append(stats)
-            if pte is not None:
-                cpp = run_cpp_runner(Path(args.runner), pte, args)
-                if cpp:
-                    rows.append(stats | cpp | {"runner": "c++"})
+            base = {"model": model, "variant": variant, "file_mib": pte.stat().st_size / 2**20 if pte else None}
+            if pte is None:
+                targets = [("python", lambda: run_worker("eager", model, args))]
+            else:
+                base["bandwidth_limit_tok_s"] = bandwidth * 1e9 / weight_bytes_per_token(pte, model, variant)
+                targets = [("python", lambda pte=pte: run_worker(str(pte), model, args))]
+                targets += [(f"python {label}", lambda pte=pte, py=py: run_worker(str(pte), model, args, python=py))
+                            for py, label in other_pythons]
+                targets += [(label, lambda pte=pte, r=runner: run_cpp_runner(r, pte, args))
+                            for runner, label in runners]
+            for stats in measure(targets, args.repeat):
+                row = base | stats
+                if variant == "eager":
+                    eager = row
+                rows.append(row)
         peer = llama_cpp_row(model, args)
         if peer:
             rows.append(peer)
@@ -344,13 +436,15 @@ def main() -> None:
              f"{r.get('prefill_x_eager', 0):.2f}x", f"{r.get('decode_x_eager', 0):.2f}x",
              f"{r['bandwidth_limit_tok_s']:.0f}" if r.get("bandwidth_limit_tok_s") else "-",
              f"{r['of_bw_limit']:.0%}" if r.get("of_bw_limit") else "-",
-             f"{r['decode_x_llama_cpp']:.2f}x" if r.get("decode_x_llama_cpp") else "-"]
+             f"{r['decode_x_llama_cpp']:.2f}x" if r.get("decode_x_llama_cpp") else "-",
+             " ".join(f"{x:.0f}" for x in r.get("decode_runs", []))]
             for r in rows
         ]
-        print(f"\n## {model} (prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, greedy)")
+        print(f"\n## {model} (prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, greedy, "
+              f"median of {args.repeat} round{'s' if args.repeat != 1 else ''})")
         print(tabulate(table, headers=["variant", "runner", "prefill tok/s", "decode tok/s", "TTFT ms",
                                        "peak RSS MiB", "file MiB", "prefill vs eager", "decode vs eager",
-                                       "bw limit tok/s", "of limit", "decode vs llama.cpp"]))
+                                       "bw limit tok/s", "of limit", "decode vs llama.cpp", "decode per round"]))
         if any(r["variant"] == "fp32-rmsnorm" for r in rows) and any(r["variant"] == "fp32" for r in rows):
             ab = fused_rmsnorm_ab(model, args)
             results.append({"model": model, "variant": "fp32-rmsnorm-ab", **ab})
