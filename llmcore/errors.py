@@ -7,7 +7,8 @@ as one line; the traceback appears only with ``--debug``.
 
 from __future__ import annotations
 
-from typing import Optional
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional, Union
 
 
 class LlmcoreError(Exception):
@@ -53,3 +54,46 @@ def choose_one_of(kind: str, name: str, available, *, stage: str, fix_hint: str 
     if fix_hint:
         fix += f" {fix_hint}"
     return LlmcoreError(f"unknown {kind} {name!r}.", stage=stage, fix=fix)
+
+
+def describe(exc: BaseException, limit: int = 300) -> str:
+    """``Type: first line of the message`` (at most ``limit`` characters of it), or the
+    type's name alone when the message is empty."""
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first[:limit]}" if first else type(exc).__name__
+
+
+@contextmanager
+def stage_errors(
+    stage: str,
+    plugin: Optional[str],
+    what: str,
+    fix: Union[str, Callable[[BaseException], str]],
+) -> Iterator[None]:
+    """Run plugin (or ExecuTorch) code as part of a stage, so that what goes wrong is one
+    :class:`LlmcoreError` that names the stage and the plugin::
+
+        with stage_errors("transform", plugin, f"source transform {name!r} failed", fix="drop it"):
+            module = transform.apply(module, context)
+
+    An ``LlmcoreError`` passes through as it is (its message and fix are the plugin's own),
+    with the stage and plugin filled in where it names none. Any other exception becomes
+    ``"<what>: <Type>: <first line>"`` with ``fix`` (a string, or a function of the
+    exception), chained to the original for ``--debug``. Ctrl-C and out-of-memory pass
+    through untouched.
+    """
+    try:
+        yield
+    except LlmcoreError as exc:
+        exc.stage = exc.stage or stage
+        exc.plugin = exc.plugin or plugin
+        raise
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:
+        raise LlmcoreError(
+            f"{what}: {describe(exc)}",
+            stage=stage,
+            plugin=plugin,
+            fix=fix(exc) if callable(fix) else fix,
+        ) from exc

@@ -14,6 +14,10 @@ llmcore calls each plugin's implementation separately, so that every record is k
 come from one plugin. The order in which pluggy would call hooks (last registered first)
 never decides anything: partitioners run in the order the user lists them, transforms and
 passes by their ``order`` key.
+
+A ``@hookimpl`` whose name is not one of these hooks (a typo) makes its plugin a reported
+failure, as does a record whose ``name`` is empty or holds a comma or whitespace. Each
+hook's ``Example::`` is a complete plugin module; ``tests/test_hookspecs.py`` runs them.
 """
 
 from __future__ import annotations
@@ -36,6 +40,45 @@ def llmcore_model_families() -> list[ModelFamily]:
     :class:`~llmcore.records.ModelFamily` names its random-init configs, its checkpoint
     loaders (one per format it reads), and returns loaded models with their metadata
     (vocab size, max sequence length, BOS/EOS ids) and tokenizer.
+
+    Example::
+
+        from llmcore import hookimpl
+        from llmcore.records import CheckpointLoader, LoadedModel, ModelFamily, ModelMetadata
+
+
+        def build_random(config, options):
+            from tinylm import TinyLM, tokenizer  # the model's code, imported only when used
+
+            model = TinyLM(n_layers={"tiny": 2, "small": 12}[config], seed=options.seed)
+            return LoadedModel(model, ModelMetadata(vocab_size=256, max_seq_len=512), tokenizer())
+
+
+        def load_checkpoint(path, options):
+            from tinylm import load
+
+            return load(path, dtype=options.dtype)
+
+
+        @hookimpl
+        def llmcore_model_families():
+            return [
+                ModelFamily(
+                    name="tinylm",
+                    description="a small decoder-only transformer",
+                    configs={"tiny": "2 layers, random weights", "small": "12 layers, random weights"},
+                    build_random=build_random,
+                    loaders=[
+                        CheckpointLoader(
+                            name="tinylm-pt",
+                            description="tinylm's .pt files",
+                            matches=lambda path: path.suffix == ".pt",
+                            load=load_checkpoint,
+                        )
+                    ],
+                    default_config="tiny",
+                )
+            ]
     """
 
 
@@ -46,6 +89,31 @@ def llmcore_source_transforms() -> list[SourceTransform]:
     Each :class:`~llmcore.records.SourceTransform` says which families and backends it
     applies to and carries an explicit ``order``. A transform may change the calling
     convention (a KV cache) by setting flags on the context it receives.
+
+    Example::
+
+        from torch import nn
+
+        from llmcore import hookimpl
+        from llmcore.modules import replace_modules
+        from llmcore.records import SourceTransform
+
+
+        def tanh_gelu(module, context):
+            replace_modules(module, nn.GELU, lambda gelu: nn.GELU(approximate="tanh"))
+            return module
+
+
+        @hookimpl
+        def llmcore_source_transforms():
+            return [
+                SourceTransform(
+                    name="tanh-gelu",
+                    description="GELU computed with its tanh approximation",
+                    apply=tanh_gelu,
+                    order=120,
+                )
+            ]
     """
 
 
@@ -56,6 +124,29 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
     A recipe is either a pt2e quantizer factory (prepare / calibrate / convert on the
     exported graph) or a source-level quantizer (a torchao config applied to the eager
     module), plus the backends it is meant for.
+
+    Example::
+
+        from llmcore import hookimpl
+        from llmcore.records import QuantizerRecipe
+
+
+        def int8_weights(module, options):
+            from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+            quantize_(module, Int8WeightOnlyConfig())
+            return module
+
+
+        @hookimpl
+        def llmcore_quantizers():
+            return [
+                QuantizerRecipe(
+                    name="int8-weights",
+                    description="int8 weights, float activations (torchao)",
+                    source_quantize=int8_weights,
+                )
+            ]
     """
 
 
@@ -65,12 +156,65 @@ def llmcore_partitioners() -> list[Backend]:
 
     Each :class:`~llmcore.records.Backend` has a name, a factory that takes the user's
     options and returns ExecuTorch partitioners, and the edge compile settings it needs.
+
+    Example::
+
+        from llmcore import hookimpl
+        from llmcore.records import Backend, EdgeSettings
+
+
+        def partitioners(options):
+            from my_npu_sdk.executorch import MyNpuPartitioner  # the SDK, only when exporting
+
+            return [MyNpuPartitioner(precision=options["precision"])]
+
+
+        @hookimpl
+        def llmcore_partitioners():
+            return [
+                Backend(
+                    name="my-npu",
+                    description="My NPU, through its SDK's ExecuTorch delegate",
+                    partitioners=partitioners,
+                    edge=EdgeSettings(check_ir_validity=False),
+                    runtime_id="MyNpuBackend",
+                    runs_on="devices with My NPU",
+                    options={"precision": (str, "fp16", "fp16 or int8")},
+                )
+            ]
     """
 
 
 @hookspec
 def llmcore_post_passes() -> list[PostPass]:
-    """Graph passes applied to the edge program before ``to_executorch``."""
+    """Graph passes applied to the edge program before ``to_executorch``.
+
+    Each :class:`~llmcore.records.PostPass` creates its pass when an export selects one of
+    its ``backends`` (every export, when it names none); passes run by ``order``.
+
+    Example::
+
+        from llmcore import hookimpl
+        from llmcore.records import PostPass
+
+
+        def create():
+            from my_npu_sdk.executorch.passes import FuseActivationsPass
+
+            return FuseActivationsPass()
+
+
+        @hookimpl
+        def llmcore_post_passes():
+            return [
+                PostPass(
+                    name="my-npu-fuse-activations",
+                    description="fold activations into the preceding convolution",
+                    create=create,
+                    backends=("my-npu",),
+                )
+            ]
+    """
 
 
 @hookspec
@@ -88,4 +232,21 @@ def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
     ``get_runtime_libraries``: a list of library names), and
     :meth:`llmcore.runtime.Program.load` loads the libraries of installed plugins that
     provide operators the runtime lacks, before the program's methods load.
+
+    Example::
+
+        from llmcore import hookimpl
+        from llmcore.records import RuntimeLibrary
+
+
+        @hookimpl
+        def llmcore_runtime_libraries():
+            return [
+                RuntimeLibrary(
+                    name="my_kernels",
+                    description="a fused RMSNorm kernel",
+                    ops=("my_kernels::rms_norm.out",),
+                    python_module="my_kernels.ops",
+                )
+            ]
     """

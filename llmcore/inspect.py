@@ -22,7 +22,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from llmcore import pte
 from llmcore.errors import LlmcoreError
+from llmcore.pte import ValueInfo
 
 EXIT_OK = 0
 EXIT_MISSING = 3
@@ -31,35 +33,6 @@ EXIT_MISSING = 3
 _QUANTIZED_NAMESPACES = {"quantized_decomposed", "quantized", "torchao"}
 _RUNTIME_NAMESPACES = {"aten", "executorch_prim", "dim_order_ops", "et_copy"}
 _KIND_ORDER = {"custom": 0, "quantized": 1, "aten": 2, "runtime": 3}
-
-_DTYPES = {
-    "BYTE": "uint8", "CHAR": "int8", "SHORT": "int16", "INT": "int32", "LONG": "int64",
-    "HALF": "float16", "FLOAT": "float32", "DOUBLE": "float64", "BOOL": "bool",
-    "BFLOAT16": "bfloat16", "QINT8": "qint8", "QUINT8": "quint8", "QINT32": "qint32",
-    "COMPLEX64": "complex64", "COMPLEX128": "complex128", "UINT16": "uint16",
-    "UINT32": "uint32", "UINT64": "uint64",
-}
-
-
-@dataclass
-class ValueInfo:
-    kind: str
-    """``tensor``, ``int``, ``bool``, ``float``, ``str``, ``list`` or ``none``."""
-    dtype: Optional[str] = None
-    shape: Optional[list[int]] = None
-    dynamic: Optional[str] = None
-    """``None`` for a static shape, else ``bound`` (sizes are upper bounds) or ``unbound``."""
-
-    def text(self) -> str:
-        if self.kind != "tensor":
-            return self.kind
-        if self.dynamic == "bound":
-            dims = ", ".join(str(d) if d == 1 else f"<={d}" for d in self.shape or [])
-        else:
-            dims = ", ".join(str(d) for d in self.shape or [])
-        suffix = " (unbounded)" if self.dynamic == "unbound" else ""
-        return f"{self.dtype}[{dims}]{suffix}"
-
 
 @dataclass
 class MethodInfo:
@@ -135,68 +108,6 @@ def _error(message: str, fix: str) -> LlmcoreError:
     return LlmcoreError(message, stage="inspect", fix=fix)
 
 
-def read_pte(path: str | Path) -> bytes:
-    """The head of a `.pte` up to the end of its program table (the weights that follow are
-    not read), or a one-line error if it is missing, not a program or cut short."""
-    path = Path(path)
-    label = str(path)
-    if not path.is_file():
-        raise _error(f"program {label!r} does not exist.", "check the path of the .pte file.")
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            head = f.read(64)
-            check_pte_bytes(head, label, size)
-            table_size = _table_size(head, size)
-            data = head + f.read(max(0, table_size - len(head)))
-    except OSError as exc:
-        raise _error(f"cannot read {label!r}: {exc.strerror or exc}.", "check the file's permissions.") from None
-    return data
-
-
-def _table_size(head: bytes, file_size: int) -> int:
-    from executorch.exir._serialize._program import _get_extended_header
-
-    header = _get_extended_header(head)
-    return header.program_size if header is not None else file_size
-
-
-def check_pte_bytes(head: bytes, label: str, file_size: Optional[int] = None) -> None:
-    """Check the flatbuffer identifier and, when there is one, the extended header's sizes
-    against the file's size (``len(head)`` when not given)."""
-    file_size = len(head) if file_size is None else file_size
-    if len(head) < 8 or head[4:6] != b"ET" or not head[6:8].isdigit():
-        raise _error(
-            f"{label!r} is not an ExecuTorch program: its header has no 'ET..' identifier "
-            f"({file_size} bytes, starting {head[:8]!r}).",
-            "pass a .pte file written by `llmcore export`.",
-        )
-    from executorch.exir._serialize._program import _get_extended_header
-
-    header = _get_extended_header(head)
-    if header is None:
-        return
-    expected = max(header.program_size, header.segment_base_offset + header.segment_data_size)
-    if file_size < expected:
-        raise _error(
-            f"{label!r} is truncated: its header says {expected} bytes, the file has {file_size}.",
-            "copy or export it again (an interrupted transfer or a full disk cuts files short).",
-        )
-
-
-def parse_program(data: bytes, label: str) -> Any:
-    from llmcore.runtime import read_program_table
-
-    try:
-        return read_program_table(data)
-    except Exception as exc:
-        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise _error(
-            f"{label!r} is damaged: its program table cannot be read ({type(exc).__name__}: {reason}).",
-            "export it again with `llmcore export`.",
-        ) from None
-
-
 def verify_with_runtime(path: str | Path, label: str) -> None:
     """Let the runtime check the program's internal consistency (no method is loaded, so no
     backend is initialised: safe for programs this runtime cannot run)."""
@@ -221,48 +132,6 @@ def verify_with_runtime(path: str | Path, label: str) -> None:
         )
 
 
-def _value_info(values: list, index: int) -> ValueInfo:
-    from executorch.exir import schema
-
-    val = values[index].val
-    if isinstance(val, schema.Tensor):
-        scalar = getattr(val.scalar_type, "name", str(val.scalar_type))
-        dynamism = int(val.shape_dynamism)
-        return ValueInfo(
-            kind="tensor",
-            dtype=_DTYPES.get(scalar, scalar.lower()),
-            shape=list(val.sizes),
-            dynamic={0: None, 1: "bound", 2: "unbound"}.get(dynamism),
-        )
-    kinds = {
-        schema.Int: "int", schema.Bool: "bool", schema.Double: "float", schema.String: "str",
-        schema.Null: "none",
-    }
-    for cls, kind in kinds.items():
-        if isinstance(val, cls):
-            return ValueInfo(kind=kind)
-    return ValueInfo(kind="list")
-
-
-def _constant(values: list, index: int) -> Any:
-    from executorch.exir import schema
-
-    val = values[index].val
-    if isinstance(val, schema.Int):
-        return int(val.int_val)
-    if isinstance(val, schema.Bool):
-        return bool(val.bool_val)
-    if isinstance(val, schema.Double):
-        return float(val.double_val)
-    if isinstance(val, schema.String):
-        return val.string_val
-    if isinstance(val, (schema.BoolList, schema.DoubleList)):
-        return list(val.items)
-    if isinstance(val, schema.IntList):  # items index other values
-        return [_constant(values, i) for i in val.items]
-    return None
-
-
 def _operator_kind(name: str) -> str:
     namespace = name.split("::", 1)[0]
     if namespace in _RUNTIME_NAMESPACES:
@@ -275,19 +144,18 @@ def _operator_kind(name: str) -> str:
 def describe(data: bytes, label: str, file_size: Optional[int] = None) -> Inspection:
     """Methods, metadata, delegates and operators of a serialized program (not yet checked
     against the runtime); ``data`` needs to hold the program table, not the weights."""
-    program = parse_program(data, label)
     try:
-        return _describe(program, data, label, len(data) if file_size is None else file_size)
-    except (IndexError, KeyError, AttributeError, TypeError, ValueError) as exc:
+        methods = pte.read_methods(data)
+    except Exception as exc:
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise _error(
-            f"{label!r} is damaged: its program table is inconsistent ({type(exc).__name__}: {str(exc)[:200]}).",
+            f"{label!r} is damaged: its program table cannot be read ({type(exc).__name__}: {reason}).",
             "export it again with `llmcore export`.",
         ) from None
+    return _describe(methods, data, label, len(data) if file_size is None else file_size)
 
 
-def _describe(program: Any, data: bytes, label: str, file_size: int) -> Inspection:
-    from executorch.exir import schema
-
+def _describe(program: list[pte.Method], data: bytes, label: str, file_size: int) -> Inspection:
     from llmcore.runtime import METADATA_METHODS, backend_target
 
     methods: list[MethodInfo] = []
@@ -296,33 +164,22 @@ def _describe(program: Any, data: bytes, label: str, file_size: int) -> Inspecti
     op_methods: dict[str, list[str]] = {}
     backend_counts: Counter = Counter()
     backend_methods: dict[str, list[str]] = {}
-    for plan in program.execution_plan:
-        names = [f"{op.name}.{op.overload}" if op.overload else op.name for op in plan.operators]
-        kernel_calls = delegate_calls = 0
-        for chain in plan.chains:
-            for instruction in chain.instructions:
-                args = instruction.instr_args
-                if isinstance(args, schema.KernelCall):
-                    kernel_calls += 1
-                    name = names[args.op_index]
-                    op_calls[name] += 1
-                    if plan.name not in op_methods.setdefault(name, []):
-                        op_methods[name].append(plan.name)
-                elif isinstance(args, schema.DelegateCall):
-                    delegate_calls += 1
-        delegates = Counter(d.id for d in plan.delegates)
+    for plan in program:
+        calls = Counter(i.kind for chain in plan.chains for i in chain)
+        for instruction in (i for chain in plan.chains for i in chain if i.kind == "kernel"):
+            op_calls[instruction.name] += 1
+            if plan.name not in op_methods.setdefault(instruction.name, []):
+                op_methods[instruction.name].append(plan.name)
+        delegates = Counter(plan.delegates)
         for backend, count in delegates.items():
             backend_counts[backend] += count
             backend_methods.setdefault(backend, []).append(plan.name)
-        inputs = [_value_info(plan.values, i) for i in plan.inputs]
-        outputs = [_value_info(plan.values, i) for i in plan.outputs]
-        methods.append(MethodInfo(plan.name, inputs, outputs, kernel_calls, delegate_calls, dict(delegates)))
-        if not plan.inputs and not kernel_calls and not delegate_calls and plan.outputs:
-            values = [_constant(plan.values, i) for i in plan.outputs]
-            if METADATA_METHODS.get(plan.name) is list or len(values) > 1:
-                metadata[plan.name] = values
-            else:
-                metadata[plan.name] = values[0]
+        methods.append(
+            MethodInfo(plan.name, plan.inputs, plan.outputs, calls["kernel"], calls["delegate"], dict(delegates))
+        )
+        if plan.constants is not None:
+            values = plan.constants
+            metadata[plan.name] = values if METADATA_METHODS.get(plan.name) is list or len(values) > 1 else values[0]
     operators = [
         OperatorInfo(name, _operator_kind(name), op_calls[name], op_methods[name]) for name in op_calls
     ]
@@ -335,7 +192,7 @@ def _describe(program: Any, data: bytes, label: str, file_size: int) -> Inspecti
     return Inspection(
         path=label,
         bytes=file_size,
-        format=data[4:8].decode("ascii", "replace"),
+        format=bytes(data[4:8]).decode("ascii", "replace"),
         methods=methods,
         metadata=metadata,
         metadata_missing=missing_meta,
@@ -368,7 +225,7 @@ def check_runtime(inspection: Inspection) -> Inspection:
 def inspect_program(path: str | Path, *, verify: bool = True) -> Inspection:
     """Read, describe and check a `.pte` against this runtime."""
     label = str(path)
-    data = read_pte(path)
+    data = pte.read_head(path, stage="inspect")
     from llmcore import libraries
 
     try:  # the plugin libraries a program needs are loaded first, as `llmcore run` does

@@ -26,7 +26,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from llmcore.errors import LlmcoreError
+from llmcore import pte
+from llmcore.errors import LlmcoreError, stage_errors
 
 RUNTIME_LIBRARIES_METHOD = "get_runtime_libraries"
 RUNTIME_LIBRARIES_ENV = "LLMCORE_RUNTIME_LIBRARIES"
@@ -37,56 +38,20 @@ _handles: dict[str, Any] = {}  # native libraries loaded here: path -> handle (k
 # ---- what a program calls and declares ---------------------------------------------------
 
 
-def _read(data: Any) -> tuple[list[str], list[str]]:
-    """(operators, declared library names) of a serialized program.
-
-    Reads just those fields through the flatbuffer accessors: unpacking the whole program
-    table (``llmcore.runtime.read_program_table``) takes seconds for a 135M-parameter model,
-    this takes milliseconds. Only the program part is read, never the weights.
-    """
-    from executorch.exir._serialize import _program
-    from executorch.exir._serialize._flatbuffer_program import _patch_generated_flatbuffer_aliases
-    from executorch.exir._serialize.generated.executorch_flatbuffer.KernelTypes import KernelTypes
-    from executorch.exir._serialize.generated.executorch_flatbuffer.Program import Program as FlatProgram
-    from executorch.exir._serialize.generated.executorch_flatbuffer.String import String as FlatString
-
-    _patch_generated_flatbuffer_aliases()  # the generated modules need it (idempotent)
-    header = _program._get_extended_header(bytes(data[:64]))
-    size = header.program_size if header is not None else len(data)
-    program = FlatProgram.GetRootAs(bytes(data[:size]), 0)
-
-    def text(value: Any) -> str:
-        return value.decode() if isinstance(value, bytes) else (value or "")
-
-    ops: list[str] = []
-    declared: list[str] = []
-    for i in range(program.ExecutionPlanLength()):
-        plan = program.ExecutionPlan(i)
-        for j in range(plan.OperatorsLength()):
-            op = plan.Operators(j)
-            name, overload = text(op.Name()), text(op.Overload())
-            full = f"{name}.{overload}" if overload else name
-            if full not in ops:
-                ops.append(full)
-        if text(plan.Name()) == RUNTIME_LIBRARIES_METHOD:
-            for k in range(plan.ValuesLength()):
-                value = plan.Values(k)
-                if value.ValType() == KernelTypes.String:
-                    string, table = FlatString(), value.Val()
-                    string.Init(table.Bytes, table.Pos)
-                    declared.append(text(string.StringVal()))
-    return ops, declared
-
-
 def program_operators(data: Any) -> list[str]:
     """Operators a serialized program calls outside its delegates, named as the runtime
     registers them (``aten::add.out``, ``llmcore::rms_norm.out``)."""
-    return _read(data)[0]
+    return pte.operators(data)
 
 
 def declared_libraries(data: Any) -> list[str]:
     """The names the program's ``get_runtime_libraries`` method returns (none if it has none)."""
-    return _read(data)[1]
+    return [str(name) for name in pte.constant_methods(data).get(RUNTIME_LIBRARIES_METHOD, [])]
+
+
+def _read(data: Any) -> tuple[list[str], list[str]]:
+    """(operators, declared library names) of a serialized program."""
+    return program_operators(data), declared_libraries(data)
 
 
 def _missing(ops: list[str]) -> list[str]:
@@ -154,7 +119,8 @@ def load_runtime_library(provided: Any, *, stage: str = "run") -> str:
     """Load one plugin's runtime library here: its Python module when it has one (PyTorch
     and ExecuTorch registration), else its native library. Returns what was loaded."""
     record, plugin = provided.record, provided.plugin
-    try:
+    fix = "check that the plugin is installed and built (`llmcore plugins`)."
+    with stage_errors(stage, plugin.name, f"runtime library {record.name!r} could not be loaded", fix):
         if record.python_module:
             importlib.import_module(record.python_module)
             return record.python_module
@@ -162,16 +128,6 @@ def load_runtime_library(provided: Any, *, stage: str = "run") -> str:
             path = record.shared_library()
             load_shared_library(path)
             return str(path)
-    except LlmcoreError as exc:
-        exc.stage, exc.plugin = exc.stage or stage, exc.plugin or plugin.name
-        raise
-    except Exception as exc:
-        raise LlmcoreError(
-            f"runtime library {record.name!r} could not be loaded: {type(exc).__name__}: {exc}.",
-            stage=stage,
-            plugin=plugin.name,
-            fix="check that the plugin is installed and built (`llmcore plugins`).",
-        ) from exc
     raise LlmcoreError(
         f"runtime library {record.name!r} names neither a python_module nor a shared_library.",
         stage=stage,

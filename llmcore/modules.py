@@ -9,7 +9,7 @@ the same transform serves every family.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -106,3 +106,35 @@ def positions_slice(table: torch.Tensor, seq_len: int, input_pos: Optional[torch
     torch._check(start >= 0)
     torch._check(start + seq_len <= table.shape[0])
     return table.narrow(0, start, seq_len)
+
+
+def replace_modules(
+    root: nn.Module,
+    match: "type | tuple[type, ...] | Callable[[nn.Module], bool]",
+    make: Callable[[nn.Module], Optional[nn.Module]],
+) -> int:
+    """Replace every submodule of ``root`` that ``match`` selects with ``make(child)``, in
+    place; returns how many were replaced.
+
+    ``match`` is a class (or a tuple of classes) that selects its instances, or a predicate
+    on a module. ``make`` returns the replacement, or ``None`` to keep that module (a
+    transform that checks each candidate first). A replaced module is not searched further;
+    every other child is, at any depth. ``root`` itself is never replaced.
+
+    This is how source transforms swap one module kind for another (a cached attention for
+    :class:`CausalAttention`, a backend's form of a norm)::
+
+        replace_modules(model, CausalAttention, lambda a: MyAttention(a.n_heads, a.n_kv_heads, a.head_dim))
+    """
+    if isinstance(match, (type, tuple)):
+        kinds = match
+        match = lambda module: isinstance(module, kinds)  # noqa: E731
+    replaced = 0
+    for name, child in list(root.named_children()):
+        new = make(child) if match(child) else None
+        if new is not None:
+            setattr(root, name, new)
+            replaced += 1
+        else:
+            replaced += replace_modules(child, match, make)
+    return replaced

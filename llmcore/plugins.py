@@ -114,6 +114,11 @@ class Registry:
         except Exception as exc:  # pluggy validates hook signatures here
             self.failures.append(PluginFailure(info.name, info.entry_point, _short(exc)))
             return
+        try:
+            self.manager.check_pending()  # an implementation of a hook no hookspec declares: a typo
+        except pluggy.PluginValidationError:
+            self._fail(info, _unknown_hooks(self.manager, info.name))
+            return
         collected: dict[str, list] = {}
         for kind, (hook_name, record_type, _, _) in KINDS.items():
             caller = getattr(self.manager.hook, hook_name)
@@ -122,6 +127,10 @@ class Registry:
                 info.hooks.append(hook_name)
                 try:
                     records = list(impl.function() or [])
+                except LlmcoreError as exc:  # a record refused its fields (an invalid name, say)
+                    exc.stage, exc.plugin = exc.stage or "plugins", exc.plugin or info.name
+                    self._fail(info, f"hook {hook_name}: {exc.one_line()}", exc)
+                    return
                 except Exception as exc:
                     self._fail(info, f"hook {hook_name} raised {_short(exc)}", exc)
                     return
@@ -188,6 +197,25 @@ class Registry:
                 hint = "Install the plugin that provides it (see `llmcore plugins`)."
             raise choose_one_of(noun, name, self._items[kind], stage=stage, fix_hint=hint)
         return self._items[kind][name]
+
+
+def _unknown_hooks(manager: pluggy.PluginManager, plugin_name: str) -> str:
+    """Name the hook implementations of ``plugin_name`` that no hookspec declares."""
+    import difflib
+
+    known = [hook for hook, *_ in KINDS.values()]
+    unknown = sorted(
+        name
+        for name, caller in vars(manager.hook).items()
+        if isinstance(caller, pluggy.HookCaller) and not caller.has_spec()
+        and any(i.plugin_name == plugin_name and not i.optionalhook for i in caller.get_hookimpls())
+    )
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1)
+        parts.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    which = "which are not llmcore hooks" if len(parts) > 1 else "which is not an llmcore hook"
+    return f"implements {', '.join(parts) or 'a hook'}, {which} (the hooks are: {', '.join(known)})"
 
 
 def _short(exc: BaseException) -> str:

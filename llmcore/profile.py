@@ -165,28 +165,18 @@ class _Instruction:
 
 
 def _plan_instructions(pte: bytes, method: str = "forward") -> dict[int, _Instruction]:
-    from executorch.exir import schema
+    from llmcore.pte import read_methods
 
-    from llmcore.runtime import read_program_table
-
-    program = read_program_table(pte)
-    plans = {p.name: p for p in program.execution_plan}
+    plans = {p.name: p for p in read_methods(pte)}
     plan = plans.get(method) or next(iter(plans.values()))
-    out: dict[int, _Instruction] = {}
-    for instr_id, instruction in enumerate(plan.chains[0].instructions if plan.chains else []):
-        args = instruction.instr_args
-        if isinstance(args, schema.KernelCall):
-            op = plan.operators[args.op_index]
-            out[instr_id] = _Instruction("kernel", f"{op.name}.{op.overload}" if op.overload else op.name)
-        elif isinstance(args, schema.DelegateCall):
-            out[instr_id] = _Instruction("delegate", plan.delegates[args.delegate_index].id)
-    return out
+    chain = plan.chains[0] if plan.chains else []
+    return {i: _Instruction(ins.kind, ins.name) for i, ins in enumerate(chain) if ins.kind != "other"}
 
 
 def _method_names(pte: bytes) -> set[str]:
-    from llmcore.runtime import read_program_table
+    from llmcore.pte import read_methods
 
-    return {plan.name for plan in read_program_table(pte).execution_plan}
+    return {plan.name for plan in read_methods(pte)}
 
 
 def _same_op(event_name: str, op_name: str) -> bool:
@@ -457,7 +447,7 @@ def format_profile(profile: Profile, top: int) -> str:
     if not profile.operators:
         lines.append("  (the ETDump has no operator events)")
         return "\n".join(lines)
-    name_w = min(max(len(o.name) for o in shown), 40)
+    name_w = min(max(len(o.name) for o in shown), 50)
     where_w = max(len("runs on"), *(len(o.where) for o in shown))
     lines.append(
         f"{'total ms':>9} {'share':>6} {'calls':>6} {'avg ms':>8}  {'runs on':<{where_w}}  {'operator':<{name_w}}  source"
@@ -518,11 +508,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if value and not Path(value).is_file():
             raise LlmcoreError(f"{flag} {value!r} does not exist.", stage="profile", fix=f"check the path given to {flag}.")
     if args.from_etdump:
-        from llmcore.inspect import read_pte
+        from llmcore.pte import read_head
 
         if args.prefill_runs < 0:
             raise LlmcoreError("--prefill-runs must be 0 or more.", stage="cli", fix="pass e.g. --prefill-runs 1.")
-        data = read_pte(pte)
+        data = read_head(pte, stage="inspect")
         etrecord = Path(args.etrecord) if args.etrecord else None
         _print(args, profiles=analyze(Path(args.from_etdump), data, etrecord, args.prefill_runs))
         return EXIT_OK
@@ -549,10 +539,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if not write_etdump(program.module, etdump):
         _print(args, stats=stats, generated=len(result.generated_ids), note=_no_tracer_note(args.pte, args.etrecord))
         return EXIT_NO_EVENTS
-    from llmcore.inspect import read_pte
+    from llmcore.pte import read_head
 
     prefill_runs = next((s.calls for s in stats if s.phase == "prefill"), 0)
-    profiles = analyze(etdump, read_pte(pte), Path(args.etrecord) if args.etrecord else None, prefill_runs)
+    data = read_head(pte, stage="inspect")
+    profiles = analyze(etdump, data, Path(args.etrecord) if args.etrecord else None, prefill_runs)
     _print(args, stats=stats, generated=len(result.generated_ids), profiles=profiles, etdump=str(etdump))
     return EXIT_OK
 

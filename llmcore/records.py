@@ -8,9 +8,44 @@ when a factory is called for an export that uses them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
+
+from llmcore.errors import LlmcoreError
+
+# --------------------------------------------------------------------------------------
+# What every record shares
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Record:
+    """The base of the records hooks return: a ``name`` users type on the command line.
+
+    A name is not empty and has no whitespace or commas (the CLI splits lists such as
+    ``--plugins a,b`` on commas). A record with another name refuses to be built, with a
+    one-line :class:`~llmcore.errors.LlmcoreError` that names the kind of record; the
+    registry adds the plugin whose hook built it and skips that plugin.
+    """
+
+    name: str
+    kind: ClassVar[str] = "record"
+    """What the CLI and error messages call one of these (``backend``, ``post-pass``)."""
+
+    def __post_init__(self) -> None:
+        name = self.name
+        if isinstance(name, str) and name and not re.search(r"[\s,]", name):
+            return
+        fixed = re.sub(r"[\s,]+", "-", name.strip()).strip("-") if isinstance(name, str) else ""
+        raise LlmcoreError(
+            f"{self.kind} name {name!r} is not valid: a name is not empty and has no whitespace or commas "
+            "(the CLI splits lists on commas).",
+            stage="plugins",
+            fix=f"rename it, e.g. {fixed!r}." if fixed else f"give it a name, e.g. 'my-{self.kind.replace(' ', '-')}'.",
+        )
+
 
 # --------------------------------------------------------------------------------------
 # Model families
@@ -64,7 +99,7 @@ class LoadedModel:
 
 
 @dataclass(frozen=True)
-class CheckpointLoader:
+class CheckpointLoader(Record):
     """One checkpoint format a model family reads.
 
     `matches(path)` says whether this loader recognises a path (a file or a folder);
@@ -72,7 +107,7 @@ class CheckpointLoader:
     a :class:`LoadedModel`; it must refuse pickles that execute code.
     """
 
-    name: str
+    kind: ClassVar[str] = "checkpoint loader"
     description: str
     matches: Callable[[Path], bool]
     load: Callable[[Path, "LoadOptions"], LoadedModel]
@@ -90,10 +125,10 @@ class LoadOptions:
 
 
 @dataclass(frozen=True)
-class ModelFamily:
+class ModelFamily(Record):
     """A model architecture and the ways to get weights into it."""
 
-    name: str
+    kind: ClassVar[str] = "model family"
     description: str
     configs: Mapping[str, str]
     """Named configurations for random initialisation: name -> one-line description."""
@@ -132,7 +167,7 @@ class TransformContext:
 
 
 @dataclass(frozen=True)
-class SourceTransform:
+class SourceTransform(Record):
     """A named module-to-module rewrite applied before `torch.export`.
 
     Transforms run in ascending `order`; ties break by name. `families` and `backends`
@@ -145,7 +180,7 @@ class SourceTransform:
     not reported (a rewrite that only helps when its backend gets the graph first).
     """
 
-    name: str
+    kind: ClassVar[str] = "source transform"
     description: str
     apply: Callable[[Any, TransformContext], Any]
     order: int = 100
@@ -162,7 +197,7 @@ class SourceTransform:
 
 
 @dataclass(frozen=True)
-class QuantizerRecipe:
+class QuantizerRecipe(Record):
     """A named quantization recipe.
 
     Exactly one of the two factories is set:
@@ -177,7 +212,7 @@ class QuantizerRecipe:
     `options` documents the options it accepts: name -> (type, default, help).
     """
 
-    name: str
+    kind: ClassVar[str] = "quantizer recipe"
     description: str
     backends: tuple[str, ...] = ()
     pt2e_quantizer: Optional[Callable[[dict], Any]] = None
@@ -186,6 +221,7 @@ class QuantizerRecipe:
     options: Mapping[str, tuple[type, Any, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if (self.pt2e_quantizer is None) == (self.source_quantize is None):
             raise ValueError(
                 f"quantizer recipe {self.name!r}: set exactly one of pt2e_quantizer "
@@ -211,7 +247,7 @@ class EdgeSettings:
 
 
 @dataclass(frozen=True)
-class Backend:
+class Backend(Record):
     """A backend the pipeline can lower to.
 
     `partitioners(options)` returns the ExecuTorch partitioner objects for this backend
@@ -219,7 +255,7 @@ class Backend:
     (e.g. the string a delegate carries), used to tell whether a `.pte` can run here.
     """
 
-    name: str
+    kind: ClassVar[str] = "backend"
     description: str
     partitioners: Callable[[dict], list]
     edge: EdgeSettings = EdgeSettings()
@@ -235,14 +271,14 @@ class Backend:
 
 
 @dataclass(frozen=True)
-class PostPass:
+class PostPass(Record):
     """A graph pass applied to the edge program before `to_executorch`.
 
     `create()` returns an ExecuTorch/torch.fx pass instance. The pass runs when one of
     `backends` is selected (empty means always), in ascending `order`.
     """
 
-    name: str
+    kind: ClassVar[str] = "post-pass"
     description: str
     create: Callable[[], Any]
     backends: tuple[str, ...] = ()
@@ -255,7 +291,7 @@ class PostPass:
 
 
 @dataclass(frozen=True)
-class RuntimeLibrary:
+class RuntimeLibrary(Record):
     """A library of custom operator kernels that programs using its ops need at run time.
 
     A source transform that puts one of `ops` into a model makes every program exported
@@ -270,7 +306,7 @@ class RuntimeLibrary:
     for `lib<name>.so` next to itself and in `LLMCORE_RUNTIME_LIBRARIES`.
     """
 
-    name: str
+    kind: ClassVar[str] = "runtime library"
     description: str
     ops: tuple[str, ...]
     """Runtime operator names this library registers, `namespace::op.overload`

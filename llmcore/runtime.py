@@ -22,6 +22,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
+from llmcore import pte
 from llmcore.errors import LlmcoreError
 from llmcore.libraries import load_program_libraries, missing_library_hint
 
@@ -120,7 +121,7 @@ class Program:
     def _load(cls, data, label: str, enable_etdump: bool, path: Optional[Path]) -> "Program":
         from executorch.extension.pybindings import portable_lib
 
-        _check_header(data, label)
+        pte.check_header(data, label, stage="run")
         load_program_libraries(data)
         if missing_backends(data):  # running a delegate with no backend can crash the process
             raise load_error(label, data, RuntimeError("a delegate's backend is not registered"))
@@ -168,16 +169,6 @@ class Program:
     def module(self) -> Any:
         """The underlying pybindings module (for ETDump access)."""
         return self._module
-
-
-def _check_header(data: bytes, label: str) -> None:
-    # A flatbuffer program carries its file identifier at bytes 4..8: "ET" + 2 digits.
-    if len(data) < 8 or data[4:6] != b"ET":
-        raise LlmcoreError(
-            f"{label!r} is not an ExecuTorch program (no 'ET..' identifier in its header).",
-            stage="run",
-            fix="pass a .pte file written by `llmcore export`.",
-        )
 
 
 class _Captured:
@@ -258,44 +249,18 @@ def backend_target(backend_id: str) -> str:
     return f"a runtime built with the {backend_id} backend (install its llmcore plugin to learn more)"
 
 
-def read_program_table(data: bytes) -> Any:
-    """The program's flatbuffer table (``executorch.exir.schema.Program``) without its data
-    segments: methods, values, operators and delegates, but not the weights."""
-    from executorch.exir._serialize import _program
-
-    header = _program._get_extended_header(data[:64])  # (it copies what it is given)
-    size = header.program_size if header is not None else len(data)
-    try:
-        from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
-    except ImportError:  # an older wheel: the public path restores the segments too
-        program = _program.deserialize_pte_binary(data)
-        return getattr(program, "program", program)
-    return _flatbuffer_to_program(data[:size])
-
-
 def registered_backends() -> set[str]:
     from executorch.extension.pybindings import portable_lib
 
     return set(portable_lib._get_registered_backend_names())
 
 
-def delegate_ids(data: bytes) -> list[str]:
-    """Backend ids of the delegates a serialized program carries (empty if unreadable)."""
-    try:
-        program = read_program_table(data)
-    except Exception:
-        return []
-    ids = []
-    for plan in program.execution_plan:
-        for delegate in plan.delegates:
-            if delegate.id not in ids:
-                ids.append(delegate.id)
-    return ids
-
-
 def missing_backends(data: bytes) -> list[str]:
+    """Backend ids of the program's delegates that this runtime has not registered (none
+    when the program cannot be read: loading it reports that)."""
     try:
         have = registered_backends()
+        ids = pte.delegate_ids(data)
     except Exception:
         return []
-    return [d for d in delegate_ids(data) if d not in have]
+    return [d for d in ids if d not in have]

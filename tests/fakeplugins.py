@@ -56,6 +56,26 @@ class BadHookPlugin:
         return [{"name": "not-a-record"}]
 
 
+class MisspeltHookPlugin:
+    """A backend whose hook name has a typo (``llmcore_partitioner``), beside a valid hook."""
+
+    @hookimpl
+    def llmcore_partitioner(self):
+        return [Backend(name="typo", description="never seen", partitioners=lambda options: [])]
+
+    @hookimpl
+    def llmcore_quantizers(self):
+        return [QuantizerRecipe(name="typo-recipe", description="fake", source_quantize=lambda m, o: m)]
+
+
+class BadNamePlugin:
+    """A backend named with a comma, which ``--plugins a,b`` could never select."""
+
+    @hookimpl
+    def llmcore_partitioners(self):
+        return [Backend(name="my,backend", description="fake", partitioners=lambda options: [])]
+
+
 def install_fake_distribution(site: Path, dist: str, entry_name: str, module: str, source: str) -> None:
     """Write a minimal installed distribution (dist-info + module) into ``site``."""
     info = site / f"{dist.replace('-', '_')}-0.0.1.dist-info"

@@ -187,14 +187,15 @@ def write_gguf(path: Path, config, *, arch: str = "llama", raw: Optional[dict] =
     w.close()
 
 
-def _q2_k_blocks(rows: int, cols: int):
-    """Well-formed Q2_K bytes (a type the llama plugin does not dequantize)."""
+def _q8_k_blocks(rows: int, cols: int):
+    """Q8_K bytes: a type neither the llama plugin nor gguf.quants dequantizes (Q2_K, once
+    refused here, now goes through gguf.quants)."""
     import gguf
     import numpy as np
 
-    values, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q2_K]
+    values, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_K]
     blocks = np.random.default_rng(0).integers(0, 256, size=(rows, cols // values * nbytes), dtype=np.uint8)
-    return gguf.GGMLQuantizationType.Q2_K, blocks
+    return gguf.GGMLQuantizationType.Q8_K, blocks
 
 
 def _vulkan_program(path: Path) -> None:
@@ -265,7 +266,7 @@ def inputs(tmp_path_factory, exports) -> Path:
     )
     write_gguf(fx / "gpt2-arch.gguf", tiny, arch="gpt2")
     wide = dataclasses.replace(tiny, dim=256, n_heads=4, n_kv_heads=2, hidden_dim=512)
-    write_gguf(fx / "q2k.gguf", wide, raw={"blk.0.ffn_down.weight": _q2_k_blocks(256, 512)})
+    write_gguf(fx / "q8k.gguf", wide, raw={"blk.0.ffn_down.weight": _q8_k_blocks(256, 512)})
 
     # tokenizers
     (fx / "bad-merges").mkdir()
@@ -379,8 +380,8 @@ MATRIX = [
          "huge-array.gguf is truncated", "4611686018427387904 values"),
     case("gguf-other-architecture", ["export", "--model", "llama", "--checkpoint", "{fx}/gpt2-arch.gguf"],
          "holds a 'gpt2' model, not llama"),
-    case("gguf-unsupported-tensor-type", ["export", "--model", "llama", "--checkpoint", "{fx}/q2k.gguf"],
-         "'blk.0.ffn_down.weight' is stored as Q2_K"),
+    case("gguf-unsupported-tensor-type", ["export", "--model", "llama", "--checkpoint", "{fx}/q8k.gguf"],
+         "'blk.0.ffn_down.weight' is stored as Q8_K"),
     case("gguf-without-tokenizer", ["export", "--model", "llama", "--checkpoint", "{fx}/llama.gguf"],
          "found no tokenizer", "--tokenizer"),
     # tokenizers

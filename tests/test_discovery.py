@@ -12,7 +12,14 @@ from llmcore.errors import LlmcoreError, PluginConflictError
 from llmcore.plugins import load_registry
 
 import fakeplugins
-from fakeplugins import BackendPlugin, BadHookPlugin, RecipePlugin, install_fake_distribution
+from fakeplugins import (
+    BackendPlugin,
+    BadHookPlugin,
+    BadNamePlugin,
+    MisspeltHookPlugin,
+    RecipePlugin,
+    install_fake_distribution,
+)
 
 BROKEN = "raise ImportError('simulated: missing native library libfoo.so')\n"
 CLAIMS_XNNPACK = """
@@ -99,6 +106,49 @@ def test_hook_returning_wrong_type_is_reported(monkeypatch):
     registry = load_registry(extra_plugins=[("bad", BadHookPlugin())])
     assert "bad" not in [p.name for p in registry.plugins]
     assert "expected llmcore.records.Backend" in registry.failures[0].error
+
+
+def test_a_misspelt_hook_is_reported_naming_it(monkeypatch):
+    monkeypatch.setenv("LLMCORE_LOAD_PLUGINS", "")
+    registry = load_registry(extra_plugins=[("typo", MisspeltHookPlugin()), ("ok", RecipePlugin("fine"))])
+    assert [p.name for p in registry.plugins] == ["kv-cache", "ok"]  # skipped; the others load
+    (failure,) = registry.failures
+    assert failure.name == "typo"
+    assert "llmcore_partitioner (did you mean llmcore_partitioners?)" in failure.error
+    assert "not an llmcore hook" in failure.error
+    assert "typo-recipe" not in registry.names("quantizers")  # nothing of a skipped plugin is used
+    assert not registry.manager.get_plugin("typo")
+
+
+def test_a_record_name_the_cli_cannot_select_is_reported(monkeypatch):
+    monkeypatch.setenv("LLMCORE_LOAD_PLUGINS", "")
+    registry = load_registry(extra_plugins=[("commas", BadNamePlugin()), ("ok", BackendPlugin("fine"))])
+    assert registry.names("backends") == ["fine"]
+    (failure,) = registry.failures
+    assert failure.name == "commas" and "\n" not in failure.error
+    assert "[plugins/commas] backend name 'my,backend' is not valid" in failure.error
+    assert "rename it, e.g. 'my-backend'" in failure.error
+
+
+@pytest.mark.parametrize("name", ["", "two words", "a,b", "tab\there", "trailing "])
+def test_records_refuse_names_with_commas_or_whitespace(name):
+    from llmcore.records import Backend, CheckpointLoader, ModelFamily, PostPass, QuantizerRecipe, RuntimeLibrary
+    from llmcore.records import SourceTransform
+
+    builders = {
+        "backend": lambda: Backend(name, "d", partitioners=lambda o: []),
+        "model family": lambda: ModelFamily(name, "d", configs={}, build_random=lambda c, o: None),
+        "checkpoint loader": lambda: CheckpointLoader(name, "d", matches=lambda p: False, load=lambda p, o: None),
+        "source transform": lambda: SourceTransform(name, "d", apply=lambda m, c: m),
+        "quantizer recipe": lambda: QuantizerRecipe(name, "d", source_quantize=lambda m, o: m),
+        "post-pass": lambda: PostPass(name, "d", create=lambda: None),
+        "runtime library": lambda: RuntimeLibrary(name, "d", ops=()),
+    }
+    for kind, build in builders.items():
+        with pytest.raises(LlmcoreError) as caught:
+            build()
+        line = caught.value.one_line()
+        assert line.startswith(f"[plugins] {kind} name {name!r} is not valid") and "\n" not in line
 
 
 def test_builtin_kv_cache_transforms_always_load(monkeypatch):

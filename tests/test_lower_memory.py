@@ -48,3 +48,38 @@ def test_the_viewers_are_swapped_only_while_lowering():
     with lean_dependency_viewers():
         assert partitioner._DependencyViewer is LeanDependencyViewer
     assert partitioner._DependencyViewer is original
+
+
+def test_lowering_builds_only_lean_viewers(monkeypatch):
+    """The swap patches private names of torch and ExecuTorch: if an upgrade renames them, or
+    a partitioner gets its viewer some other way, lowering would silently build the quadratic
+    viewers again. A small XNNPACK export through ``lower.lower`` must construct the lean viewer
+    from both partitioner modules, and never the originals."""
+    import importlib
+    import sys
+
+    from llmcore.pipeline import lower
+    from llmcore.plugins import PluginInfo, Provided
+    from llmcore.records import Backend
+
+    xnnpack = pytest.importorskip("executorch.backends.xnnpack.partition.xnnpack_partitioner")
+    callers: list[str] = []
+    originals: list[str] = []
+    lean_init = LeanDependencyViewer.__init__
+
+    def counting_lean(self, graph_module):
+        callers.append(sys._getframe(1).f_globals["__name__"])
+        for name in lower._VIEWER_MODULES:  # while lowering, every partitioner module has the lean one
+            assert importlib.import_module(name)._DependencyViewer is LeanDependencyViewer
+        lean_init(self, graph_module)
+
+    monkeypatch.setattr(LeanDependencyViewer, "__init__", counting_lean)
+    for name in lower._VIEWER_MODULES:
+        original = importlib.import_module(name)._DependencyViewer
+        monkeypatch.setattr(original, "__init__", lambda self, gm, _name=name: originals.append(_name))
+
+    backend = Backend(name="cpu", description="XNNPACK", partitioners=lambda o: [xnnpack.XnnpackPartitioner()])
+    exported = torch.export.export(Branchy(), (torch.randn(2, 8), torch.randn(2, 8)))
+    lower.lower(exported, [(Provided(backend, PluginInfo("test", "test")), {})], {})
+    assert originals == []
+    assert set(callers) == set(lower._VIEWER_MODULES), callers

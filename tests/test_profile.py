@@ -55,7 +55,7 @@ def _etdump_for(pte: bytes, runs: int) -> bytes:
     from executorch.devtools.etdump.serialize import serialize_to_etdump_flatcc
     from executorch.exir import schema
 
-    from llmcore.runtime import read_program_table
+    from llmcore.pte import read_program_table
 
     plan = next(p for p in read_program_table(pte).execution_plan if p.name == "forward")
     run_data = []

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmcore import hookimpl
-from llmcore.modules import CausalAttention, repeat_kv
+from llmcore.modules import CausalAttention, repeat_kv, replace_modules
 from llmcore.records import SourceTransform, TransformContext
 
 CUSTOM_OPS_MODULE = "executorch.extension.llm.custom_ops.custom_ops"
@@ -85,17 +85,6 @@ class StaticKVAttention(nn.Module):
         return y.transpose(1, 2).reshape(bsz, seq_len, self.n_heads * self.head_dim)
 
 
-def _swap_attention(module: nn.Module, make) -> int:
-    swapped = 0
-    for name, child in module.named_children():
-        if isinstance(child, CausalAttention):
-            setattr(module, name, make(child))
-            swapped += 1
-        else:
-            swapped += _swap_attention(child, make)
-    return swapped
-
-
 def _apply(module: nn.Module, context: TransformContext, cls, uses_custom_ops: bool) -> nn.Module:
     if uses_custom_ops:
         import importlib
@@ -106,7 +95,7 @@ def _apply(module: nn.Module, context: TransformContext, cls, uses_custom_ops: b
     def make(attn: CausalAttention) -> nn.Module:
         return cls(attn.n_heads, attn.n_kv_heads, attn.head_dim, capacity)
 
-    if _swap_attention(module, make) == 0:
+    if replace_modules(module, CausalAttention, make) == 0:
         raise ValueError(
             "the model has no llmcore.modules.CausalAttention submodule to give a cache; "
             "its family must route attention through CausalAttention"

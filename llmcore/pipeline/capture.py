@@ -7,11 +7,11 @@ line that names the model family and the likely fix.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
-from llmcore.errors import LlmcoreError
+from llmcore.errors import stage_errors
 
 
 def example_inputs(prompt_ids: list[int], use_kv_cache: bool) -> tuple:
@@ -37,30 +37,14 @@ def capture(
     family: str,
     what: str = "the model",
 ) -> torch.export.ExportedProgram:
-    try:
-        with torch.no_grad():
-            return torch.export.export(
-                module, inputs, dynamic_shapes=dynamic_shapes(max_seq_len, use_kv_cache), strict=False
-            )
-    except (KeyboardInterrupt, MemoryError):
-        raise
-    except Exception as exc:
-        raise LlmcoreError(
-            f"torch.export could not capture {what} with a dynamic sequence length "
-            f"(1..{max_seq_len}): {_first_line(exc)}",
-            stage="export",
-            plugin=family,
-            fix=_hint(exc),
-        ) from exc
+    failed = f"torch.export could not capture {what} with a dynamic sequence length (1..{max_seq_len})"
+    with stage_errors("export", family, failed, fix=_hint), torch.no_grad():
+        return torch.export.export(
+            module, inputs, dynamic_shapes=dynamic_shapes(max_seq_len, use_kv_cache), strict=False
+        )
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = [l.strip() for l in str(exc).splitlines() if l.strip()]
-    text = lines[0] if lines else type(exc).__name__
-    return f"{type(exc).__name__}: {text[:300]}"
-
-
-def _hint(exc: BaseException) -> Optional[str]:
+def _hint(exc: BaseException) -> str:
     text = str(exc)
     if "Constraints violated" in text or "specializ" in text or "guard" in text.lower():
         return (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Optional
 
-from llmcore.errors import LlmcoreError
+from llmcore.errors import stage_errors
 from llmcore.plugins import Provided, Registry
 from llmcore.records import PostPass
 
@@ -21,17 +21,9 @@ def select_post_passes(registry: Registry, backends: list[str]) -> list[Provided
 def apply_post_passes(edge, passes: list[Provided]):
     for provided in passes:
         post: PostPass = provided.record
-        try:
+        fix = "report it to the plugin's authors (--debug shows the traceback)."
+        with stage_errors("post-passes", provided.plugin.name, f"post-pass {post.name!r} failed", fix):
             edge = edge.transform([post.create()])
-        except (KeyboardInterrupt, MemoryError):
-            raise
-        except Exception as exc:
-            raise LlmcoreError(
-                f"post-pass {post.name!r} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
-                stage="post-passes",
-                plugin=provided.plugin.name,
-                fix="report it to the plugin's authors (--debug shows the traceback).",
-            ) from exc
     return edge
 
 
@@ -50,16 +42,9 @@ def to_executorch(edge, etrecord_path: Optional[str] = None, edge_copy: Any = No
         # write instead of a functional copy of the whole buffer.
         run_reinplace_pass=True,
     )
-    try:
+    fix = "run with --debug for the traceback; a post-pass or backend left the graph in a state ExecuTorch cannot plan."
+    with stage_errors("emit", None, "to_executorch failed", fix):
         program = edge.to_executorch(config)
-    except (KeyboardInterrupt, MemoryError):
-        raise
-    except Exception as exc:
-        raise LlmcoreError(
-            f"to_executorch failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
-            stage="emit",
-            fix="run with --debug for the traceback; a post-pass or backend left the graph in a state ExecuTorch cannot plan.",
-        ) from exc
     if etrecord_path and edge_copy is not None:
         from executorch.devtools import generate_etrecord
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmcore.errors import LlmcoreError
+from llmcore.errors import LlmcoreError, stage_errors
 from llmcore.plugins import Registry
 from llmcore.recipe import ExportOptions
 from llmcore.records import LoadedModel, LoadOptions, ModelFamily
@@ -71,18 +71,6 @@ def _load_checkpoint(family: ModelFamily, plugin: str, path: Path, options: Load
 
 def _call(plugin: str, fn):
     """Run plugin code; anything but an LlmcoreError becomes one that names the plugin."""
-    try:
+    fix = "check that the checkpoint and config belong to this model family (--debug shows the traceback)."
+    with stage_errors("load", plugin, "loading failed", fix):
         return fn()
-    except LlmcoreError as exc:
-        exc.stage = exc.stage or "load"
-        exc.plugin = exc.plugin or plugin
-        raise
-    except (KeyboardInterrupt, MemoryError):
-        raise
-    except Exception as exc:
-        raise LlmcoreError(
-            f"loading failed: {type(exc).__name__}: {exc}",
-            stage="load",
-            plugin=plugin,
-            fix="check that the checkpoint and config belong to this model family (--debug shows the traceback).",
-        ) from exc

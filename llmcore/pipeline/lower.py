@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import torch
 
-from llmcore.errors import LlmcoreError, choose_one_of
+from llmcore.errors import LlmcoreError, choose_one_of, stage_errors
 from llmcore.plugins import Provided, Registry
 from llmcore.recipe import check_plugin_options
 from llmcore.records import Backend
@@ -72,42 +72,21 @@ def lower(
     partitioners = []
     for provided, opts in backends:
         backend: Backend = provided.record
-        try:
+        failed = f"backend {backend.name!r} could not create its partitioner"
+        fix = "check the backend's options and its installation (--debug shows the traceback)."
+        with stage_errors("lower", provided.plugin.name, failed, fix):
             partitioners.extend(backend.partitioners(opts))
-        except LlmcoreError as exc:
-            exc.stage, exc.plugin = exc.stage or "lower", exc.plugin or provided.plugin.name
-            raise
-        except (KeyboardInterrupt, MemoryError):
-            raise
-        except Exception as exc:
-            raise LlmcoreError(
-                f"backend {backend.name!r} could not create its partitioner: {type(exc).__name__}: {exc}",
-                stage="lower",
-                plugin=provided.plugin.name,
-                fix="check the backend's options and its installation (--debug shows the traceback).",
-            ) from exc
     config = edge_compile_config([p.record for p, _ in backends])
     names = ", ".join(p.record.name for p, _ in backends) or "the portable runtime"
-    try:
-        with lean_dependency_viewers():
-            return to_edge_transform_and_lower(
-                exported,
-                partitioner=partitioners,
-                compile_config=config,
-                constant_methods=constant_methods,
-            )
-    except LlmcoreError:
-        raise
-    except (KeyboardInterrupt, MemoryError):
-        raise
-    except Exception as exc:
-        first = next((l for l in str(exc).splitlines() if l.strip()), type(exc).__name__)
-        raise LlmcoreError(
-            f"lowering to {names} failed: {type(exc).__name__}: {first[:300]}",
-            stage="lower",
-            plugin=backends[0][0].plugin.name if backends else None,
-            fix="try the backends one at a time to find the one that fails (--debug shows the traceback).",
-        ) from exc
+    first_plugin = backends[0][0].plugin.name if backends else None
+    fix = "try the backends one at a time to find the one that fails (--debug shows the traceback)."
+    with stage_errors("lower", first_plugin, f"lowering to {names} failed", fix), lean_dependency_viewers():
+        return to_edge_transform_and_lower(
+            exported,
+            partitioner=partitioners,
+            compile_config=config,
+            constant_methods=constant_methods,
+        )
 
 
 # ---- partitioning memory --------------------------------------------------------------------

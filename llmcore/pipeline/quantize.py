@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import torch
 
-from llmcore.errors import LlmcoreError
+from llmcore.errors import LlmcoreError, stage_errors
 from llmcore.plugins import Provided, Registry
 from llmcore.recipe import check_plugin_options
 from llmcore.runtime import captured_stderr
@@ -64,17 +64,7 @@ def quantize_graph(
 
 
 def _run(provided: Provided, fn):
-    try:
+    failed = f"quantizer recipe {provided.record.name!r} failed"
+    fix = "try another recipe or its default options (--debug shows the traceback)."
+    with stage_errors("quantize", provided.plugin.name, failed, fix):
         return fn()
-    except LlmcoreError as exc:
-        exc.stage, exc.plugin = exc.stage or "quantize", exc.plugin or provided.plugin.name
-        raise
-    except (KeyboardInterrupt, MemoryError):
-        raise
-    except Exception as exc:
-        raise LlmcoreError(
-            f"quantizer recipe {provided.record.name!r} failed: {type(exc).__name__}: {exc}",
-            stage="quantize",
-            plugin=provided.plugin.name,
-            fix="try another recipe or its default options (--debug shows the traceback).",
-        ) from exc

@@ -8,7 +8,7 @@ ascending ``order`` (then name), never in the order plugins registered them.
 
 from __future__ import annotations
 
-from llmcore.errors import LlmcoreError, choose_one_of
+from llmcore.errors import LlmcoreError, choose_one_of, stage_errors
 from llmcore.plugins import Provided, Registry
 from llmcore.recipe import ExportOptions
 from llmcore.records import LoadedModel, SourceTransform, TransformContext
@@ -65,20 +65,9 @@ def apply_transforms(
         t: SourceTransform = provided.record
         if t.applies is not None and not t.applies(context):
             continue
-        try:
+        fix = "drop the transform or report it to the plugin's authors (--debug shows the traceback)."
+        with stage_errors("transform", provided.plugin.name, f"source transform {t.name!r} failed", fix):
             result = t.apply(loaded.module, context)
-        except LlmcoreError as exc:
-            exc.stage, exc.plugin = exc.stage or "transform", exc.plugin or provided.plugin.name
-            raise
-        except (KeyboardInterrupt, MemoryError):
-            raise
-        except Exception as exc:
-            raise LlmcoreError(
-                f"source transform {t.name!r} failed: {type(exc).__name__}: {exc}",
-                stage="transform",
-                plugin=provided.plugin.name,
-                fix="drop the transform or report it to the plugin's authors (--debug shows the traceback).",
-            ) from exc
         if result is not None:
             loaded.module = result
         applied.append(t.name)

@@ -247,7 +247,7 @@ def check_export(
     ask the runtime); a plugin that states it is checked against the runtime.
     ``min_matmuls`` defaults to :func:`transformer_linear_layers` of the family.
     """
-    from llmcore.runtime import delegate_ids
+    from llmcore.pte import delegate_ids
 
     record, _plugin = backend_record(backend)
     runtime_id = record.runtime_id

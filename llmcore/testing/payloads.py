@@ -13,14 +13,6 @@ from typing import Union
 
 def delegate_payloads(pte: Union[bytes, bytearray, Path, str]) -> list[tuple[str, bytes]]:
     """``(backend_id, processed_bytes)`` for every delegate of every method, in order."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
+    from llmcore import pte as reader
 
-    data = bytes(pte) if isinstance(pte, (bytes, bytearray)) else Path(pte).read_bytes()
-    pte_file = deserialize_pte_binary(data)
-    program = getattr(pte_file, "program", pte_file)
-    out = []
-    for plan in program.execution_plan:
-        for delegate in plan.delegates:
-            # deserialize_pte_binary moves segment data back inline.
-            out.append((delegate.id, bytes(program.backend_delegate_data[delegate.processed.index].data)))
-    return out
+    return reader.delegate_payloads(pte if isinstance(pte, (bytes, bytearray)) else Path(pte).read_bytes())

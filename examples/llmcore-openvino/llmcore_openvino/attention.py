@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from llmcore.modules import CausalAttention, repeat_kv
+from llmcore.modules import CausalAttention, repeat_kv, replace_modules
 
 MASK_VALUE = -30000.0  # exp(MASK_VALUE - max) == 0 in fp32 and fp16
 
@@ -50,17 +50,6 @@ class AdditiveMaskAttention(nn.Module):
         return y.transpose(1, 2).reshape(bsz, seq_len, self.n_heads * self.head_dim)
 
 
-def _swap(module: nn.Module, make) -> int:
-    swapped = 0
-    for name, child in module.named_children():
-        if type(child) is CausalAttention:
-            setattr(module, name, make(child))
-            swapped += 1
-        else:
-            swapped += _swap(child, make)
-    return swapped
-
-
 def apply(module: nn.Module, context) -> nn.Module:
     """The ``openvino-attention`` transform: each ``CausalAttention`` becomes an
     :class:`AdditiveMaskAttention`; the program has no KV cache."""
@@ -74,5 +63,9 @@ def apply(module: nn.Module, context) -> nn.Module:
             plugin="openvino",
             fix="drop --transforms kv-cache-static (openvino programs recompute the window each step).",
         )
-    _swap(module, lambda a: AdditiveMaskAttention(a.n_heads, a.n_kv_heads, a.head_dim, context.max_seq_len))
+    replace_modules(
+        module,
+        lambda m: type(m) is CausalAttention,
+        lambda a: AdditiveMaskAttention(a.n_heads, a.n_kv_heads, a.head_dim, context.max_seq_len),
+    )
     return module

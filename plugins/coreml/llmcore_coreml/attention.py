@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmcore.modules import CausalAttention, repeat_kv
+from llmcore.modules import CausalAttention, repeat_kv, replace_modules
 
 MASK_VALUE = -30000.0
 SDPA_OP = "coreml::sdpa"
@@ -116,17 +116,6 @@ class CoreMLKVAttention(nn.Module):
         return y.transpose(1, 2).reshape(bsz, seq_len, self.n_heads * self.head_dim)
 
 
-def _swap(module: nn.Module, kind, make) -> int:
-    swapped = 0
-    for name, child in module.named_children():
-        if isinstance(child, kind):
-            setattr(module, name, make(child))
-            swapped += 1
-        else:
-            swapped += _swap(child, kind, make)
-    return swapped
-
-
 def apply(module: nn.Module, context) -> nn.Module:
     """The ``coreml-attention`` transform.
 
@@ -139,7 +128,7 @@ def apply(module: nn.Module, context) -> nn.Module:
     """
     from llmcore.builtins.kv_cache import CUSTOM_OPS_MODULE, CustomOpKVAttention
 
-    cached = _swap(
+    cached = replace_modules(
         module,
         CustomOpKVAttention,
         lambda a: CoreMLKVAttention(a.n_heads, a.n_kv_heads, a.head_dim, a.capacity),
@@ -149,7 +138,7 @@ def apply(module: nn.Module, context) -> nn.Module:
         context.use_sdpa_with_kv_cache = False
         if CUSTOM_OPS_MODULE in context.runtime_imports:
             context.runtime_imports.remove(CUSTOM_OPS_MODULE)
-    _swap(
+    replace_modules(
         module,
         CausalAttention,
         lambda a: CoreMLAttention(a.n_heads, a.n_kv_heads, a.head_dim, context.max_seq_len),

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from llmcore.checkpoints import check_state_dict
 from llmcore.errors import LlmcoreError
 from llmcore.records import LoadedModel, LoadOptions, ModelMetadata, Tokenizer
 
@@ -144,32 +145,16 @@ def check_fit(config: LlamaConfig, state_dict: dict, source: str, file_name: Cal
     if config.tie_embeddings:
         expected.pop("output.weight", None)
     given = {k: v for k, v in state_dict.items() if not (config.tie_embeddings and k == "output.weight")}
-    missing = sorted(set(expected) - set(given))
-    extra = sorted(set(given) - set(expected))
-    wrong = sorted(k for k in set(expected) & set(given) if tuple(given[k].shape) != expected[k])
-
-    def names(keys: list[str]) -> str:
-        shown = ", ".join(file_name(k) for k in keys[:3])
-        return f"{len(keys)} tensor(s): {shown}" + (", ..." if len(keys) > 3 else "")
-
-    problems = []
-    if missing:
-        problems.append(f"missing {names(missing)}")
-    if extra:
-        problems.append(f"unexpected {names(extra)}")
-    if wrong:
-        k = wrong[0]
-        problems.append(
-            f"wrong shape for {names(wrong)} (e.g. {file_name(k)}: {list(given[k].shape)}, expected {list(expected[k])})"
-        )
-    if problems:
-        c = config
-        raise load_error(
-            f"the weights in {source} do not fit a llama model with dim={c.dim}, n_layers={c.n_layers}, "
-            f"n_heads={c.n_heads}, n_kv_heads={c.n_kv_heads}, hidden_dim={c.hidden_dim}, "
-            f"vocab_size={c.vocab_size}: " + "; ".join(problems) + ".",
-            fix=FIT_FIX,
-        )
+    c = config
+    check_state_dict(
+        expected,
+        given,
+        plugin=PLUGIN,
+        source=f"the weights in {source} do not fit a llama model with dim={c.dim}, n_layers={c.n_layers}, "
+        f"n_heads={c.n_heads}, n_kv_heads={c.n_kv_heads}, hidden_dim={c.hidden_dim}, vocab_size={c.vocab_size}",
+        fix=FIT_FIX,
+        file_name=file_name,
+    )
 
 
 def _check_file(path: Path) -> Path:
@@ -690,7 +675,7 @@ def _gguf_tensor(entry, name: str) -> torch.Tensor:
     except NotImplementedError as e:
         raise load_error(
             f"tensor {name!r} is stored as {quants.type_name(int(t.tensor_type))}, which the llama plugin "
-            f"cannot dequantize (supported: {', '.join(quants.SUPPORTED)}).",
+            f"cannot dequantize (it reads {', '.join(quants.SUPPORTED)}, and what gguf.quants reads).",
             fix="use a GGUF quantized with supported types only (F16, Q8_0, Q4_0, Q4_1, Q4_K_M ...).",
         ) from None
     except (ValueError, RuntimeError) as e:  # the data does not hold the shape the header gives

@@ -17,50 +17,29 @@ Q4_K     144    f16 d, f16 dmin, u8 scales[12] (8 x 6-bit scale/min),
 Q5_K     176    as Q4_K plus u8 qh[32] (5th bits) before qs[128]
 Q6_K     210    u8 ql[128], u8 qh[64], int8 scales[16], f16 d; 256 values
 =======  =====  ===========================================================
+
+Other types that ``gguf.quants`` can dequantize (Q2_K, Q3_K, the IQ types, ...) go through
+it instead: correct, but numpy-slow, so the first tensor of each such type logs a warning.
+Block sizes come from ``gguf.GGML_QUANT_SIZES``.
 """
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from typing import Callable
 
+import gguf
 import numpy as np
 import torch
 
-# ggml type ids (gguf.GGMLQuantizationType values), kept here so dequantising does not
-# depend on the gguf package.
-F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
+Q = gguf.GGMLQuantizationType
+F32, F16, BF16 = int(Q.F32), int(Q.F16), int(Q.BF16)
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = int(Q.Q4_0), int(Q.Q4_1), int(Q.Q5_0), int(Q.Q5_1), int(Q.Q8_0)
+Q4_K, Q5_K, Q6_K = int(Q.Q4_K), int(Q.Q5_K), int(Q.Q6_K)
 
-TYPE_NAMES = {
-    F32: "F32",
-    F16: "F16",
-    BF16: "BF16",
-    Q8_0: "Q8_0",
-    Q4_0: "Q4_0",
-    Q4_1: "Q4_1",
-    Q5_0: "Q5_0",
-    Q5_1: "Q5_1",
-    Q4_K: "Q4_K",
-    Q5_K: "Q5_K",
-    Q6_K: "Q6_K",
-}
-
-# type -> (values per block, bytes per block)
-BLOCK = {
-    F32: (1, 4),
-    F16: (1, 2),
-    BF16: (1, 2),
-    Q8_0: (32, 34),
-    Q4_0: (32, 18),
-    Q4_1: (32, 20),
-    Q5_0: (32, 22),
-    Q5_1: (32, 24),
-    Q4_K: (256, 144),
-    Q5_K: (256, 176),
-    Q6_K: (256, 210),
-}
-
-SUPPORTED = tuple(TYPE_NAMES.values())
+log = logging.getLogger(__name__)
+_warned: set[int] = set()  # types already reported as taking gguf's slow path
 
 
 def _as_u8(raw) -> torch.Tensor:
@@ -215,19 +194,45 @@ DEQUANTIZERS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
     Q6_K: dequantize_q6_k,
 }
 
+SUPPORTED = tuple(Q(t).name for t in DEQUANTIZERS)
+"""The types dequantized here, in torch (the fast path)."""
+
 
 def dequantize(raw, qtype: int, shape=None) -> torch.Tensor:
     """Float32 values of a GGML tensor from its raw bytes, reshaped to `shape` if given.
 
-    `shape` is in PyTorch order (rows first), i.e. GGUF's dims reversed.
-    Raises :class:`NotImplementedError` naming the type for unsupported types.
+    `shape` is in PyTorch order (rows first), i.e. GGUF's dims reversed. Types without a
+    dequantizer here go through ``gguf.quants.dequantize`` (warned once per type);
+    :class:`NotImplementedError` names a type that neither can read.
     """
     qtype = int(qtype)
     fn = DEQUANTIZERS.get(qtype)
-    if fn is None:
-        raise NotImplementedError(f"GGML tensor type {type_name(qtype)} is not supported (supported: {', '.join(SUPPORTED)})")
-    out = fn(_as_u8(raw))
+    out = fn(_as_u8(raw)) if fn is not None else _dequantize_with_gguf(raw, qtype)
     return out.reshape(tuple(shape)) if shape is not None else out
+
+
+def _dequantize_with_gguf(raw, qtype: int) -> torch.Tensor:
+    """The slow path: ``gguf.quants.dequantize`` (numpy), for the types missing here."""
+    from gguf import quants as gguf_quants
+
+    name = type_name(qtype)
+    sizes = {int(t): size for t, size in gguf.GGML_QUANT_SIZES.items()}
+    if qtype not in sizes:
+        raise NotImplementedError(f"GGML tensor type {name} is unknown to the gguf package")
+    data = _as_u8(raw).numpy()
+    if data.size % sizes[qtype][1]:
+        raise ValueError(f"{data.size} bytes is not a whole number of {sizes[qtype][1]}-byte blocks")
+    try:
+        values = gguf_quants.dequantize(data, Q(qtype))
+    except NotImplementedError:
+        raise NotImplementedError(
+            f"GGML tensor type {name} is not supported (the llama plugin reads {', '.join(SUPPORTED)}; "
+            f"gguf.quants cannot dequantize {name} either)"
+        ) from None
+    if qtype not in _warned:
+        _warned.add(qtype)
+        log.warning("GGUF tensors of type %s are dequantized by gguf.quants, the slow path (numpy)", name)
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(-1))
 
 
 @contextmanager
@@ -248,8 +253,6 @@ def single_threaded():
 
 def type_name(qtype: int) -> str:
     try:
-        import gguf
-
-        return gguf.GGMLQuantizationType(int(qtype)).name
-    except Exception:
-        return TYPE_NAMES.get(int(qtype), f"type id {int(qtype)}")
+        return Q(int(qtype)).name
+    except ValueError:
+        return f"type id {int(qtype)}"

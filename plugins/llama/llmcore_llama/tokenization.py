@@ -1,7 +1,7 @@
 """Tokenizers in Hugging Face ``tokenizer.json`` form, built from what checkpoints ship.
 
-Everything here writes JSON by hand, so none of it needs the ``tokenizers`` package at
-run time (the tests use it to check the results). Sources:
+Byte-level BPE vocabularies are written by :mod:`llmcore.bpe` (through the ``tokenizers``
+library's own objects); the SentencePiece conversion writes its JSON by hand. Sources:
 
 * a GGUF's embedded vocabulary: ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE,
   with the pre-tokenizer named by ``tokenizer.ggml.pre``) or ``"llama"`` (SentencePiece);
@@ -22,9 +22,10 @@ import base64
 import json
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
+
+from llmcore.bpe import byte_level_bpe_json, bytes_to_unicode
 
 # --------------------------------------------------------------------------------------
 # Shared pieces
@@ -80,19 +81,6 @@ class TokenizerError(ValueError):
     """A tokenizer could not be converted; loaders turn it into an LlmcoreError."""
 
 
-@lru_cache(maxsize=1)
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map used by ByteLevel BPE."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    mapping = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return mapping
-
-
 def _added_token(tok_id: int, content: str, special: bool = True) -> dict:
     return {
         "id": tok_id,
@@ -111,54 +99,6 @@ def _merges_field(merges: Iterable) -> list:
     if any(" " in a or " " in b for a, b in pairs):
         return [list(p) for p in pairs]
     return [f"{a} {b}" for a, b in pairs]
-
-
-def byte_level_pre_tokenizer(pattern: Optional[str] = None, individual_digits: bool = False) -> dict:
-    """GPT-2's ByteLevel (with its own regex), or a Split on `pattern` in front of it."""
-    if pattern is None:
-        byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-        if not individual_digits:
-            return byte_level
-        return {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, byte_level]}
-    return {
-        "type": "Sequence",
-        "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
-        ],
-    }
-
-
-def byte_level_bpe_json(
-    vocab: Mapping[str, int],
-    merges: Iterable,
-    added_tokens: Sequence[dict],
-    pre_tokenizer: dict,
-) -> str:
-    """A byte-level BPE ``tokenizer.json`` (GPT-2 / Llama 3 / SmolLM2 style)."""
-    doc = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": sorted(added_tokens, key=lambda t: t["id"]),
-        "normalizer": None,
-        "pre_tokenizer": pre_tokenizer,
-        "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": dict(vocab),
-            "merges": _merges_field(merges),
-        },
-    }
-    return json.dumps(doc, ensure_ascii=False)
 
 
 def end_token_ids(tokens_by_id: Mapping[int, str], eos_id: int = -1, extra: Iterable[int] = ()) -> tuple[int, ...]:
@@ -264,13 +204,9 @@ def _tokenizer_from_gguf_fields(get) -> TokenizerInfo:
         if bad is not None:
             raise TokenizerError(f"the GGUF's tokenizer.ggml.merges holds {bad[:40]!r}, not two tokens joined by a space")
         pattern, digits = GGUF_PRE_TOKENIZERS[pre]
-        added = [
-            _added_token(i, t, special=(ty == CONTROL))
-            for i, (t, ty) in enumerate(zip(tokens, types))
-            if ty in (CONTROL, USER_DEFINED)
-        ]
+        added = [(t, ty == CONTROL) for t, ty in zip(tokens, types) if ty in (CONTROL, USER_DEFINED)]
         vocab = {t: i for i, t in enumerate(tokens)}
-        text = byte_level_bpe_json(vocab, [str(m) for m in merges], added, byte_level_pre_tokenizer(pattern, digits))
+        text = byte_level_bpe_json(vocab, [str(m) for m in merges], added, pattern=pattern, individual_digits=digits)
         add_bos = bool(get("tokenizer.ggml.add_bos_token", False))
         desc = f"byte-level BPE from GGUF (pre-tokenizer {pre!r}, {len(tokens)} tokens)"
     elif model == "llama":
@@ -541,10 +477,9 @@ def tiktoken_to_json(
         merges.extend(local)
     merges.sort()
     base = max(ranks.values()) + 1 if ranks else 0
-    added = [_added_token(base + i, t) for i, t in enumerate(special_tokens)]
-    for a in added:
-        vocab[a["content"]] = a["id"]
-    return byte_level_bpe_json(vocab, [(m[3], m[4]) for m in merges], added, byte_level_pre_tokenizer(pattern))
+    for i, t in enumerate(special_tokens):
+        vocab[t] = base + i
+    return byte_level_bpe_json(vocab, [(m[3], m[4]) for m in merges], [(t, True) for t in special_tokens], pattern=pattern)
 
 
 def tiktoken_file_info(path: Path) -> TokenizerInfo:
@@ -770,10 +705,11 @@ def tiny_tokenizer(vocab_size: int = 320) -> TokenizerInfo:
     if len(vocab) != 256 + n_merges:
         raise TokenizerError(f"the toy corpus cannot fill a {vocab_size}-token vocabulary")
     first_special = len(vocab)
-    added = [_added_token(first_special + i, t) for i, t in enumerate(TINY_SPECIAL_TOKENS)]
-    for a in added:
-        vocab[a["content"]] = a["id"]
-    text = byte_level_bpe_json(vocab, [(to_str(a), to_str(b)) for a, b in merges], added, byte_level_pre_tokenizer())
+    for i, t in enumerate(TINY_SPECIAL_TOKENS):
+        vocab[t] = first_special + i
+    text = byte_level_bpe_json(
+        vocab, [(to_str(a), to_str(b)) for a, b in merges], [(t, True) for t in TINY_SPECIAL_TOKENS]
+    )
     return TokenizerInfo(
         json_text=text,
         bos_id=first_special,

@@ -44,8 +44,18 @@ def test_dequantizers_agree_with_gguf(qt):
 
 
 def test_unsupported_type_names_it():
-    with pytest.raises(NotImplementedError, match="Q2_K"):
-        quants.dequantize(np.zeros(84, np.uint8), int(Q.Q2_K))
+    # Q8_K (llama.cpp's intermediate type): neither the plugin nor gguf.quants dequantizes it
+    with pytest.raises(NotImplementedError, match="Q8_K"):
+        quants.dequantize(np.zeros(292, np.uint8), int(Q.Q8_K))
+
+
+def test_block_sizes_are_gguf_s():
+    import gguf
+
+    assert not hasattr(quants, "BLOCK")  # no private table beside gguf.GGML_QUANT_SIZES
+    rows = np.zeros((3, gguf.GGML_QUANT_SIZES[Q.Q3_K][1] + 1), np.uint8)
+    with pytest.raises(ValueError, match="110-byte blocks"):
+        quants.dequantize(rows, int(Q.Q3_K))
 
 
 def test_f32_gguf_gives_the_same_logits_as_meta(tmp_path):
@@ -112,11 +122,37 @@ def test_rejects_other_architectures(tmp_path):
 
 def test_rejects_unsupported_tensor_types_by_name(tmp_path):
     sd = meta_state_dict(random_model(WIDE, std=0.05))
-    raw = {"layers.0.feed_forward.w2.weight": (Q.Q2_K, random_k_blocks(Q.Q2_K, 256, 512))}
-    write_gguf(tmp_path / "q2.gguf", sd, WIDE, raw=raw)
+    raw = {"layers.0.feed_forward.w2.weight": (Q.Q8_K, np.zeros((256, 512 // 256 * 292), np.uint8))}
+    write_gguf(tmp_path / "q8k.gguf", sd, WIDE, raw=raw)
     with pytest.raises(LlmcoreError) as e:
-        loaders.load_gguf(tmp_path / "q2.gguf", LoadOptions())
-    assert "Q2_K" in e.value.message and "blk.0.ffn_down.weight" in e.value.message
+        loaders.load_gguf(tmp_path / "q8k.gguf", LoadOptions())
+    assert "Q8_K" in e.value.message and "blk.0.ffn_down.weight" in e.value.message
+
+
+def test_types_without_a_fast_dequantizer_go_through_gguf(tmp_path, monkeypatch, caplog):
+    """Q2_K and Q3_K: gguf.quants cannot write them, so the blocks are random but well-formed
+    bytes (random quants, small float16 scales) written with GGUFWriter as those types; the
+    loader must give exactly what gguf.quants.dequantize reads from them, warning once a type."""
+    monkeypatch.setattr(quants, "_warned", set())
+    sd = meta_state_dict(random_model(WIDE, std=0.05))
+    raw = {
+        "layers.0.feed_forward.w2.weight": (Q.Q2_K, random_k_blocks(Q.Q2_K, 256, 512, seed=5)),
+        "layers.1.feed_forward.w2.weight": (Q.Q2_K, random_k_blocks(Q.Q2_K, 256, 512, seed=6)),
+        "layers.0.attention.wq.weight": (Q.Q3_K, random_k_blocks(Q.Q3_K, 256, 256, seed=7)),
+    }
+    stored = write_gguf(tmp_path / "k.gguf", sd, WIDE, raw=raw)
+    with caplog.at_level("WARNING", logger=quants.__name__):
+        loaded = loaders.load_gguf(tmp_path / "k.gguf", LoadOptions()).module.state_dict()
+    from llama_testutils import gguf_name
+
+    for name, (qt, _) in raw.items():
+        stored_qt, data = stored[gguf_name(name)]
+        assert stored_qt == qt
+        expected = np.ascontiguousarray(gq.dequantize(data, qt), dtype=np.float32).reshape(sd[name].shape)
+        assert np.array_equal(loaded[name].numpy(), expected), name
+    warnings = [r.getMessage() for r in caplog.records if r.name == quants.__name__]
+    assert len(warnings) == 2 and all("slow path" in w for w in warnings)
+    assert any("Q2_K" in w for w in warnings) and any("Q3_K" in w for w in warnings)
 
 
 def _gpt2_tokenizer_fields(pre="smollm"):
@@ -130,7 +166,7 @@ def _gpt2_tokenizer_fields(pre="smollm"):
         "pre": pre,
         "tokens": toks,
         "types": types,
-        "merges": doc["model"]["merges"],
+        "merges": [m if isinstance(m, str) else " ".join(m) for m in doc["model"]["merges"]],  # GGUF: "a b"
         "bos": 317,
         "eos": 319,
         "add_bos": True,

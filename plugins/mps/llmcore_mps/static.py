@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmcore.errors import LlmcoreError
-from llmcore.modules import CausalAttention, repeat_kv
+from llmcore.modules import CausalAttention, repeat_kv, replace_modules
 
 MASK_VALUE = -30000.0
 
@@ -109,17 +109,6 @@ FAMILIES = {
 }
 
 
-def _swap_attention(module: nn.Module, length: int) -> int:
-    swapped = 0
-    for name, child in module.named_children():
-        if isinstance(child, CausalAttention):
-            setattr(module, name, StaticMaskAttention(child.n_heads, child.n_kv_heads, child.head_dim, length))
-            swapped += 1
-        else:
-            swapped += _swap_attention(child, length)
-    return swapped
-
-
 def static_length(module: nn.Module, family: str, length: int) -> StaticLength:
     """Wrap ``module`` (an eager model of ``family``) into a :class:`StaticLength` of
     ``length`` positions, its attention replaced by :class:`StaticMaskAttention`."""
@@ -139,7 +128,10 @@ def static_length(module: nn.Module, family: str, length: int) -> StaticLength:
             stage="transform",
             plugin="mps",
         )
-    if _swap_attention(module, length) == 0:
+    def static_mask(a: CausalAttention) -> nn.Module:
+        return StaticMaskAttention(a.n_heads, a.n_kv_heads, a.head_dim, length)
+
+    if replace_modules(module, CausalAttention, static_mask) == 0:
         raise LlmcoreError(
             "MPS programs have no KV cache, and the model's attention was already replaced (by a KV-cache "
             "transform?).",

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import torch
 
+from llmcore.checkpoints import check_state_dict
 from llmcore.errors import LlmcoreError
 from llmcore.records import LoadedModel, LoadOptions, Tokenizer
 
@@ -73,34 +74,17 @@ def build_model(config: GPTConfig, state: dict[str, torch.Tensor], source: str) 
     state.setdefault("lm_head.weight", state.get("transformer.wte.weight"))
     if state["lm_head.weight"] is None:
         state.pop("lm_head.weight")
-    missing = sorted(set(expected) - set(state))
-    extra = sorted(set(state) - set(expected))
-    wrong = sorted(k for k in set(expected) & set(state) if tuple(state[k].shape) != tuple(expected[k]))
-    problems = []
-    if missing:
-        problems.append(f"missing {_names(missing)}")
-    if extra:
-        problems.append(f"unexpected {_names(extra)}")
-    if wrong:
-        k = wrong[0]
-        problems.append(
-            f"wrong shape for {_names(wrong)} (e.g. {k}: {list(state[k].shape)}, expected {list(expected[k])})"
-        )
-    if problems:
-        raise _error(
-            f"checkpoint {source!r} does not fit a GPT-2 with n_layer={config.n_layer}, "
-            f"n_head={config.n_head}, n_embd={config.n_embd}, vocab_size={config.vocab_size}: "
-            + "; ".join(problems) + ".",
-            "check that its config matches its weights and that the file is complete.",
-        )
+    check_state_dict(
+        expected,
+        state,
+        plugin=PLUGIN,
+        source=f"checkpoint {source!r} does not fit a GPT-2 with n_layer={config.n_layer}, "
+        f"n_head={config.n_head}, n_embd={config.n_embd}, vocab_size={config.vocab_size}",
+        fix="check that its config matches its weights and that the file is complete.",
+    )
     model = GPT(config)
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
     return model.eval()
-
-
-def _names(keys: list[str]) -> str:
-    shown = ", ".join(keys[:3])
-    return f"{len(keys)} tensor(s): {shown}" + (", ..." if len(keys) > 3 else "")
 
 
 # ---- nanoGPT ckpt.pt ------------------------------------------------------------------------

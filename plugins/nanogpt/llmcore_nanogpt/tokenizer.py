@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from llmcore.bpe import byte_level_bpe_json, bytes_to_unicode
 from llmcore.errors import LlmcoreError
 from llmcore.records import Tokenizer
 
@@ -19,53 +20,10 @@ EOT = "<|endoftext|>"
 FILE_PAIRS = (("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe"))
 
 
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from bytes to printable unicode characters."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1)
-    )
-    chars = printable[:]
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {b: chr(c) for b, c in zip(printable, chars)}
-
-
 def tokenizer_json(vocab: dict[str, int], merges: list[str]) -> str:
-    """A Hugging Face tokenizer.json for GPT-2-style byte-level BPE."""
-    added = []
-    if EOT in vocab:
-        added.append(
-            {"id": vocab[EOT], "content": EOT, "single_word": False, "lstrip": False,
-             "rstrip": False, "normalized": False, "special": True}
-        )
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-    data = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": byte_level,
-        "post_processor": None,
-        "decoder": byte_level,
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": vocab,
-            "merges": merges,
-        },
-    }
-    return json.dumps(data, ensure_ascii=False)
+    """A Hugging Face tokenizer.json for GPT-2-style byte-level BPE (``<|endoftext|>``, when
+    the vocabulary has it, is a special token)."""
+    return byte_level_bpe_json(vocab, merges, [(EOT, True)] if EOT in vocab else [])
 
 
 def byte_level_tokenizer() -> Tokenizer:
@@ -122,7 +80,7 @@ def load_tokenizer(path: Path) -> Tokenizer:
         vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
         if not isinstance(vocab, dict) or not all(type(v) is int for v in vocab.values()):
             raise ValueError(f"{vocab_path.name} must map tokens to integer ids")
-        merges = _read_merges(merges_path)
+        text = tokenizer_json(vocab, _read_merges(merges_path))
     except (OSError, ValueError, RecursionError) as exc:
         what = str(vocab_path) if merges_path is None else f"{vocab_path} + {merges_path.name}"
         raise LlmcoreError(
@@ -132,7 +90,7 @@ def load_tokenizer(path: Path) -> Tokenizer:
             fix="pass --tokenizer a Hugging Face tokenizer.json, or GPT-2's vocab.json + merges.txt "
             "(or encoder.json + vocab.bpe).",
         ) from None
-    return Tokenizer(tokenizer_json(vocab, merges), description=f"{vocab_path.name} + {merges_path.name}")
+    return Tokenizer(text, description=f"{vocab_path.name} + {merges_path.name}")
 
 
 def default_gpt2_files() -> Optional[Path]:

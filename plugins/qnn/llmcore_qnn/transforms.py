@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmcore.modules import CausalAttention
+from llmcore.modules import CausalAttention, replace_modules
 
 MASK_VALUE = -30000.0
 
@@ -126,17 +126,6 @@ class Conv2dLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def _swap(module: nn.Module, match, make) -> int:
-    swapped = 0
-    for name, child in module.named_children():
-        if match(child):
-            setattr(module, name, make(child))
-            swapped += 1
-        else:
-            swapped += _swap(child, match, make)
-    return swapped
-
-
 def single_head_attention(module: nn.Module, context) -> nn.Module:
     """The ``qnn-single-head-attention`` transform.
 
@@ -153,13 +142,13 @@ def single_head_attention(module: nn.Module, context) -> nn.Module:
             new.k_cache, new.v_cache = a.k_cache, a.v_cache
         return new
 
-    swapped = _swap(
+    swapped = replace_modules(
         module,
         lambda m: type(m) is CausalAttention,
         lambda a: SingleHeadAttention(a.n_heads, a.n_kv_heads, a.head_dim, context.max_seq_len),
     )
-    custom = _swap(module, lambda m: isinstance(m, CustomOpKVAttention), cached)
-    swapped += custom + _swap(module, lambda m: isinstance(m, StaticKVAttention), cached)
+    custom = replace_modules(module, CustomOpKVAttention, cached)
+    swapped += custom + replace_modules(module, StaticKVAttention, cached)
     if swapped == 0:
         raise ValueError(
             "the model has no llmcore.modules.CausalAttention (nor a cached attention of llmcore's "
@@ -174,5 +163,5 @@ def single_head_attention(module: nn.Module, context) -> nn.Module:
 
 def linear_to_conv2d(module: nn.Module, context=None) -> nn.Module:
     """The ``qnn-linear-to-conv2d`` transform."""
-    _swap(module, lambda m: type(m) is nn.Linear, Conv2dLinear)
+    replace_modules(module, lambda m: type(m) is nn.Linear, Conv2dLinear)
     return module

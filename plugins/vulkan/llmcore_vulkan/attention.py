@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from llmcore.errors import LlmcoreError
-from llmcore.modules import CausalAttention, repeat_kv
+from llmcore.modules import CausalAttention, repeat_kv, replace_modules
 
 # Finite "minus infinity": fits fp16 (max 65504) even after adding a score to it.
 MASK_VALUE = -30000.0
@@ -75,17 +75,6 @@ class FiniteMaskAttention(nn.Module):
         return y.view(bsz, n_heads, seq_len, head_dim).transpose(1, 2).reshape(bsz, seq_len, n_heads * head_dim)
 
 
-def _swap(module: nn.Module, make) -> int:
-    swapped = 0
-    for name, child in module.named_children():
-        if isinstance(child, CausalAttention):
-            setattr(module, name, make(child))
-            swapped += 1
-        else:
-            swapped += _swap(child, make)
-    return swapped
-
-
 def _has_plain_pytorch_cache(module: nn.Module) -> bool:
     from llmcore.builtins.kv_cache import StaticKVAttention
 
@@ -104,8 +93,9 @@ def apply(module: nn.Module, context) -> nn.Module:
             fix="drop --transforms kv-cache-static: Vulkan runs the default kv-cache (its custom ops are "
             "Vulkan operators), or pass --skip-transforms kv-cache for a program without a cache.",
         )
-    _swap(
+    replace_modules(
         module,
+        CausalAttention,
         lambda a: FiniteMaskAttention(a.n_heads, a.n_kv_heads, a.head_dim, context.max_seq_len),
     )
     return module

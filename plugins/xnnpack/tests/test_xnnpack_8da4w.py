@@ -92,7 +92,7 @@ def test_every_linear_runs_in_an_xnnpack_delegate(xnnpack_exports):
 
 
 def _operators(pte_path) -> set[str]:
-    from llmcore.runtime import read_program_table
+    from llmcore.pte import read_program_table
 
     program = read_program_table(pte_path.read_bytes())
     plan = next(p for p in program.execution_plan if p.name == "forward")

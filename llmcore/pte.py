@@ -1,0 +1,322 @@
+"""Reading `.pte` programs: the one place llmcore parses ExecuTorch's serialized format.
+
+A `.pte` is a flatbuffer program table (methods, values, operators, delegates) followed by
+data segments (weights, delegate blobs). Everything here reads the table only, never the
+segments, and it is the only module that touches ExecuTorch's private
+``executorch.exir._serialize``; an ExecuTorch upgrade that moves it breaks one file.
+
+* :func:`check_header` and :func:`read_head` refuse what is not a program, or is cut short,
+  in one line;
+* :func:`read_methods` walks the table through the flatbuffer accessors (milliseconds even
+  for a large model) and gives each method's operators, delegates, instructions, inputs and
+  outputs, and the values of constant methods; :func:`operators`, :func:`delegate_ids` and
+  :func:`constant_methods` are the lists most callers want;
+* :func:`read_program_table` unpacks the whole table into ``executorch.exir.schema``
+  dataclasses (seconds for a large model): the authority the tests check the rest against;
+  :func:`delegate_payloads` reads the segments too, for backends' tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Optional
+
+from llmcore.errors import LlmcoreError
+
+HEAD_BYTES = 64
+"""Enough of a file for the flatbuffer identifier and the extended header."""
+
+_DTYPES = {
+    "BYTE": "uint8", "CHAR": "int8", "SHORT": "int16", "INT": "int32", "LONG": "int64",
+    "HALF": "float16", "FLOAT": "float32", "DOUBLE": "float64", "BOOL": "bool",
+    "BFLOAT16": "bfloat16", "QINT8": "qint8", "QUINT8": "quint8", "QINT32": "qint32",
+    "COMPLEX64": "complex64", "COMPLEX128": "complex128", "UINT16": "uint16",
+    "UINT32": "uint32", "UINT64": "uint64",
+}
+
+
+# ---- the header ------------------------------------------------------------------------------
+
+
+def _extended_header(head: Any):
+    from executorch.exir._serialize._program import _get_extended_header
+
+    return _get_extended_header(bytes(head[:HEAD_BYTES]))
+
+
+def table_size(head: Any, file_size: int) -> int:
+    """How many bytes from the start of the file the program table takes (the whole file
+    when it has no extended header)."""
+    header = _extended_header(head)
+    return header.program_size if header is not None else file_size
+
+
+def check_header(head: Any, label: str, file_size: Optional[int] = None, *, stage: str) -> None:
+    """Refuse a file that is not an ExecuTorch program (no ``ET`` + two digits flatbuffer
+    identifier) or is shorter than its extended header says. ``head`` is the start of the
+    file (or all of it); ``file_size`` defaults to ``len(head)``."""
+    file_size = len(head) if file_size is None else file_size
+    start = bytes(head[:8])
+    if len(start) < 8 or start[4:6] != b"ET" or not start[6:8].isdigit():
+        raise LlmcoreError(
+            f"{label!r} is not an ExecuTorch program: its header has no 'ET..' identifier "
+            f"({file_size} bytes, starting {start!r}).",
+            stage=stage,
+            fix="pass a .pte file written by `llmcore export`.",
+        )
+    header = _extended_header(head)
+    if header is None:
+        return
+    expected = max(header.program_size, header.segment_base_offset + header.segment_data_size)
+    if file_size < expected:
+        raise LlmcoreError(
+            f"{label!r} is truncated: its header says {expected} bytes, the file has {file_size}.",
+            stage=stage,
+            fix="copy or export it again (an interrupted transfer or a full disk cuts files short).",
+        )
+
+
+def read_head(path: str | Path, *, stage: str) -> bytes:
+    """The start of a `.pte` up to the end of its program table (the weights that follow are
+    not read), or a one-line error if it is missing, not a program or cut short."""
+    path = Path(path)
+    label = str(path)
+    if not path.is_file():
+        raise LlmcoreError(f"program {label!r} does not exist.", stage=stage, fix="check the path of the .pte file.")
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(HEAD_BYTES)
+            check_header(head, label, size, stage=stage)
+            return head + f.read(max(0, table_size(head, size) - len(head)))
+    except OSError as exc:
+        raise LlmcoreError(
+            f"cannot read {label!r}: {exc.strerror or exc}.", stage=stage, fix="check the file's permissions."
+        ) from None
+
+
+# ---- the table, through the flatbuffer accessors ---------------------------------------------
+
+
+@dataclass
+class ValueInfo:
+    """A method input or output as a user sees it."""
+
+    kind: str
+    """``tensor``, ``int``, ``bool``, ``float``, ``str``, ``list`` or ``none``."""
+    dtype: Optional[str] = None
+    shape: Optional[list[int]] = None
+    dynamic: Optional[str] = None
+    """``None`` for a static shape, else ``bound`` (sizes are upper bounds) or ``unbound``."""
+
+    def text(self) -> str:
+        if self.kind != "tensor":
+            return self.kind
+        if self.dynamic == "bound":
+            dims = ", ".join(str(d) if d == 1 else f"<={d}" for d in self.shape or [])
+        else:
+            dims = ", ".join(str(d) for d in self.shape or [])
+        suffix = " (unbounded)" if self.dynamic == "unbound" else ""
+        return f"{self.dtype}[{dims}]{suffix}"
+
+
+@dataclass(frozen=True)
+class Instruction:
+    kind: str
+    """``kernel``, ``delegate``, or ``other`` (moves, jumps, frees)."""
+    name: str = ""
+    """The operator (``aten::add.out``) of a kernel call, the backend id of a delegate call."""
+
+
+@dataclass
+class Method:
+    """One method (execution plan) of a program."""
+
+    name: str
+    operators: list[str]
+    """The method's operator table, ``namespace::op.overload`` as the runtime registers them."""
+    delegates: list[str]
+    """The backend id of each of its delegates."""
+    chains: list[list[Instruction]]
+    inputs: list[ValueInfo]
+    outputs: list[ValueInfo]
+    constants: Optional[list] = field(default=None)
+    """The values a constant method returns (no inputs, no calls, outputs only), else None."""
+
+
+def read_methods(data: Any) -> list[Method]:
+    """Every method of a serialized program (``bytes``, or a mapping of the file); only the
+    program table is read. Raises what the flatbuffer accessors raise on a damaged table."""
+    from executorch.exir._serialize._flatbuffer_program import _patch_generated_flatbuffer_aliases
+    from executorch.exir._serialize.generated.executorch_flatbuffer.Program import Program as FlatProgram
+
+    _patch_generated_flatbuffer_aliases()  # the generated modules need it (idempotent)
+    table = FlatProgram.GetRootAs(bytes(data[: table_size(data, len(data))]), 0)
+    return [_method(table.ExecutionPlan(i)) for i in range(table.ExecutionPlanLength())]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else (value or "")
+
+
+def _method(plan: Any) -> Method:
+    from executorch.exir._serialize.generated.executorch_flatbuffer.InstructionArguments import InstructionArguments
+
+    operators = []
+    for j in range(plan.OperatorsLength()):
+        op = plan.Operators(j)
+        name, overload = _text(op.Name()), _text(op.Overload())
+        operators.append(f"{name}.{overload}" if overload else name)
+    delegates = [_text(plan.Delegates(j).Id()) for j in range(plan.DelegatesLength())]
+    chains = []
+    for c in range(plan.ChainsLength()):
+        chain = plan.Chains(c)
+        instructions = []
+        for k in range(chain.InstructionsLength()):
+            instruction = chain.Instructions(k)
+            kind, args = instruction.InstrArgsType(), instruction.InstrArgs()
+            if kind == InstructionArguments.KernelCall:
+                call = _table_class("KernelCall")()
+                call.Init(args.Bytes, args.Pos)
+                instructions.append(Instruction("kernel", operators[call.OpIndex()]))
+            elif kind == InstructionArguments.DelegateCall:
+                call = _table_class("DelegateCall")()
+                call.Init(args.Bytes, args.Pos)
+                instructions.append(Instruction("delegate", delegates[call.DelegateIndex()]))
+            else:
+                instructions.append(Instruction("other"))
+        chains.append(instructions)
+    inputs = [plan.Inputs(j) for j in range(plan.InputsLength())]
+    outputs = [plan.Outputs(j) for j in range(plan.OutputsLength())]
+    calls = any(i.kind != "other" for chain in chains for i in chain)
+    constants = None
+    if not inputs and outputs and not calls:
+        constants = [_constant(plan, i) for i in outputs]
+    return Method(
+        name=_text(plan.Name()),
+        operators=operators,
+        delegates=delegates,
+        chains=chains,
+        inputs=[_value_info(plan, i) for i in inputs],
+        outputs=[_value_info(plan, i) for i in outputs],
+        constants=constants,
+    )
+
+
+@lru_cache(maxsize=None)
+def _enum_names(enum: type) -> dict[int, str]:
+    """value -> name of a generated flatbuffer enum class."""
+    return {v: n for n, v in vars(enum).items() if not n.startswith("_") and isinstance(v, int)}
+
+
+@lru_cache(maxsize=None)
+def _table_class(name: str) -> type:
+    import importlib
+
+    from executorch.exir._serialize.generated import executorch_flatbuffer
+
+    return getattr(importlib.import_module(f"{executorch_flatbuffer.__name__}.{name}"), name)
+
+
+def _value(plan: Any, index: int) -> tuple[int, Any]:
+    """(KernelTypes tag, the typed flatbuffer table) of value ``index`` of a method."""
+    from executorch.exir._serialize.generated.executorch_flatbuffer.KernelTypes import KernelTypes
+
+    value = plan.Values(index)
+    tag, table = value.ValType(), value.Val()
+    name = _enum_names(KernelTypes).get(tag)
+    if table is None or name in (None, "NONE"):
+        return tag, None
+    typed = _table_class(name)()
+    typed.Init(table.Bytes, table.Pos)
+    return tag, typed
+
+
+def _value_info(plan: Any, index: int) -> ValueInfo:
+    from executorch.exir._serialize.generated.executorch_flatbuffer.KernelTypes import KernelTypes
+    from executorch.exir._serialize.generated.executorch_flatbuffer.ScalarType import ScalarType
+
+    tag, val = _value(plan, index)
+    if tag == KernelTypes.Tensor:
+        scalar = _enum_names(ScalarType).get(val.ScalarType(), str(val.ScalarType()))
+        return ValueInfo(
+            kind="tensor",
+            dtype=_DTYPES.get(scalar, scalar.lower()),
+            shape=[int(val.Sizes(j)) for j in range(val.SizesLength())],
+            dynamic={0: None, 1: "bound", 2: "unbound"}.get(int(val.ShapeDynamism())),
+        )
+    kinds = {
+        KernelTypes.Int: "int", KernelTypes.Bool: "bool", KernelTypes.Double: "float",
+        KernelTypes.String: "str", KernelTypes.Null: "none",
+    }
+    return ValueInfo(kind=kinds.get(tag, "list"))
+
+
+def _constant(plan: Any, index: int) -> Any:
+    from executorch.exir._serialize.generated.executorch_flatbuffer.KernelTypes import KernelTypes
+
+    tag, val = _value(plan, index)
+    if tag == KernelTypes.Int:
+        return int(val.IntVal())
+    if tag == KernelTypes.Bool:
+        return bool(val.BoolVal())
+    if tag == KernelTypes.Double:
+        return float(val.DoubleVal())
+    if tag == KernelTypes.String:
+        return _text(val.StringVal())
+    if tag == KernelTypes.BoolList:
+        return [bool(val.Items(j)) for j in range(val.ItemsLength())]
+    if tag == KernelTypes.DoubleList:
+        return [float(val.Items(j)) for j in range(val.ItemsLength())]
+    if tag == KernelTypes.IntList:  # items index other values
+        return [_constant(plan, int(val.Items(j))) for j in range(val.ItemsLength())]
+    return None
+
+
+def operators(data: Any) -> list[str]:
+    """Operators a serialized program calls outside its delegates (each once, in order)."""
+    return list(dict.fromkeys(op for method in read_methods(data) for op in method.operators))
+
+
+def delegate_ids(data: Any) -> list[str]:
+    """Backend ids of the delegates a serialized program carries (each once, in order)."""
+    return list(dict.fromkeys(d for method in read_methods(data) for d in method.delegates))
+
+
+def constant_methods(data: Any) -> dict[str, list]:
+    """Constant method name -> the values it returns (``get_max_seq_len`` -> ``[2048]``)."""
+    return {m.name: m.constants for m in read_methods(data) if m.constants is not None}
+
+
+# ---- the whole table ------------------------------------------------------------------------
+
+
+def read_program_table(data: Any) -> Any:
+    """The program's flatbuffer table unpacked (``executorch.exir.schema.Program``), without
+    its data segments: methods, values, operators and delegates, but not the weights."""
+    from executorch.exir._serialize import _program
+
+    size = table_size(data, len(data))
+    try:
+        from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
+    except ImportError:  # an older wheel: the public path restores the segments too
+        program = _program.deserialize_pte_binary(bytes(data))
+        return getattr(program, "program", program)
+    return _flatbuffer_to_program(bytes(data[:size]))
+
+
+def delegate_payloads(data: Any) -> list[tuple[str, bytes]]:
+    """``(backend_id, processed_bytes)`` for every delegate of every method, in order (the
+    whole file: the delegates' blobs are in its segments)."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    pte_file = deserialize_pte_binary(bytes(data))
+    program = getattr(pte_file, "program", pte_file)
+    out = []
+    for plan in program.execution_plan:
+        for delegate in plan.delegates:
+            # deserialize_pte_binary moves segment data back inline.
+            out.append((delegate.id, bytes(program.backend_delegate_data[delegate.processed.index].data)))
+    return out

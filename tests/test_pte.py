@@ -1,0 +1,101 @@
+"""llmcore.pte, the one reader of `.pte` programs: the header check, and the fast reading of
+methods, operators, delegates and constant methods against ExecuTorch's own unpacking."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmcore import libraries, pte
+from llmcore.errors import LlmcoreError
+
+CONSTANTS = {"get_n": 7, "flag": True, "ratio": 0.5, "ids": [3, 4, 5], "get_runtime_libraries": ["a_lib", "b_lib"]}
+
+
+@pytest.fixture(scope="module")
+def program() -> bytes:
+    """A small program with a delegate, kernels outside it and constant methods of every kind."""
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.relu(self.linear(x)) * 2 + 1
+
+    exported = torch.export.export(Tiny().eval(), (torch.randn(2, 8),))
+    edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()], constant_methods=CONSTANTS)
+    return edge.to_executorch().buffer
+
+
+def test_methods_agree_with_executorch_s_unpacking(program):
+    from executorch.exir import schema
+
+    methods = pte.read_methods(program)
+    table = pte.read_program_table(program)
+    assert [m.name for m in methods] == [p.name for p in table.execution_plan]
+    for method, plan in zip(methods, table.execution_plan):
+        ops = [f"{o.name}.{o.overload}" if o.overload else o.name for o in plan.operators]
+        assert method.operators == ops
+        assert method.delegates == [d.id for d in plan.delegates]
+        for chain, ref in zip(method.chains, plan.chains, strict=True):
+            expected = []
+            for instruction in ref.instructions:
+                args = instruction.instr_args
+                if isinstance(args, schema.KernelCall):
+                    expected.append(pte.Instruction("kernel", ops[args.op_index]))
+                elif isinstance(args, schema.DelegateCall):
+                    expected.append(pte.Instruction("delegate", plan.delegates[args.delegate_index].id))
+                else:
+                    expected.append(pte.Instruction("other"))
+            assert chain == expected
+        assert len(method.inputs) == len(plan.inputs) and len(method.outputs) == len(plan.outputs)
+    forward = next(m for m in methods if m.name == "forward")
+    assert [v.text() for v in forward.inputs + forward.outputs] == ["float32[2, 8]", "float32[2, 8]"]
+    assert forward.constants is None and "delegate" in {i.kind for i in forward.chains[0]}
+
+
+def test_lists_and_constant_methods(program):
+    assert pte.delegate_ids(program) == ["XnnpackBackend"]
+    assert pte.operators(program) and all("::" in op for op in pte.operators(program))
+    constants = pte.constant_methods(program)
+    assert constants == {k: v if isinstance(v, list) else [v] for k, v in CONSTANTS.items()}
+    assert libraries.declared_libraries(program) == ["a_lib", "b_lib"]
+    assert libraries.program_operators(program) == pte.operators(program)
+
+
+def test_only_the_program_table_is_read(program):
+    """The head of the file up to its program table is enough for every list."""
+    size = pte.table_size(program, len(program))
+    assert size < len(program)  # the delegate's blob is in a segment after the table
+    head = program[:size]
+    assert pte.delegate_ids(head) == pte.delegate_ids(program)
+    assert pte.constant_methods(head) == pte.constant_methods(program)
+
+
+@pytest.mark.parametrize("stage", ["run", "inspect"])
+def test_one_header_check_for_every_reader(program, stage, tmp_path):
+    with pytest.raises(LlmcoreError, match="is truncated: its header says") as caught:
+        pte.check_header(program[: len(program) // 2], "cut.pte", stage=stage)
+    assert caught.value.stage == stage
+    for bad in (b"", b"hello world, not a program", program[:4] + b"ETxy" + program[8:]):
+        with pytest.raises(LlmcoreError, match="is not an ExecuTorch program"):
+            pte.check_header(bad, "x.pte", stage=stage)
+    pte.check_header(program, "ok.pte", stage=stage)
+    path = tmp_path / "p.pte"
+    path.write_bytes(program)
+    assert pte.read_head(path, stage=stage) == program[: pte.table_size(program, len(program))]
+
+
+def test_the_runtime_uses_the_strict_check(program):
+    """``Program.load`` refuses what ``llmcore inspect`` refuses, before the runtime sees it."""
+    from llmcore.runtime import Program
+
+    with pytest.raises(LlmcoreError, match="is not an ExecuTorch program") as caught:
+        Program.load(program[:4] + b"ETxy" + program[8:])
+    assert caught.value.stage == "run"
+    with pytest.raises(LlmcoreError, match="is truncated"):
+        Program.load(program[:-10])
