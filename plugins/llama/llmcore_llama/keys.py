@@ -323,14 +323,16 @@ def _equal(a: Any, b: Any) -> bool:
     return a == b
 
 
-HF_FIX_UNKNOWN = (
-    "if {key!r} does not change the model's outputs, delete it from config.json (and report it, so that it can be "
-    "listed as harmless); otherwise use a model family that implements it (see `llmcore plugins`)."
-)
+def _fix_unknown_in(file: str) -> str:
+    """The fix for an unknown key of a JSON config file the user can edit."""
+    return (
+        f"if {{key!r}} does not change the model's outputs, delete it from {file} (and report it, so that it can "
+        "be listed as harmless); otherwise use a model family that implements it (see `llmcore plugins`)."
+    )
 
 
 def check_hf(cfg: Mapping[str, Any]) -> None:
-    check_keys(cfg, HF_KEYS, "config.json", HF_FIX_UNKNOWN)
+    check_keys(cfg, HF_KEYS, "config.json", _fix_unknown_in("config.json"))
 
 
 # --------------------------------------------------------------------------------------
@@ -390,14 +392,8 @@ META_KEYS: dict[str, Key] = {
     "eos_count": _harmless("token count"),
 }
 
-META_FIX_UNKNOWN = (
-    "if {key!r} does not change the model's outputs, delete it from params.json (and report it, so that it can be "
-    "listed as harmless); otherwise use a model family that implements it (see `llmcore plugins`)."
-)
-
-
 def check_meta(params: Mapping[str, Any]) -> None:
-    check_keys(params, META_KEYS, "params.json", META_FIX_UNKNOWN)
+    check_keys(params, META_KEYS, "params.json", _fix_unknown_in("params.json"))
 
 
 # --------------------------------------------------------------------------------------
