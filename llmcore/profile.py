@@ -350,25 +350,38 @@ def analyze(etdump: Path, pte: bytes, etrecord: Optional[Path] = None, prefill_r
             block_runs = max(block_runs, len(raw))
             instr_id = getattr(event, "_instruction_id", None)
             instruction = instructions.get(instr_id) if instr_id is not None else None
+            name, source = str(event.name), ""
+            # what the event is: the same in every run, so decided (and its source read) once
+            if name == "Method::execute":
+                kind = "execute"
+            elif name in _FRAMEWORK_EVENTS:
+                continue
+            elif event.is_delegated_op:
+                kind, source = "delegated", source_line(event.stack_traces)
+                backend = event.delegate_backend_name or (instruction.name if instruction else "delegate")
+            elif name in ("OPERATOR_CALL", "DELEGATE_CALL"):
+                kind = name
+            elif instruction is not None and instruction.kind == "kernel" and _same_op(name, instruction.name):
+                kind = "kernel"
+            elif name.startswith(_KERNEL_PREFIX):  # a kernel this program does not call there
+                mismatched += 1
+                continue
+            else:  # an event a kernel logs inside its own call
+                kind = "detail"
             for offset, ms in enumerate(raw):
                 run, key = first_run + offset, (first_run + offset, instr_id)
-                if event.name == "Method::execute":
+                if kind == "execute":
                     execute[run] = execute.get(run, 0.0) + ms
-                elif event.name in _FRAMEWORK_EVENTS:
-                    continue
-                elif event.is_delegated_op:
-                    backend = event.delegate_backend_name or (instruction.name if instruction else "delegate")
-                    row(str(event.name), backend, True).add(run, ms, source_line(event.stack_traces))
+                elif kind == "delegated":
+                    row(name, backend, True).add(run, ms, source)
                     delegate_inside[key] = delegate_inside.get(key, 0.0) + ms
-                elif event.name == "OPERATOR_CALL":
+                elif kind == "OPERATOR_CALL":
                     operator_calls[key] = ms
-                elif event.name == "DELEGATE_CALL":
+                elif kind == "DELEGATE_CALL":
                     delegate_calls[key] = ms
-                elif instruction is not None and instruction.kind == "kernel" and _same_op(event.name, instruction.name):
+                elif kind == "kernel":
                     kernel_events[key] = (ms, event)
-                elif event.name.startswith(_KERNEL_PREFIX):  # a kernel this program does not call there
-                    mismatched += 1
-                else:  # an event a kernel logs inside its own call
+                else:
                     details.setdefault(key, []).append((ms, event))
         first_run += block_runs
     if mismatched:
@@ -386,14 +399,15 @@ def analyze(etdump: Path, pte: bytes, etrecord: Optional[Path] = None, prefill_r
     # kernels: the whole OPERATOR_CALL where there is one (the kernel's own event and what it
     # logs inside are nested in it), else the kernel's event, else what it logged
     timed = set(operator_calls) | set(kernel_events)
-    for (run, instr_id), ms in operator_calls.items():
+    sources: dict[Optional[int], str] = {}  # per instruction: the same in every run
+    for run, instr_id in timed:
         name = kernel_name(instr_id)
-        event = kernel_events.get((run, instr_id), (0.0, None))[1]
-        row(name, "kernel", False).add(run, ms, source_line(event.stack_traces, name) if event is not None else "")
-    for (run, instr_id), (ms, event) in kernel_events.items():
-        if (run, instr_id) not in operator_calls:
-            name = kernel_name(instr_id)
-            row(name, "kernel", False).add(run, ms, source_line(event.stack_traces, name))
+        ms, event = kernel_events.get((run, instr_id), (None, None))
+        if (run, instr_id) in operator_calls:
+            ms = operator_calls[(run, instr_id)]
+        if instr_id not in sources:
+            sources[instr_id] = source_line(event.stack_traces, name) if event is not None else ""
+        row(name, "kernel", False).add(run, ms, sources[instr_id])
     for (run, instr_id), events in details.items():
         if (run, instr_id) not in timed:
             for ms, event in events:
