@@ -31,6 +31,7 @@ of the program (``llmcore profile`` gives them in place).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -252,7 +253,9 @@ def run_cpp_runner(runner: Path, pte: Path, args) -> dict | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def runner_can_load(runner: Path, pte: Path) -> bool:
+    """Once per runner and program: a runner built against another runtime may lack an operator."""
     out = subprocess.run([str(runner), str(pte), "--prompt", "a", "--max-new-tokens", "0"], capture_output=True)
     return out.returncode == 0
 
