@@ -28,7 +28,17 @@ def _quiet_libraries(debug: bool) -> None:
         os.environ["LLMCORE_DEBUG"] = "1"
         return
     warnings.filterwarnings("ignore")
-    logging.getLogger().setLevel(logging.ERROR)
+    # Warnings of llmcore and its plugins (modules named llmcore*: a recipe saying what it
+    # rounded and at what cost) reach the terminal; other libraries' only from ERROR up.
+    root = logging.getLogger()
+    root.setLevel(logging.WARNING)
+    if any(getattr(h, "llmcore", False) for h in root.handlers):
+        return
+    handler = logging.StreamHandler()
+    handler.llmcore = True  # one per process, however often main() runs
+    handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+    handler.addFilter(lambda r: r.levelno >= logging.ERROR or r.name.startswith("llmcore"))
+    root.addHandler(handler)
     for name in ("torchao", "executorch"):
         logging.getLogger(name).setLevel(logging.ERROR)
 

@@ -6,9 +6,14 @@ report (family, checkpoint or config, seed, transforms). The difference is what
 quantization and lowering cost.
 
 Programs return the logits of their last position only, so scoring goes one token at a
-time through the KV cache: a window of the model's context is fed from position 0, and
-each step's logits score the next token. Windows overlap by half; only the tokens past the
-overlap are scored, so every token after the first window sees half a window of context.
+time through the KV cache, from position 0 for each window or chunk (the cache is
+overwritten from there; attention reads only positions up to the current one). Two
+protocols choose which tokens are scored:
+
+- ``sliding`` (the default, :func:`score`): windows overlap by half, and every token after
+  the first is scored once.
+- ``llama-perplexity`` (:func:`score_llama_perplexity`): llama.cpp's ``llama-perplexity``,
+  non-overlapping chunks scored on their second half, so the figures compare 1:1 with it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -55,6 +61,41 @@ def score(logits_fn: Callable[[list[int], int], torch.Tensor], ids: list[int], w
     return Perplexity(math.exp(nll / count), count, round(time.perf_counter() - start_time, 2))
 
 
+def score_llama_perplexity(
+    logits_fn: Callable[[list[int], int], torch.Tensor], ids: list[int], ctx: int, bos_id: Optional[int]
+) -> Perplexity:
+    """Perplexity of ``ids`` as llama.cpp's ``llama-perplexity`` computes it (its function
+    ``perplexity`` in tools/perplexity/perplexity.cpp), so the two figures compare 1:1.
+
+    ``ids`` is the whole text, BOS first when the model adds one. It is cut into
+    ``len(ids) // ctx`` chunks of ``ctx`` tokens, the remainder dropped. Each chunk is run
+    from position 0 with its first token replaced by ``bos_id`` (when the model uses BOS),
+    and only its second half is scored: the logits at position j score token j + 1, for j
+    from ctx // 2 to ctx - 2. Every scored token so sees at least ctx / 2 tokens of context.
+    (llama.cpp itself refuses texts shorter than two chunks; one chunk is scored here.)
+    """
+    if ctx < 3:
+        raise LlmcoreError(f"--ctx {ctx} is too small: a chunk scores the tokens of its second half.",
+                           stage="eval", fix="pass --ctx 3 or more (llama.cpp's default is 512).")
+    n_chunks = len(ids) // ctx
+    if n_chunks == 0:
+        raise LlmcoreError(f"the text has {len(ids)} tokens, fewer than one chunk of --ctx {ctx}.", stage="eval",
+                           fix="pass a longer --text, a smaller --ctx, or a larger --max-tokens.")
+    start_time = time.perf_counter()
+    first = ctx // 2
+    nll, count = 0.0, 0
+    for start in range(0, n_chunks * ctx, ctx):
+        chunk = ids[start:start + ctx]
+        if bos_id is not None:
+            chunk[0] = bos_id
+        for pos in range(ctx - 1):  # the last position predicts nothing inside the chunk
+            logits = logits_fn([chunk[pos]], pos)
+            if pos >= first:
+                nll -= float(torch.log_softmax(logits.float(), dim=-1)[chunk[pos + 1]])
+                count += 1
+    return Perplexity(math.exp(nll / count), count, round(time.perf_counter() - start_time, 2))
+
+
 def eager_reference(report: dict):
     """The fp32 eager model of an export, rebuilt from its report, with a KV cache."""
     from llmcore.pipeline.load import load_model
@@ -81,10 +122,25 @@ def eager_reference(report: dict):
     return logits
 
 
-def evaluate(pte: str, text_path: str, max_tokens: int, window: Optional[int], with_eager: bool = True) -> dict:
+PROTOCOLS = ("sliding", "llama-perplexity")
+
+
+def evaluate(pte: str, text_path: str, max_tokens: Optional[int], window: Optional[int], with_eager: bool = True,
+             protocol: str = "sliding", ctx: Optional[int] = None) -> dict:
+    """Score the program, and its eager model unless ``with_eager`` is false, with one protocol.
+
+    ``max_tokens`` caps the text's tokens (default: 1024 for ``sliding``; the whole text for
+    ``llama-perplexity``, as llama.cpp reads it). ``window`` is ``sliding``'s window,
+    ``ctx`` the chunk size of ``llama-perplexity`` (default 512, llama.cpp's)."""
     from llmcore.generate import TextTokenizer, tokenizer_beside
     from llmcore.runtime import Program
 
+    if protocol == "sliding" and ctx is not None:
+        raise LlmcoreError("--ctx is the chunk size of --protocol llama-perplexity; sliding takes --window.",
+                           stage="eval", fix="pass --window N, or --protocol llama-perplexity --ctx N.")
+    if protocol == "llama-perplexity" and window is not None:
+        raise LlmcoreError("--window is the sliding protocol's; llama-perplexity takes --ctx.",
+                           stage="eval", fix="pass --ctx N instead of --window N.")
     program = Program.load(pte)
     if not program.use_kv_cache:
         raise LlmcoreError(
@@ -98,12 +154,29 @@ def evaluate(pte: str, text_path: str, max_tokens: int, window: Optional[int], w
         raise LlmcoreError(f"cannot read text {text_path!r}: {exc}", stage="eval",
                            fix="pass --text with a UTF-8 text file.") from None
     tokenizer = TextTokenizer.from_file(tokenizer_beside(pte))
+    if max_tokens is None and protocol == "sliding":
+        max_tokens = 1024
     ids = tokenizer.encode(text)[:max_tokens]
-    if program.n_bos and program.bos_id >= 0:
+    uses_bos = bool(program.n_bos) and program.bos_id >= 0
+    if uses_bos:
         ids = [program.bos_id] * program.n_bos + ids
-    window = min(window or program.max_context_len, program.max_context_len)
-    result = {"pte": pte, "text": text_path, "window": window,
-              "program": asdict(score(program.logits, ids, window))}
+    result: dict = {"pte": pte, "text": text_path, "protocol": protocol}
+    if protocol == "sliding":
+        window = min(window or program.max_context_len, program.max_context_len)
+        result["window"] = window
+        scorer = partial(score, ids=ids, window=window)
+    else:
+        ctx = 512 if ctx is None else ctx
+        if ctx > program.max_context_len:
+            raise LlmcoreError(
+                f"--ctx {ctx} is longer than the program's context ({program.max_context_len} positions).",
+                stage="eval",
+                fix=f"pass --ctx {program.max_context_len} or less, or export with --max-seq-len {ctx} or more.",
+            )
+        result.update(ctx=ctx, chunks=len(ids) // ctx)
+        bos_id = program.bos_id if uses_bos else None
+        scorer = partial(score_llama_perplexity, ids=ids, ctx=ctx, bos_id=bos_id)
+    result["program"] = asdict(scorer(program.logits))
     if with_eager:
         report_path = Path(pte).with_name(Path(pte).stem + ".report.json")
         try:
@@ -114,7 +187,7 @@ def evaluate(pte: str, text_path: str, max_tokens: int, window: Optional[int], w
                 stage="eval",
                 fix="keep the report llmcore export wrote next to the .pte, or pass --no-eager.",
             ) from None
-        result["eager"] = asdict(score(eager_reference(report), ids, window))
+        result["eager"] = asdict(scorer(eager_reference(report)))
         result["delta"] = result["program"]["perplexity"] - result["eager"]["perplexity"]
         result["delta_pct"] = 100 * result["delta"] / result["eager"]["perplexity"]
     return result
@@ -124,18 +197,30 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("eval", help="perplexity of a .pte and of its eager model on a text")
     p.add_argument("pte")
     p.add_argument("--text", required=True, help="a UTF-8 text file")
-    p.add_argument("--max-tokens", type=int, default=1024, help="score at most this many tokens")
-    p.add_argument("--window", type=int, help="context window (default: the program's)")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="sliding",
+                   help="sliding: half-overlapping windows, every token scored (default); "
+                        "llama-perplexity: llama.cpp's llama-perplexity, to compare with its figures")
+    p.add_argument("--max-tokens", type=int,
+                   help="read at most this many tokens of the text (default: 1024 for sliding, "
+                        "the whole text for llama-perplexity)")
+    p.add_argument("--window", type=int, help="sliding's context window (default: the program's)")
+    p.add_argument("--ctx", type=int, help="llama-perplexity's chunk size, its -c (default: 512)")
     p.add_argument("--no-eager", action="store_true", help="score the program only")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_eval)
 
 
 def cmd_eval(args) -> int:
-    result = evaluate(args.pte, args.text, args.max_tokens, args.window, with_eager=not args.no_eager)
+    result = evaluate(args.pte, args.text, args.max_tokens, args.window, with_eager=not args.no_eager,
+                      protocol=args.protocol, ctx=args.ctx)
     if args.json:
         print(json.dumps(result))
         return 0
+    if result["protocol"] == "sliding":
+        print(f"protocol sliding, window {result['window']}")
+    else:
+        chunks = result["chunks"]
+        print(f"protocol llama-perplexity, ctx {result['ctx']} ({chunks} chunk{'s' * (chunks != 1)})")
     prog = result["program"]
     print(f"program  perplexity {prog['perplexity']:.3f}  ({prog['tokens_scored']} tokens, {prog['seconds']}s)")
     if "eager" in result:

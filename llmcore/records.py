@@ -96,6 +96,9 @@ class LoadedModel:
     family: str = ""
     source: str = ""
     """Where the weights came from: a path, or `random:<config>`."""
+    stored_weights: dict = field(default_factory=dict)
+    """Parameter name -> how the checkpoint stored it (:mod:`llmcore.stored`), for recipes
+    that carry a quantized checkpoint's own integers into the program."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,9 @@ class QuantizerRecipe(Record):
 
     `backends` lists the backends the recipe is meant for; empty means any.
     `options` documents the options it accepts: name -> (type, default, help).
+    `for_quantized_checkpoints`: the recipe carries a quantized checkpoint's own integers
+    (:mod:`llmcore.stored`); an export of such a checkpoint without ``--quantize`` uses it
+    when one of its backends is selected (``--quantize none`` keeps float weights).
     """
 
     kind: ClassVar[str] = "quantizer recipe"
@@ -219,6 +225,7 @@ class QuantizerRecipe(Record):
     after_convert: Optional[Callable[[Any], None]] = None
     source_quantize: Optional[Callable[[Any, dict], Any]] = None
     options: Mapping[str, tuple[type, Any, str]] = field(default_factory=dict)
+    for_quantized_checkpoints: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

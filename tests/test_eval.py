@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+import torch
 from clitools import ROOT
+
+from llmcore.errors import LlmcoreError
+from llmcore.evaluate import score_llama_perplexity
 
 TEXT = ROOT / "benchmarks" / "data" / "alice-chapter1.txt"
 
@@ -37,3 +42,75 @@ def test_eval_text_output(exports, cli):
 def test_eval_refuses_a_program_without_cache(exports, cli):
     result = cli("eval", str(exports("nocache").pte), "--text", str(TEXT))
     assert result.returncode == 2 and "has none" in result.stderr
+
+
+# A fake model small enough to score by hand: the logits at a position depend on the token
+# there, on the position, and on the sum of every token up to it (a stand-in for attention
+# over the KV cache), through fixed random tables.
+VOCAB, BOS = 11, 0
+_gen = torch.Generator().manual_seed(0)
+TOKEN_TABLE, POS_TABLE, SUM_TABLE = (torch.randn(n, VOCAB, generator=_gen) for n in (VOCAB, 64, VOCAB))
+
+
+def fake_logits(prefix: list[int]) -> torch.Tensor:
+    """The full-sequence logits at the last position of ``prefix``."""
+    return TOKEN_TABLE[prefix[-1]] + POS_TABLE[len(prefix) - 1] + SUM_TABLE[sum(prefix) % VOCAB]
+
+
+def fake_kv_model():
+    """``logits_fn(tokens, pos)`` over a KV cache, as Program.logits: one token per call."""
+    cache: list[int] = []
+
+    def logits_fn(tokens: list[int], pos: int) -> torch.Tensor:
+        assert len(tokens) == 1 and pos <= len(cache)  # positions before pos must be written
+        del cache[pos:]
+        cache.append(tokens[0])
+        return fake_logits(cache)
+
+    return logits_fn
+
+
+def test_llama_perplexity_scores_second_halves_of_chunks_as_llama_cpp():
+    ctx = 8
+    ids = [BOS] + [(7 * i + 3) % VOCAB for i in range(2 * ctx + 4)]  # 2 chunks, 5 tokens left over
+    # By hand: chunk c is ids[8c:8c+8] with BOS first; positions 4, 5, 6 score the next token.
+    nlls = []
+    for c in range(2):
+        chunk = [BOS] + ids[c * ctx + 1:(c + 1) * ctx]
+        for j in range(ctx // 2, ctx - 1):
+            nlls.append(-torch.log_softmax(fake_logits(chunk[:j + 1]), dim=-1)[chunk[j + 1]].item())
+    expected = math.exp(sum(nlls) / len(nlls))
+
+    result = score_llama_perplexity(fake_kv_model(), ids, ctx, BOS)
+    assert result.tokens_scored == len(nlls) == 6
+    assert result.perplexity == pytest.approx(expected, rel=1e-6)
+    # Without BOS at the second chunk's start, the second chunk scores differently.
+    assert score_llama_perplexity(fake_kv_model(), ids, ctx, None).perplexity != pytest.approx(expected, rel=1e-6)
+
+
+def test_llama_perplexity_refuses_a_text_shorter_than_one_chunk():
+    with pytest.raises(LlmcoreError, match="fewer than one chunk"):
+        score_llama_perplexity(fake_kv_model(), list(range(7)), 8, BOS)
+
+
+def test_eval_llama_perplexity_protocol(exports, cli):
+    pte = exports("xnnpack").pte
+    result = cli("eval", str(pte), "--text", str(TEXT), "--protocol", "llama-perplexity", "--ctx", "32",
+                 "--max-tokens", "80", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["protocol"] == "llama-perplexity" and data["ctx"] == 32 and data["chunks"] == 2
+    program, eager = data["program"], data["eager"]
+    assert program["tokens_scored"] == eager["tokens_scored"] == 2 * (32 - 1 - 16)
+    assert program["seconds"] >= 0 and eager["seconds"] >= 0
+    assert 100 < eager["perplexity"] < 600
+    assert abs(data["delta_pct"]) < 0.01  # fp32 program: the same model
+
+    text = cli("eval", str(pte), "--text", str(TEXT), "--protocol", "llama-perplexity", "--ctx", "32",
+               "--max-tokens", "40", "--no-eager")
+    assert text.returncode == 0, text.stderr
+    assert "protocol llama-perplexity, ctx 32 (1 chunk)" in text.stdout and "program  perplexity" in text.stdout
+
+    short = cli("eval", str(pte), "--text", str(TEXT), "--protocol", "llama-perplexity", "--ctx", "32",
+                "--max-tokens", "20", "--no-eager")
+    assert short.returncode == 2 and "fewer than one chunk" in short.stderr and "Fix:" in short.stderr

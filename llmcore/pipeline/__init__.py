@@ -61,6 +61,14 @@ def export(options: ExportOptions, registry: Optional[Registry] = None) -> Expor
     with log.stage("load"):
         loaded = load_model(options, registry)
     meta = loaded.metadata
+    if options.quantize is None and recipe is None:
+        recipe, recipe_options = quantize.default_for_checkpoint(loaded.stored_weights, options.plugins, registry)
+        if recipe is not None:
+            log.say(
+                f"the checkpoint stores quantized weights: recipe {recipe.record.name!r} keeps its integers "
+                f"(--quantize none for float weights, or name another recipe)"
+            )
+    loaded.stored_weights = {}  # the stored forms travel with the weight tensors now
     max_seq_len = options.max_seq_len or min(meta.max_seq_len, DEFAULT_MAX_SEQ_LEN)
     if max_seq_len > meta.max_seq_len:
         raise LlmcoreError(

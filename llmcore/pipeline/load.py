@@ -44,6 +44,10 @@ def load_model(options: ExportOptions, registry: Registry) -> LoadedModel:
         loaded = _call(plugin, lambda: family.build_random(config, load_options))
         loaded.source = f"random:{config}"
     loaded.family = family.name
+    if loaded.stored_weights:
+        from llmcore import stored
+
+        stored.attach(loaded.module, loaded.stored_weights)  # they travel with the tensors from here
     return loaded
 
 

@@ -19,8 +19,15 @@ from llmcore.records import QuantizerRecipe
 
 
 def resolve_recipe(name: Optional[str], options: dict, backends: list[str], registry: Registry):
-    """The recipe and its checked options; refuses recipes not meant for the backends."""
-    if not name:
+    """The recipe and its checked options; refuses recipes not meant for the backends.
+
+    ``none`` (or no name) means no recipe; for a quantized checkpoint, no name lets
+    :func:`default_for_checkpoint` choose after loading."""
+    if not name or name == NO_RECIPE:
+        if name == NO_RECIPE and options:
+            raise LlmcoreError(
+                "--quantize none takes no --quantize-option.", stage="quantize", fix="drop the options."
+            )
         return None, {}
     provided: Provided = registry.get("quantizers", name, stage="quantize")
     recipe: QuantizerRecipe = provided.record
@@ -33,6 +40,27 @@ def resolve_recipe(name: Optional[str], options: dict, backends: list[str], regi
             fix=f"add {recipe.backends[0]} to --plugins, or choose a recipe for your backends.",
         )
     return provided, check_plugin_options(f"quantizer recipe {name!r}", recipe.options, options, provided.plugin.name)
+
+
+NO_RECIPE = "none"
+
+
+def default_for_checkpoint(stored_weights: dict, backends: list[str], registry: Registry):
+    """For a checkpoint that stores quantized integers and an export without ``--quantize``:
+    the first recipe that carries them (``for_quantized_checkpoints``) into one of the
+    selected backends, with its default options, or ``(None, {})``."""
+    from llmcore.stored import IntegerWeight
+
+    if not any(isinstance(f, IntegerWeight) for f in stored_weights.values()):
+        return None, {}
+    for name in registry.names("quantizers"):
+        provided = registry.get("quantizers", name, stage="quantize")
+        recipe: QuantizerRecipe = provided.record
+        if recipe.for_quantized_checkpoints and set(recipe.backends) & set(backends):
+            return provided, check_plugin_options(
+                f"quantizer recipe {name!r}", recipe.options, {}, provided.plugin.name
+            )
+    return None, {}
 
 
 def quantize_source(module: Any, provided: Provided, options: dict) -> Any:

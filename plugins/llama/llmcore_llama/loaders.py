@@ -720,13 +720,19 @@ def load_gguf(path: Path, options: LoadOptions) -> LoadedModel:
     g.release_metadata()
 
     sd = {}
+    stored = {}  # the quantized matrices' own integers, for recipes that keep them
     with quants.single_threaded():
         for name, entry in tensors.items():
             if name in names:
                 sd[names[name]] = _gguf_tensor(entry, name)
-                g.drop_pages(entry[0])
+                t, shape = entry
+                if len(shape) == 2 and int(t.tensor_type) not in quants.FLOAT_TYPES:
+                    stored[names[name]] = quants.integer_weight(t.data, int(t.tensor_type), shape, name)
+                g.drop_pages(t)
     log.info("GGUF %s read and dequantized in %.2fs", path, time.perf_counter() - t0)
-    return finish(config, sd, tok, options, str(path), file_name=gguf_name)
+    loaded = finish(config, sd, tok, options, str(path), file_name=gguf_name)
+    loaded.stored_weights = stored
+    return loaded
 
 
 def gguf_name(meta_name: str) -> str:

@@ -37,6 +37,7 @@ Q = gguf.GGMLQuantizationType
 F32, F16, BF16 = int(Q.F32), int(Q.F16), int(Q.BF16)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = int(Q.Q4_0), int(Q.Q4_1), int(Q.Q5_0), int(Q.Q5_1), int(Q.Q8_0)
 Q4_K, Q5_K, Q6_K = int(Q.Q4_K), int(Q.Q5_K), int(Q.Q6_K)
+FLOAT_TYPES = (F32, F16, BF16)
 
 log = logging.getLogger(__name__)
 _warned: set[int] = set()  # types already reported as taking gguf's slow path
@@ -166,6 +167,73 @@ def dequantize_q6_k(raw: torch.Tensor) -> torch.Tensor:
     # within a half, quarter k and lane l use scale index 2k + l // 16
     s = scales.reshape(n, 2, 4, 2).repeat_interleave(16, dim=3)  # [n, 2, 4, 32]
     return (d.unsqueeze(-1) * s * q).reshape(-1)
+
+
+# ---- the integers themselves ------------------------------------------------------------
+# For the types a 4-bit or 8-bit kernel can take as they are, the stored integers and
+# per-32 scales (llmcore.stored.IntegerWeight: w = scale * q + offset per block), so a recipe
+# can put them in a program without rounding the dequantized floats again. 4-bit integers
+# are moved to [-8, 7] and the 8 into the offset: w = d*u + m = d*(u - 8) + (m + 8d).
+
+
+def integers_q8_0(raw: torch.Tensor) -> tuple:
+    b = _blocks(raw, 34)
+    return b[:, 2:].contiguous().view(torch.int8), _f16(b[:, :2]), None
+
+
+def integers_q4_0(raw: torch.Tensor) -> tuple:
+    b = _blocks(raw, 18)
+    return (_nibbles(b[:, 2:]).to(torch.int8) - 8), _f16(b[:, :2]), None
+
+
+def integers_q4_1(raw: torch.Tensor) -> tuple:
+    b = _blocks(raw, 20)
+    d, m = _f16(b[:, :2]), _f16(b[:, 2:4])
+    return (_nibbles(b[:, 4:]).to(torch.int8) - 8), d, m + 8.0 * d
+
+
+def integers_q4_k(raw: torch.Tensor) -> tuple:
+    b = _blocks(raw, 144)
+    n = b.shape[0]
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, mn = _k4_scales_mins(b[:, 4:16])
+    qs = b[:, 16:].reshape(n, 4, 32)
+    u = torch.stack((qs & 0x0F, qs >> 4), dim=2).reshape(n * 8, 32).to(torch.int8)
+    scale = (d * sc.float()).reshape(n * 8, 1)
+    minimum = -(dmin * mn.float()).reshape(n * 8, 1)
+    return u - 8, scale, minimum + 8.0 * scale
+
+
+INTEGER_READERS: dict[int, tuple[int, Callable[[torch.Tensor], tuple]]] = {
+    Q8_0: (8, integers_q8_0),
+    Q4_0: (4, integers_q4_0),
+    Q4_1: (4, integers_q4_1),
+    Q4_K: (4, integers_q4_k),
+}
+"""type -> (bits, reader): the types whose integers a program can carry unchanged."""
+
+
+def integer_weight(raw, qtype: int, shape, source_name: str):
+    """The stored form of a 2-D GGML tensor (:mod:`llmcore.stored`): its integers and
+    scales where :data:`INTEGER_READERS` reads the type, else only the type's name."""
+    from llmcore.stored import IntegerWeight, StoredFormat
+
+    qtype = int(qtype)
+    entry = INTEGER_READERS.get(qtype)
+    if entry is None or len(shape) != 2:
+        return StoredFormat(type_name(qtype), source_name)
+    bits, read = entry
+    rows, cols = (int(x) for x in shape)
+    q, scales, offsets = read(_as_u8(raw))
+    return IntegerWeight(
+        format=type_name(qtype),
+        source_name=source_name,
+        bits=bits,
+        block=32,
+        q=q.reshape(rows, cols),
+        scales=scales.reshape(rows, cols // 32),
+        offsets=offsets.reshape(rows, cols // 32) if offsets is not None else None,
+    )
 
 
 def _f32(raw: torch.Tensor) -> torch.Tensor:

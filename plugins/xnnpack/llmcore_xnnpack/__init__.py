@@ -25,9 +25,15 @@ def _partitioners(options: dict) -> list:
 
 
 def _quantize_8da4w(module, options: dict):
-    from llmcore_xnnpack.torchao_quant import quantize_8da4w
+    from llmcore_xnnpack.recipes import quantize_8da4w
 
     return quantize_8da4w(module, options)
+
+
+def _quantize_gguf(module, options: dict):
+    from llmcore_xnnpack.recipes import quantize_gguf
+
+    return quantize_gguf(module, options)
 
 
 def _int8_dynamic_quantizer(options: dict):
@@ -94,11 +100,10 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
         QuantizerRecipe(
             name="8da4w",
             description=(
-                "torchao: int4 weights (symmetric, per group) with int8 activations quantized per token at "
-                "run time, for every linear layer, run by XNNPACK; embeddings stay fp32 unless "
-                "--quantize-option embedding_bits=8 or 4 (int8 / int4 rows, run by the runtime's quantized "
-                "embedding kernels; GPT-2: 227 MB -> 116 / 97 MB). A table tied to the output layer is "
-                "stored once per format: int4 in the output layer, fp32 / int8 / int4 in the embedding"
+                "int4 weights (symmetric, per group) with int8 activations quantized per token at run time, "
+                "for every linear layer, run by XNNPACK; the output layer at int8 per channel unless "
+                "output_bits=4; embeddings stay fp32 unless --quantize-option embedding_bits=8 or 4 (int8 / "
+                "int4 rows, run by the runtime's quantized embedding kernels; GPT-2: 227 MB -> 116 / 97 MB)"
             ),
             backends=(BACKEND,),
             source_quantize=_quantize_8da4w,
@@ -113,7 +118,20 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                 "embedding_bits": (int, 0, "quantize embedding tables too: 8 or 4 bits (0 = keep fp32)"),
                 "embedding_group_size": (int, 32, "columns per embedding scale (0 = one per row)"),
                 "hqq": (bool, False, "choose scales with HQQ (scale only) instead of min/max"),
+                "output_bits": (int, 8, "bits of the output layer (tied or not): 8 (per channel) or 4"),
             },
+        ),
+        QuantizerRecipe(
+            name="gguf",
+            description=(
+                "a quantized GGUF's own integers and scales, unchanged: Q4_0, Q4_1 and Q4_K linears as int4 "
+                "(Q4_1/Q4_K minima as a per-block offset term), int8 activations per token, run by XNNPACK; "
+                "other quantized types rounded to int8 per channel, with the error printed. The default "
+                "for a quantized GGUF exported with --plugins xnnpack"
+            ),
+            backends=(BACKEND,),
+            source_quantize=_quantize_gguf,
+            for_quantized_checkpoints=True,
         ),
     ]
 

@@ -87,46 +87,6 @@ def _granularity(group: int):
     return PerAxis(0) if group == 0 else PerGroup(group)
 
 
-def quantize_8da4w(module: nn.Module, options: dict) -> nn.Module:
-    """The ``8da4w`` recipe: int4 linears (and optionally int8/int4 embeddings), in place."""
-    check_options(options)
-    from torchao.quantization import quantize_
-    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
-
-    algorithm = "hqq_scale_only" if options["hqq"] else "affine"
-    # A table tied to the output layer is quantized twice, independently: quantize_ gives
-    # the linear a new weight and the embedding keeps the original for its own copy.
-    if options["embedding_bits"]:
-        quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"], algorithm)
-
-    by_group: dict[int, set[str]] = {}
-    kept: list[str] = []
-    for name, child in module.named_modules():
-        if isinstance(child, nn.Linear):
-            group = linear_group(child.in_features, options["group_size"])
-            if group is None:
-                kept.append(name)
-            else:
-                by_group.setdefault(group, set()).add(name)
-    for group, names in sorted(by_group.items()):
-        config = Int8DynamicActivationIntxWeightConfig(
-            weight_dtype=torch.int4,
-            weight_granularity=_granularity(group),
-            # XNNPACK keeps blockwise int4 scales in bf16: rounding them here makes the
-            # quantized eager model compute what the program computes.
-            weight_scale_dtype=torch.bfloat16,
-            intx_choose_qparams_algorithm=algorithm,
-        )
-        with torch.no_grad():
-            quantize_(module, config, filter_fn=lambda m, fqn, names=names: isinstance(m, nn.Linear) and fqn in names)
-    if kept:
-        log.warning(
-            "8da4w: %d linear layer(s) kept in fp32, their in-features not being a multiple of %d: %s",
-            len(kept), XNNPACK_GROUP_MULTIPLE, ", ".join(kept),
-        )
-    return module
-
-
 class QuantizedLookupEmbedding(nn.Module):
     """An ``nn.Embedding`` whose lookups read an int8 / int4 copy of its table.
 

@@ -1,0 +1,133 @@
+"""The integers a quantized GGUF stores (``quants.integer_weight``), against ``gguf.quants``.
+
+The authority is the ``gguf`` package's own ``gguf.quants.dequantize`` of the same raw bytes:
+``IntegerWeight.dequantize()`` (``scales * q + offsets`` per block of 32) must give its values
+to fp32 rounding. Q8_0, Q4_0 and Q4_1 bytes are written by ``gguf.quants.quantize`` from random
+floats; Q4_K, which that package cannot write, comes as random but well-formed blocks
+(``llama_testutils.random_k_blocks``: random quants and six-bit scales, small f16 d / dmin).
+"""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import quants as gq
+
+from llama_testutils import TINY, gguf_name, meta_state_dict, random_k_blocks, random_model, write_gguf
+from llmcore.records import LoadOptions
+from llmcore.stored import IntegerWeight, StoredFormat
+from llmcore_llama import loaders, quants
+
+ROWS, COLS = 64, 256
+# type -> (bits, has offsets, integer range)
+EXPECTED = {
+    Q.Q8_0: (8, False, (-128, 127)),
+    Q.Q4_0: (4, False, (-8, 7)),
+    Q.Q4_1: (4, True, (-8, 7)),
+    Q.Q4_K: (4, True, (-8, 7)),
+}
+
+
+def raw_blocks(qt, rows=ROWS, cols=COLS, seed=0) -> np.ndarray:
+    if qt == Q.Q4_K:  # gguf.quants cannot quantize to Q4_K
+        return random_k_blocks(qt, rows, cols, seed=seed)
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal((rows, cols)).astype(np.float32) * 0.3 + 0.05  # nonzero mean: Q4_1's m
+    return gq.quantize(values, qt)
+
+
+def authority(raw: np.ndarray, qt) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(gq.dequantize(raw, qt), dtype=np.float32)).reshape(ROWS, COLS)
+
+
+@pytest.mark.parametrize("qt", list(EXPECTED), ids=lambda t: t.name)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_integers_give_gguf_s_values(qt, seed):
+    """dequantize() of the integer form == gguf.quants.dequantize(raw) to fp32 rounding."""
+    raw = raw_blocks(qt, seed=seed)
+    form = quants.integer_weight(raw, int(qt), (ROWS, COLS), "blk.0.ffn_up.weight")
+    bits, has_offsets, (lo, hi) = EXPECTED[qt]
+    assert isinstance(form, IntegerWeight)
+    assert form.format == qt.name and form.source_name == "blk.0.ffn_up.weight"
+    assert form.bits == bits and form.block == 32
+    assert form.q.dtype == torch.int8 and form.q.shape == (ROWS, COLS)
+    assert form.scales.dtype == torch.float32 and form.scales.shape == (ROWS, COLS // 32)
+    assert (form.offsets is not None) == has_offsets
+    if has_offsets:
+        assert form.offsets.dtype == torch.float32 and form.offsets.shape == (ROWS, COLS // 32)
+    assert lo <= int(form.q.min()) and int(form.q.max()) <= hi
+    if bits == 4:  # all 16 nibble values occur in 16k random quants: the full [-8, 7] is used
+        assert int(form.q.min()) == -8 and int(form.q.max()) == 7
+
+    expected = authority(raw, qt)
+    got = form.dequantize()
+    assert got.shape == (ROWS, COLS) and got.dtype == torch.float32
+    worst = float((got - expected).abs().max())
+    assert worst <= 1e-6 * float(expected.abs().max()), f"{qt.name}: max |diff| {worst:.3g}"
+    # the fast dequantizer of the loader agrees as well (it is bit-exact with gguf, see test_llama_gguf)
+    assert torch.equal(quants.dequantize(raw, int(qt), (ROWS, COLS)), expected)
+
+
+def test_symmetric_types_are_exact():
+    """Q8_0 and Q4_0 have no offsets: d * q is one fp32 product, the same as gguf's."""
+    for qt in (Q.Q8_0, Q.Q4_0):
+        raw = raw_blocks(qt, seed=3)
+        assert torch.equal(quants.integer_weight(raw, int(qt), (ROWS, COLS), "w").dequantize(), authority(raw, qt))
+
+
+def test_q4_1_integers_are_the_nibbles_minus_8():
+    """Q4_1 block by hand: f16 d, f16 m, 16 bytes of nibbles (low nibbles = values 0..15)."""
+    d, m = np.float16(0.125), np.float16(-0.75)
+    u = np.arange(32, dtype=np.uint8) % 16
+    block = np.concatenate([np.frombuffer(np.array([d, m], np.float16).tobytes(), np.uint8),
+                            (u[:16] | (u[16:] << 4)).astype(np.uint8)])
+    form = quants.integer_weight(block.reshape(1, 20), int(Q.Q4_1), (1, 32), "w")
+    assert form.q[0].tolist() == (u.astype(np.int64) - 8).tolist()
+    assert float(form.scales[0, 0]) == 0.125 and float(form.offsets[0, 0]) == -0.75 + 8 * 0.125
+    assert torch.equal(form.dequantize()[0], torch.from_numpy(0.125 * u.astype(np.float32) - 0.75))
+
+
+@pytest.mark.parametrize("qt", [Q.Q6_K, Q.Q5_0, Q.F16])
+def test_types_without_integer_form_give_their_name(qt):
+    cols = 256
+    if qt == Q.Q6_K:
+        raw = random_k_blocks(qt, 4, cols)
+    elif qt == Q.F16:
+        raw = np.zeros((4, cols), np.float16)
+    else:
+        raw = gq.quantize(np.ones((4, cols), np.float32), qt)
+    form = quants.integer_weight(raw, int(qt), (4, cols), "output.weight")
+    assert form == StoredFormat(qt.name, "output.weight")
+
+
+def test_one_dimensional_tensors_have_no_integer_form():
+    raw = gq.quantize(np.ones(64, np.float32), Q.Q8_0)
+    assert quants.integer_weight(raw, int(Q.Q8_0), (64,), "x") == StoredFormat("Q8_0", "x")
+
+
+def test_loader_keeps_the_integers_of_quantized_matrices(tmp_path):
+    """load_gguf: stored_weights holds an IntegerWeight for each quantized 2-D tensor whose
+    dequantize() is the loaded weight, a StoredFormat for Q5_0, nothing for float tensors."""
+    sd = meta_state_dict(random_model(TINY, std=0.05))
+    types = {
+        "layers.0.attention.wq.weight": Q.Q4_0,
+        "layers.0.attention.wo.weight": Q.Q4_1,
+        "layers.0.feed_forward.w1.weight": Q.Q8_0,
+        "layers.0.feed_forward.w2.weight": Q.Q5_0,
+        "layers.1.attention.wk.weight": Q.F16,
+    }
+    write_gguf(tmp_path / "m.gguf", sd, TINY, types=types)
+    lm = loaders.load_gguf(tmp_path / "m.gguf", LoadOptions())
+    assert set(lm.stored_weights) == set(types) - {"layers.1.attention.wk.weight"}
+    params = lm.module.state_dict()
+    for name, qt in types.items():
+        form = lm.stored_weights.get(name)
+        if qt == Q.F16:
+            continue
+        assert form.format == qt.name and form.source_name == gguf_name(name)
+        if qt == Q.Q5_0:
+            assert isinstance(form, StoredFormat)
+            continue
+        w = params[name]
+        assert isinstance(form, IntegerWeight)
+        assert float((form.dequantize() - w).abs().max()) <= 1e-6 * float(w.abs().max()), name

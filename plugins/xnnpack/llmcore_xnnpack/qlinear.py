@@ -1,0 +1,200 @@
+"""Linear layers with int8 activations and int4 / int8 weights, in the graph forms XNNPACK runs.
+
+XNNPACK's partitioner turns two patterns into one dynamically quantized GEMM each (the
+activations quantized to int8 per token at run time, "qd8"):
+
+* blockwise 4-bit weights (qb4w): integers in [-8, 7], one scale per block of input features,
+  no zero point: ``dequantize_per_channel_group`` of an int8 tensor;
+* channelwise 8-bit weights (qc8w): integers in [-127, 127], one scale per output channel:
+  ``dequantize_per_channel``.
+
+These modules write those patterns with the ``quantized_decomposed`` ops, from integers and
+scales the caller chose, rather than through torchao's tensor subclasses, for two reasons:
+
+1. A quantized checkpoint's own integers go in unchanged (the ``gguf`` recipe), and an
+   asymmetric format (a GGUF's Q4_1: ``w = d*u + m``) runs on the symmetric kernel as
+   ``d*(u - 8)`` plus an offset term per block (``(m + 8d) * sum(x over the block)``): two
+   small fp32 GEMMs, ``in/32`` columns wide, beside the int4 one.
+2. Lowering is faster: the ``quantized_decomposed`` ops have plain shape functions, while
+   torchao's ``choose_qparams_affine`` is traced in Python on every one of the ~20 times
+   lowering re-traces the graph (4-layer SmolLM2 shape, cProfile: lower 136 s -> 80 s).
+
+XNNPACK keeps blockwise scales in bf16, so :class:`BlockInt4Linear` rounds them to bf16 when
+built: the eager module computes what the program computes, and the parity check compares
+like with like. :func:`bf16_scale_error` measures what that rounding costs.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Importing this module registers the quantized_decomposed ops with torch.
+import torch.ao.quantization.fx._decomposed  # noqa: F401
+
+_qd = torch.ops.quantized_decomposed
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """int8 per token, asymmetric, chosen at run time (XNNPACK's qd8); returns the
+    dequantized values, which is what the GEMM sees."""
+    scale, zero = _qd.choose_qparams_per_token_asymmetric(x, torch.int8)
+    q = _qd.quantize_per_token(x, scale, zero, -128, 127, torch.int8)
+    return _qd.dequantize_per_token(q, scale, zero, -128, 127, torch.int8, torch.float32)
+
+
+@lru_cache(maxsize=None)
+def block_sum_matrix(in_features: int, block: int) -> torch.Tensor:
+    """``[in/block, in]`` of 0 and 1: ``x @ M.T`` sums ``x`` over each block. One tensor per
+    shape, shared by every layer (XNNPACK stores constants by content, so once per program)."""
+    rows = torch.arange(in_features) // block
+    return (rows.unsqueeze(0) == torch.arange(in_features // block).unsqueeze(1)).float()
+
+
+class BlockInt4Linear(nn.Module):
+    """``y = x @ W.T (+ bias)`` with ``W[o, i] = scales[o, i//block] * q[o, i] (+ offsets[o, i//block])``.
+
+    ``q``: int8 ``[out, in]`` in [-8, 7]; ``scales``: ``[out, in/block]`` (rounded to bf16
+    here); ``offsets``: ``[out, in/block]`` fp32 or None. The int4 part runs on int8
+    activations; the offset term on the fp32 activations (it is a sum, not a product with
+    4-bit values, and costs 1/block of the GEMM).
+    """
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, offsets: Optional[torch.Tensor] = None,
+                 bias: Optional[torch.Tensor] = None):
+        super().__init__()
+        out_features, in_features = q.shape
+        if scales.dim() != 2 or scales.shape[0] != out_features or in_features % scales.shape[1]:
+            raise ValueError(f"scales {tuple(scales.shape)} do not divide a [{out_features}, {in_features}] weight")
+        if q.dtype != torch.int8 or int(q.min()) < -8 or int(q.max()) > 7:
+            raise ValueError("int4 weights must be int8 values in [-8, 7]")
+        self.in_features, self.out_features = in_features, out_features
+        self.block = in_features // scales.shape[1]
+        q, scales, offsets = _positive_scales(q, scales.to(torch.bfloat16).float(), offsets, self.block)
+        self.register_buffer("q", q.contiguous())
+        self.register_buffer("scales", scales.contiguous())
+        self.register_buffer("zeros", torch.zeros(scales.shape, dtype=torch.int8))
+        self.offsets = None if offsets is None else nn.Parameter(offsets.float().contiguous(), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        if offsets is not None:
+            self.register_buffer("block_sums", block_sum_matrix(in_features, self.block), persistent=False)
+
+    def weight_values(self) -> torch.Tensor:
+        """The fp32 weight this layer computes with (for measuring it)."""
+        w = self.q.float().view(self.out_features, -1, self.block) * self.scales.unsqueeze(-1)
+        if self.offsets is not None:
+            w = w + self.offsets.unsqueeze(-1)
+        return w.reshape(self.out_features, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = _qd.dequantize_per_channel_group(
+            self.q, self.scales, self.zeros, -8, 7, torch.int8, self.block, torch.float32
+        )
+        y = F.linear(quantize_activations(x), w, self.bias)
+        if self.offsets is not None:
+            y = y + F.linear(F.linear(x, self.block_sums), self.offsets)
+        return y
+
+    def extra_repr(self) -> str:
+        kind = "int4 + per-block offsets" if self.offsets is not None else "int4"
+        return f"{self.in_features}, {self.out_features}, {kind}, block={self.block}"
+
+
+def _positive_scales(q: torch.Tensor, scales: torch.Tensor, offsets: Optional[torch.Tensor], block: int):
+    """The same weights with every scale positive and normal, as XNNPACK requires.
+
+    A GGUF's Q4_0 writer picks ``d = max / -8``, negative for about half the blocks. Such a
+    block is ``d*q = |d|*(-q-1) + |d|``: the integers stay in [-8, 7] and ``|d|`` joins the
+    block's offset. A zero scale (all-equal block) becomes 1 with integers 0. Exact either way.
+    """
+    negative = scales < 0
+    zero = scales == 0
+    if not bool(negative.any() or zero.any()):
+        return q, scales, offsets
+    per_value = lambda mask: mask.repeat_interleave(block, dim=1)  # noqa: E731
+    q = torch.where(per_value(negative), -q.to(torch.int16) - 1, q.to(torch.int16))
+    q = torch.where(per_value(zero), 0, q).to(torch.int8)
+    shift = torch.where(negative, -scales, torch.zeros_like(scales))
+    offsets = shift if offsets is None else offsets.float() + shift
+    scales = torch.where(negative, -scales, torch.where(zero, torch.ones_like(scales), scales))
+    return q, scales, offsets
+
+
+class ChannelInt8Linear(nn.Module):
+    """``y = x @ (scales[:, None] * q).T (+ bias)``: int8 weights, one scale per output channel."""
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor] = None):
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("q", q.to(torch.int8).contiguous())
+        self.register_buffer("scales", scales.float().reshape(-1).contiguous())
+        self.register_buffer("zeros", torch.zeros(self.out_features, dtype=torch.int64))
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    def weight_values(self) -> torch.Tensor:
+        return self.q.float() * self.scales.unsqueeze(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = _qd.dequantize_per_channel(
+            self.q, self.scales, self.zeros, 0, -127, 127, torch.int8, out_dtype=torch.float32
+        )
+        return F.linear(quantize_activations(x), w, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, int8 per channel"
+
+
+# ---- choosing integers for float weights ------------------------------------------------------
+
+
+def int4_blocks(weight: torch.Tensor, block: int, hqq: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int4 per block of ``block`` input features: ``(q [out, in], scales [out, in/block])``.
+
+    torchao chooses the integers (min/max, or HQQ's scale search), as the ``8da4w`` recipe
+    always has; only the module that carries them is ours.
+    """
+    from torchao.quantization.quant_primitives import (
+        MappingType,
+        _choose_qparams_and_quantize_scale_only_hqq,
+        choose_qparams_affine,
+        quantize_affine,
+    )
+
+    w = weight.detach().float()
+    block_size = (1, block)
+    if hqq:
+        q, scale = _choose_qparams_and_quantize_scale_only_hqq(w, list(block_size), -8, 7)
+    else:
+        scale, zero = choose_qparams_affine(
+            w, MappingType.SYMMETRIC, block_size, target_dtype=torch.int8, quant_min=-8, quant_max=7,
+            zero_point_dtype=torch.int8, keepdim=True,
+        )
+        q = quantize_affine(w, block_size, scale, zero, output_dtype=torch.int8, quant_min=-8, quant_max=7)
+    return q.to(torch.int8), scale.float().reshape(w.shape[0], w.shape[1] // block)
+
+
+def int8_channels(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output channel, in [-127, 127]: ``(q [out, in], scales [out])``."""
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
+    q = torch.clamp(torch.round(w / scales.unsqueeze(1)), -127, 127).to(torch.int8)
+    return q, scales
+
+
+def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
+    """``||approx - exact|| / ||exact||`` (Frobenius): what a re-rounding costs a weight."""
+    exact = exact.detach().float()
+    return float((approx.float() - exact).norm() / exact.norm().clamp(min=1e-30))
+
+
+def bf16_scale_error(scales: torch.Tensor) -> float:
+    """Largest relative change of a scale rounded to bf16 (XNNPACK's blockwise scale type)."""
+    s = scales.float()
+    nonzero = s != 0
+    if not bool(nonzero.any()):
+        return 0.0
+    return float(((s.to(torch.bfloat16).float() - s).abs()[nonzero] / s.abs()[nonzero]).max())

@@ -1,0 +1,155 @@
+"""The linear-layer recipes: which integers each ``nn.Linear`` gets, in :mod:`.qlinear`'s modules.
+
+``8da4w`` (from float weights): int4 per block for every linear, the output layer at int8 per
+channel unless ``output_bits=4`` (the logits are where 4 bits hurt most; llama.cpp keeps its
+output layer at Q6_K or Q8_0 for the same reason).
+
+``gguf`` (from a quantized GGUF): each linear keeps the integers and scales the file stores
+(:mod:`llmcore.stored`): Q4_0 as they are, Q4_1 and Q4_K as a symmetric int4 part plus the
+per-block offset term. A matrix whose format no kernel here takes unchanged (Q8_0, whose
+scales are per 32 where XNNPACK's int8 GEMM wants one per channel; Q5/Q6 types) is rounded to
+int8 per channel from its exact values, and the export says so with the weight error it
+measured. Nothing is changed silently.
+
+Both print one line per recipe run: what each group of layers became and the weight error
+(``||W_program - W_source|| / ||W_source||``) it cost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Optional
+
+import torch
+from torch import nn
+
+from llmcore.errors import LlmcoreError
+from llmcore.stored import IntegerWeight, stored_form
+from llmcore_xnnpack import qlinear
+from llmcore_xnnpack.torchao_quant import XNNPACK_GROUP_MULTIPLE, check_options, linear_group, quantize_embeddings
+
+log = logging.getLogger(__name__)
+
+OUTPUT_BITS = (4, 8)
+
+
+def output_layer_names(module: nn.Module) -> set[str]:
+    """The linear(s) that produce the logits: out-features equal to the vocabulary, i.e. the
+    rows of the largest embedding table. Empty when the model has no embedding."""
+    tables = [m.num_embeddings for m in module.modules() if isinstance(m, nn.Embedding)]
+    if not tables:
+        return set()
+    vocab = max(tables)
+    return {n for n, m in module.named_modules() if isinstance(m, nn.Linear) and m.out_features == vocab}
+
+
+def _replace(module: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, attr = name.rpartition(".")
+    setattr(module.get_submodule(parent_name) if parent_name else module, attr, new)
+
+
+def _linears(module: nn.Module) -> list[tuple[str, nn.Linear]]:
+    return [(n, m) for n, m in module.named_modules() if type(m) is nn.Linear]
+
+
+class _Summary:
+    """What each kind of layer became, with its weight error: one line at the end."""
+
+    def __init__(self, recipe: str):
+        self.recipe = recipe
+        self.kinds: Counter = Counter()
+        self.errors: dict[str, list[float]] = {}
+
+    def add(self, kind: str, approx: Optional[torch.Tensor] = None, exact: Optional[torch.Tensor] = None) -> None:
+        self.kinds[kind] += 1
+        if approx is not None:
+            self.errors.setdefault(kind, []).append(qlinear.relative_error(approx, exact))
+
+    def line(self) -> str:
+        parts = []
+        for kind, n in self.kinds.items():
+            errs = self.errors.get(kind)
+            err = f", weight error {100 * sum(errs) / len(errs):.3g}% (mean)" if errs else ""
+            parts.append(f"{n} {kind}{err}")
+        return f"{self.recipe}: " + "; ".join(parts)
+
+
+def _int8_layer(linear: nn.Linear, exact: torch.Tensor) -> qlinear.ChannelInt8Linear:
+    q, scales = qlinear.int8_channels(exact)
+    return qlinear.ChannelInt8Linear(q, scales, linear.bias)
+
+
+def quantize_8da4w(module: nn.Module, options: dict) -> nn.Module:
+    """``8da4w``: int4 linears (int8 output layer by default), optional int8/int4 embeddings."""
+    check_options(options)
+    if options["output_bits"] not in OUTPUT_BITS:
+        raise LlmcoreError(
+            f"8da4w: output_bits {options['output_bits']} is not supported.",
+            fix="use output_bits=8 (the default) or 4.",
+        )
+    outputs = output_layer_names(module)  # before embeddings are replaced
+    if options["embedding_bits"]:
+        quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"],
+                            "hqq_scale_only" if options["hqq"] else "affine")
+    summary = _Summary("8da4w")
+    kept = []
+    for name, linear in _linears(module):
+        w = linear.weight.detach().float()
+        if name in outputs and options["output_bits"] == 8:
+            new = _int8_layer(linear, w)
+            summary.add("output layer int8 per channel", new.weight_values(), w)
+        else:
+            group = linear_group(linear.in_features, options["group_size"])
+            if group is None:
+                kept.append(name)
+                continue
+            q, scales = qlinear.int4_blocks(w, group or linear.in_features, options["hqq"])
+            new = qlinear.BlockInt4Linear(q, scales, bias=linear.bias)
+            summary.add(f"linears int4 (block {new.block})", new.weight_values(), w)
+        _replace(module, name, new)
+    if kept:
+        log.warning(
+            "8da4w: %d linear layer(s) kept in fp32, their in-features not being a multiple of %d: %s",
+            len(kept), XNNPACK_GROUP_MULTIPLE, ", ".join(kept),
+        )
+    log.warning("%s", summary.line())
+    return module
+
+
+def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
+    """``gguf``: every linear from the integers its GGUF stores (see the module docstring)."""
+    linears = _linears(module)
+    forms = {name: stored_form(linear.weight) for name, linear in linears}
+    if not any(isinstance(f, IntegerWeight) for f in forms.values()):
+        raise LlmcoreError(
+            "gguf: the checkpoint stores no quantized matrices (the recipe carries a quantized GGUF's own "
+            "integers into the program).",
+            fix="export a quantized GGUF (Q4_0, Q4_1, Q4_K_M, Q8_0 ...), or use --quantize 8da4w for float weights.",
+        )
+    summary = _Summary("gguf")
+    scale_rounding = 0.0
+    for name, linear in linears:
+        form = forms[name]
+        w = linear.weight.detach().float()
+        if isinstance(form, IntegerWeight) and form.bits == 4:
+            new = qlinear.BlockInt4Linear(form.q, form.scales, form.offsets, bias=linear.bias)
+            scale_rounding = max(scale_rounding, qlinear.bf16_scale_error(form.scales))
+            summary.add(f"{form.format} kept", new.weight_values(), w)
+        elif form is not None:
+            new = _int8_layer(linear, w)
+            summary.add(f"{form.format} -> int8 per channel", new.weight_values(), w)
+            log.warning(
+                "gguf: %s (%s) is rounded again, to int8 per channel (no kernel here takes %s as stored): "
+                "weight error %.3g%%", form.source_name, form.format, form.format,
+                100 * qlinear.relative_error(new.weight_values(), w),
+            )
+        else:  # stored as floats in the file, or rebuilt by a transform: kept as floats
+            summary.add("float kept")
+            continue
+        _replace(module, name, new)
+    line = summary.line()
+    if scale_rounding:
+        line += f"; 4-bit scales fp16 -> bf16 (XNNPACK's scale type): at most {100 * scale_rounding:.3g}% per scale"
+    log.warning("%s", line)
+    return module

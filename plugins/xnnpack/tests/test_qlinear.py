@@ -1,0 +1,142 @@
+"""qlinear's int4 / int8 linears: what they compute eagerly, and that XNNPACK runs them whole.
+
+Authorities: for ``weight_values()``, the formula ``scales * q + offsets`` per block written
+out here; for the eager forward, ``x @ weight_values().T`` with the bound that int8 per-token
+activations allow (each activation moves by at most half its step ``(max - min) / 255``); for
+the program, the eager module itself, run by the ExecuTorch runtime after lowering with
+:class:`SharedTablePartitioner` (observed max |diff| 2e-6 for int4, 6e-6 for int8, outputs
+of magnitude 14 and 38: about 1e-7 relative; bound 1e-3 relative). All test scales are
+positive: XNNPACK refuses zero or negative blockwise scales (see test_gguf_recipe's Q4_0 test).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+from torch import nn
+
+from llmcore_xnnpack import qlinear
+from llmcore_xnnpack.qlinear import BlockInt4Linear, ChannelInt8Linear
+
+OUT, IN, BLOCK = 48, 256, 32
+
+
+def bf16_values(shape, gen, scale=0.02) -> torch.Tensor:
+    """Positive scales that bf16 represents exactly."""
+    return (torch.rand(shape, generator=gen) * scale + scale / 4).to(torch.bfloat16).float()
+
+
+def layer(kind: str, seed: int = 0) -> nn.Module:
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(-8, 8, (OUT, IN), generator=gen, dtype=torch.int8)
+    scales = bf16_values((OUT, IN // BLOCK), gen)
+    if kind == "int4":
+        return BlockInt4Linear(q, scales)
+    if kind == "int4-offsets":
+        return BlockInt4Linear(q, scales, torch.randn(OUT, IN // BLOCK, generator=gen) * 0.05)
+    if kind == "int4-bias":
+        return BlockInt4Linear(q, scales, torch.randn(OUT, IN // BLOCK, generator=gen) * 0.05,
+                               bias=torch.randn(OUT, generator=gen))
+    q8 = torch.randint(-127, 128, (OUT, IN), generator=gen, dtype=torch.int8)
+    return ChannelInt8Linear(q8, torch.rand(OUT, generator=gen) * 0.01 + 1e-3)
+
+
+def inputs(seed: int = 1, rows: int = 7) -> torch.Tensor:
+    return torch.randn(rows, IN, generator=torch.Generator().manual_seed(seed)) * 2.0
+
+
+KINDS = ["int4", "int4-offsets", "int4-bias", "int8"]
+
+
+def test_weight_values_are_scales_times_q_plus_offsets():
+    """bf16-representable scales are kept exactly, so the weight is the formula, bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randint(-8, 8, (OUT, IN), generator=gen, dtype=torch.int8)
+    scales, offsets = bf16_values((OUT, IN // BLOCK), gen), torch.randn(OUT, IN // BLOCK, generator=gen)
+    expected = torch.empty(OUT, IN)
+    for b in range(IN // BLOCK):
+        cols = slice(b * BLOCK, (b + 1) * BLOCK)
+        expected[:, cols] = scales[:, b : b + 1] * q[:, cols].float() + offsets[:, b : b + 1]
+    assert torch.equal(BlockInt4Linear(q, scales, offsets).weight_values(), expected)
+    assert torch.equal(BlockInt4Linear(q, scales).weight_values(), (q.float().view(OUT, -1, BLOCK)
+                       * scales.unsqueeze(-1)).view(OUT, IN))
+    q8, s8 = torch.randint(-127, 128, (OUT, IN), generator=gen, dtype=torch.int8), torch.rand(OUT, generator=gen)
+    assert torch.equal(ChannelInt8Linear(q8, s8).weight_values(), s8[:, None] * q8.float())
+
+
+def test_q4_1_block_as_symmetric_int4_plus_offset():
+    """A Q4_1 block (u in [0, 15], w = d*u + m) as q = u - 8, offset = m + 8d: same weight to
+    fp32 rounding."""
+    gen = torch.Generator().manual_seed(4)
+    u = torch.randint(0, 16, (OUT, IN), generator=gen)
+    d = bf16_values((OUT, IN // BLOCK), gen)
+    m = -torch.rand(OUT, IN // BLOCK, generator=gen) * 0.1
+    exact = d.repeat_interleave(BLOCK, 1) * u.float() + m.repeat_interleave(BLOCK, 1)
+    got = BlockInt4Linear((u - 8).to(torch.int8), d, m + 8 * d).weight_values()
+    assert float((got - exact).abs().max()) <= 4 * torch.finfo(torch.float32).eps * float(exact.abs().max())
+
+
+def test_rounds_scales_to_bf16_and_refuses_out_of_range_integers():
+    scales = torch.full((OUT, IN // BLOCK), 0.0123456)
+    lin = BlockInt4Linear(torch.zeros(OUT, IN, dtype=torch.int8), scales)
+    assert torch.equal(lin.scales, scales.to(torch.bfloat16).float())
+    rel = abs(float(lin.scales[0, 0]) - float(scales[0, 0])) / float(scales[0, 0])
+    assert qlinear.bf16_scale_error(scales) == pytest.approx(rel, rel=1e-6) and 0 < rel < 2**-8
+    with pytest.raises(ValueError, match=r"\[-8, 7\]"):
+        BlockInt4Linear(torch.full((OUT, IN), 8, dtype=torch.int8), scales)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_eager_is_x_times_weight_within_activation_rounding(kind):
+    lin = layer(kind)
+    x = inputs()
+    with torch.no_grad():
+        y = lin(x)
+        exact = x @ lin.weight_values().T + (lin.bias if lin.bias is not None else 0)
+    step = (x.amax(1).clamp(min=0) - x.amin(1).clamp(max=0)) / 255  # per token
+    bound = step[:, None] / 2 * lin.weight_values().abs().sum(1)[None, :]  # |dx| <= step/2
+    assert bool(((y - exact).abs() <= bound + 1e-4).all())
+    assert float((y - exact).abs().max()) > 0  # the activations are quantized, not fp32
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_program_matches_eager_and_is_all_delegated(kind):
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    from llmcore_xnnpack.partition import SharedTablePartitioner
+
+    model = nn.Sequential(nn.ReLU(), layer(kind)).eval()
+    x = inputs(seed=2)
+    with torch.no_grad():
+        expected = model(x)
+        exported = torch.export.export(model, (x,))
+    edge = to_edge_transform_and_lower(
+        exported, partitioner=[SharedTablePartitioner()],
+        compile_config=EdgeCompileConfig(_check_ir_validity=False),
+    )
+    calls = [n.target for n in edge.exported_program().graph_module.graph.nodes if n.op == "call_function"]
+    assert calls and all(t is operator.getitem or "executorch_call_delegate" in str(t) for t in calls), calls
+    buffer = edge.to_executorch().buffer
+    program = Runtime.get().load_program(buffer)  # kept alive while the method runs
+    method = program.load_method("forward")
+    got = method.execute([x])[0]
+    worst = float((got - expected).abs().max())
+    assert worst < 1e-3 * float(expected.abs().max()), f"{kind}: max |diff| {worst:.3g}"
+
+
+def test_negative_and_zero_scales_become_positive_exactly():
+    """XNNPACK takes only positive normal scales; a Q4_0 block may have d < 0, an all-equal
+    block d == 0. The layer rewrites both without changing a weight."""
+    from llmcore_xnnpack.qlinear import BlockInt4Linear
+
+    torch.manual_seed(0)
+    q = torch.randint(-8, 8, (4, 64), dtype=torch.int8)
+    scales = torch.tensor([[0.5, -0.25], [-1.0, 0.0], [0.125, 0.5], [-0.5, -2.0]])
+    exact = (q.float().view(4, 2, 32) * scales.unsqueeze(-1)).reshape(4, 64)
+    layer = BlockInt4Linear(q, scales)
+    assert bool((layer.scales > 0).all())
+    assert int(layer.q.min()) >= -8 and int(layer.q.max()) <= 7
+    assert torch.equal(layer.weight_values(), exact)
