@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import resource
+import signal
 import sys
 import threading
 import time
@@ -12,6 +13,33 @@ from typing import Iterator
 
 
 _LIBC = None
+_interrupted = threading.Event()
+
+
+@contextmanager
+def remembered_interrupts() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt as usual, and is remembered until the block ends.
+
+    Library code can swallow the exception: ExecuTorch 1.5.1's lowering has a bare
+    ``except:`` (``exir/program/_program.py``, ``keep``) run for every operator, so a
+    Ctrl-C early in ``lower`` could be lost and the export would finish. Each stage of a
+    :class:`StageLog` raises it again when it ends.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigint(signum, frame):
+        _interrupted.set()
+        raise KeyboardInterrupt
+
+    _interrupted.clear()
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _interrupted.clear()
 
 
 def _libc():
@@ -117,6 +145,8 @@ class StageLog:
             done.set()
             if ticker is not None:
                 ticker.join()
+        if _interrupted.is_set():  # a Ctrl-C that library code swallowed: stop here
+            raise KeyboardInterrupt
         wall = time.perf_counter() - start
         return_free_memory()  # what the stage freed, so that the next one starts lower
         record = StageRecord(name, round(wall, 3), round(current_rss_mib(), 1), round(peak_rss_mib(), 1))

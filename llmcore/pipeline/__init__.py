@@ -20,7 +20,7 @@ from llmcore.generate import TOKENIZER_FILE, TextTokenizer
 from llmcore.pipeline import capture, emit, lower, parity, quantize, report, transform, write
 from llmcore.pipeline.load import load_model
 from llmcore.plugins import Registry, load_registry
-from llmcore.progress import StageLog, limit_heap_fragmentation
+from llmcore.progress import StageLog, limit_heap_fragmentation, remembered_interrupts
 from llmcore.recipe import ExportOptions
 from llmcore.records import ModelMetadata, TransformContext
 
@@ -40,6 +40,11 @@ class ExportResult:
 
 def export(options: ExportOptions, registry: Optional[Registry] = None) -> ExportResult:
     """Run the whole pipeline; writes the `.pte`, its report and the tokenizer, or nothing."""
+    with remembered_interrupts():
+        return _export(options, registry)
+
+
+def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResult:
     registry = registry if registry is not None else load_registry()
     limit_heap_fragmentation()
     log = StageLog(quiet=options.quiet)
