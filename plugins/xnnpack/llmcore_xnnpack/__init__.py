@@ -1,7 +1,8 @@
 """XNNPACK for llmcore: the CPU backend that runs everywhere ExecuTorch does.
 
 Provides the ``xnnpack`` backend (its partitioners and edge settings), the
-``int8-dynamic`` (pt2e) and ``8da4w`` (torchao, source level) quantizer recipes, and the
+``int8-dynamic`` (pt2e), ``8da4w`` and ``gguf`` (source level, :mod:`llmcore_xnnpack.recipes`)
+quantizer recipes, and the
 post-pass that turns leftover ``permute + mm`` pairs back into ``linear``. By default the
 partitioner stores a table tied between the token embedding and an fp32 output layer once
 (see :mod:`llmcore_xnnpack.partition`). ExecuTorch's XNNPACK modules and torchao are

@@ -1,10 +1,8 @@
-"""Source-level quantization with torchao, for programs that XNNPACK runs.
+"""The ``8da4w`` recipe's options and its torchao-quantized embeddings.
 
-``8da4w``: every ``nn.Linear`` gets int4 weights (symmetric, one scale per group of
-``group_size`` input features) and int8 activations quantized per token at run time,
-through torchao's ``Int8DynamicActivationIntxWeightConfig``. XNNPACK's partitioner
-recognises the resulting ``choose_qparams / quantize / dequantize`` pattern and runs the
-linear as one dynamically quantized GEMM with blockwise int4 weights.
+The linear layers themselves are built in :mod:`llmcore_xnnpack.recipes` (the integers)
+and :mod:`llmcore_xnnpack.qlinear` (the graph form XNNPACK runs); this module checks the
+options they share and picks each layer's group.
 
 XNNPACK's blockwise int4 kernels need a group size that is a multiple of 32 (a group of
 the whole row included), so a layer whose in-features the requested group does not divide

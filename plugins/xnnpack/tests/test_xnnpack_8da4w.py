@@ -8,8 +8,8 @@ a 16-token prefill, against two eager references recomputing the whole sequence:
 * the fp32 model: the quantization error. Observed max |logit diff|: 8da4w 0.075, with
   8-bit embeddings 0.073, with 4-bit embeddings 0.082, with group_size=128 0.101; bound
   0.2 for all, and the same argmax at every step;
-* the same model quantized in eager PyTorch (torchao, weight scales rounded to bf16 as
-  XNNPACK stores them): what lowering adds, i.e. XNNPACK's own per-token activation
+* the same model quantized in eager PyTorch (llmcore_xnnpack.recipes, weight scales
+  rounded to bf16 as XNNPACK stores them): what lowering adds, i.e. XNNPACK's own per-token activation
   quantization and accumulation order. Observed 0.0049 or less; bound 0.02.
 """
 
