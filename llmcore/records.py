@@ -9,6 +9,7 @@ when a factory is called for an export that uses them.
 from __future__ import annotations
 
 import re
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
@@ -270,6 +271,10 @@ class Backend(Record):
     runs_on: str = ""
     """Where programs for this backend execute, in words (for error messages)."""
     options: Mapping[str, tuple[type, Any, str]] = field(default_factory=dict)
+    while_lowering: Callable[[dict], AbstractContextManager] | None = None
+    """A context manager entered (with the backend's options) around lowering: for a
+    backend that replaces parts of its library with drop-ins giving the same program
+    faster. Heavy imports belong inside it."""
 
 
 # --------------------------------------------------------------------------------------

@@ -83,3 +83,61 @@ def test_lowering_builds_only_lean_viewers(monkeypatch):
     lower.lower(exported, [(Provided(backend, PluginInfo("test", "test")), {})], {})
     assert originals == []
     assert set(callers) == set(lower._VIEWER_MODULES), callers
+
+
+class _AllBut:
+    """Operator support for every call except ``relu``: an unsupported node in the middle of
+    the graph, so that some merges would form a cycle through it."""
+
+    def is_node_supported(self, submodules, node) -> bool:
+        return node.op == "call_function" and "relu" not in str(node.target)
+
+
+def _group_partitioner(module):
+    group = pytest.importorskip("executorch.exir.backend.canonical_partitioners.group_partitioner")
+    gm = torch.export.export(module, (torch.randn(2, 8), torch.randn(2, 8))).graph_module
+    return group, gm
+
+
+def test_mask_merge_check_agrees_with_executorch_on_every_pair():
+    """For every pair of the initial one-node partitions, the mask-based check answers what
+    ExecuTorch's own (downstream scan + torch.fx's validate_partition) answers, and both
+    say no to some pairs: the unsupported relu sits between them."""
+    import collections
+    import itertools
+
+    from llmcore.pipeline import lower
+
+    group, gm = _group_partitioner(Branchy())
+    original = group.GroupBasedPartitioner._can_merge_partitions
+    partitioner = group.GroupBasedPartitioner(gm, _AllBut(), allows_single_node_partition=True)
+    partitioner.dependency_viewer = LeanDependencyViewer(gm)  # both checks may read it
+    state = dict(partitions_by_id={}, assignment={}, nodes_order={}, partitions_order={},
+                 partition_users={}, partition_map=collections.defaultdict(set))
+    partitioner._process_all_nodes(itertools.count(), state["partitions_by_id"], state["assignment"],
+                                   state["nodes_order"], state["partitions_order"],
+                                   state["partition_users"], state["partition_map"])
+    by_id = state["partitions_by_id"]
+    answers = []
+    for p1, p2 in itertools.combinations(by_id, 2):
+        expected = original(partitioner, p1, p2, by_id)
+        assert lower._can_merge_partitions(partitioner, p1, p2, by_id) == expected, (p1, p2)
+        answers.append(expected)
+    assert True in answers and False in answers
+
+
+def test_grouped_partitions_are_the_same_with_the_mask_merge_check():
+    from llmcore.pipeline import lower
+
+    group, gm = _group_partitioner(Branchy())
+
+    def proposed():
+        partitions = group.GroupBasedPartitioner(gm, _AllBut()).propose_partitions()
+        return sorted(sorted(n.name for n in p.nodes) for p in partitions)
+
+    expected = proposed()
+    with lean_dependency_viewers():
+        fast = proposed()
+    assert group.GroupBasedPartitioner._can_merge_partitions is not lower._can_merge_partitions
+    # relu's producer stays out (a single-node partition): merging it would be the cycle.
+    assert fast == expected and expected and not any("linear" in p for p in expected)

@@ -25,6 +25,12 @@ def _partitioners(options: dict) -> list:
     return partitioners(options)
 
 
+def _while_lowering(options: dict):
+    from llmcore_xnnpack.lowering import remembered_passes
+
+    return remembered_passes()
+
+
 def _quantize_8da4w(module, options: dict):
     from llmcore_xnnpack.recipes import quantize_8da4w
 
@@ -72,6 +78,7 @@ def llmcore_partitioners() -> list[Backend]:
             edge=EdgeSettings(check_ir_validity=False),
             runtime_id="XnnpackBackend",
             runs_on="any CPU (Android, iOS, Linux, macOS, Windows)",
+            while_lowering=_while_lowering,
             options={
                 "per_op_mode": (bool, False, "one delegate per operator instead of the largest subgraphs"),
                 "fp32_only": (bool, False, "delegate only fp32 operators, leave quantized ones to the portable runtime"),

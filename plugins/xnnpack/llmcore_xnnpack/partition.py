@@ -123,7 +123,20 @@ class SharedTableLinearConfig(LinearConfig):
         return super().check_constraints(node, ep)
 
 
-class SharedTablePartitioner(XnnpackPartitioner):
+class FastDecompositionPartitioner(XnnpackPartitioner):
+    """XNNPACK's partitioner, letting ExecuTorch take its one-retrace decomposition path
+    whenever that keeps the same ops (see :func:`llmcore_xnnpack.lowering.ops_to_not_decompose`)."""
+
+    def ops_to_not_decompose(self, ep):
+        from llmcore_xnnpack.lowering import ops_to_not_decompose
+
+        return ops_to_not_decompose(ep, *self._ops_and_filter(ep))
+
+    def _ops_and_filter(self, ep):
+        return super().ops_to_not_decompose(ep)
+
+
+class SharedTablePartitioner(FastDecompositionPartitioner):
     """XNNPACK partitioner that leaves tied output layers, whole, to the portable runtime."""
 
     def __init__(self, **kwargs):
@@ -134,8 +147,8 @@ class SharedTablePartitioner(XnnpackPartitioner):
             if isinstance(config, SharedTableLinearConfig):
                 config.tied_weights = self.tied_weights
 
-    def ops_to_not_decompose(self, ep):
-        ops, keep = super().ops_to_not_decompose(ep)
+    def _ops_and_filter(self, ep):
+        ops, keep = super()._ops_and_filter(ep)
 
         def keep_or_tied(node: torch.fx.Node) -> bool:
             # A tied linear must stay `linear`: decomposed, its weight transpose would be
@@ -161,4 +174,4 @@ def partitioners(options: dict) -> list:
         kwargs["config_precisions"] = ConfigPrecisionType.FP32
     if options["share_tied_weights"]:
         return [SharedTablePartitioner(**kwargs)]
-    return [XnnpackPartitioner(**kwargs)]
+    return [FastDecompositionPartitioner(**kwargs)]
