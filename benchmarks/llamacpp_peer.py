@@ -1,4 +1,5 @@
-"""llama.cpp's ``llama-bench`` as the peer for the SmolLM2 rows of the decode benchmark.
+"""llama.cpp as the peer for the SmolLM2 rows of the benchmarks: ``llama-bench`` (speed),
+``llama-quantize`` (Q4_0 / Q8_0 from the same GGUF) and ``llama-perplexity``.
 
 It is built once from the PyPI ``llama-cpp-python`` sdist (its ``vendor/llama.cpp``) into a
 cache folder, because PyPI is the only network this project may reach. On 2 cores the
@@ -24,14 +25,21 @@ DEFAULT_CACHE = ROOT / ".cache" / "llama.cpp"
 SDIST = "llama-cpp-python==0.3.36"
 
 
+TOOLS = ("llama-bench", "llama-quantize", "llama-perplexity")
+
+
+def tool_path(name: str, cache: Path = DEFAULT_CACHE) -> Path:
+    return cache / "build" / "bin" / name
+
+
 def llama_bench_path(cache: Path = DEFAULT_CACHE) -> Path:
-    return cache / "build" / "bin" / "llama-bench"
+    return tool_path("llama-bench", cache)
 
 
 def build_llama_bench(cache: Path = DEFAULT_CACHE, jobs: int | None = None) -> Path:
-    """Download the sdist (if absent), configure vendor/llama.cpp and build llama-bench."""
+    """Download the sdist (if absent), configure vendor/llama.cpp and build its tools (one build)."""
     binary = llama_bench_path(cache)
-    if binary.is_file():
+    if all(tool_path(t, cache).is_file() for t in TOOLS):
         return binary
     cache.mkdir(parents=True, exist_ok=True)
     sdists = sorted(cache.glob("llama_cpp_python-*.tar.gz"))
@@ -58,10 +66,11 @@ def build_llama_bench(cache: Path = DEFAULT_CACHE, jobs: int | None = None) -> P
                     "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
                     "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16", "-DLLAMA_BUILD_TESTS=OFF",
                     "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"], check=True)
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", str(jobs or os.cpu_count() or 1)],
+    subprocess.run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", str(jobs or os.cpu_count() or 1)],
                    check=True)
-    if not binary.is_file():
-        raise FileNotFoundError(f"llama-bench was built but is not at {binary}")
+    for tool in TOOLS:
+        if not tool_path(tool, cache).is_file():
+            raise FileNotFoundError(f"{tool} was built but is not at {tool_path(tool, cache)}")
     return binary
 
 

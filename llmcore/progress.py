@@ -111,6 +111,9 @@ class StageRecord:
     """Resident memory when the stage ended."""
     peak_rss_mib: float
     """Process peak so far when the stage ended: the stage's peak if it set a new one."""
+    cpu_s: float = 0.0
+    """CPU time of the process's threads during the stage (more than ``wall_s`` when it ran
+    on several cores)."""
 
 
 class StageLog:
@@ -127,7 +130,7 @@ class StageLog:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         self.say(f"{name} ...")
         done = threading.Event()
 
@@ -149,7 +152,10 @@ class StageLog:
             raise KeyboardInterrupt
         wall = time.perf_counter() - start
         return_free_memory()  # what the stage freed, so that the next one starts lower
-        record = StageRecord(name, round(wall, 3), round(current_rss_mib(), 1), round(peak_rss_mib(), 1))
+        cpu = time.process_time() - cpu_start
+        record = StageRecord(
+            name, round(wall, 3), round(current_rss_mib(), 1), round(peak_rss_mib(), 1), round(cpu, 3)
+        )
         self.records.append(record)
         self.say(f"{name} done in {wall:.1f}s (peak RSS {record.peak_rss_mib:.0f} MiB)")
 

@@ -1,0 +1,158 @@
+"""Export benchmark: how long each stage of ``llmcore export`` takes, and how lowering scales.
+
+Each export runs in its own process (so its peak RSS is its own) and the table prints,
+per stage, wall time, CPU time and the process's peak RSS when the stage ended, read from
+the report the export writes. Then the scaling table: SmolLM2-135M's architecture with
+random weights at 4, 8, 16 and 30 layers, 8da4w, with the time each added layer costs
+(flat from row to row: lowering is linear in layers).
+
+    .venv/bin/python benchmarks/bench_export.py
+    .venv/bin/python benchmarks/bench_export.py --cases smollm2-gguf --layers 4,30 --repeat 2
+
+Machines of one kind differ: the header prints the CPU model and flags, and only figures
+from one run compare. Run nothing else while it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_decode import machine_header, smollm2_path  # noqa: E402
+
+# case -> (what it is, ExportOptions fields); "checkpoint": "smollm2" is the shipped GGUF
+CASES = {
+    "smollm2-gguf": ("SmolLM2-135M Q4_1 GGUF, its own integers (the demo)", dict(
+        model="llama", checkpoint="smollm2", quantize="gguf")),
+    "smollm2-8da4w": ("SmolLM2-135M, 8da4w from the dequantized weights", dict(
+        model="llama", checkpoint="smollm2", quantize="8da4w")),
+    "smollm2-fp32": ("SmolLM2-135M, fp32", dict(model="llama", checkpoint="smollm2", quantize="none")),
+    "smollm2-int8-dynamic": ("SmolLM2-135M, int8-dynamic (pt2e)", dict(
+        model="llama", checkpoint="smollm2", quantize="int8-dynamic")),
+    "gpt2-int8-dynamic": ("GPT-2-124M (random weights), int8-dynamic (pt2e)", dict(
+        model="nanogpt", config="gpt2", quantize="int8-dynamic")),
+}
+STAGES = ("load", "transform", "quantize", "export", "lower", "post-passes", "emit", "parity")
+
+
+def run_one(spec: dict) -> None:
+    """In a fresh process: one export, with ``layers`` (if given) replacing the config's count."""
+    import dataclasses
+
+    from llmcore.pipeline import export
+    from llmcore.recipe import ExportOptions
+
+    layers = spec.pop("layers", None)
+    if layers:
+        from llmcore_llama import config
+
+        config.CONFIGS[spec["config"]] = dataclasses.replace(config.CONFIGS[spec["config"]], n_layers=layers)
+        spec["tokenizer"] = smollm2_tokenizer(Path(spec["output"]).parent)
+    if spec.get("checkpoint") == "smollm2":
+        spec["checkpoint"] = smollm2_path()
+    if spec.get("quantize") == "none":
+        spec["quantize"] = None
+    export(ExportOptions(plugins=["xnnpack"], max_seq_len=1024, quiet=True, **spec))
+
+
+def smollm2_tokenizer(folder: Path) -> str:
+    """SmolLM2's tokenizer.json, from the GGUF's metadata (random-weight exports need one)."""
+    from llmcore_llama.loaders import GGUFFile
+    from llmcore_llama.tokenization import tokenizer_from_gguf_fields
+
+    path = folder / "smollm2-tokenizer.json"
+    path.write_text(tokenizer_from_gguf_fields(GGUFFile(Path(smollm2_path())).get).json_text)
+    return str(path)
+
+
+def measure(spec: dict, workdir: Path) -> dict:
+    """Runs one export in a subprocess; its report's stages, total wall time and .pte size."""
+    out = workdir / f"m{time.monotonic_ns()}.pte"
+    spec = {**spec, "output": str(out)}
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"bench_export: the export {spec} failed:\n{done.stderr[-3000:]}")
+    report = json.loads(out.with_suffix(".report.json").read_text())
+    size = out.stat().st_size
+    for path in workdir.iterdir():
+        path.unlink()
+    return {"stages": {s["name"]: s for s in report["stages"]}, "process_s": wall, "pte_mib": size / 2**20}
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median total: its stages stay consistent with each other."""
+    ordered = sorted(runs, key=lambda r: r["process_s"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def stage_table(name: str, description: str, runs: list[dict]) -> str:
+    run = median_run(runs)
+    lines = [f"## {name}: {description}"]
+    totals = [r["process_s"] for r in runs]
+    spread = f" (min {min(totals):.1f} s, median of {len(runs)})" if len(runs) > 1 else ""
+    lines.append(f"process wall {run['process_s']:.1f} s{spread}, .pte {run['pte_mib']:.1f} MiB")
+    lines.append(f"| stage | wall s | cpu s | peak RSS MiB |")
+    lines.append("|---|---:|---:|---:|")
+    for stage in STAGES:
+        s = run["stages"].get(stage)
+        if s:
+            lines.append(f"| {stage} | {s['wall_s']:.1f} | {s.get('cpu_s', 0):.1f} | {s['peak_rss_mib']:.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    parser.add_argument("--layers", default="4,8,16,30", help="layer counts for the scaling table ('' skips it)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each export; the median is shown")
+    args = parser.parse_args()
+    if args.one:
+        run_one(json.loads(args.one))
+        return
+
+    print(machine_header())
+    print(f"# nproc {os.cpu_count()}; every export in its own process, one at a time\n")
+    with tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
+        workdir = Path(tmp)
+        for name in [c for c in args.cases.split(",") if c]:
+            if name not in CASES:
+                raise SystemExit(f"bench_export: unknown case {name!r}; choose from {', '.join(CASES)}")
+            description, spec = CASES[name]
+            runs = [measure(spec, workdir) for _ in range(args.repeat)]
+            print(stage_table(name, description, runs), "\n", flush=True)
+
+        layers = [int(n) for n in args.layers.split(",") if n]
+        if layers:
+            print("## lowering vs layers: SmolLM2-135M's architecture, random weights, 8da4w")
+            print("| layers | lower s (min) | lower s / layers | s per added layer | export s | peak RSS MiB |")
+            print("|---:|---:|---:|---:|---:|---:|")
+            previous = None
+            for n in layers:
+                spec = dict(model="llama", config="smollm2-135m", quantize="8da4w", layers=n)
+                runs = [measure(spec, workdir) for _ in range(args.repeat)]
+                lower = min(r["stages"]["lower"]["wall_s"] for r in runs)
+                # The marginal cost of a layer: what lowering would cost per layer without its
+                # fixed part. Flat from row to row means linear in layers.
+                added = f"{(lower - previous[1]) / (n - previous[0]):.2f}" if previous else ""
+                previous = (n, lower)
+                run = median_run(runs)
+                peak = max(s["peak_rss_mib"] for s in run["stages"].values())
+                print(f"| {n} | {lower:.1f} | {lower / n:.2f} | {added} | "
+                      f"{statistics.median(r['process_s'] for r in runs):.1f} | {peak:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
