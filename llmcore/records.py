@@ -217,6 +217,11 @@ class QuantizerRecipe(Record):
     `for_quantized_checkpoints`: the recipe carries a quantized checkpoint's own integers
     (:mod:`llmcore.stored`); an export of such a checkpoint without ``--quantize`` uses it
     when one of its backends is selected (``--quantize none`` keeps float weights).
+    `parity_reference(converted)`: for a pt2e recipe whose backend computes the quantized
+    graph differently from the graph's own eager semantics (XNNPACK quantizes dynamic
+    activations per token where the graph says per tensor), the eager module that computes
+    what the backend computes, for the parity check. It may rewrite ``converted`` in place
+    (the program has been captured from it by then).
     """
 
     kind: ClassVar[str] = "quantizer recipe"
@@ -227,6 +232,7 @@ class QuantizerRecipe(Record):
     source_quantize: Optional[Callable[[Any, dict], Any]] = None
     options: Mapping[str, tuple[type, Any, str]] = field(default_factory=dict)
     for_quantized_checkpoints: bool = False
+    parity_reference: Optional[Callable[[Any], Any]] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

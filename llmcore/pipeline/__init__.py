@@ -117,6 +117,9 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
                 family=options.model, what="the quantized model",
             )
         reference = converted
+        if recipe.record.parity_reference is not None:
+            reference = recipe.record.parity_reference(converted)
+            reference_name = f"{reference_name}, as the backend computes it"
         module = loaded.module = None  # the float model: only the quantized one is needed now
     else:
         converted = None

@@ -62,6 +62,12 @@ def _duplicate_dynamic_quant_chain(graph_module) -> None:
     DuplicateDynamicQuantChainPass()(graph_module)
 
 
+def _per_token_reference(converted):
+    from llmcore_xnnpack.dynamic_quant import per_token_activations
+
+    return per_token_activations(converted)
+
+
 def _convert_to_linear():
     from executorch.backends.xnnpack._passes.convert_to_linear import ConvertToLinearPass
 
@@ -103,6 +109,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             backends=(BACKEND,),
             pt2e_quantizer=_int8_dynamic_quantizer,
             after_convert=_duplicate_dynamic_quant_chain,
+            parity_reference=_per_token_reference,
             options={"per_channel": (bool, True, "per-channel weight scales (else per tensor)")},
         ),
         QuantizerRecipe(
