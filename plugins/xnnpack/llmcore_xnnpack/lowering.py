@@ -47,7 +47,10 @@ def ops_to_not_decompose(ep, ops: list, keep: Callable[[torch.fx.Node], bool] | 
     for node in ep.graph.nodes:
         if node.op == "call_function" and node.target in wanted and not keep(node):
             return ops, keep
-    from executorch.exir.program._program import _remove_invalid_ops_for_not_decompose
+    try:
+        from executorch.exir.program._program import _remove_invalid_ops_for_not_decompose
+    except ImportError:  # another ExecuTorch: keep its own (slow but right) path
+        return ops, keep
 
     # The slow path drops ops that cannot be preserved (mutable, aliasing) before it
     # preserves the rest; the fast path must preserve the same set.
