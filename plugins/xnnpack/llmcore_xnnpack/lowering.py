@@ -94,6 +94,21 @@ def _value_shape(value: Any) -> Any:
     return str(value) if value is not None else None
 
 
+def _by_position(index: dict) -> Callable[[Any], Any]:
+    """Node arguments with each node replaced by its position: comparable across graphs."""
+
+    def arg(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return ("node", index[a])
+        if isinstance(a, (list, tuple)):
+            return tuple(arg(x) for x in a)
+        if isinstance(a, dict):
+            return tuple((k, arg(v)) for k, v in a.items())
+        return repr(a)
+
+    return arg
+
+
 def partition_structure(ep) -> tuple:
     """What XNNPACK's passes see of a partition, without its weights or node names."""
     graph = ep.graph_module.graph
@@ -105,15 +120,7 @@ def partition_structure(ep) -> tuple:
         **{name: "constant" for name in signature.inputs_to_lifted_tensor_constants},
     }
 
-    def arg(a: Any) -> Any:
-        if isinstance(a, torch.fx.Node):
-            return ("node", index[a])
-        if isinstance(a, (list, tuple)):
-            return tuple(arg(x) for x in a)
-        if isinstance(a, dict):
-            return tuple((k, arg(v)) for k, v in a.items())
-        return repr(a)
-
+    arg = _by_position(index)
     rows = []
     for node in graph.nodes:
         kind = kinds.get(node.name, "input") if node.op == "placeholder" else str(node.target)
@@ -124,18 +131,10 @@ def partition_structure(ep) -> tuple:
 def _state(ep) -> tuple:
     """The graph with its metadata, and the identity of every constant: what a pass may change."""
     graph = []
-    index = {node: i for i, node in enumerate(ep.graph_module.graph.nodes)}
-
-    def arg(a: Any) -> Any:
-        if isinstance(a, torch.fx.Node):
-            return index[a]
-        if isinstance(a, (list, tuple)):
-            return tuple(arg(x) for x in a)
-        return repr(a)
-
+    arg = _by_position({node: i for i, node in enumerate(ep.graph_module.graph.nodes)})
     for node in ep.graph_module.graph.nodes:
         meta = tuple(sorted((k, repr(v)) for k, v in node.meta.items() if k not in _VOLATILE_META))
-        graph.append((node.op, str(node.target), arg(node.args), arg(tuple(node.kwargs.items())), meta))
+        graph.append((node.op, str(node.target), arg(node.args), arg(node.kwargs), meta))
     constants = tuple(
         (name, id(t), t.data_ptr() if isinstance(t, torch.Tensor) else None)
         for store in (ep.state_dict, ep.constants)
