@@ -18,27 +18,17 @@ from __future__ import annotations
 
 import torch
 
-_QD = None
-
-
-def _ops():
-    global _QD
-    if _QD is None:
-        import torchao.quantization.pt2e  # noqa: F401  (registers quantized_decomposed)
-
-        _QD = torch.ops.quantized_decomposed
-    return _QD
+from llmcore_xnnpack.qlinear import _qd as qd
 
 
 def per_token_activations(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Rewrites (in place) every dynamic per-tensor activation chain to per-token; returns it."""
-    qd = _ops()
     graph = graph_module.graph
     rewritten = 0
     for choose in list(graph.nodes):
         if choose.op != "call_function" or choose.target != qd.choose_qparams.tensor:
             continue
-        source, quant_min, quant_max, _eps, dtype = choose.args
+        source, dtype = choose.args[0], choose.args[4]
         choose.target = qd.choose_qparams_per_token_asymmetric.default
         choose.args = (source, dtype)
         for item in choose.users:
