@@ -4,9 +4,12 @@ Each export runs in its own process (so its peak RSS is its own) and the table p
 per stage, wall time, CPU time and the process's peak RSS when the stage ended, read from
 the report the export writes. Then the scaling table: SmolLM2-135M's architecture with
 random weights at 4, 8, 16 and 30 layers, 8da4w, with the time each added layer costs
-(flat from row to row: lowering is linear in layers).
+(flat from row to row: lowering is linear in layers). ``--whole-graph`` also exports each
+case with ``--whole-graph-lowering``, the path that runs ``to_edge`` on every layer, and
+prints the ratio (the programs are the same byte for byte).
 
     .venv/bin/python benchmarks/bench_export.py
+    .venv/bin/python benchmarks/bench_export.py --cases smollm2-gguf,smollm2-8da4w --whole-graph
     .venv/bin/python benchmarks/bench_export.py --cases smollm2-gguf --layers 4,30 --repeat 2
 
 Machines of one kind differ: the header prints the CPU model and flags, and only figures
@@ -112,12 +115,29 @@ def stage_table(name: str, description: str, runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def baseline_line(runs: list[dict], whole: list[dict]) -> str:
+    """The same case with ``--whole-graph-lowering``: how much converting two blocks saves."""
+    lower = min(r["stages"]["lower"]["wall_s"] for r in runs)
+    whole_lower = min(r["stages"]["lower"]["wall_s"] for r in whole)
+    total = min(r["process_s"] for r in runs)
+    whole_total = min(r["process_s"] for r in whole)
+    return (
+        f"with --whole-graph-lowering (to_edge on every layer): lower {whole_lower:.1f} s, process "
+        f"{whole_total:.1f} s; two blocks and copies are {whole_lower / lower:.2f}x faster to lower, "
+        f"{whole_total / total:.2f}x for the export (min of {len(runs)})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     parser.add_argument("--layers", default="4,8,16,30", help="layer counts for the scaling table ('' skips it)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each export; the median is shown")
+    parser.add_argument(
+        "--whole-graph", action="store_true",
+        help="also export each case with --whole-graph-lowering (to_edge on every layer), for the ratio",
+    )
     args = parser.parse_args()
     if args.one:
         run_one(json.loads(args.one))
@@ -132,7 +152,11 @@ def main() -> None:
                 raise SystemExit(f"bench_export: unknown case {name!r}; choose from {', '.join(CASES)}")
             description, spec = CASES[name]
             runs = [measure(spec, workdir) for _ in range(args.repeat)]
-            print(stage_table(name, description, runs), "\n", flush=True)
+            print(stage_table(name, description, runs), flush=True)
+            if args.whole_graph:
+                whole = [measure({**spec, "whole_graph_lowering": True}, workdir) for _ in range(args.repeat)]
+                print(baseline_line(runs, whole), flush=True)
+            print(flush=True)
 
         layers = [int(n) for n in args.layers.split(",") if n]
         if layers:

@@ -40,9 +40,11 @@ RECIPES = {"gguf": ["--quantize", "gguf"], "8da4w": ["--quantize", "8da4w"]}
 PEER_TYPES = ("Q4_0", "Q8_0")
 
 
-def export(recipe: str, cache: Path, max_seq_len: int) -> Path:
+def export(recipe: str, cache: Path, max_seq_len: int, reuse: bool) -> Path:
+    """llmcore's program for ``recipe``, exported now (a recipe's defaults change between
+    versions; ``--reuse-programs`` takes the cached one, for re-running the speed rounds)."""
     out = cache / f"smollm2-{recipe}" / "model.pte"
-    if not out.is_file():
+    if not (reuse and out.is_file()):
         out.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "llmcore", "export", "--model", "llama", "--checkpoint", smollm2_path(),
                         "--plugins", "xnnpack", *RECIPES[recipe], "--max-seq-len", str(max_seq_len), "--quiet",
@@ -85,6 +87,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="speed rounds; the median is shown")
     parser.add_argument("--cache", default=str(ROOT / ".cache" / "bench-quality"))
     parser.add_argument("--runner", default=str(ROOT / "build" / "llmcore_runner"))
+    parser.add_argument("--reuse-programs", action="store_true",
+                        help="use llmcore's programs from an earlier run instead of exporting them again")
     parser.add_argument("--llama-cpp", choices=["auto", "build"], default="auto",
                         help="build = build llama.cpp's tools first (15-25 min on 2 cores)")
     args = parser.parse_args()
@@ -101,7 +105,7 @@ def main() -> None:
     rows = []
     reference = None
     for recipe in RECIPES:
-        pte = export(recipe, cache, args.max_seq_len)
+        pte = export(recipe, cache, args.max_seq_len, args.reuse_programs)
         scored = llmcore_perplexity(pte, text, args.ctx)
         if reference is None:
             reference = scored["eager"]["perplexity"]

@@ -117,6 +117,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         "strict_parity": args.strict_parity,
         "etrecord": args.etrecord,
         "print_graph": args.print_graph or None,
+        "whole_graph_lowering": args.whole_graph_lowering or None,
         "seed": args.seed,
         "quiet": args.quiet or None,
     }
@@ -255,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict-parity", type=float, metavar="TOL", help="fail if max |logit diff| > TOL")
     p.add_argument("--etrecord", help="write an ETRecord to this path")
     p.add_argument("--print-graph", action="store_true", help="print the delegated graph")
+    p.add_argument(
+        "--whole-graph-lowering",
+        action="store_true",
+        help="run to_edge on the whole graph, not on two of the model's identical blocks (slower; the same program)",
+    )
     p.add_argument("--seed", type=int, help="seed for random init and calibration")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("-o", "--output", help="the .pte to write")

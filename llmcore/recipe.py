@@ -54,6 +54,9 @@ class ExportOptions:
     """Write an ETRecord here (``--etrecord``)."""
     print_graph: bool = False
     """Print the delegated graph (``--print-graph``)."""
+    whole_graph_lowering: bool = False
+    """Run ``to_edge`` on the whole graph even when the model is N identical blocks
+    (``--whole-graph-lowering``; slower, the same program: for checking)."""
     seed: int = 0
     """Seed for random initialisation and calibration."""
     quiet: bool = False

@@ -136,7 +136,7 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
     if runtime_libs:
         methods[libraries.RUNTIME_LIBRARIES_METHOD] = [p.record.name for p in runtime_libs]
     with log.stage("lower"):
-        edge = lower.lower(exported, backends, methods)
+        edge = lower.lower(exported, backends, methods, repeated=not options.whole_graph_lowering)
         delegation = report.delegation_report(edge)
     exported = None  # from here on, only the lowered program (and the eager reference) are needed
     if options.print_graph:

@@ -7,6 +7,7 @@ what is left. The order comes from the user's list, never from plugin registrati
 from __future__ import annotations
 
 import importlib
+import logging
 from collections import Counter
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator
@@ -17,6 +18,8 @@ from llmcore.errors import LlmcoreError, choose_one_of, stage_errors
 from llmcore.plugins import Provided, Registry
 from llmcore.recipe import check_plugin_options
 from llmcore.records import Backend
+
+log = logging.getLogger(__name__)
 
 
 def resolve_backends(names: list[str], backend_options: dict, registry: Registry) -> list[tuple[Provided, dict]]:
@@ -65,8 +68,12 @@ def lower(
     exported: torch.export.ExportedProgram,
     backends: list[tuple[Provided, dict]],
     constant_methods: dict[str, Any],
+    repeated: bool = True,
 ):
-    """Returns the EdgeProgramManager with every backend's delegates in place."""
+    """Returns the EdgeProgramManager with every backend's delegates in place.
+
+    With ``repeated``, a program of identical blocks (decoder layers) goes through
+    ``to_edge`` two blocks at a time (:mod:`llmcore.pipeline.repeated`)."""
     from executorch.exir import to_edge_transform_and_lower
 
     partitioners = []
@@ -85,6 +92,13 @@ def lower(
         for provided, opts in backends:
             if provided.record.while_lowering is not None:
                 contexts.enter_context(provided.record.while_lowering(opts))
+        if repeated:
+            from llmcore.pipeline import repeated as repeated_blocks
+
+            try:
+                return repeated_blocks.lower_repeated(exported, partitioners, config, constant_methods)
+            except repeated_blocks.NotRepeated as reason:
+                log.info("lowering the whole graph: %s", reason)
         return to_edge_transform_and_lower(
             exported,
             partitioner=partitioners,

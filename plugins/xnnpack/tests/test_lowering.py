@@ -1,26 +1,32 @@
-"""The faster lowering (llmcore_xnnpack.lowering) writes the program ExecuTorch would.
+"""The faster lowering (llmcore_xnnpack.lowering, llmcore.pipeline.repeated) writes the
+program ExecuTorch would.
 
-Authority: the same export with both shortcuts turned off, i.e. ExecuTorch's own
-decomposition path and every XNNPACK preprocess pass on every partition. The `.pte`
-files must be identical byte for byte, so every delegate, every constant and the
-graph around them are what they were.
+Authority: the same export with every shortcut turned off, i.e. ExecuTorch's own
+``to_edge_transform_and_lower`` on the whole graph, its own decomposition path and every
+XNNPACK preprocess pass on every partition. The `.pte` files must be identical byte for
+byte, so every delegate, every constant and the graph around them are what they were.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 
 import pytest
 
+from llmcore.pipeline import lower
 from llmcore.testing.conformance import export_tiny
 from llmcore_xnnpack import lowering
 
+# (family, recipe, layers, whether to_edge runs on two blocks and copies the rest)
 CASES = [
-    ("llama", "8da4w", 3),
-    ("llama", None, 3),
-    ("nanogpt", "int8-dynamic", 3),
+    ("llama", "8da4w", 4, True),
+    ("llama", None, 3, True),
+    ("nanogpt", None, 4, True),
+    # pt2e puts each block's weight quantization outside the block: the whole graph is lowered
+    ("nanogpt", "int8-dynamic", 3, False),
 ]
 
 
@@ -42,23 +48,37 @@ def _export(tmp_path, name: str, family: str, quantize):
     return export_tiny("xnnpack", family, quantize=quantize, cache=False, output=out)
 
 
+def _whole_graph(lower_fn):
+    """``lower.lower`` as ``--whole-graph-lowering`` runs it."""
+
+    @functools.wraps(lower_fn)
+    def whole(*args, **kwargs):
+        return lower_fn(*args, **{**kwargs, "repeated": False})
+
+    return whole
+
+
 def _ops_to_not_decompose_unchanged(ep, ops, keep):
     return ops, keep
 
 
-@pytest.mark.parametrize("family,quantize,layers", CASES)
-def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, family, quantize, layers):
+@pytest.mark.parametrize("family,quantize,layers,by_blocks", CASES)
+def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, family, quantize, layers, by_blocks):
     _deeper_tiny(monkeypatch, family, layers)
-    with caplog.at_level(logging.INFO, logger="llmcore_xnnpack.lowering"):
+    with caplog.at_level(logging.INFO):
         fast = _export(tmp_path, "fast", family, quantize)
-    summary = [r.getMessage() for r in caplog.records if "preprocess passes skipped" in r.getMessage()]
+    messages = [r.getMessage() for r in caplog.records]
+    summary = [m for m in messages if "preprocess passes skipped" in m]
     assert summary, "the remembered pass manager did not run"
     skipped = int(summary[0].split("; ")[1].split()[0])
     assert skipped > 0, summary[0]
+    copied = [m for m in messages if m.startswith(f"to_edge ran on 2 of {layers} ")]
+    assert bool(copied) == by_blocks, [m for m in messages if "whole graph" in m]
 
     with monkeypatch.context() as m:
         m.setattr(lowering, "ops_to_not_decompose", _ops_to_not_decompose_unchanged)
         m.setattr(lowering, "remembered_passes", contextlib.nullcontext)
+        m.setattr(lower, "lower", _whole_graph(lower.lower))
         reference = _export(tmp_path, "reference", family, quantize)
 
     fast_bytes = fast.pte.read_bytes()

@@ -1,0 +1,481 @@
+"""Lowering a model of N identical blocks by converting two of them.
+
+An LLM's graph is N copies of one decoder layer. ``to_edge`` (decompositions, then eight
+or so edge passes, each a whole-graph fake-tensor retrace) costs the same for every copy:
+on SmolLM2-135M's 30 layers, about 120 s of a 175 s lowering. Its rewrites are local to
+the nodes they touch, so layer k comes out of it as layer 1 does, with layer k's weights.
+
+So :func:`lower_repeated` does this:
+
+1. finds the repeated blocks in the ATen program (``nn_module_stack`` paths ``<list>.<i>``,
+   e.g. ``layers.7``) and checks that blocks 1..N-1 are the same graph: the same
+   operators, shapes and wiring, each reading its own weights and the block before it
+   (:func:`find_blocks`); the first block reads the prelude instead, which is why two
+   blocks are converted, not one;
+2. cuts the program down to its prelude, blocks 0 and 1 and its postlude
+   (:func:`first_two_blocks`), and runs ExecuTorch's ``to_edge`` on that;
+3. copies block 1's edge nodes N-2 times, each copy reading block k's weights and the copy
+   before it (:func:`expand`), which gives the edge program of the whole model;
+4. lets the partitioners lower that program as ``to_edge_transform_and_lower`` would.
+
+When a program does not have that shape (no repeated blocks, blocks that differ, weights
+that ``to_edge`` rewrote), :func:`find_blocks` says why and lowering takes the ordinary
+path: this is a shortcut, never a different program. ``tests/test_repeated.py`` checks
+that both paths give the same logits, bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch.fx import Node
+
+log = logging.getLogger(__name__)
+
+_INDEXED = re.compile(r"^(?P<list>.+)\.(?P<i>\d+)$")
+# ``u12``: an unbacked symbol (each ``.item()`` in a block makes its own); shapes compare
+# with these numbered per block.
+_UNBACKED = re.compile(r"\bu\d+\b")
+_QUOTED_NAME = re.compile(r"'[A-Za-z_]\w*'")
+
+
+class NotRepeated(Exception):
+    """The program is not N identical blocks; the message says what differs."""
+
+
+@dataclass
+class Blocks:
+    """The repeated blocks of an ATen program: ``prefix`` (``layers``) and, for each block,
+    its call_function nodes in graph order."""
+
+    prefix: str
+    nodes: list[list[Node]]
+
+    def fqn_prefix(self, i: int) -> str:
+        return f"{self.prefix}.{i}."
+
+
+def _block_path(node: Node) -> Optional[tuple[str, int]]:
+    for path, _type in (node.meta.get("nn_module_stack") or {}).values():
+        m = _INDEXED.match(path)
+        if m:
+            return m["list"], int(m["i"])
+    return None
+
+
+def _owners(ep) -> dict[str, str]:
+    """placeholder name -> the FQN of the parameter, buffer or constant it reads."""
+    sig = ep.graph_signature
+    return {
+        **sig.inputs_to_parameters,
+        **sig.inputs_to_buffers,
+        **sig.inputs_to_lifted_tensor_constants,
+    }
+
+
+def find_blocks(ep, min_blocks: int = 3) -> Blocks:
+    """The repeated blocks of ``ep``, checked to be copies of each other (see the module
+    docstring); raises :class:`NotRepeated` otherwise."""
+    groups: dict[tuple[str, int], list[Node]] = {}
+    order: list[tuple[str, int]] = []
+    for node in ep.graph.nodes:
+        if node.op != "call_function":
+            continue
+        key = _block_path(node)
+        if key is None:
+            continue
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(node)
+    prefixes = {p for p, _ in order}
+    if not prefixes:
+        raise NotRepeated("no node belongs to an indexed module list")
+    prefix = max(prefixes, key=lambda p: sum(1 for q, _ in order if q == p))
+    keys = [k for k in order if k[0] == prefix]
+    if [i for _, i in keys] != list(range(len(keys))) or len(keys) < min_blocks:
+        raise NotRepeated(f"{prefix}: {len(keys)} blocks, not {min_blocks} or more in order")
+    blocks = Blocks(prefix, [groups[k] for k in keys])
+
+    # Contiguous: nothing outside a block runs between its first and last node.
+    position = {node: i for i, node in enumerate(ep.graph.nodes)}
+    for i, nodes in enumerate(blocks.nodes):
+        if position[nodes[-1]] - position[nodes[0]] + 1 != len(nodes):
+            raise NotRepeated(f"{prefix}.{i} is interleaved with other nodes")
+    reference = _structure(ep, blocks, 1)
+    for i in range(2, len(blocks.nodes)):
+        if _structure(ep, blocks, i) != reference:
+            raise NotRepeated(f"{prefix}.{i} is not the same graph as {prefix}.1")
+    _check_outside_uses(ep, blocks)
+    return blocks
+
+
+def _structure(ep, blocks: Blocks, i: int) -> tuple:
+    """Block ``i`` as a comparable value: operators, arguments (own nodes by position, the
+    block before it by position, its own weights by relative FQN, anything else by name)
+    and value shapes (unbacked symbols renumbered)."""
+    own = {node: j for j, node in enumerate(blocks.nodes[i])}
+    before = {node: j for j, node in enumerate(blocks.nodes[i - 1])}
+    owners = _owners(ep)
+    mine, theirs = blocks.fqn_prefix(i), blocks.fqn_prefix(i - 1)
+    symbols: dict[str, str] = {}
+
+    def renumbered(text: str) -> str:
+        return _UNBACKED.sub(lambda m: symbols.setdefault(m[0], f"u#{len(symbols)}"), text)
+
+    def shape(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            text = f"{tuple(value.shape)}:{value.dtype}"
+        elif isinstance(value, (list, tuple)):
+            return tuple(shape(v) for v in value)
+        else:
+            text = type(value).__name__ if value is not None else "None"
+            if isinstance(value, torch.SymInt):
+                text = str(value)
+        return renumbered(text)
+
+    def arg(a: Any) -> Any:
+        if isinstance(a, Node):
+            if a in own:
+                return ("own", own[a])
+            if a in before:
+                return ("before", before[a])
+            fqn = owners.get(a.name)
+            if fqn is not None and not all(u in own for u in a.users):
+                return ("shared", a.name)  # one tensor for many blocks (export lifts it once)
+            if fqn is not None and fqn.startswith(mine):
+                return ("weight", fqn[len(mine):])
+            if fqn is not None and fqn.startswith(theirs):
+                return ("weight of the block before", fqn)
+            return ("outside", a.name)
+        if isinstance(a, (list, tuple)):
+            return tuple(arg(x) for x in a)
+        if isinstance(a, dict):
+            return tuple((k, arg(v)) for k, v in a.items())
+        if isinstance(a, str):  # a runtime assertion's message names its symbols and nodes
+            return _QUOTED_NAME.sub("'#'", renumbered(a))
+        return repr(a)
+
+    return tuple(
+        (str(node.target), arg(node.args), arg(node.kwargs), shape(node.meta.get("val")))
+        for node in blocks.nodes[i]
+    )
+
+
+def _check_outside_uses(ep, blocks: Blocks) -> None:
+    """Only the next block reads a block, and only the postlude reads the last one."""
+    member = {node: i for i, nodes in enumerate(blocks.nodes) for node in nodes}
+    last = len(blocks.nodes) - 1
+    for node, i in member.items():
+        for user in node.users:
+            j = member.get(user)
+            if j == i or (j == i + 1) or (j is None and i == last and user.op != "output"):
+                continue
+            where = "the output" if user.op == "output" else (f"block {j}" if j is not None else user.name)
+            raise NotRepeated(f"{blocks.prefix}.{i} is read by {where}")
+
+
+# ---- step 2: the program cut down to two blocks ------------------------------------------
+
+
+def first_two_blocks(ep, blocks: Blocks):
+    """``ep`` with blocks 2..N-1 removed and the postlude reading block 1 instead."""
+    from torch.export import ExportedProgram
+    from torch.export.graph_signature import ExportGraphSignature
+
+    gm = copy.deepcopy(ep.graph_module)
+    old_nodes = list(ep.graph.nodes)
+    new_of = dict(zip(old_nodes, gm.graph.nodes))
+    last = blocks.nodes[-1]
+    reroute = {new_of[a]: new_of[b] for a, b in zip(last, blocks.nodes[1])}
+    dropped = {new_of[n] for nodes in blocks.nodes[2:] for n in nodes}
+    for node in gm.graph.nodes:
+        if node not in dropped and node not in reroute:
+            node.args = torch.fx.map_arg(node.args, lambda a: reroute.get(a, a))
+            node.kwargs = torch.fx.map_arg(node.kwargs, lambda a: reroute.get(a, a))
+    for node in reversed(list(gm.graph.nodes)):
+        if node in dropped:
+            gm.graph.erase_node(node)
+
+    later = tuple(blocks.fqn_prefix(i) for i in range(2, len(blocks.nodes)))
+    owners = _owners(ep)
+    # Their weights go too; a tensor they share with blocks 0 and 1 stays.
+    gone = set()
+    for node in list(gm.graph.nodes):
+        if node.op == "placeholder" and owners.get(node.name, "").startswith(later) and not node.users:
+            gone.add(node.name)
+            gm.graph.erase_node(node)
+    input_specs = [s for s in ep.graph_signature.input_specs if s.arg.name not in gone]
+    output_specs = [s for s in ep.graph_signature.output_specs if not (s.target or "").startswith(later)]
+    gm.recompile()
+    dropped_targets = {owners[name] for name in gone}
+    return ExportedProgram(
+        root=gm,
+        graph=gm.graph,
+        graph_signature=ExportGraphSignature(input_specs=input_specs, output_specs=output_specs),
+        state_dict={k: v for k, v in ep.state_dict.items() if k not in dropped_targets},
+        range_constraints=ep.range_constraints,
+        module_call_graph=copy.deepcopy(ep.module_call_graph),
+        example_inputs=ep.example_inputs,
+        constants={k: v for k, v in ep.constants.items() if k not in dropped_targets},
+        verifiers=ep.verifiers,
+    )
+
+
+# ---- step 3: the edge program of the whole model, from the two-block one -----------------
+
+
+def _edge_region(ep, prefix: str, i: int) -> list[Node]:
+    """Block ``i``'s nodes in an edge program: from its first to its last node with the
+    block's module path; nodes between them may have no path (e.g. a tuple's getitem)."""
+    nodes = [n for n in ep.graph.nodes if n.op != "placeholder"]
+    tagged = [j for j, n in enumerate(nodes) if n.op == "call_function" and _block_path(n) == (prefix, i)]
+    if not tagged:
+        raise NotRepeated(f"to_edge left no node of {prefix}.{i}")
+    region = nodes[tagged[0]:tagged[-1] + 1]
+    for n in region:
+        path = _block_path(n) if n.op == "call_function" else None
+        if n.op != "call_function" or (path is not None and path != (prefix, i)):
+            raise NotRepeated(f"{n.name} ({path}) lies inside {prefix}.{i} after to_edge")
+    return region
+
+
+def _renamed_stack(meta: dict, old: str, new: str) -> dict:
+    pattern = re.compile(rf"(?<![\w.]){re.escape(old)}(?=\.|$)")
+    stack = meta.get("nn_module_stack")
+    if not stack:
+        return meta
+    meta = dict(meta)
+    meta["nn_module_stack"] = {
+        key.replace(old, new): (pattern.sub(new, path), kind) for key, (path, kind) in stack.items()
+    }
+    return meta
+
+
+def _tensor(ep, fqn: str):
+    if fqn in ep.state_dict:
+        return ep.state_dict[fqn]
+    return ep.constants.get(fqn)
+
+
+def expand(edge_ep, aten_ep, blocks: Blocks):
+    """The edge program of all N blocks, from ``edge_ep`` (the two-block program after
+    ``to_edge``), with each copy's weights taken from ``aten_ep`` (the whole program)."""
+    from torch.export import ExportedProgram
+    from torch.export.graph_signature import (
+        ExportGraphSignature,
+        InputKind,
+        InputSpec,
+        OutputKind,
+        OutputSpec,
+        TensorArgument,
+    )
+
+    prefix, n_blocks = blocks.prefix, len(blocks.nodes)
+    gm = edge_ep.graph_module
+    graph = gm.graph
+    region0 = _edge_region(edge_ep, prefix, 0)
+    region1 = _edge_region(edge_ep, prefix, 1)
+    if [str(n.target) for n in region0] != [str(n.target) for n in region1]:
+        raise NotRepeated(f"to_edge made {prefix}.0 and {prefix}.1 different graphs")
+    pos0 = {n: j for j, n in enumerate(region0)}
+    pos1 = {n: j for j, n in enumerate(region1)}
+
+    # Block 1's weights and buffers: the placeholders, their specs, their tensors.
+    first = blocks.fqn_prefix(1)
+    specs = list(edge_ep.graph_signature.input_specs)
+    placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    own_specs = [
+        s for s in specs
+        if (s.target or "").startswith(first) and all(u in pos1 for u in placeholders[s.arg.name].users)
+    ]
+    for spec in own_specs:
+        template, whole = _tensor(edge_ep, spec.target), _tensor(aten_ep, spec.target)
+        if template is None or whole is None:
+            raise NotRepeated(f"{spec.target} is not a tensor of both programs")
+        if template is not whole and not (
+            template.shape == whole.shape and template.dtype == whole.dtype and torch.equal(template, whole)
+        ):
+            raise NotRepeated(f"to_edge rewrote {spec.target}")
+    # Constants that to_edge lifted out of block 1 (a norm's epsilon): each copy gets its
+    # own, as each block of a whole program does.
+    local_constants = {
+        s.arg.name for s in specs
+        if s.kind in (InputKind.CONSTANT_TENSOR, InputKind.BUFFER) and _tensor(aten_ep, s.target) is None
+        and _tensor(edge_ep, s.target) is not None
+        and placeholders[s.arg.name].users and all(u in pos1 for u in placeholders[s.arg.name].users)
+    }
+    own_specs = [s for s in specs if s in own_specs or s.arg.name in local_constants]
+    mutations = [
+        (j, s) for j, s in enumerate(edge_ep.graph_signature.output_specs)
+        if s.kind == OutputKind.BUFFER_MUTATION and (s.target or "").startswith(first)
+    ]
+    outputs = list(graph.output_node().args[0])
+    if any(outputs[j] not in pos1 for j, _ in mutations):
+        raise NotRepeated(f"a buffer of {prefix}.1 is written outside the block")
+
+    copy_of: dict[Node, int] = {}  # node -> the block it copies (for debug handles)
+    sanitized = prefix.replace(".", "_")
+    state_dict, constants = dict(edge_ep.state_dict), dict(edge_ep.constants)
+    added_specs: dict[int, list] = {}  # index of block 1's spec -> the copies' specs
+    output_node = graph.output_node()
+    added_outputs: list[tuple[Node, Any]] = []  # the copies' buffer mutations
+    taken = set(placeholders)
+    previous = region1
+    postlude = region1[-1].next  # every copy goes before it, in order
+    for k in range(2, n_blocks):
+        mine = blocks.fqn_prefix(k)
+        weights = {}
+        for spec in own_specs:
+            old = placeholders[spec.arg.name]
+            if spec.arg.name in local_constants:
+                fqn = name = f"{spec.target}_{sanitized}_{k}"
+                tensor = _tensor(edge_ep, spec.target)
+                persistent = spec.target in edge_ep.state_dict
+            else:
+                fqn = mine + spec.target[len(first):]
+                tensor = _tensor(aten_ep, fqn)
+                persistent = fqn in aten_ep.state_dict
+                name = old.name.replace(f"{sanitized}_1_", f"{sanitized}_{k}_", 1)
+            if tensor is None:
+                raise NotRepeated(f"{fqn} is missing from the program")
+            while name in taken:  # a tensor that export lifted once for all blocks keeps its name
+                name += "_"
+            taken.add(name)
+            with graph.inserting_before(old):
+                new = graph.placeholder(name)
+            new.meta = _renamed_stack(copy.copy(old.meta), f"{prefix}.1", f"{prefix}.{k}")
+            weights[old] = new
+            (state_dict if persistent else constants)[fqn] = tensor
+            added_specs.setdefault(specs.index(spec), []).append(
+                InputSpec(kind=spec.kind, arg=TensorArgument(name=new.name), target=fqn, persistent=spec.persistent)
+            )
+
+        copies: dict[Node, Node] = {}
+
+        def source(a, copies=copies, weights=weights, previous=previous):
+            if a in pos1:
+                return copies[a]
+            if a in pos0:
+                return previous[pos0[a]]
+            return weights.get(a, a)
+
+        with graph.inserting_before(postlude):
+            for node in region1:
+                new = graph.node_copy(node, source)
+                new.meta = _renamed_stack(new.meta, f"{prefix}.1", f"{prefix}.{k}")
+                copies[node] = new
+                copy_of[new] = k
+        for j, spec in mutations:
+            value = copies[outputs[j]]
+            added_outputs.append((value, OutputSpec(
+                kind=OutputKind.BUFFER_MUTATION, arg=TensorArgument(name=value.name),
+                target=mine + spec.target[len(first):],
+            )))
+        previous = [copies[n] for n in region1]
+
+    # The postlude reads the last copy.
+    last = {n: previous[j] for n, j in pos1.items()}
+    mutation_values = {outputs[j] for j, _ in mutations}
+    for node in list(graph.nodes):
+        if node.op == "output" or node in pos1 or node.op == "placeholder":
+            continue
+        if _block_path(node) is not None and _block_path(node)[0] == prefix:
+            continue
+        node.args = torch.fx.map_arg(node.args, lambda a: last.get(a, a))
+        node.kwargs = torch.fx.map_arg(node.kwargs, lambda a: last.get(a, a))
+    # Mutations come first in a program's outputs: the copies' follow block 1's.
+    values, output_specs = [], []
+    after = mutations[-1][0] if mutations else -1
+    for j, (value, spec) in enumerate(zip(outputs, edge_ep.graph_signature.output_specs)):
+        if value not in mutation_values:
+            value = last.get(value, value)
+            spec = dataclasses.replace(spec, arg=TensorArgument(name=value.name)) if value.name != spec.arg.name else spec
+        values.append(value)
+        output_specs.append(spec)
+        if j == after:
+            values.extend(v for v, _ in added_outputs)
+            output_specs.extend(s for _, s in added_outputs)
+    output_node.args = (tuple(values),)
+
+    # The copies' inputs follow block 1's last input of their group (parameters, buffers,
+    # lifted constants), in block order: where a whole export puts them.
+    def group(spec) -> tuple:
+        return spec.kind, spec.arg.name in local_constants
+
+    ordered = []
+    for j, spec in enumerate(specs):
+        ordered.append(spec)
+        if j in added_specs and not any(group(s) == group(spec) and s in own_specs for s in specs[j + 1:]):
+            same = [i for i in sorted(added_specs) if group(specs[i]) == group(spec)]
+            ordered.extend(added_specs[i][k] for k in range(n_blocks - 2) for i in same)
+    by_name = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    body = next(n for n in graph.nodes if n.op != "placeholder")
+    for spec in ordered:
+        body.prepend(by_name[spec.arg.name])
+    _number_debug_handles(graph, copy_of)
+    graph.lint()
+    gm.recompile()
+    return ExportedProgram(
+        root=gm,
+        graph=graph,
+        graph_signature=ExportGraphSignature(input_specs=ordered, output_specs=output_specs),
+        state_dict=state_dict,
+        range_constraints=edge_ep.range_constraints,
+        module_call_graph=edge_ep.module_call_graph,
+        example_inputs=edge_ep.example_inputs,
+        constants=constants,
+        verifiers=edge_ep.verifiers,
+    )
+
+
+def _number_debug_handles(graph, copy_of: dict) -> None:
+    """Debug handles as ExecuTorch's ``DebugHandleGeneratorPass`` numbers a whole graph:
+    1, 2, ... in node order, one per source node, each copy's nodes their own sources."""
+    numbers: dict = {}
+    for node in graph.nodes:
+        handle = node.meta.get("debug_handle")
+        if isinstance(handle, int):
+            node.meta["debug_handle"] = numbers.setdefault((copy_of.get(node, 0), handle), len(numbers) + 1)
+
+
+# ---- step 4: lowering ----------------------------------------------------------------------
+
+
+def lower_repeated(exported, partitioners: list, config, constant_methods):
+    """What ``to_edge_transform_and_lower(exported, partitioners, ...)`` gives, with
+    ``to_edge`` run on two blocks only; raises :class:`NotRepeated` (before any long work)
+    when the program is not made of identical blocks."""
+    blocks = find_blocks(exported)
+    template = first_two_blocks(exported, blocks)
+    return to_edge_transform_and_lower(exported, template, blocks, partitioners, config, constant_methods)
+
+
+def to_edge_transform_and_lower(exported, template, blocks: Blocks, partitioners: list, config, constant_methods):
+    """ExecuTorch's flow of the same name, on ``template`` then the expanded program.
+
+    (The name matters: partitioners warn that the graph was decomposed the old way unless
+    this function name is on the stack, and here it was decomposed the new way.)
+    """
+    from executorch.exir.program._program import EdgeProgramManager, _gen_edge_manager_for_partitioners
+
+    edge = _gen_edge_manager_for_partitioners({"forward": partitioners}, {"forward": template}, config, None)
+    whole = expand(edge.exported_program("forward"), exported, blocks)
+    log.info("to_edge ran on 2 of %d %s blocks; the other %d are copies of the second",
+             len(blocks.nodes), blocks.prefix, len(blocks.nodes) - 2)
+    manager = EdgeProgramManager(
+        {"forward": whole},
+        constant_methods,
+        config,
+        core_aten_ops_exception_list=config._core_aten_ops_exception_list,
+        preserve_ops=config.preserve_ops,
+    )
+    for partitioner in partitioners:
+        manager = manager.to_backend({"forward": partitioner})
+    return manager
