@@ -19,9 +19,10 @@ So :func:`lower_repeated` does this:
 4. lets the partitioners lower that program as ``to_edge_transform_and_lower`` would.
 
 When a program does not have that shape (no repeated blocks, blocks that differ, weights
-that ``to_edge`` rewrote), :func:`find_blocks` says why and lowering takes the ordinary
-path: this is a shortcut, never a different program. ``tests/test_repeated.py`` checks
-that both paths give the same logits, bit for bit.
+that ``to_edge`` rewrote), :class:`NotRepeated` says why, before any long work, and
+lowering takes the whole-graph path: this is a shortcut, never a different program.
+``plugins/xnnpack/tests/test_lowering.py`` checks that both paths write the same ``.pte``,
+byte for byte; ``--whole-graph-lowering`` takes the whole-graph path on request.
 """
 
 from __future__ import annotations
