@@ -109,21 +109,21 @@ def find_blocks(ep, min_blocks: int = 3) -> Blocks:
     for i, nodes in enumerate(blocks.nodes):
         if position[nodes[-1]] - position[nodes[0]] + 1 != len(nodes):
             raise NotRepeated(f"{prefix}.{i} is interleaved with other nodes")
-    reference = _structure(ep, blocks, 1)
+    owners = _owners(ep)
+    reference = _structure(blocks, owners, 1)
     for i in range(2, len(blocks.nodes)):
-        if _structure(ep, blocks, i) != reference:
+        if _structure(blocks, owners, i) != reference:
             raise NotRepeated(f"{prefix}.{i} is not the same graph as {prefix}.1")
     _check_outside_uses(ep, blocks)
     return blocks
 
 
-def _structure(ep, blocks: Blocks, i: int) -> tuple:
+def _structure(blocks: Blocks, owners: dict[str, str], i: int) -> tuple:
     """Block ``i`` as a comparable value: operators, arguments (own nodes by position, the
     block before it by position, its own weights by relative FQN, anything else by name)
     and value shapes (unbacked symbols renumbered)."""
     own = {node: j for j, node in enumerate(blocks.nodes[i])}
     before = {node: j for j, node in enumerate(blocks.nodes[i - 1])}
-    owners = _owners(ep)
     mine, theirs = blocks.fqn_prefix(i), blocks.fqn_prefix(i - 1)
     symbols: dict[str, str] = {}
 
@@ -213,13 +213,14 @@ def first_two_blocks(ep, blocks: Blocks):
             gone.add(node.name)
             gm.graph.erase_node(node)
     input_specs = [s for s in ep.graph_signature.input_specs if s.arg.name not in gone]
-    output_specs = [s for s in ep.graph_signature.output_specs if not (s.target or "").startswith(later)]
     gm.recompile()
     dropped_targets = {owners[name] for name in gone}
     return ExportedProgram(
         root=gm,
         graph=gm.graph,
-        graph_signature=ExportGraphSignature(input_specs=input_specs, output_specs=output_specs),
+        graph_signature=ExportGraphSignature(
+            input_specs=input_specs, output_specs=list(ep.graph_signature.output_specs)
+        ),
         state_dict={k: v for k, v in ep.state_dict.items() if k not in dropped_targets},
         range_constraints=ep.range_constraints,
         module_call_graph=copy.deepcopy(ep.module_call_graph),
@@ -384,13 +385,10 @@ def expand(edge_ep, aten_ep, blocks: Blocks):
     # The postlude reads the last copy.
     last = {n: previous[j] for n, j in pos1.items()}
     mutation_values = {outputs[j] for j, _ in mutations}
-    for node in list(graph.nodes):
-        if node.op == "output" or node in pos1 or node.op == "placeholder":
-            continue
-        if _block_path(node) is not None and _block_path(node)[0] == prefix:
-            continue
-        node.args = torch.fx.map_arg(node.args, lambda a: last.get(a, a))
-        node.kwargs = torch.fx.map_arg(node.kwargs, lambda a: last.get(a, a))
+    for node in region1:
+        for user in list(node.users):
+            if user not in pos1 and user not in copy_of and user.op != "output":
+                user.replace_input_with(node, last[node])
     # Mutations come first in a program's outputs: the copies' follow block 1's.
     values, output_specs = [], []
     after = mutations[-1][0] if mutations else -1
