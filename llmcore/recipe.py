@@ -199,7 +199,9 @@ def build_options(recipe: dict[str, Any], flags: dict[str, Any]) -> ExportOption
         if value is not None:
             merged[key] = value
     options = ExportOptions(**merged)
-    missing = [name for name in ("model", "output") if not getattr(options, name)]
+    # --model may be left out with a checkpoint: the family is then read from it (load stage)
+    needed = ("output",) if options.checkpoint else ("model", "output")
+    missing = [name for name in needed if not getattr(options, name)]
     if missing:
         flag = {"model": "--model", "output": "-o/--output"}
         raise LlmcoreError(

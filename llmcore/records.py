@@ -115,6 +115,11 @@ class CheckpointLoader(Record):
     description: str
     matches: Callable[[Path], bool]
     load: Callable[[Path, "LoadOptions"], LoadedModel]
+    claims: Optional[Callable[[Path], bool]] = None
+    """Whether the checkpoint's own metadata names this family's architecture (a
+    config.json ``model_type``, a GGUF ``general.architecture``): how an export without
+    ``--model`` picks the family. ``matches`` only recognises a format that several
+    families may share; None: the loader never claims a checkpoint."""
 
 
 @dataclass(frozen=True)

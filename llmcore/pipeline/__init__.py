@@ -18,7 +18,7 @@ from llmcore import __version__, chat, libraries
 from llmcore.errors import LlmcoreError
 from llmcore.generate import TOKENIZER_FILE, TextTokenizer
 from llmcore.pipeline import capture, emit, lower, parity, quantize, report, transform, write
-from llmcore.pipeline.load import load_model
+from llmcore.pipeline.load import detect_family, load_model
 from llmcore.plugins import Registry, load_registry
 from llmcore.progress import StageLog, limit_heap_fragmentation, remembered_interrupts
 from llmcore.recipe import ExportOptions
@@ -55,6 +55,8 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
     report_path = output.with_name(output.stem + ".report.json")
     tokenizer_path = output.with_name(TOKENIZER_FILE)
 
+    if not options.model:  # the checkpoint names its architecture
+        options = dataclasses.replace(options, model=detect_family(Path(options.checkpoint), registry))
     # Resolve every name before the long stages, so a typo fails in a second.
     family_plugin = registry.get("model_families", options.model, stage="load").plugin
     backends = lower.resolve_backends(options.plugins, options.backend_options, registry)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Optional
 
 from llmcore.errors import LlmcoreError, stage_errors
 from llmcore.plugins import Registry
@@ -78,3 +80,75 @@ def _call(plugin: str, fn):
     fix = "check that the checkpoint and config belong to this model family (--debug shows the traceback)."
     with stage_errors("load", plugin, "loading failed", fix):
         return fn()
+
+
+# The plugin that reads each architecture llmcore knows of, for the message when no
+# installed family claims a checkpoint (a config.json model_type, a GGUF architecture).
+KNOWN_ARCHITECTURES = {
+    "llama": "llmcore-llama",
+    "qwen2": "llmcore-qwen",
+    "qwen3": "llmcore-qwen",
+    "gpt2": "llmcore-nanogpt",
+}
+
+
+def detect_family(checkpoint: Path, registry: Registry) -> str:
+    """The installed model family whose loaders claim ``checkpoint`` (``export`` without
+    ``--model``); one line naming what to install or pass when none or several do."""
+    if not checkpoint.exists():
+        raise LlmcoreError(
+            f"checkpoint {str(checkpoint)!r} does not exist.", stage="load", fix="check the path given to --checkpoint."
+        )
+    claimed = []
+    for provided in registry.all("model_families"):
+        family: ModelFamily = provided.record
+        for loader in family.loaders:
+            if loader.claims is not None and _call(provided.plugin.name, lambda: loader.claims(checkpoint)):
+                claimed.append(family.name)
+                break
+    if len(claimed) == 1:
+        return claimed[0]
+    installed = ", ".join(registry.names("model_families")) or "(none)"
+    if claimed:
+        raise LlmcoreError(
+            f"model families {', '.join(claimed)} all claim {str(checkpoint)!r}.",
+            stage="load",
+            fix=f"pass --model with the one to use ({', '.join(claimed)}).",
+        )
+    arch = architecture_of(checkpoint)
+    plugin = KNOWN_ARCHITECTURES.get(arch or "")
+    if plugin:
+        fix = f"install the plugin that reads it (pip install {plugin}, or -e plugins/... from a clone)."
+    else:
+        fix = f"pass --model with the family that reads it (installed: {installed}), or install its plugin."
+    what = f"a {arch} checkpoint" if arch else "a checkpoint whose architecture it cannot tell"
+    raise LlmcoreError(
+        f"no installed model family recognises {str(checkpoint)!r} ({what}; installed families: {installed}).",
+        stage="load",
+        fix=fix,
+    )
+
+
+def architecture_of(checkpoint: Path) -> Optional[str]:
+    """What a checkpoint says it is: config.json's ``model_type`` or a GGUF's
+    ``general.architecture`` (when the ``gguf`` package is installed); None otherwise."""
+    folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+    config = folder / "config.json"
+    if config.is_file():
+        try:
+            model_type = json.loads(config.read_text()).get("model_type")
+            return model_type if isinstance(model_type, str) else None
+        except (OSError, ValueError, AttributeError):
+            return None
+    if checkpoint.is_file():
+        try:
+            with open(checkpoint, "rb") as f:
+                if f.read(4) != b"GGUF":
+                    return None
+            from gguf import GGUFReader
+
+            field = GGUFReader(str(checkpoint)).get_field("general.architecture")
+            return field.contents() if field is not None else None
+        except Exception:  # any damage: the message just says less
+            return None
+    return None

@@ -15,11 +15,25 @@ from . import formats
 from .config import CONFIG_DESCRIPTIONS, CONFIGS
 
 __version__ = "0.1.0"
-__all__ = ["llmcore_model_families", "family", "build_random", "LOADERS"]
+__all__ = ["llmcore_model_families", "family", "build_random", "random_decoder", "LOADERS"]
 
 
 def build_random(config: str, options: LoadOptions) -> LoadedModel:
     """A randomly initialised model of one of :data:`CONFIGS` (seeded by ``options.seed``)."""
+    from .loaders import load_error
+
+    if config not in CONFIGS:
+        raise load_error(
+            f"unknown llama config {config!r}.",
+            fix=f"choose one of: {', '.join(sorted(CONFIGS))}.",
+        )
+    return random_decoder(CONFIGS[config], options, family="llama", name=config, tiny=config == "tiny")
+
+
+def random_decoder(cfg, options: LoadOptions, *, family: str, name: str, tiny: bool) -> LoadedModel:
+    """A randomly initialised decoder of :class:`~llmcore_llama.config.LlamaConfig` ``cfg``
+    for model family ``family`` (families built on this decoder share it); ``tiny`` gives
+    it the tiny byte-level tokenizer when the user passes none."""
     import torch
 
     from llmcore.records import ModelMetadata, Tokenizer
@@ -28,12 +42,7 @@ def build_random(config: str, options: LoadOptions) -> LoadedModel:
     from .model import Transformer, init_random
     from .tokenization import tiny_tokenizer
 
-    if config not in CONFIGS:
-        raise load_error(
-            f"unknown llama config {config!r}.",
-            fix=f"choose one of: {', '.join(sorted(CONFIGS))}.",
-        )
-    cfg = CONFIGS[config].with_max_seq_len(options.max_seq_len)
+    cfg = cfg.with_max_seq_len(options.max_seq_len)
     dtype = resolve_dtype(options.dtype)
     with torch.device("meta"):  # skip nn.Linear's own (slow) init; init_random fills everything
         model = Transformer(cfg)
@@ -43,12 +52,13 @@ def build_random(config: str, options: LoadOptions) -> LoadedModel:
     model.reset_buffers()
     model.eval()
     tok = resolve_tokenizer(options)
-    if tok is None and config == "tiny":
+    if tok is None and tiny:
         tok = tiny_tokenizer(cfg.vocab_size)
     if tok is not None and tok.size > cfg.vocab_size:
         raise load_error(
-            f"the tokenizer has {tok.size} tokens but config {config!r} has a vocabulary of {cfg.vocab_size}.",
+            f"the tokenizer has {tok.size} tokens but config {name!r} has a vocabulary of {cfg.vocab_size}.",
             fix="pass a tokenizer that fits the config, or none.",
+            plugin=family,
         )
     metadata = ModelMetadata(
         vocab_size=cfg.vocab_size,
@@ -62,8 +72,8 @@ def build_random(config: str, options: LoadOptions) -> LoadedModel:
         module=model,
         metadata=metadata,
         tokenizer=Tokenizer(json_text=tok.json_text, description=tok.description) if tok else None,
-        family="llama",
-        source=f"random:{config}",
+        family=family,
+        source=f"random:{name}",
     )
 
 
@@ -83,24 +93,28 @@ LOADERS = (
         description="GGUF file of llama architecture (F32/F16/BF16, Q8_0, Q4_0/1, Q5_0/1, Q4_K/Q5_K/Q6_K) with its embedded tokenizer",
         matches=lambda p: formats.is_gguf(Path(p)),
         load=_lazy("load_gguf"),
+        claims=lambda p: formats.gguf_architecture(Path(p)) == "llama",
     ),
     CheckpointLoader(
         name="hf",
         description="Hugging Face LlamaForCausalLM folder: config.json + *.safetensors (+ tokenizer.json)",
         matches=lambda p: formats.is_hf(Path(p)),
         load=_lazy("load_hf"),
+        claims=lambda p: formats.hf_architecture(Path(p)) == "llama",
     ),
     CheckpointLoader(
         name="meta",
         description="Meta checkpoint: params.json + consolidated.*.pth (+ tokenizer.model), read with weights_only",
         matches=lambda p: formats.is_meta(Path(p)),
         load=_lazy("load_meta"),
+        claims=lambda p: formats.is_meta(Path(p)),  # params.json + consolidated.*.pth: Meta's llama format
     ),
     CheckpointLoader(
         name="llama2c",
         description="llama2.c fp32 checkpoint (.bin, legacy header or version 1)",
         matches=lambda p: formats.is_llama2c(Path(p)),
         load=_lazy("load_llama2c"),
+        claims=lambda p: formats.is_llama2c(Path(p)),
     ),
 )
 

@@ -55,6 +55,12 @@ class LlamaConfig:
     """Linear RoPE scaling (position interpolation): every inverse frequency is divided by
     it, after rope_scaling or rope_freq_factors (HF ``rope_type: linear``, GGUF
     ``rope.scaling.factor``)."""
+    qkv_bias: bool = False
+    """Biases on the q, k and v projections (Qwen2/2.5; HF Llama's ``attention_bias``)."""
+    o_bias: bool = False
+    """A bias on the attention output projection (HF Llama's and Qwen3's ``attention_bias``)."""
+    qk_norm: bool = False
+    """An RMSNorm over each head of q and of k before RoPE (Qwen3), ``norm_eps`` as the others."""
 
     def __post_init__(self) -> None:
         problems = []

@@ -25,6 +25,20 @@ def is_gguf(path: Path) -> bool:
     return path.is_file() and _read(path, 4) == GGUF_MAGIC
 
 
+def gguf_architecture(path: Path) -> Optional[str]:
+    """A GGUF file's ``general.architecture`` (``llama``, ``qwen2``, ...), or None when
+    ``path`` is not a readable GGUF file."""
+    if not is_gguf(path):
+        return None
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(str(path)).get_field("general.architecture")
+        return field.contents() if field is not None else None
+    except Exception:  # a damaged file: the loader that reads it says what is wrong
+        return None
+
+
 def meta_files(path: Path) -> Optional[tuple[Path, list[Path]]]:
     """(params.json, consolidated shards) of a Meta checkpoint folder or shard file."""
     path = Path(path)
@@ -73,6 +87,19 @@ def hf_files(path: Path) -> Optional[tuple[Path, list[Path]]]:
 
 def is_hf(path: Path) -> bool:
     return hf_files(path) is not None
+
+
+def hf_architecture(path: Path) -> Optional[str]:
+    """The ``model_type`` a Hugging Face checkpoint's config.json names (``llama``,
+    ``qwen2``, ...), or None when ``path`` is not one or its config cannot be read."""
+    found = hf_files(path)
+    if found is None:
+        return None
+    try:
+        model_type = json.loads(found[0].read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return model_type if isinstance(model_type, str) else None
 
 
 def llama2c_header(path: Path) -> Optional[dict]:

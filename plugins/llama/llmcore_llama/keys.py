@@ -56,8 +56,8 @@ def _harmless(note: str) -> Key:
     return Key(HARMLESS, note)
 
 
-def refuse(message: str, fix: str) -> LlmcoreError:
-    return LlmcoreError(message, stage="load", plugin=PLUGIN, fix=fix)
+def refuse(message: str, fix: str, plugin: str = PLUGIN) -> LlmcoreError:
+    return LlmcoreError(message, stage="load", plugin=plugin, fix=fix)
 
 
 # --------------------------------------------------------------------------------------
@@ -85,7 +85,7 @@ HF_KEYS: dict[str, Key] = {
     "partial_rotary_factor": _only("fraction of each head RoPE rotates: the whole head only", 1, None),
     # switches implemented at one value
     "hidden_act": _only("the SwiGLU activation", "silu", "swish"),
-    "attention_bias": _only("biases on q/k/v/o projections", False, None),
+    "attention_bias": _impl("biases on the q/k/v/o projections"),
     "mlp_bias": _only("biases on gate/up/down projections", False, None),
     "rope_interleaved": _only("nanotron's flag: weights in HF's rotate-half layout", False, None),
     "pruned_heads": _only("attention heads removed after training", {}, None),
@@ -164,24 +164,29 @@ _ROPE_FIX = (
 )
 
 
-def check_keys(config: Mapping[str, Any], table: Mapping[str, Key], where: str, fix_unknown: str) -> None:
-    """Refuse the first key of ``config`` that is not implemented at its value nor harmless."""
+def check_keys(
+    config: Mapping[str, Any], table: Mapping[str, Key], where: str, fix_unknown: str, plugin: str = PLUGIN
+) -> None:
+    """Refuse the first key of ``config`` that is not implemented at its value nor harmless.
+    ``plugin`` is the family whose table this is (other families reuse these checks)."""
     for key, value in config.items():
         rule = table.get(key)
         if rule is None:
             if value is None:
                 continue  # unset
             raise refuse(
-                f"{where} key {key!r} = {_show(value)} is not one the llama plugin knows: it may change the "
+                f"{where} key {key!r} = {_show(value)} is not one the {plugin} plugin knows: it may change the "
                 "computation, so it is refused rather than ignored.",
                 fix_unknown.format(key=key),
+                plugin,
             )
         if rule.status == DEFAULT_ONLY and not any(_same(value, a) for a in rule.allowed):
             allowed = " or ".join(_show(a) for a in rule.allowed)
             raise refuse(
-                f"{where} key {key!r} = {_show(value)} ({rule.note}) is not implemented by the llama plugin "
+                f"{where} key {key!r} = {_show(value)} ({rule.note}) is not implemented by the {plugin} plugin "
                 f"(it implements {allowed}).",
                 "use a model family that implements it (see `llmcore plugins`), or a checkpoint without it.",
+                plugin,
             )
 
 
@@ -201,7 +206,9 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def hf_rope(cfg: Mapping[str, Any], max_seq_len: Optional[int] = None) -> tuple[float, Optional[RopeScaling], float]:
+def hf_rope(
+    cfg: Mapping[str, Any], max_seq_len: Optional[int] = None, plugin: str = PLUGIN
+) -> tuple[float, Optional[RopeScaling], float]:
     """RoPE of a config.json in either form: ``(theta, llama3 scaling or None, linear factor)``.
 
     The transformers 5 form nests everything in ``rope_parameters``; the legacy form has a
@@ -223,13 +230,15 @@ def hf_rope(cfg: Mapping[str, Any], max_seq_len: Optional[int] = None) -> tuple[
             raise refuse(
                 f"config.json key {name!r} holds {_show(block)}, not an object of RoPE parameters.",
                 "check the config.json of the checkpoint.",
+                plugin,
             )
         for key, value in block.items():
             if isinstance(value, Mapping):
                 raise refuse(
-                    f"config.json key '{name}.{key}' gives per-layer-type RoPE parameters, which the llama "
+                    f"config.json key '{name}.{key}' gives per-layer-type RoPE parameters, which the {plugin} "
                     "plugin does not implement.",
                     _ROPE_FIX,
+                    plugin,
                 )
             where = f"{name}.{key}" if name else key
             key = "rope_type" if key == "type" else key
@@ -238,6 +247,7 @@ def hf_rope(cfg: Mapping[str, Any], max_seq_len: Optional[int] = None) -> tuple[
                     f"config.json gives the RoPE parameter {key!r} twice with different values "
                     f"({origin[key]} = {_show(merged[key])}, {where} = {_show(value)}).",
                     "keep one of the two in config.json: the one the weights were trained with.",
+                    plugin,
                 )
             merged.setdefault(key, value)
             origin.setdefault(key, where)
@@ -249,16 +259,18 @@ def hf_rope(cfg: Mapping[str, Any], max_seq_len: Optional[int] = None) -> tuple[
     if kind not in _ROPE_KEYS:
         raise refuse(
             f"config.json key {origin.get('rope_type', 'rope_type')!r} = {_show(kind)}: RoPE type {kind!r} is not "
-            "implemented by the llama plugin; ignoring it would silently change the logits.",
+            f"implemented by the {plugin} plugin; ignoring it would silently change the logits.",
             _ROPE_FIX,
+            plugin,
         )
     extra = sorted(set(merged) - _ROPE_KEYS[kind])
     if extra:
         key = extra[0]
         raise refuse(
-            f"config.json key {origin[key]!r} = {_show(merged[key])} is not a parameter the llama plugin "
+            f"config.json key {origin[key]!r} = {_show(merged[key])} is not a parameter the {plugin} plugin "
             f"implements for RoPE type {kind!r} (it reads {', '.join(sorted(_ROPE_KEYS[kind]))}).",
             _ROPE_FIX,
+            plugin,
         )
 
     def number(key: str, default: Optional[float] = None, positive: bool = True) -> float:
@@ -267,6 +279,7 @@ def hf_rope(cfg: Mapping[str, Any], max_seq_len: Optional[int] = None) -> tuple[
             raise refuse(
                 f"config.json RoPE type {kind!r} needs {key!r}, which is missing.",
                 "check the config.json of the checkpoint.",
+                plugin,
             )
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
             positive and value <= 0
@@ -274,6 +287,7 @@ def hf_rope(cfg: Mapping[str, Any], max_seq_len: Optional[int] = None) -> tuple[
             raise refuse(
                 f"config.json key {origin.get(key, key)!r} = {_show(value)} is not a positive number.",
                 "check the config.json of the checkpoint.",
+                plugin,
             )
         return float(value)
 
@@ -282,8 +296,9 @@ def hf_rope(cfg: Mapping[str, Any], max_seq_len: Optional[int] = None) -> tuple[
     if partial is not None and not _same(partial, 1):
         raise refuse(
             f"config.json key {origin['partial_rotary_factor']!r} = {_show(partial)}: partial rotary embeddings "
-            "(RoPE on part of each head) are not implemented by the llama plugin.",
+            f"(RoPE on part of each head) are not implemented by the {plugin} plugin.",
             _ROPE_FIX,
+            plugin,
         )
     max_pos = cfg.get("max_position_embeddings", 2048)
     if kind == "linear":
@@ -301,6 +316,7 @@ def hf_rope(cfg: Mapping[str, Any], max_seq_len: Optional[int] = None) -> tuple[
                 f"config.json llama3 RoPE has high_freq_factor {scaling.high_freq_factor} <= low_freq_factor "
                 f"{scaling.low_freq_factor}.",
                 "check the config.json of the checkpoint.",
+                plugin,
             )
         return theta, scaling, 1.0
     if kind == "dynamic":
@@ -310,8 +326,9 @@ def hf_rope(cfg: Mapping[str, Any], max_seq_len: Optional[int] = None) -> tuple[
             raise refuse(
                 f"config.json key {origin['rope_type']!r} = 'dynamic': dynamic-NTK RoPE changes the frequencies "
                 f"beyond max_position_embeddings ({max_pos}), and a {wanted}-position program would need that, "
-                "which the llama plugin does not implement.",
+                f"which the {plugin} plugin does not implement.",
                 f"pass --max-seq-len {max_pos} or less (within it, dynamic RoPE is the default RoPE).",
+                plugin,
             )
         return theta, None, 1.0  # within max_position_embeddings, transformers uses the unscaled frequencies
     return theta, None, 1.0
@@ -331,8 +348,10 @@ def _fix_unknown_in(file: str) -> str:
     )
 
 
-def check_hf(cfg: Mapping[str, Any]) -> None:
-    check_keys(cfg, HF_KEYS, "config.json", _fix_unknown_in("config.json"))
+def check_hf(cfg: Mapping[str, Any], table: Mapping[str, Key] = HF_KEYS, plugin: str = PLUGIN) -> None:
+    check_keys(cfg, table, "config.json", _fix_unknown_in("config.json"),
+    plugin,
+)
 
 
 # --------------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ import logging
 import pickle
 import re
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 import torch
@@ -50,8 +50,8 @@ DEFAULT_FIX = (
 FIT_FIX = "check that the config (config.json, params.json or the GGUF metadata) belongs to these weights and that no file is missing or cut short."
 
 
-def load_error(message: str, fix: Optional[str] = None) -> LlmcoreError:
-    return LlmcoreError(message, stage="load", plugin=PLUGIN, fix=fix or DEFAULT_FIX)
+def load_error(message: str, fix: Optional[str] = None, plugin: str = PLUGIN) -> LlmcoreError:
+    return LlmcoreError(message, stage="load", plugin=plugin, fix=fix or DEFAULT_FIX)
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -93,21 +93,23 @@ def finish(
     *,
     tokenizer_explicit: bool = True,
     file_name: Callable[[str], str] = lambda name: name,
+    plugin: str = PLUGIN,
 ) -> LoadedModel:
     """``file_name`` maps a Meta parameter name to the name the checkpoint file uses, for
-    errors about missing, extra or misshapen tensors."""
+    errors about missing, extra or misshapen tensors; ``plugin`` is the family that loads
+    (other families build on this decoder)."""
     try:
         config = config.with_max_seq_len(options.max_seq_len)
     except ValueError as e:
-        raise load_error(f"{e}.", fix="pass a smaller --max-seq-len.") from None
-    check_fit(config, state_dict, source, file_name)
+        raise load_error(f"{e}.", fix="pass a smaller --max-seq-len.", plugin=plugin) from None
+    check_fit(config, state_dict, source, file_name, plugin)
     dtype = resolve_dtype(options.dtype)
     state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
     try:
         model = build_model(config, state_dict)
     except (KeyError, RuntimeError, ValueError) as e:
         reason = e.args[0] if isinstance(e, KeyError) and e.args else e
-        raise load_error(f"the weights in {source} do not fit a Llama model: {reason}", fix=FIT_FIX) from e
+        raise load_error(f"the weights in {source} do not fit a {plugin} model: {reason}", fix=FIT_FIX, plugin=plugin) from e
     model.reset_buffers()  # keep RoPE tables in float32 whatever the dtype
     model.eval()
 
@@ -117,7 +119,7 @@ def finish(
             f"{config.vocab_size}: they do not belong together"
         )
         if tokenizer_explicit:
-            raise load_error(message, fix="pass the tokenizer that ships with these weights.")
+            raise load_error(message, fix="pass the tokenizer that ships with these weights.", plugin=plugin)
         log.warning("%s; ignoring the tokenizer found next to the checkpoint", message)
         tokenizer = None
 
@@ -133,12 +135,14 @@ def finish(
         module=model,
         metadata=metadata,
         tokenizer=Tokenizer(json_text=tokenizer.json_text, description=tokenizer.description) if tokenizer else None,
-        family=PLUGIN,
+        family=plugin,
         source=source,
     )
 
 
-def check_fit(config: LlamaConfig, state_dict: dict, source: str, file_name: Callable[[str], str]) -> None:
+def check_fit(
+    config: LlamaConfig, state_dict: dict, source: str, file_name: Callable[[str], str], plugin: str = PLUGIN
+) -> None:
     """Missing, unexpected or misshapen tensors, named as the checkpoint names them."""
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in build_model(config).state_dict().items() if not k.startswith("freqs")}
@@ -149,8 +153,8 @@ def check_fit(config: LlamaConfig, state_dict: dict, source: str, file_name: Cal
     check_state_dict(
         expected,
         given,
-        plugin=PLUGIN,
-        source=f"the weights in {source} do not fit a llama model with dim={c.dim}, n_layers={c.n_layers}, "
+        plugin=plugin,
+        source=f"the weights in {source} do not fit a {plugin} model with dim={c.dim}, n_layers={c.n_layers}, "
         f"n_heads={c.n_heads}, n_kv_heads={c.n_kv_heads}, hidden_dim={c.hidden_dim}, vocab_size={c.vocab_size}",
         fix=FIT_FIX,
         file_name=file_name,
@@ -325,6 +329,12 @@ _HF_NAMES = {
     "self_attn.k_proj.weight": "attention.wk.weight",
     "self_attn.v_proj.weight": "attention.wv.weight",
     "self_attn.o_proj.weight": "attention.wo.weight",
+    "self_attn.q_proj.bias": "attention.wq.bias",
+    "self_attn.k_proj.bias": "attention.wk.bias",
+    "self_attn.v_proj.bias": "attention.wv.bias",
+    "self_attn.o_proj.bias": "attention.wo.bias",
+    "self_attn.q_norm.weight": "attention.q_norm.weight",
+    "self_attn.k_norm.weight": "attention.k_norm.weight",
     "mlp.gate_proj.weight": "feed_forward.w1.weight",
     "mlp.down_proj.weight": "feed_forward.w2.weight",
     "mlp.up_proj.weight": "feed_forward.w3.weight",
@@ -336,6 +346,10 @@ _HF_TOP = {
     "model.norm.weight": "norm.weight",
     "lm_head.weight": "output.weight",
 }
+# Meta names whose rows (or entries) follow the rotary channel order, and whose heads count:
+# HF keeps each head's rotary halves apart, Meta interleaves them.
+_ROTARY_ROWS = {"attention.wq": "n_heads", "attention.wk": "n_kv_heads"}
+_ROTARY_HEAD_NORMS = ("attention.q_norm.weight", "attention.k_norm.weight")
 
 
 def hf_name(meta_name: str) -> str:
@@ -353,32 +367,78 @@ def hf_name(meta_name: str) -> str:
 
 def unpermute_hf_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Undo HF's Q/K row permutation: HF keeps each head's rotary halves
-    (``[x_0..x_{D/2-1}, y_0..y_{D/2-1}]``), Meta interleaves them (``x_0, y_0, x_1, ...``)."""
-    out_dim, in_dim = w.shape
-    head_dim = out_dim // n_heads
-    return w.reshape(n_heads, 2, head_dim // 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
+    (``[x_0..x_{D/2-1}, y_0..y_{D/2-1}]``), Meta interleaves them (``x_0, y_0, x_1, ...``).
+    ``w`` is a weight ``[out, in]`` or a bias ``[out]``; a per-head norm weight ``[D]`` is
+    ``n_heads=1``."""
+    head_dim = w.shape[0] // n_heads
+    rest = tuple(w.shape[1:])
+    return w.reshape(n_heads, 2, head_dim // 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
 def permute_to_hf_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Meta -> HF layout (the inverse of :func:`unpermute_hf_rotary`)."""
-    out_dim, in_dim = w.shape
-    head_dim = out_dim // n_heads
-    return w.reshape(n_heads, head_dim // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
+    head_dim = w.shape[0] // n_heads
+    rest = tuple(w.shape[1:])
+    return w.reshape(n_heads, head_dim // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
-def hf_config(cfg: dict, max_seq_len: Optional[int] = None) -> LlamaConfig:
+@dataclass(frozen=True)
+class HFArchitecture:
+    """What a family of this decoder reads from a Hugging Face ``config.json``.
+
+    The llama plugin's is :data:`LLAMA_HF`; another family whose checkpoints are this
+    decoder with switches on (biases, q/k norms: Qwen2, Qwen3) gives its own, so the keys
+    check, the RoPE forms and the weight mapping stay in one place.
+    """
+
+    plugin: str
+    """The family's plugin name: errors name it."""
+    model_types: tuple[str, ...]
+    architectures: tuple[str, ...]
+    keys: Mapping[str, keys.Key]
+    """Every key the family meets (see :mod:`llmcore_llama.keys`)."""
+    switches: Callable[[Mapping[str, Any], int], dict]
+    """The :class:`LlamaConfig` switches (``qkv_bias``, ``o_bias``, ``qk_norm``) a config
+    turns on, given the program's length; raises an :class:`LlmcoreError` for settings the
+    decoder cannot compute at that length."""
+    default_norm_eps: float = 1e-6
+
+    def recognises(self, cfg: Mapping[str, Any]) -> bool:
+        archs = cfg.get("architectures") or []
+        return cfg.get("model_type") in self.model_types or any(a in self.architectures for a in archs)
+
+
+def _llama_switches(cfg: Mapping[str, Any], max_seq_len: int) -> dict:
+    bias = bool(cfg.get("attention_bias") or False)
+    return {"qkv_bias": bias, "o_bias": bias}
+
+
+LLAMA_HF = HFArchitecture(
+    plugin=PLUGIN,
+    model_types=("llama",),
+    architectures=("LlamaForCausalLM",),
+    keys=keys.HF_KEYS,
+    switches=_llama_switches,
+)
+
+
+def hf_config(cfg: dict, max_seq_len: Optional[int] = None, arch: HFArchitecture = LLAMA_HF) -> LlamaConfig:
     """A :class:`LlamaConfig` from a config.json. Every key is implemented, harmless, or
-    refused by name (``keys.HF_KEYS``); ``max_seq_len`` is the length asked for, which
+    refused by name (``arch.keys``); ``max_seq_len`` is the length asked for, which
     decides whether dynamic RoPE is a no-op."""
-    archs = cfg.get("architectures") or []
-    if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in archs:
+    if not arch.recognises(cfg):
+        archs = cfg.get("architectures") or []
         raise load_error(
-            f"this Hugging Face checkpoint is a {cfg.get('model_type') or archs or 'unknown'} model, not llama.",
-            fix="pick the model family that matches the checkpoint's architecture.",
+            f"this Hugging Face checkpoint is a {cfg.get('model_type') or archs or 'unknown'} model, not "
+            f"{' or '.join(arch.model_types)}.",
+            fix="pick the model family that matches the checkpoint's architecture (leave out --model and "
+            "llmcore picks it).",
+            plugin=arch.plugin,
         )
-    keys.check_hf(cfg)
-    theta, scaling, linear = keys.hf_rope(cfg, max_seq_len)
+    keys.check_hf(cfg, arch.keys, arch.plugin)
+    theta, scaling, linear = keys.hf_rope(cfg, max_seq_len, arch.plugin)
     n_heads = int(cfg["num_attention_heads"])
+    max_positions = int(cfg.get("max_position_embeddings") or 2048)
     return LlamaConfig(
         dim=int(cfg["hidden_size"]),
         n_layers=int(cfg["num_hidden_layers"]),
@@ -386,17 +446,18 @@ def hf_config(cfg: dict, max_seq_len: Optional[int] = None) -> LlamaConfig:
         n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
         vocab_size=int(cfg["vocab_size"]),
         hidden_dim=int(cfg["intermediate_size"]),
-        norm_eps=float(cfg["rms_norm_eps"]) if cfg.get("rms_norm_eps") is not None else 1e-6,
+        norm_eps=float(cfg["rms_norm_eps"]) if cfg.get("rms_norm_eps") is not None else arch.default_norm_eps,
         rope_theta=theta,
-        max_seq_len=int(cfg.get("max_position_embeddings") or 2048),
+        max_seq_len=max_positions,
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None,
         rope_scaling=scaling,
         rope_linear_factor=linear,
+        **arch.switches(cfg, max_seq_len or max_positions),
     )
 
 
-def hf_to_meta_state_dict(hf: dict, config: LlamaConfig) -> dict:
+def hf_to_meta_state_dict(hf: dict, config: LlamaConfig, plugin: str = PLUGIN) -> dict:
     sd = {}
     unknown = []
     for name, t in hf.items():
@@ -406,9 +467,13 @@ def hf_to_meta_state_dict(hf: dict, config: LlamaConfig) -> dict:
         m = _HF_LAYER.match(name)
         if m and m.group(2) in _HF_NAMES:
             new = _HF_NAMES[m.group(2)]
-            heads = {"attention.wq.weight": config.n_heads, "attention.wk.weight": config.n_kv_heads}.get(new)
-            if heads and t.dim() == 2 and t.shape[0] == heads * config.resolved_head_dim:
-                t = unpermute_hf_rotary(t, heads)  # a misshapen one is reported by check_fit
+            module, _, kind = new.rpartition(".")
+            heads = getattr(config, _ROTARY_ROWS[module]) if module in _ROTARY_ROWS else None
+            if new in _ROTARY_HEAD_NORMS:
+                heads = 1
+            # a misshapen tensor is left as it is, for check_fit to report
+            if heads and t.dim() >= 1 and t.shape[0] == heads * config.resolved_head_dim:
+                t = unpermute_hf_rotary(t, heads)
             sd[f"layers.{m.group(1)}.{new}"] = t
         elif name.endswith("rotary_emb.inv_freq"):
             continue
@@ -418,36 +483,41 @@ def hf_to_meta_state_dict(hf: dict, config: LlamaConfig) -> dict:
         raise load_error(
             f"unexpected tensors in the Hugging Face checkpoint: {', '.join(unknown[:5])}"
             + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""),
-            fix="use the llama family for LlamaForCausalLM checkpoints only (no biases, no extra heads); "
-            + FIT_FIX,
+            fix=f"use the {plugin} family for checkpoints of its architectures only; " + FIT_FIX,
+            plugin=plugin,
         )
     if config.tie_embeddings:
         sd.pop("output.weight", None)
     return sd
 
 
-def load_hf(path: Path, options: LoadOptions) -> LoadedModel:
+def load_hf(path: Path, options: LoadOptions, arch: HFArchitecture = LLAMA_HF) -> LoadedModel:
+    plugin = arch.plugin
     path = _check_file(path)
     found = formats.hf_files(path)
     if found is None:
         raise load_error(
             f"{path} is not a Hugging Face checkpoint (expected config.json and *.safetensors).",
             fix="point at the model folder holding config.json and the weights.",
+            plugin=plugin,
         )
     config_path, files = found
     try:
         cfg = json.loads(config_path.read_text())
     except Exception as e:
-        raise load_error(f"could not read {config_path}: {e}", fix="check the config.json of the checkpoint.") from e
+        raise load_error(
+            f"could not read {config_path}: {e}", fix="check the config.json of the checkpoint.", plugin=plugin
+        ) from e
     try:
-        config = hf_config(cfg, options.max_seq_len)
+        config = hf_config(cfg, options.max_seq_len, arch)
     except LlmcoreError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise load_error(
-            f"{config_path} does not describe a Llama model: {type(e).__name__}: {e}",
+            f"{config_path} does not describe a {plugin} model: {type(e).__name__}: {e}",
             fix="check the config.json of the checkpoint (hidden_size, num_hidden_layers, num_attention_heads, "
             "intermediate_size, vocab_size).",
+            plugin=plugin,
         ) from None
     from safetensors.torch import load_file
 
@@ -462,13 +532,21 @@ def load_hf(path: Path, options: LoadOptions) -> LoadedModel:
             raise load_error(
                 f"could not read {f} as safetensors: {e}",
                 fix="download the file again: it is truncated or damaged (compare its size with the source's).",
+                plugin=plugin,
             ) from e
-    sd = hf_to_meta_state_dict(hf, config)
+    sd = hf_to_meta_state_dict(hf, config, plugin)
     folder = config_path.parent
     tok_path = find_tokenizer_near(folder)
     tok = resolve_tokenizer(options, (lambda: load_tokenizer_file(tok_path)) if tok_path else None)
     return finish(
-        config, sd, tok, options, str(path), tokenizer_explicit=options.tokenizer_path is not None, file_name=hf_name
+        config,
+        sd,
+        tok,
+        options,
+        str(path),
+        tokenizer_explicit=options.tokenizer_path is not None,
+        file_name=hf_name,
+        plugin=plugin,
     )
 
 

@@ -96,10 +96,13 @@ class Attention(nn.Module):
         self.n_heads = config.n_heads
         self.n_kv_heads = config.n_kv_heads
         self.head_dim = config.resolved_head_dim
-        self.wq = nn.Linear(config.dim, self.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(self.n_heads * self.head_dim, config.dim, bias=False)
+        self.wq = nn.Linear(config.dim, self.n_heads * self.head_dim, bias=config.qkv_bias)
+        self.wk = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=config.qkv_bias)
+        self.wv = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=config.qkv_bias)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, config.dim, bias=config.o_bias)
+        # Qwen3's per-head norms of q and k, before RoPE (their weights in Meta's channel order)
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
         self.attn = CausalAttention(self.n_heads, self.n_kv_heads, self.head_dim)
         # One swap matrix each for q and k: XNNPACK's partitioner groups the nodes that read
         # one constant, and a q and k sharing it can be grouped across the attention
@@ -118,6 +121,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(bsz, -1, self.n_heads, self.head_dim)
         k = self.wk(x).view(bsz, -1, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(bsz, -1, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, cos, sin, self.pair_swap_q)
         k = apply_rope(k, cos, sin, self.pair_swap_k)
         return self.wo(self.attn(q, k, v, input_pos))
@@ -204,6 +209,7 @@ def init_random(model: Transformer, seed: int = 0) -> Transformer:
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
+
             else:
                 p.normal_(0.0, 0.02, generator=gen)
     return model

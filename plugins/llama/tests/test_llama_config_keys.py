@@ -159,19 +159,31 @@ def _refusal(folder: Path, change) -> LlmcoreError:
         (lambda c: c.update(rope_theta=10000.0), ["'rope_theta'", "rope_parameters.rope_theta"]),
         (lambda c: c.update(attn_logit_softcapping=50.0), ["'attn_logit_softcapping'"]),
         (lambda c: c.update(logits_scaling=2.0), ["'logits_scaling'"]),
-        (lambda c: c.update(attention_bias=True), ["'attention_bias'"]),
         (lambda c: c.update(mlp_bias=True), ["'mlp_bias'"]),
         (lambda c: c.update(hidden_act="gelu"), ["'hidden_act'", "'gelu'"]),
         (lambda c: c.update(quantization_config={"quant_method": "gptq"}), ["'quantization_config'"]),
     ],
     ids=["yarn", "yarn-legacy", "longrope", "rope-extra-key", "partial-rotary", "theta-conflict", "softcapping",
-         "unknown-key", "attention-bias", "mlp-bias", "hidden-act", "quantized"],
+         "unknown-key", "mlp-bias", "hidden-act", "quantized"],
 )
 def test_computational_keys_are_refused_by_name(tmp_path, change, named):
     folder = hf_checkpoint(tmp_path / "hf", ROPE_FORMS["default"])
     err = _refusal(folder, change)
     for name in named:
         assert name in str(err), str(err)
+
+
+def test_attention_bias_is_implemented(tmp_path):
+    """``attention_bias: true`` gives q/k/v/o biases (transformers' Llama); the q/k biases are
+    permuted with their weights into the Meta rotary layout and must still match."""
+    folder = hf_checkpoint(tmp_path / "hf", ROPE_FORMS["default"], attention_bias=True)
+    ours = loaders.load_hf(folder, LoadOptions()).module
+    assert ours.config.qkv_bias and ours.config.o_bias
+    for n in LENGTHS:
+        toks = tokens(n, 320, seed=n)
+        with torch.no_grad():
+            diff = max_diff(ours(toks)[0], hf_logits(folder, toks))
+        assert diff <= ATOL, f"length {n}: max |diff| {diff}"
 
 
 def test_harmless_keys_are_accepted(tmp_path):

@@ -106,11 +106,16 @@ def _build_random(name: str, options: LoadOptions) -> LoadedModel:
     return _finish(loaded, options)
 
 
-def _loader(name: str, description: str, matches_name: str, load_name: str) -> CheckpointLoader:
+def _loader(name: str, description: str, matches_name: str, load_name: str, claims_name: str) -> CheckpointLoader:
     def matches(path: Path) -> bool:
         from llmcore_nanogpt import loaders
 
         return getattr(loaders, matches_name)(path)
+
+    def claims(path: Path) -> bool:
+        from llmcore_nanogpt import loaders
+
+        return getattr(loaders, claims_name)(path)
 
     def load(path: Path, options: LoadOptions) -> LoadedModel:
         from llmcore_nanogpt import loaders
@@ -124,7 +129,7 @@ def _loader(name: str, description: str, matches_name: str, load_name: str) -> C
         loaded.tokenizer = _tokenizer_for(loaded.module.config.vocab_size, options, path)
         return _finish(loaded, options)
 
-    return CheckpointLoader(name, description, matches, load)
+    return CheckpointLoader(name, description, matches, load, claims=claims)
 
 
 @hookimpl
@@ -141,9 +146,9 @@ def llmcore_model_families() -> list[ModelFamily]:
             build_random=_build_random,
             loaders=(
                 _loader("hf-gpt2", "Hugging Face GPT-2 folder: config.json + model.safetensors or pytorch_model.bin",
-                        "matches_hf", "load_hf"),
+                        "matches_hf", "load_hf", "claims_hf"),
                 _loader("nanogpt-ckpt", "nanoGPT train.py checkpoint: ckpt.pt with model_args and model",
-                        "matches_nanogpt", "load_nanogpt"),
+                        "matches_nanogpt", "load_nanogpt", "matches_nanogpt"),
             ),
             default_config="gpt2",
         )

@@ -144,6 +144,17 @@ def matches_hf(path: Path) -> bool:
     )
 
 
+def claims_hf(path: Path) -> bool:
+    """A GPT-2 folder: its config.json says ``model_type: gpt2``."""
+    if not matches_hf(path):
+        return False
+    folder = path if path.is_dir() else path.parent
+    try:
+        return json.loads((folder / "config.json").read_text()).get("model_type") == "gpt2"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def load_hf(path: Path, options: LoadOptions, tokenizer: Optional[Tokenizer]) -> LoadedModel:
     folder = path if path.is_dir() else path.parent
     try:

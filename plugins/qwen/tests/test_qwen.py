@@ -1,0 +1,213 @@
+"""The Qwen2 / Qwen3 plugin against transformers' own models.
+
+Every checkpoint is written by transformers (``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM``,
+``save_pretrained``); the authority is transformers' model read back from the folder. The
+exports run the CLI as a user does, without ``--model`` (the family comes from config.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmcore.errors import LlmcoreError
+from llmcore.records import LoadOptions
+from qwen_testutils import MAX_POS, VOCAB, edit_config, greedy, hf_checkpoint, reference, tokens
+
+transformers = pytest.importorskip("transformers")
+
+LENGTHS = (1, 17, MAX_POS)
+ATOL = 1e-4
+
+
+def load(folder: Path, **options):
+    import llmcore_qwen
+
+    return llmcore_qwen.load_hf(folder, LoadOptions(**options))
+
+
+def llmcore_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmcore", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.reshape(-1) - b.reshape(-1)).abs().max().item()
+
+
+def test_the_family_is_listed_with_its_loader():
+    out = llmcore_cli("plugins")
+    assert out.returncode == 0, out.stderr
+    assert "qwen" in out.stdout and "llmcore-qwen" in out.stdout
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "qwen3-bias"])
+def test_eager_logits_match_transformers(tmp_path, family):
+    folder = hf_checkpoint(tmp_path / family, family)
+    loaded = load(folder)
+    cfg = loaded.module.config
+    assert loaded.family == "qwen"
+    assert cfg.qkv_bias == (family != "qwen3") and cfg.qk_norm == family.startswith("qwen3")
+    assert cfg.o_bias == (family == "qwen3-bias") and cfg.tie_embeddings == (family != "qwen3-bias")
+    ref = reference(folder)
+    for n in LENGTHS:
+        toks = tokens(n, seed=n)
+        with torch.no_grad():
+            expected = ref(toks).logits[0]
+            got = loaded.module(toks)[0]
+        diff = max_diff(got, expected[-1] if got.dim() == 1 else expected)
+        assert diff <= ATOL, f"{family}, length {n}: max |diff| {diff}"
+
+
+def test_the_layout_matters(tmp_path):
+    """The test can tell: without Qwen3's q/k norms the logits move by far more than ATOL."""
+    from dataclasses import replace
+
+    from llmcore_llama.model import build_model
+
+    folder = hf_checkpoint(tmp_path / "q3", "qwen3")
+    ours = load(folder).module
+    state = {k: v for k, v in ours.state_dict().items() if "q_norm" not in k and "k_norm" not in k}
+    without = build_model(replace(ours.config, qk_norm=False), state)
+    toks = tokens(17)
+    with torch.no_grad():
+        assert max_diff(without(toks)[0], ours(toks)[0]) > 1e-2
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_exported_program_matches_transformers(tmp_path, family):
+    """``llmcore export --checkpoint DIR`` (no --model): fp32 XNNPACK program with the KV
+    cache; prefill logits at three lengths and 16 greedy tokens equal transformers'."""
+    from llmcore.runtime import Program
+
+    folder = hf_checkpoint(tmp_path / family, family)
+    out = tmp_path / "out" / f"{family}.pte"
+    out.parent.mkdir()
+    run = llmcore_cli("export", "--checkpoint", str(folder), "--plugins", "xnnpack", "--quiet", "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.with_suffix(".report.json").read_text())
+    assert report["model"]["family"] == "qwen" and report["model"]["metadata"]["chat_template"]
+    assert (out.parent / "tokenizer.json").is_file()
+
+    program = Program.load(out)
+    ref = reference(folder)
+    for n in LENGTHS:
+        toks = tokens(n, seed=n)
+        with torch.no_grad():
+            expected = ref(toks).logits[0, -1]
+        diff = max_diff(program.logits(toks[0].tolist(), 0), expected)
+        assert diff <= ATOL, f"{family} program, length {n}: max |diff| {diff}"
+
+    prompt = tokens(5, seed=1)[0].tolist()
+
+    def transformers_next(ids):
+        with torch.no_grad():
+            return ref(torch.tensor([ids])).logits[0, -1]
+
+    def program_next(ids):  # prefill once, then one token at a time through the cache
+        return program.logits(ids, 0) if len(ids) == len(prompt) else program.logits(ids[-1:], len(ids) - 1)
+
+    assert greedy(program_next, prompt, 16) == greedy(transformers_next, prompt, 16)
+
+
+def test_8da4w_export_lowers_one_delegate_per_layer(tmp_path):
+    """Qwen3's per-head q/k norms stay inside XNNPACK: the only breaks in a layer are the
+    KV-cache ops, as for Llama (2 layers: at most one delegate per layer plus the ends)."""
+    folder = hf_checkpoint(tmp_path / "q3", "qwen3")
+    out = tmp_path / "q3.pte"
+    run = llmcore_cli("export", "--checkpoint", str(folder), "--plugins", "xnnpack", "--quantize", "8da4w",
+                      "--quiet", "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.with_suffix(".report.json").read_text())
+    not_delegated = {row["op_type"]: row["not_delegated"] for row in report["delegation"]["operators"]}
+    assert report["delegation"]["delegated_subgraphs"] <= 2 + 2, report["delegation"]
+    assert not any(not_delegated.get(op, 0) for op in ("aten_mean_dim", "aten_mul_tensor", "aten_mm_default",
+                                                       "aten_linear_default", "aten_add_tensor")), not_delegated
+    assert report["parity"]["top1_agreement"] >= 0.9
+
+
+def test_sliding_window_within_the_window_matches_and_beyond_is_refused(tmp_path):
+    """Qwen's sliding-window layers are full attention while the program fits in the window;
+    a longer program is refused with the length that works."""
+    folder = hf_checkpoint(tmp_path / "sw", "qwen2", use_sliding_window=True, sliding_window=16,
+                           max_window_layers=1)
+    with pytest.raises(LlmcoreError) as e:
+        load(folder, max_seq_len=MAX_POS)
+    err = e.value
+    assert str(err).startswith("[load/qwen] ") and "window 16 on layers 1" in str(err) and "\n" not in str(err)
+    assert "--max-seq-len 16" in err.fix
+
+    loaded = load(folder, max_seq_len=16)
+    toks = tokens(16, seed=3)
+    with torch.no_grad():
+        diff = max_diff(loaded.module(toks)[0], reference(folder)(toks).logits[0, -1])
+    assert diff <= ATOL
+
+
+@pytest.mark.parametrize(
+    "family, change, named",
+    [
+        ("qwen2", lambda c: c.update(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                                                      "original_max_position_embeddings": 16}),
+         ["'rope_parameters.rope_type'", "'yarn'"]),
+        ("qwen3", lambda c: c.update(some_new_switch=2.0), ["'some_new_switch'"]),
+        ("qwen3", lambda c: c.update(hidden_act="gelu"), ["'hidden_act'", "'gelu'"]),
+        ("qwen2", lambda c: c.update(layer_types=["full_attention", "chunked_attention"]), ["'chunked_attention'"]),
+    ],
+    ids=["yarn", "unknown-key", "hidden-act", "layer-type"],
+)
+def test_computational_keys_are_refused_by_name(tmp_path, family, change, named):
+    folder = hf_checkpoint(tmp_path / family, family, tokenizer=False)
+    edit_config(folder, change)
+    with pytest.raises(LlmcoreError) as e:
+        load(folder)
+    err = e.value
+    assert err.stage == "load" and err.plugin == "qwen" and err.fix and "\n" not in str(err)
+    for name in named:
+        assert name in str(err), str(err)
+
+
+def test_harmless_keys_are_accepted(tmp_path):
+    """Keys published Qwen2.5 configs carry (a window that is off, bos/eos ids, dtype)."""
+    folder = hf_checkpoint(tmp_path / "q2", "qwen2", tokenizer=False)
+    expected = reference(folder)(tokens(9)).logits[0, -1].detach()
+    edit_config(folder, lambda c: c.update(use_sliding_window=False, sliding_window=32768, max_window_layers=21,
+                                           bos_token_id=151643, eos_token_id=151645, torch_dtype="bfloat16",
+                                           use_mrope=False, attention_dropout=0.0))
+    with torch.no_grad():
+        assert max_diff(load(folder).module(tokens(9))[0], expected) <= ATOL
+
+
+def test_other_families_refuse_each_others_checkpoints(tmp_path):
+    """``--model llama`` on a Qwen folder, and ``--model qwen`` on a Llama one: one line each."""
+    qwen = hf_checkpoint(tmp_path / "q2", "qwen2", tokenizer=False)
+    run = llmcore_cli("export", "--model", "llama", "--checkpoint", str(qwen), "--plugins", "xnnpack",
+                      "-o", str(tmp_path / "x.pte"))
+    assert run.returncode != 0 and "qwen2" in run.stderr and "[load/llama]" in run.stderr, run.stderr
+    assert not (tmp_path / "x.pte").exists()
+
+    edit_config(qwen, lambda c: c.update(model_type="llama", architectures=["LlamaForCausalLM"]))
+    with pytest.raises(LlmcoreError) as e:
+        load(qwen)
+    assert e.value.plugin == "qwen" and "llama" in str(e.value)
+
+
+def test_a_family_that_is_not_installed_names_its_plugin(tmp_path):
+    """Without the qwen plugin loaded, exporting a Qwen folder names llmcore-qwen; an
+    architecture no plugin reads says to pass --model."""
+    folder = hf_checkpoint(tmp_path / "q3", "qwen3", tokenizer=False)
+    run = llmcore_cli("export", "--checkpoint", str(folder), "-o", str(tmp_path / "x.pte"),
+                      env={"LLMCORE_LOAD_PLUGINS": "llama,nanogpt,xnnpack"})
+    assert run.returncode != 0 and "pip install llmcore-qwen" in run.stderr and "qwen3" in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+
+    edit_config(folder, lambda c: c.update(model_type="gemma2", architectures=["Gemma2ForCausalLM"]))
+    run = llmcore_cli("export", "--checkpoint", str(folder), "-o", str(tmp_path / "x.pte"))
+    assert run.returncode != 0 and "gemma2" in run.stderr and "--model" in run.stderr, run.stderr
+    assert not (tmp_path / "x.pte").exists()
