@@ -419,68 +419,84 @@ def check_meta(params: Mapping[str, Any]) -> None:
 # GGUF metadata
 # --------------------------------------------------------------------------------------
 #
-# llama.cpp reads a llama model's hyper-parameters from the `llama.` keys only; `general.`
-# keys are descriptive, `tokenizer.` keys are read by the tokenizer code, `split.` keys
-# describe multi-file models (whose missing tensors are refused by name) and `quantize.`
-# keys record how the file was quantized. So the `llama.` keys are the ones checked.
+# llama.cpp reads a model's hyper-parameters from the keys under its architecture's name
+# only (`llama.`, `qwen2.`, ...); `general.` keys are descriptive, `tokenizer.` keys are read
+# by the tokenizer code, `split.` keys describe multi-file models (whose missing tensors are
+# refused by name) and `quantize.` keys record how the file was quantized. So the
+# architecture's keys are the ones checked; the decoder's architectures share one table.
 
-GGUF_KEYS: dict[str, Key] = {
-    "llama.vocab_size": _impl("vocab_size"),
-    "llama.context_length": _impl("max_seq_len"),
-    "llama.embedding_length": _impl("dim"),
-    "llama.block_count": _impl("n_layers"),
-    "llama.feed_forward_length": _impl("hidden_dim"),
-    "llama.attention.head_count": _impl("n_heads"),
-    "llama.attention.head_count_kv": _impl("n_kv_heads (one value for all layers)"),
-    "llama.attention.layer_norm_rms_epsilon": _impl("norm_eps"),
-    "llama.attention.key_length": _impl("head_dim"),
-    "llama.attention.value_length": _impl("must equal the head width"),
-    "llama.rope.dimension_count": _impl("rotated width: must equal the head width"),
-    "llama.rope.freq_base": _impl("RoPE base"),
-    "llama.rope.scaling.type": _impl("none or linear; others refused"),
-    "llama.rope.scaling.factor": _impl("linear RoPE factor"),
-    "llama.rope.scale_linear": _impl("linear RoPE factor, older name"),
-    "llama.expert_count": _only("mixture of experts", 0),
-    "llama.expert_used_count": _only("mixture of experts", 0),
-    "llama.attention.causal": _only("causal attention", True),
-    "llama.rope.scaling.attn_factor": _only("a scale on attention (YaRN)", 1),
-    "llama.rope.scaling.original_context_length": _harmless("read by YaRN only (refused through rope.scaling.type)"),
-    "llama.rope.scaling.finetuned": _harmless("descriptive"),
+GGUF_KEYS_BY_SUFFIX: dict[str, Key] = {
+    "vocab_size": _impl("vocab_size"),
+    "context_length": _impl("max_seq_len"),
+    "embedding_length": _impl("dim"),
+    "block_count": _impl("n_layers"),
+    "feed_forward_length": _impl("hidden_dim"),
+    "attention.head_count": _impl("n_heads"),
+    "attention.head_count_kv": _impl("n_kv_heads (one value for all layers)"),
+    "attention.layer_norm_rms_epsilon": _impl("norm_eps"),
+    "attention.key_length": _impl("head_dim"),
+    "attention.value_length": _impl("must equal the head width"),
+    "rope.dimension_count": _impl("rotated width: must equal the head width"),
+    "rope.freq_base": _impl("RoPE base"),
+    "rope.scaling.type": _impl("none or linear; others refused"),
+    "rope.scaling.factor": _impl("linear RoPE factor"),
+    "rope.scale_linear": _impl("linear RoPE factor, older name"),
+    "expert_count": _only("mixture of experts", 0),
+    "expert_used_count": _only("mixture of experts", 0),
+    "attention.causal": _only("causal attention", True),
+    "rope.scaling.attn_factor": _only("a scale on attention (YaRN)", 1),
+    "rope.scaling.original_context_length": _harmless("read by YaRN only (refused through rope.scaling.type)"),
+    "rope.scaling.finetuned": _harmless("descriptive"),
 }
+
+
+def gguf_keys(arch: str) -> dict[str, Key]:
+    """The table for GGUF architecture ``arch``: its keys are ``{arch}.<suffix>``."""
+    return {f"{arch}.{suffix}": rule for suffix, rule in GGUF_KEYS_BY_SUFFIX.items()}
+
+
+GGUF_KEYS = gguf_keys("llama")
 
 GGUF_FIX_UNKNOWN = (
     "use a model family that implements {key!r} (see `llmcore plugins`), or a GGUF converted without it."
 )
 
 
-def check_gguf(fields: Mapping[str, Any]) -> None:
-    """``fields``: GGUF key -> value, for the keys under ``llama.``."""
-    check_keys({k: v for k, v in fields.items() if k.startswith("llama.")}, GGUF_KEYS, "GGUF metadata", GGUF_FIX_UNKNOWN)
+def check_gguf(fields: Mapping[str, Any], arch: str = "llama", plugin: str = PLUGIN) -> None:
+    """``fields``: GGUF key -> value; the keys under ``{arch}.`` are checked."""
+    prefix = f"{arch}."
+    check_keys(
+        {k: v for k, v in fields.items() if k.startswith(prefix)}, gguf_keys(arch), "GGUF metadata",
+        GGUF_FIX_UNKNOWN, plugin,
+    )
 
 
-def gguf_linear_factor(get) -> float:
-    """The linear RoPE factor of a llama GGUF (``get(key)`` reads a metadata value).
+def gguf_linear_factor(get, arch: str = "llama", plugin: str = PLUGIN) -> float:
+    """The linear RoPE factor of a GGUF of architecture ``arch`` (``get(key)`` reads a
+    metadata value).
 
     llama.cpp reads ``rope.scaling.factor`` (or the older ``rope.scale_linear``) whatever
     the scaling type and multiplies every position by its inverse; types other than none
     and linear (YaRN ...) add more, and are refused.
     """
-    kind = get("llama.rope.scaling.type")
+    kind = get(f"{arch}.rope.scaling.type")
     if kind not in (None, "none", "linear"):
         raise refuse(
-            f"GGUF metadata key 'llama.rope.scaling.type' = {_show(kind)}: RoPE scaling {kind!r} is not implemented "
-            "by the llama plugin (it implements none and linear, and llama3 through rope_freqs.weight); ignoring it "
-            "would silently change the logits.",
+            f"GGUF metadata key '{arch}.rope.scaling.type' = {_show(kind)}: RoPE scaling {kind!r} is not "
+            f"implemented by the {plugin} plugin (it implements none and linear, and llama3 through "
+            "rope_freqs.weight); ignoring it would silently change the logits.",
             "use a GGUF without that RoPE scaling, or a model family that implements it (see `llmcore plugins`).",
+            plugin,
         )
-    factor, key = get("llama.rope.scaling.factor"), "llama.rope.scaling.factor"
+    factor, key = get(f"{arch}.rope.scaling.factor"), f"{arch}.rope.scaling.factor"
     if factor is None:
-        factor, key = get("llama.rope.scale_linear"), "llama.rope.scale_linear"
+        factor, key = get(f"{arch}.rope.scale_linear"), f"{arch}.rope.scale_linear"
     if factor is None:
         return 1.0
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 0:
         raise refuse(
             f"GGUF metadata key {key!r} = {_show(factor)} is not a positive number.",
             "convert the model again with llama.cpp's convert_hf_to_gguf.py.",
+            plugin,
         )
     return float(factor) if factor else 1.0  # llama.cpp reads 0 as "no scaling"

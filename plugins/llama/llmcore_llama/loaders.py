@@ -467,10 +467,7 @@ def hf_to_meta_state_dict(hf: dict, config: LlamaConfig, plugin: str = PLUGIN) -
         m = _HF_LAYER.match(name)
         if m and m.group(2) in _HF_NAMES:
             new = _HF_NAMES[m.group(2)]
-            module, _, kind = new.rpartition(".")
-            heads = getattr(config, _ROTARY_ROWS[module]) if module in _ROTARY_ROWS else None
-            if new in _ROTARY_HEAD_NORMS:
-                heads = 1
+            heads = _rotary_heads(new, config)
             # a misshapen tensor is left as it is, for check_fit to report
             if heads and t.dim() >= 1 and t.shape[0] == heads * config.resolved_head_dim:
                 t = unpermute_hf_rotary(t, heads)
@@ -561,6 +558,13 @@ _GGUF_NAMES = {
     "attn_k.weight": "attention.wk.weight",
     "attn_v.weight": "attention.wv.weight",
     "attn_output.weight": "attention.wo.weight",
+    # optional, as in llama.cpp: their presence turns the switch on (Qwen2 biases, Qwen3 norms)
+    "attn_q.bias": "attention.wq.bias",
+    "attn_k.bias": "attention.wk.bias",
+    "attn_v.bias": "attention.wv.bias",
+    "attn_output.bias": "attention.wo.bias",
+    "attn_q_norm.weight": "attention.q_norm.weight",
+    "attn_k_norm.weight": "attention.k_norm.weight",
     "ffn_norm.weight": "ffn_norm.weight",
     "ffn_gate.weight": "feed_forward.w1.weight",
     "ffn_down.weight": "feed_forward.w2.weight",
@@ -573,36 +577,60 @@ _GGUF_TOP = {
 }
 
 
+@dataclass(frozen=True)
+class GGUFArchitecture:
+    """What a family of this decoder reads from a GGUF file (the GGUF counterpart of
+    :class:`HFArchitecture`).
+
+    llama.cpp's converter stores a ``llama`` model's q/k rows in the interleaved rotary
+    order this decoder uses (it permutes them), but Qwen2/Qwen3 in Hugging Face's
+    rotate-half order (llama.cpp runs those with its NEOX RoPE): ``rotate_half`` says the
+    rows, q/k biases and per-head norms, integers included, are permuted at load.
+    """
+
+    plugin: str
+    names: tuple[str, ...]
+    """``general.architecture`` values the family reads; their keys are ``{name}.*``."""
+    rotate_half: bool = False
+
+
+LLAMA_GGUF = GGUFArchitecture(PLUGIN, ("llama",))
+
+
 class GGUFFile:
     """Metadata access over ``gguf.GGUFReader``."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, plugin: str = PLUGIN):
+        self.plugin = plugin  # errors name the family reading the file
         try:
             import gguf
         except ImportError as e:  # pragma: no cover
-            raise load_error("reading GGUF files needs the gguf package.", fix="pip install gguf") from e
+            raise self._error("reading GGUF files needs the gguf package.", fix="pip install gguf") from e
         try:
             formats.check_gguf_layout(path, {int(k): v for k, v in gguf.GGML_QUANT_SIZES.items()})
         except formats.GGUFLayoutError as e:
             if e.truncated:
-                raise load_error(
+                raise self._error(
                     f"{path} is truncated: {e}.",
                     fix="download or copy it again (compare its size with the source's).",
                 ) from None
-            raise load_error(
+            raise self._error(
                 f"{path} is not a valid GGUF file: {e}.",
                 fix="download it again, or convert the model with llama.cpp's convert_hf_to_gguf.py.",
             ) from None
         except OSError as e:
-            raise load_error(f"could not read {path}: {e.strerror or e}.", fix="check the file's permissions.") from None
+            raise self._error(f"could not read {path}: {e.strerror or e}.", fix="check the file's permissions.") from None
         try:
             self.reader = gguf.GGUFReader(str(path))
         except Exception as e:
-            raise load_error(
+            raise self._error(
                 f"could not read {path} as GGUF: {type(e).__name__}: {e}",
                 fix="download it again, or convert the model with llama.cpp's convert_hf_to_gguf.py.",
             ) from e
         self.path = path
+
+    def _error(self, message: str, fix: str) -> LlmcoreError:
+        return load_error(message, fix=fix, plugin=self.plugin)
 
     def get(self, key: str, default=None):
         field = self.reader.fields.get(key)
@@ -614,7 +642,7 @@ class GGUFFile:
             except Exception:  # older gguf versions: decode by hand
                 return _field_value(field)
         except Exception as e:
-            raise load_error(
+            raise self._error(
                 f"{self.path}: metadata field {key!r} is malformed ({type(e).__name__}: {e}).",
                 fix="download the file again, or convert the model with llama.cpp's convert_hf_to_gguf.py.",
             ) from None
@@ -643,8 +671,8 @@ class GGUFFile:
         """A metadata value the model cannot do without, as ``kind``; an error names the key."""
         value = self.get(key)
         if value is None:
-            raise load_error(
-                f"{self.path} lacks the metadata key {key!r} that a llama GGUF carries.",
+            raise self._error(
+                f"{self.path} lacks the metadata key {key!r} that the model needs.",
                 fix="convert the model again with llama.cpp's convert_hf_to_gguf.py.",
             )
         try:
@@ -652,7 +680,7 @@ class GGUFFile:
                 raise TypeError(type(value).__name__)
             return kind(value)
         except (TypeError, ValueError, OverflowError):
-            raise load_error(
+            raise self._error(
                 f"{self.path}: metadata key {key!r} holds {str(value)[:40]!r}, not {'an integer' if kind is int else 'a number'}.",
                 fix="convert the model again with llama.cpp's convert_hf_to_gguf.py.",
             ) from None
@@ -675,75 +703,91 @@ def _field_value(field):
     return v.tolist()[0]
 
 
-def gguf_config(g: GGUFFile, tensors: dict) -> LlamaConfig:
-    arch = g.get("general.architecture")
-    if arch != "llama":
+def gguf_config(g: GGUFFile, tensors: dict, arch: GGUFArchitecture = LLAMA_GGUF) -> LlamaConfig:
+    name, plugin = g.get("general.architecture"), arch.plugin
+    if name not in arch.names:
         raise load_error(
-            f"{g.path} holds a {arch!r} model, not llama.",
-            fix="pick the model family that matches the GGUF's general.architecture.",
+            f"{g.path} holds a {name!r} model, not {' or '.join(arch.names)}.",
+            fix="leave out --model so that llmcore picks the family from the GGUF's general.architecture, "
+            "or pass the right one.",
+            plugin=plugin,
         )
-    experts = g.get("llama.expert_count") or 0
+
+    def key(suffix: str) -> str:
+        return f"{name}.{suffix}"
+
+    experts = g.get(key("expert_count")) or 0
     if experts:
         raise load_error(
-            f"{g.path} is a mixture-of-experts llama ({experts} experts), which this plugin does not support.",
-            fix="use a dense llama-architecture GGUF.",
+            f"{g.path} is a mixture-of-experts {name} ({experts} experts), which the {plugin} plugin does not support.",
+            fix=f"use a dense {name} GGUF.",
+            plugin=plugin,
         )
-    dim = g.require("llama.embedding_length")
-    n_heads = g.require("llama.attention.head_count")
-    if isinstance(g.get("llama.attention.head_count_kv"), list):
-        raise load_error("per-layer KV head counts are not supported.", fix="use a GGUF with one KV head count.")
-    n_kv = g.require("llama.attention.head_count_kv") if g.get("llama.attention.head_count_kv") else n_heads
-    # Every `llama.` key is implemented, harmless or refused by name (keys.GGUF_KEYS).
-    keys.check_gguf({k: g.get(k) for k in g.reader.fields if k.startswith("llama.")})
+    dim = g.require(key("embedding_length"))
+    n_heads = g.require(key("attention.head_count"))
+    if isinstance(g.get(key("attention.head_count_kv")), list):
+        raise load_error("per-layer KV head counts are not supported.", fix="use a GGUF with one KV head count.",
+                         plugin=plugin)
+    n_kv = g.require(key("attention.head_count_kv")) if g.get(key("attention.head_count_kv")) else n_heads
+    # Every `{name}.` key is implemented, harmless or refused by name (keys.gguf_keys).
+    keys.check_gguf({k: g.get(k) for k in g.reader.fields}, name, plugin)
     head_dim = None
-    for key in ("llama.attention.key_length", "llama.rope.dimension_count"):
-        if g.get(key):
-            head_dim = g.require(key)
+    for key_name in (key("attention.key_length"), key("rope.dimension_count")):
+        if g.get(key_name):
+            head_dim = g.require(key_name)
             break
     width = head_dim or (dim // n_heads if n_heads > 0 else 0)
-    for key, what in (
-        ("llama.rope.dimension_count", "RoPE on part of each head"),
-        ("llama.attention.value_length", "values narrower or wider than keys"),
+    for key_name, what in (
+        (key("rope.dimension_count"), "RoPE on part of each head"),
+        (key("attention.value_length"), "values narrower or wider than keys"),
     ):
-        if g.get(key) is not None and g.require(key) != width:
+        if g.get(key_name) is not None and g.require(key_name) != width:
             raise load_error(
-                f"GGUF metadata key {key!r} = {g.get(key)} differs from the head width {width} ({what}), which "
-                "the llama plugin does not implement.",
+                f"GGUF metadata key {key_name!r} = {g.get(key_name)} differs from the head width {width} ({what}), "
+                f"which the {plugin} plugin does not implement.",
                 fix="use a model family that implements it (see `llmcore plugins`).",
+                plugin=plugin,
             )
     if head_dim is not None and n_heads > 0 and head_dim == dim // n_heads:
         head_dim = None
-    linear = keys.gguf_linear_factor(g.get)
+    linear = keys.gguf_linear_factor(g.get, name, plugin)
     if "token_embd.weight" not in tensors:
         raise load_error(
-            f"{g.path} has no token_embd.weight tensor: it is not a complete llama model.",
+            f"{g.path} has no token_embd.weight tensor: it is not a complete {name} model.",
             fix="convert the model again with llama.cpp's convert_hf_to_gguf.py.",
+            plugin=plugin,
         )
     emb = tensors["token_embd.weight"]
-    vocab = g.require("llama.vocab_size") if g.get("llama.vocab_size") else int(emb[1][0] if emb[1] else 0)
+    vocab = g.require(key("vocab_size")) if g.get(key("vocab_size")) else int(emb[1][0] if emb[1] else 0)
     factors = None
     if "rope_freqs.weight" in tensors:
         factors = tuple(float(x) for x in _gguf_tensor(tensors["rope_freqs.weight"], "rope_freqs.weight").reshape(-1).tolist())
     try:
         return LlamaConfig(
             dim=dim,
-            n_layers=g.require("llama.block_count"),
+            n_layers=g.require(key("block_count")),
             n_heads=n_heads,
             n_kv_heads=n_kv,
             vocab_size=vocab,
-            hidden_dim=g.require("llama.feed_forward_length"),
-            norm_eps=g.require("llama.attention.layer_norm_rms_epsilon", float)
-            if g.get("llama.attention.layer_norm_rms_epsilon") is not None
+            hidden_dim=g.require(key("feed_forward_length")),
+            norm_eps=g.require(key("attention.layer_norm_rms_epsilon"), float)
+            if g.get(key("attention.layer_norm_rms_epsilon")) is not None
             else 1e-5,
-            rope_theta=g.require("llama.rope.freq_base", float) if g.get("llama.rope.freq_base") is not None else 10000.0,
-            max_seq_len=g.require("llama.context_length") if g.get("llama.context_length") is not None else 2048,
+            rope_theta=g.require(key("rope.freq_base"), float) if g.get(key("rope.freq_base")) is not None else 10000.0,
+            max_seq_len=g.require(key("context_length")) if g.get(key("context_length")) is not None else 2048,
             tie_embeddings="output.weight" not in tensors,
             head_dim=head_dim or None,
             rope_freq_factors=factors,
             rope_linear_factor=linear,
+            # optional tensors, as llama.cpp treats them: present in every layer or in none
+            # (a layer without them is reported by check_fit)
+            qkv_bias="blk.0.attn_q.bias" in tensors,
+            o_bias="blk.0.attn_output.bias" in tensors,
+            qk_norm="blk.0.attn_q_norm.weight" in tensors,
         )
     except ValueError as e:
-        raise load_error(f"{g.path}: {e}.", fix="convert the model again with llama.cpp's convert_hf_to_gguf.py.") from None
+        raise load_error(f"{g.path}: {e}.", fix="convert the model again with llama.cpp's convert_hf_to_gguf.py.",
+                         plugin=plugin) from None
 
 
 def _gguf_tensor(entry, name: str) -> torch.Tensor:
@@ -764,17 +808,18 @@ def _gguf_tensor(entry, name: str) -> torch.Tensor:
         ) from None
 
 
-def load_gguf(path: Path, options: LoadOptions) -> LoadedModel:
+def load_gguf(path: Path, options: LoadOptions, arch: GGUFArchitecture = LLAMA_GGUF) -> LoadedModel:
+    plugin = arch.plugin
     path = _check_file(path)
     if not formats.is_gguf(path):
-        raise load_error(f"{path} is not a GGUF file (no GGUF magic).")
+        raise load_error(f"{path} is not a GGUF file (no GGUF magic).", plugin=plugin)
     t0 = time.perf_counter()
-    g = GGUFFile(path)
+    g = GGUFFile(path, plugin)
     tensors = {}
     for t in g.reader.tensors:
         shape = tuple(int(x) for x in reversed([int(d) for d in t.shape]))
         tensors[t.name] = (t, shape)
-    config = gguf_config(g, tensors)
+    config = gguf_config(g, tensors, arch)
     names = {}
     unknown = []
     for name in tensors:
@@ -787,8 +832,9 @@ def load_gguf(path: Path, options: LoadOptions) -> LoadedModel:
             unknown.append(name)
     if unknown:
         raise load_error(
-            f"{path} has tensors a llama model does not use: {', '.join(unknown[:5])}",
+            f"{path} has tensors a {plugin} model does not use: {', '.join(unknown[:5])}",
             fix="use the model family that matches this GGUF (see `llmcore plugins`).",
+            plugin=plugin,
         )
     tok = resolve_tokenizer(options, lambda: _gguf_tokenizer(g))
     if tok is not None and tok.chat_template is None and g.get("tokenizer.chat_template"):
@@ -802,15 +848,44 @@ def load_gguf(path: Path, options: LoadOptions) -> LoadedModel:
     with quants.single_threaded():
         for name, entry in tensors.items():
             if name in names:
-                sd[names[name]] = _gguf_tensor(entry, name)
+                meta = names[name]
+                sd[meta] = _gguf_tensor(entry, name)
                 t, shape = entry
                 if len(shape) == 2 and int(t.tensor_type) not in quants.FLOAT_TYPES:
-                    stored[names[name]] = quants.integer_weight(t.data, int(t.tensor_type), shape, name)
+                    stored[meta] = quants.integer_weight(t.data, int(t.tensor_type), shape, name)
+                if arch.rotate_half:
+                    heads = _rotary_heads(meta, config)
+                    if heads and sd[meta].shape[0] == heads * config.resolved_head_dim:
+                        sd[meta] = unpermute_hf_rotary(sd[meta], heads)
+                        if meta in stored:
+                            stored[meta] = _unpermute_stored(stored[meta], heads)
                 g.drop_pages(t)
     log.info("GGUF %s read and dequantized in %.2fs", path, time.perf_counter() - t0)
-    loaded = finish(config, sd, tok, options, str(path), file_name=gguf_name)
+    loaded = finish(config, sd, tok, options, str(path), file_name=gguf_name, plugin=plugin)
     loaded.stored_weights = stored
     return loaded
+
+
+def _rotary_heads(meta_name: str, config: LlamaConfig) -> Optional[int]:
+    """How many heads' rotary halves the rows of ``meta_name`` hold (1 for a per-head q/k
+    norm weight); None when its rows are not in rotary order."""
+    if meta_name.endswith(_ROTARY_HEAD_NORMS):
+        return 1
+    module = re.sub(r"^layers\.\d+\.", "", meta_name).rpartition(".")[0]
+    return getattr(config, _ROTARY_ROWS[module]) if module in _ROTARY_ROWS else None
+
+
+def _unpermute_stored(form, heads: int):
+    """A stored quantized matrix with its rows in the decoder's rotary order: a row keeps its
+    integers, scales and offsets (the blocks run along a row), only the row order changes."""
+    if not hasattr(form, "q"):  # StoredFormat: only the type's name
+        return form
+    return replace(
+        form,
+        q=unpermute_hf_rotary(form.q, heads),
+        scales=unpermute_hf_rotary(form.scales, heads),
+        offsets=unpermute_hf_rotary(form.offsets, heads) if form.offsets is not None else None,
+    )
 
 
 def gguf_name(meta_name: str) -> str:

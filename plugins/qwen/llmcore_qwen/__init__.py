@@ -77,6 +77,32 @@ def build_random(config: str, options: LoadOptions) -> LoadedModel:
     return random_decoder(configs[config], options, family="qwen", name=config, tiny=config.endswith("-tiny"))
 
 
+# llama.cpp's names for the architectures (general.architecture), as config.json's model_type
+GGUF_ARCHITECTURES = MODEL_TYPES
+
+
+def gguf_architecture():
+    """The llama plugin's :class:`~llmcore_llama.loaders.GGUFArchitecture` for Qwen GGUFs:
+    llama.cpp's converter keeps their q/k rows in Hugging Face's rotate-half order."""
+    from llmcore_llama.loaders import GGUFArchitecture
+
+    from . import keys
+
+    return GGUFArchitecture(keys.PLUGIN, GGUF_ARCHITECTURES, rotate_half=True)
+
+
+def _is_qwen_gguf(path: Path) -> bool:
+    from llmcore_llama import formats
+
+    return formats.gguf_architecture(Path(path)) in GGUF_ARCHITECTURES
+
+
+def load_gguf(path: Path, options: LoadOptions) -> LoadedModel:
+    from llmcore_llama import loaders
+
+    return loaders.load_gguf(Path(path), options, gguf_architecture())
+
+
 def _is_qwen_hf(path: Path) -> bool:
     from llmcore_llama import formats
 
@@ -98,6 +124,14 @@ def load_hf(path: Path, options: LoadOptions) -> LoadedModel:
 
 
 LOADERS = (
+    CheckpointLoader(
+        name="gguf",
+        description="GGUF file of llama.cpp's qwen2 or qwen3 architecture (the llama plugin's GGUF types; the "
+        "file's integers are kept by --quantize gguf) with its embedded tokenizer",
+        matches=_is_qwen_gguf,
+        load=load_gguf,
+        claims=_is_qwen_gguf,
+    ),
     CheckpointLoader(
         name="hf",
         description="Hugging Face Qwen2ForCausalLM / Qwen3ForCausalLM folder: config.json + *.safetensors "

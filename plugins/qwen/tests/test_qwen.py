@@ -211,3 +211,74 @@ def test_a_family_that_is_not_installed_names_its_plugin(tmp_path):
     run = llmcore_cli("export", "--checkpoint", str(folder), "-o", str(tmp_path / "x.pte"))
     assert run.returncode != 0 and "gemma2" in run.stderr and "--model" in run.stderr, run.stderr
     assert not (tmp_path / "x.pte").exists()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_gguf_as_llama_cpp_writes_it_matches_transformers(tmp_path, family):
+    """llama.cpp keeps Qwen's q/k rows in rotate-half order: the loader permutes them (with
+    their biases and norms) and the logits match transformers'."""
+    from qwen_testutils import write_gguf
+
+    import llmcore_qwen
+
+    folder = hf_checkpoint(tmp_path / family, family, tokenizer=False)
+    gguf_path = tmp_path / f"{family}.gguf"
+    write_gguf(folder, gguf_path)
+    assert llmcore_qwen._is_qwen_gguf(gguf_path)
+    loaded = llmcore_qwen.load_gguf(gguf_path, LoadOptions())
+    assert loaded.module.config.qkv_bias == (family == "qwen2") and loaded.module.config.qk_norm == (family == "qwen3")
+    ref = reference(folder)
+    for n in LENGTHS:
+        toks = tokens(n, seed=n)
+        with torch.no_grad():
+            diff = max_diff(loaded.module(toks)[0], ref(toks).logits[0, -1])
+        assert diff <= ATOL, f"{family} GGUF, length {n}: max |diff| {diff}"
+
+
+def test_quantized_gguf_keeps_its_integers_in_the_decoder_order(tmp_path):
+    """Q4_0 / Q8_0 q and k: the stored integers are permuted with the rows, so they still
+    dequantize to the weights the loader uses, and those equal the gguf package's own
+    dequantization put in the decoder's order."""
+    import gguf
+    from gguf import quants as gq
+    from llmcore_llama.loaders import unpermute_hf_rotary
+    from qwen_testutils import write_gguf
+
+    import llmcore_qwen
+
+    folder = hf_checkpoint(tmp_path / "q2", "qwen2", tokenizer=False)
+    path = tmp_path / "q2.gguf"
+    Q = gguf.GGMLQuantizationType
+    written = write_gguf(folder, path, {"attn_q.weight": Q.Q4_0, "attn_k.weight": Q.Q8_0, "ffn_up.weight": Q.Q4_0})
+    loaded = llmcore_qwen.load_gguf(path, LoadOptions())
+    sd = loaded.module.state_dict()
+    for gname, meta, heads in (("blk.0.attn_q.weight", "layers.0.attention.wq.weight", 4),
+                               ("blk.1.attn_k.weight", "layers.1.attention.wk.weight", 2),
+                               ("blk.0.ffn_up.weight", "layers.0.feed_forward.w3.weight", None)):
+        qt, data = written[gname]
+        expected = torch.from_numpy(gq.dequantize(data, qt)).float()
+        if heads:
+            expected = unpermute_hf_rotary(expected, heads)
+        assert torch.equal(sd[meta], expected), meta
+        assert torch.equal(loaded.stored_weights[meta].dequantize(), expected), meta
+
+
+def test_gguf_recipe_export_of_a_qwen2_q4_0_file(tmp_path):
+    """A Q4_0 Qwen2 GGUF (biased q/k/v) through ``--quantize gguf`` on XNNPACK, family read
+    from the file: the program runs and agrees with its eager model."""
+    import gguf
+    from qwen_testutils import write_gguf
+
+    folder = hf_checkpoint(tmp_path / "q2", "qwen2")
+    path = tmp_path / "q2.gguf"
+    Q = gguf.GGMLQuantizationType
+    write_gguf(folder, path, {s: Q.Q4_0 for s in ("attn_q.weight", "attn_k.weight", "attn_v.weight",
+                                                 "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
+                                                 "ffn_down.weight")})
+    out = tmp_path / "out.pte"
+    run = llmcore_cli("export", "--checkpoint", str(path), "--tokenizer", str(folder / "tokenizer.json"),
+                      "--plugins", "xnnpack", "--quantize", "gguf", "--quiet", "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.with_suffix(".report.json").read_text())
+    assert report["model"]["family"] == "qwen"
+    assert report["parity"]["top1_agreement"] == 1.0 and report["parity"]["max_abs_diff"] < 1e-2, report["parity"]
