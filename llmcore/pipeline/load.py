@@ -88,6 +88,7 @@ KNOWN_ARCHITECTURES = {
     "llama": "llmcore-llama",
     "qwen2": "llmcore-qwen",
     "qwen3": "llmcore-qwen",
+    "phi3": "llmcore-phi",
     "gpt2": "llmcore-nanogpt",
 }
 

@@ -61,6 +61,12 @@ class LlamaConfig:
     """A bias on the attention output projection (HF Llama's and Qwen3's ``attention_bias``)."""
     qk_norm: bool = False
     """An RMSNorm over each head of q and of k before RoPE (Qwen3), ``norm_eps`` as the others."""
+    rotary_dim: Optional[int] = None
+    """How many channels of each head RoPE rotates (partial rotary: Phi-4-mini rotates 96 of
+    128); the rest pass through. None: the whole head."""
+    rope_attention_factor: float = 1.0
+    """A factor on RoPE's cos and sin (LongRoPE's attention scaling): it scales the rotated
+    channels of q and k, so their dot products by its square."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -84,10 +90,14 @@ class LlamaConfig:
             problems.append(f"dim={self.dim} is not a multiple of n_heads={self.n_heads}")
         if self.resolved_head_dim % 2:
             problems.append(f"head_dim={self.resolved_head_dim} must be even for RoPE")
-        if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.resolved_head_dim // 2:
+        if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.resolved_head_dim and self.rotary_dim % 2 == 0):
+            problems.append(f"rotary_dim={self.rotary_dim} must be even and within 2..head_dim {self.resolved_head_dim}")
+        if not (isinstance(self.rope_attention_factor, (int, float)) and 0 < self.rope_attention_factor < float("inf")):
+            problems.append(f"rope_attention_factor={self.rope_attention_factor!r} must be a positive number")
+        if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.resolved_rotary_dim // 2:
             problems.append(
-                f"{len(self.rope_freq_factors)} RoPE frequency factors for head_dim "
-                f"{self.resolved_head_dim} (expected {self.resolved_head_dim // 2})"
+                f"{len(self.rope_freq_factors)} RoPE frequency factors for {self.resolved_rotary_dim} rotated "
+                f"channels (expected {self.resolved_rotary_dim // 2})"
             )
         if problems:
             raise ValueError("invalid Llama config: " + "; ".join(problems))
@@ -95,6 +105,10 @@ class LlamaConfig:
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim if self.head_dim is not None else self.dim // max(self.n_heads, 1)
+
+    @property
+    def resolved_rotary_dim(self) -> int:
+        return self.rotary_dim if self.rotary_dim is not None else self.resolved_head_dim
 
     def with_max_seq_len(self, max_seq_len: Optional[int]) -> "LlamaConfig":
         return self if not max_seq_len else replace(self, max_seq_len=int(max_seq_len))

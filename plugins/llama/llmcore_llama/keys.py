@@ -157,7 +157,32 @@ _ROPE_KEYS = {
         "rope_type", "rope_theta", "partial_rotary_factor", "factor", "low_freq_factor", "high_freq_factor",
         "original_max_position_embeddings",
     },
+    # for the families that implement it (RopeFeatures: Phi-3, Phi-4-mini)
+    "longrope": {
+        "rope_type", "rope_theta", "partial_rotary_factor", "short_factor", "long_factor", "factor",
+        "attention_factor", "original_max_position_embeddings",
+    },
 }
+
+LONGROPE = "longrope"
+PARTIAL_ROTARY = "partial_rotary"
+
+
+@dataclass(frozen=True)
+class HFRope:
+    """The RoPE a config.json asks for, in the decoder's terms (:class:`LlamaConfig` fields)."""
+
+    theta: float
+    scaling: Optional[RopeScaling] = None
+    """Llama 3.1 frequency scaling."""
+    linear: float = 1.0
+    freq_factors: Optional[tuple[float, ...]] = None
+    """Per-frequency divisors (LongRoPE's short factors)."""
+    rotary_dim: Optional[int] = None
+    """Channels per head that rotate (partial rotary); None: all."""
+    attention_factor: float = 1.0
+    """LongRoPE's factor on cos and sin."""
+
 _ROPE_FIX = (
     "use a checkpoint with RoPE type default, linear or llama3 (or dynamic within max_position_embeddings), or a "
     "model family that implements this one (see `llmcore plugins`); deleting the key would give wrong outputs."
@@ -207,14 +232,16 @@ def _show(value: Any) -> str:
 
 
 def hf_rope(
-    cfg: Mapping[str, Any], max_seq_len: Optional[int] = None, plugin: str = PLUGIN
-) -> tuple[float, Optional[RopeScaling], float]:
-    """RoPE of a config.json in either form: ``(theta, llama3 scaling or None, linear factor)``.
+    cfg: Mapping[str, Any], max_seq_len: Optional[int] = None, plugin: str = PLUGIN, features: frozenset = frozenset()
+) -> HFRope:
+    """RoPE of a config.json in either form.
 
     The transformers 5 form nests everything in ``rope_parameters``; the legacy form has a
     top-level ``rope_theta`` and ``rope_scaling`` (whose ``type`` is the old name of
     ``rope_type``). A config may carry both; they must then agree. ``max_seq_len`` is the
-    length the program is asked for (None: max_position_embeddings).
+    length the program is asked for (None: max_position_embeddings). ``features`` are what
+    the calling family's transformers class computes beyond Llama's (:data:`LONGROPE`,
+    :data:`PARTIAL_ROTARY`); without them those settings are refused.
     """
     params = cfg.get("rope_parameters")
     legacy = cfg.get("rope_scaling")
@@ -251,12 +278,25 @@ def hf_rope(
                 )
             merged.setdefault(key, value)
             origin.setdefault(key, where)
-    if cfg.get("partial_rotary_factor") is not None:
-        merged.setdefault("partial_rotary_factor", cfg["partial_rotary_factor"])
-        origin.setdefault("partial_rotary_factor", "partial_rotary_factor")
+    # Top-level keys transformers moves into the RoPE parameters: the rotated fraction
+    # always, the original length only for LongRoPE (Phi3Config writes it for every type).
+    tops = ["partial_rotary_factor"]
+    if (merged.get("rope_type") or "default") == LONGROPE:
+        tops.append("original_max_position_embeddings")
+    for top in tops:
+        if cfg.get(top) is not None:
+            if top in merged and not _equal(merged[top], cfg[top]):
+                raise refuse(
+                    f"config.json gives {top!r} twice with different values ({origin[top]} = "
+                    f"{_show(merged[top])}, {top} = {_show(cfg[top])}).",
+                    "keep one of the two in config.json: the one the weights were trained with.",
+                    plugin,
+                )
+            merged.setdefault(top, cfg[top])
+            origin.setdefault(top, top)
 
     kind = merged.get("rope_type") or "default"
-    if kind not in _ROPE_KEYS:
+    if kind not in _ROPE_KEYS or (kind == LONGROPE and LONGROPE not in features):
         raise refuse(
             f"config.json key {origin.get('rope_type', 'rope_type')!r} = {_show(kind)}: RoPE type {kind!r} is not "
             f"implemented by the {plugin} plugin; ignoring it would silently change the logits.",
@@ -293,16 +333,28 @@ def hf_rope(
 
     theta = number("rope_theta", 10000.0)
     partial = merged.get("partial_rotary_factor")
+    rotary_dim = None
     if partial is not None and not _same(partial, 1):
-        raise refuse(
-            f"config.json key {origin['partial_rotary_factor']!r} = {_show(partial)}: partial rotary embeddings "
-            f"(RoPE on part of each head) are not implemented by the {plugin} plugin.",
-            _ROPE_FIX,
-            plugin,
-        )
+        if PARTIAL_ROTARY not in features:
+            raise refuse(
+                f"config.json key {origin['partial_rotary_factor']!r} = {_show(partial)}: partial rotary embeddings "
+                f"(RoPE on part of each head) are not implemented by the {plugin} plugin.",
+                _ROPE_FIX,
+                plugin,
+            )
+        fraction = number("partial_rotary_factor")
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
+        rotary_dim = int(head_dim * fraction)  # as transformers rounds it
+        if fraction > 1 or rotary_dim < 2 or rotary_dim % 2:
+            raise refuse(
+                f"config.json key {origin['partial_rotary_factor']!r} = {_show(partial)} gives {rotary_dim} rotated "
+                f"channels of a {head_dim}-wide head; RoPE needs an even number from 2 to the head width.",
+                "check the config.json of the checkpoint.",
+                plugin,
+            )
     max_pos = cfg.get("max_position_embeddings", 2048)
     if kind == "linear":
-        return theta, None, number("factor")
+        return HFRope(theta, linear=number("factor"), rotary_dim=rotary_dim)
     if kind == "llama3":
         scaling = RopeScaling(
             factor=number("factor"),
@@ -318,7 +370,9 @@ def hf_rope(
                 "check the config.json of the checkpoint.",
                 plugin,
             )
-        return theta, scaling, 1.0
+        return HFRope(theta, scaling=scaling, rotary_dim=rotary_dim)
+    if kind == LONGROPE:
+        return _longrope(merged, origin, number, theta, rotary_dim, cfg, max_seq_len, plugin)
     if kind == "dynamic":
         number("factor")
         wanted = max_seq_len or max_pos
@@ -330,8 +384,65 @@ def hf_rope(
                 f"pass --max-seq-len {max_pos} or less (within it, dynamic RoPE is the default RoPE).",
                 plugin,
             )
-        return theta, None, 1.0  # within max_position_embeddings, transformers uses the unscaled frequencies
-    return theta, None, 1.0
+        return HFRope(theta, rotary_dim=rotary_dim)  # within max_position_embeddings: the unscaled frequencies
+    return HFRope(theta, rotary_dim=rotary_dim)
+
+
+def _longrope(merged, origin, number, theta, rotary_dim, cfg, max_seq_len, plugin) -> HFRope:
+    """LongRoPE as transformers computes it (``_compute_longrope_parameters`` and the
+    rotary embedding's update): inverse frequencies divided by ``short_factor`` while every
+    position is below ``original_max_position_embeddings``, by ``long_factor`` once one is
+    not, and cos/sin times an attention factor at all lengths. A program holds one table,
+    so one no longer than the original length is implemented (short factors) and a longer
+    one is refused: it would need the long factors from a length on, for the whole cache."""
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
+    pairs = (rotary_dim or head_dim) // 2
+    for name in ("short_factor", "long_factor"):
+        value = merged.get(name)
+        if not isinstance(value, list) or len(value) != pairs or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in value
+        ):
+            raise refuse(
+                f"config.json LongRoPE key {origin.get(name, name)!r} must list {pairs} positive numbers (one per "
+                f"rotated channel pair), not {_show(value)}.",
+                "check the config.json of the checkpoint.",
+                plugin,
+            )
+    original = int(number("original_max_position_embeddings"))
+    max_pos = int(cfg.get("max_position_embeddings") or original)
+    factor = number("factor") if merged.get("factor") is not None else max_pos / original
+    if merged.get("attention_factor") is not None:
+        attention = number("attention_factor")
+    else:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    wanted = max_seq_len or max_pos
+    if wanted > original:
+        raise refuse(
+            f"config.json's LongRoPE switches to its long factors once a sequence passes "
+            f"original_max_position_embeddings ({original}), and a {wanted}-position program would need that, "
+            f"which the {plugin} plugin does not implement.",
+            f"pass --max-seq-len {original} or less (within it, LongRoPE uses its short factors).",
+            plugin,
+        )
+    return HFRope(theta, freq_factors=tuple(float(v) for v in merged["short_factor"]), rotary_dim=rotary_dim,
+                  attention_factor=attention)
+
+
+def check_window(window: int, layers: list[int], max_seq_len: int, plugin: str) -> None:
+    """Refuse sliding-window ``layers`` unless the program is no longer than the ``window``.
+
+    transformers lets a position see the ``window`` positions ending at itself; within a
+    program of at most ``window`` positions that is every earlier one, so full attention
+    (what the decoder computes) is the same math, and a longer program would not be."""
+    if layers and max_seq_len > window:
+        shown = ", ".join(str(i) for i in layers[:6]) + (" ..." if len(layers) > 6 else "")
+        raise refuse(
+            f"config.json turns on sliding-window attention (window {window} on layers {shown}) and the program "
+            f"would hold {max_seq_len} positions; beyond the window it differs from full attention, which is what "
+            f"the {plugin} plugin computes.",
+            f"pass --max-seq-len {window} or less.",
+            plugin,
+        )
 
 
 def _equal(a: Any, b: Any) -> bool:

@@ -365,21 +365,30 @@ def hf_name(meta_name: str) -> str:
     return meta_name
 
 
-def unpermute_hf_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+def unpermute_hf_rotary(w: torch.Tensor, n_heads: int, rotary_dim: Optional[int] = None) -> torch.Tensor:
     """Undo HF's Q/K row permutation: HF keeps each head's rotary halves
-    (``[x_0..x_{D/2-1}, y_0..y_{D/2-1}]``), Meta interleaves them (``x_0, y_0, x_1, ...``).
+    (``[x_0..x_{R/2-1}, y_0..y_{R/2-1}]``), Meta interleaves them (``x_0, y_0, x_1, ...``).
     ``w`` is a weight ``[out, in]`` or a bias ``[out]``; a per-head norm weight ``[D]`` is
-    ``n_heads=1``."""
-    head_dim = w.shape[0] // n_heads
-    rest = tuple(w.shape[1:])
-    return w.reshape(n_heads, 2, head_dim // 2, *rest).transpose(1, 2).reshape(w.shape)
+    ``n_heads=1``. With partial rotary only the first ``rotary_dim`` rows of each head
+    rotate; the rest keep their order."""
+    return _rotary_rows(w, n_heads, rotary_dim, to_hf=False)
 
 
-def permute_to_hf_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+def permute_to_hf_rotary(w: torch.Tensor, n_heads: int, rotary_dim: Optional[int] = None) -> torch.Tensor:
     """Meta -> HF layout (the inverse of :func:`unpermute_hf_rotary`)."""
+    return _rotary_rows(w, n_heads, rotary_dim, to_hf=True)
+
+
+def _rotary_rows(w: torch.Tensor, n_heads: int, rotary_dim: Optional[int], to_hf: bool) -> torch.Tensor:
     head_dim = w.shape[0] // n_heads
+    rot = rotary_dim or head_dim
     rest = tuple(w.shape[1:])
-    return w.reshape(n_heads, head_dim // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
+    heads = w.reshape(n_heads, head_dim, *rest)
+    split = (n_heads, rot // 2, 2) if to_hf else (n_heads, 2, rot // 2)
+    rotated = heads[:, :rot].reshape(*split, *rest).transpose(1, 2).reshape(n_heads, rot, *rest)
+    if rot == head_dim:
+        return rotated.reshape(w.shape)
+    return torch.cat([rotated, heads[:, rot:]], dim=1).reshape(w.shape)
 
 
 @dataclass(frozen=True)
@@ -402,6 +411,12 @@ class HFArchitecture:
     turns on, given the program's length; raises an :class:`LlmcoreError` for settings the
     decoder cannot compute at that length."""
     default_norm_eps: float = 1e-6
+    rope_features: frozenset = frozenset()
+    """RoPE forms the family's transformers class computes beyond Llama's
+    (:data:`keys.LONGROPE`, :data:`keys.PARTIAL_ROTARY`)."""
+    unfuse: Optional[Callable[[dict, LlamaConfig], dict]] = None
+    """Splits the family's fused tensors (Phi-3's ``qkv_proj``, ``gate_up_proj``) into
+    Llama's Hugging Face names, before the layout is mapped; None: there are none."""
 
     def recognises(self, cfg: Mapping[str, Any]) -> bool:
         archs = cfg.get("architectures") or []
@@ -436,7 +451,7 @@ def hf_config(cfg: dict, max_seq_len: Optional[int] = None, arch: HFArchitecture
             plugin=arch.plugin,
         )
     keys.check_hf(cfg, arch.keys, arch.plugin)
-    theta, scaling, linear = keys.hf_rope(cfg, max_seq_len, arch.plugin)
+    rope = keys.hf_rope(cfg, max_seq_len, arch.plugin, arch.rope_features)
     n_heads = int(cfg["num_attention_heads"])
     max_positions = int(cfg.get("max_position_embeddings") or 2048)
     return LlamaConfig(
@@ -447,12 +462,15 @@ def hf_config(cfg: dict, max_seq_len: Optional[int] = None, arch: HFArchitecture
         vocab_size=int(cfg["vocab_size"]),
         hidden_dim=int(cfg["intermediate_size"]),
         norm_eps=float(cfg["rms_norm_eps"]) if cfg.get("rms_norm_eps") is not None else arch.default_norm_eps,
-        rope_theta=theta,
+        rope_theta=rope.theta,
         max_seq_len=max_positions,
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None,
-        rope_scaling=scaling,
-        rope_linear_factor=linear,
+        rope_scaling=rope.scaling,
+        rope_linear_factor=rope.linear,
+        rope_freq_factors=rope.freq_factors,
+        rotary_dim=rope.rotary_dim,
+        rope_attention_factor=rope.attention_factor,
         **arch.switches(cfg, max_seq_len or max_positions),
     )
 
@@ -470,7 +488,7 @@ def hf_to_meta_state_dict(hf: dict, config: LlamaConfig, plugin: str = PLUGIN) -
             heads = _rotary_heads(new, config)
             # a misshapen tensor is left as it is, for check_fit to report
             if heads and t.dim() >= 1 and t.shape[0] == heads * config.resolved_head_dim:
-                t = unpermute_hf_rotary(t, heads)
+                t = unpermute_hf_rotary(t, heads, config.rotary_dim)
             sd[f"layers.{m.group(1)}.{new}"] = t
         elif name.endswith("rotary_emb.inv_freq"):
             continue
@@ -531,6 +549,8 @@ def load_hf(path: Path, options: LoadOptions, arch: HFArchitecture = LLAMA_HF) -
                 fix="download the file again: it is truncated or damaged (compare its size with the source's).",
                 plugin=plugin,
             ) from e
+    if arch.unfuse is not None:
+        hf = arch.unfuse(hf, config)
     sd = hf_to_meta_state_dict(hf, config, plugin)
     folder = config_path.parent
     tok_path = find_tokenizer_near(folder)
@@ -856,9 +876,9 @@ def load_gguf(path: Path, options: LoadOptions, arch: GGUFArchitecture = LLAMA_G
                 if arch.rotate_half:
                     heads = _rotary_heads(meta, config)
                     if heads and sd[meta].shape[0] == heads * config.resolved_head_dim:
-                        sd[meta] = unpermute_hf_rotary(sd[meta], heads)
+                        sd[meta] = unpermute_hf_rotary(sd[meta], heads, config.rotary_dim)
                         if meta in stored:
-                            stored[meta] = _unpermute_stored(stored[meta], heads)
+                            stored[meta] = _unpermute_stored(stored[meta], heads, config.rotary_dim)
                 g.drop_pages(t)
     log.info("GGUF %s read and dequantized in %.2fs", path, time.perf_counter() - t0)
     loaded = finish(config, sd, tok, options, str(path), file_name=gguf_name, plugin=plugin)
@@ -875,16 +895,16 @@ def _rotary_heads(meta_name: str, config: LlamaConfig) -> Optional[int]:
     return getattr(config, _ROTARY_ROWS[module]) if module in _ROTARY_ROWS else None
 
 
-def _unpermute_stored(form, heads: int):
+def _unpermute_stored(form, heads: int, rotary_dim: Optional[int]):
     """A stored quantized matrix with its rows in the decoder's rotary order: a row keeps its
     integers, scales and offsets (the blocks run along a row), only the row order changes."""
     if not hasattr(form, "q"):  # StoredFormat: only the type's name
         return form
     return replace(
         form,
-        q=unpermute_hf_rotary(form.q, heads),
-        scales=unpermute_hf_rotary(form.scales, heads),
-        offsets=unpermute_hf_rotary(form.offsets, heads) if form.offsets is not None else None,
+        q=unpermute_hf_rotary(form.q, heads, rotary_dim),
+        scales=unpermute_hf_rotary(form.scales, heads, rotary_dim),
+        offsets=unpermute_hf_rotary(form.offsets, heads, rotary_dim) if form.offsets is not None else None,
     )
 
 

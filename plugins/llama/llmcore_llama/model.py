@@ -34,10 +34,11 @@ from .config import LlamaConfig, RopeScaling
 
 
 def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
-    """``inv_freq[i] = theta ** (-2i / head_dim)`` in float32 (as Meta and HF compute it),
-    then Llama-3.1 scaling or explicit per-frequency factors, then linear scaling."""
-    head_dim = config.resolved_head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    """``inv_freq[i] = theta ** (-2i / rotary_dim)`` in float32 (as Meta and HF compute it;
+    the rotated width is the head's unless rotary is partial), then Llama-3.1 scaling or
+    explicit per-frequency factors (GGUF's, LongRoPE's), then linear scaling."""
+    dim = config.resolved_rotary_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
     if config.rope_freq_factors is not None:
         inv_freq = inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float32)
     elif config.rope_scaling is not None:
@@ -63,10 +64,22 @@ def scale_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
 
 def rope_tables(config: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of ``pos * inv_freq``, each ``[max_seq_len, head_dim]`` float32, every
-    value repeated for both channels of its rotary pair (so no op is needed to widen them)."""
+    value repeated for both channels of its rotary pair (so no op is needed to widen them),
+    times the attention factor (LongRoPE).
+
+    Channels past a partial rotary width get cos 1 and sin 0: the same rotation code then
+    passes them through unchanged, so partial rotary needs no other op in the graph.
+    """
     t = torch.arange(config.max_seq_len, dtype=torch.float32)
     angles = torch.outer(t, rope_inv_freq(config)).repeat_interleave(2, dim=-1)
-    return torch.cos(angles), torch.sin(angles)
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    if config.rope_attention_factor != 1.0:
+        cos, sin = cos * config.rope_attention_factor, sin * config.rope_attention_factor
+    rest = config.resolved_head_dim - config.resolved_rotary_dim
+    if rest:
+        cos = torch.cat([cos, torch.ones(cos.shape[0], rest)], dim=-1)
+        sin = torch.cat([sin, torch.zeros(sin.shape[0], rest)], dim=-1)
+    return cos, sin
 
 
 def pair_swap_matrix(head_dim: int) -> torch.Tensor:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from llmcore_llama.testing import edit_config, save_random_hf
 from llama_testutils import TINY, meta_state_dict, random_model, reference_forward, tokens, write_gguf, write_meta
 from llmcore.errors import LlmcoreError
 from llmcore.records import LoadOptions
@@ -43,21 +44,8 @@ ROPE_FORMS = {
 def hf_checkpoint(folder: Path, rope: dict, *, legacy: bool = False, seed: int = 0, **config) -> Path:
     """A tiny random LlamaForCausalLM saved by transformers; ``legacy`` rewrites its
     config.json in the top-level rope_theta / rope_scaling form of transformers 4.x."""
-    cfg = transformers.LlamaConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=160,
-        vocab_size=320, max_position_embeddings=MAX_POS, rms_norm_eps=1e-5, tie_word_embeddings=False,
-        rope_parameters=dict(rope), **config,
-    )
-    torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # weights large enough that RoPE mistakes move the logits
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    model.save_pretrained(str(folder), safe_serialization=True)
+    save_random_hf(folder, "Llama", seed=seed, tokenizer=False, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                   rope_parameters=dict(rope), **config)
     if legacy:
         edit_config(folder, lambda c: legacy_form(c))
     return folder
@@ -67,14 +55,6 @@ def legacy_form(c: dict) -> None:
     params = dict(c.pop("rope_parameters"))
     c["rope_theta"] = params.pop("rope_theta")
     c["rope_scaling"] = None if params["rope_type"] == "default" else params
-
-
-def edit_config(folder: Path, change) -> dict:
-    path = folder / "config.json"
-    c = json.loads(path.read_text())
-    change(c)
-    path.write_text(json.dumps(c))
-    return c
 
 
 def hf_logits(folder: Path, toks: torch.Tensor) -> torch.Tensor:

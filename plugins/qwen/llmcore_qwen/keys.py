@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from llmcore_llama.keys import DEFAULT_ONLY, HARMLESS, HF_KEYS, IMPLEMENTED, Key, refuse
+from llmcore_llama.keys import DEFAULT_ONLY, HARMLESS, HF_KEYS, IMPLEMENTED, Key, check_window, refuse
 
 PLUGIN = "qwen"
 
@@ -95,15 +95,6 @@ def sliding_window_layers(cfg: Mapping[str, Any]) -> tuple[int, list[int]]:
 
 
 def check_sliding_window(cfg: Mapping[str, Any], max_seq_len: int) -> None:
-    """Refuse sliding-window layers unless the program is no longer than the window: then
-    every position sees all earlier ones either way, and full attention is the same math."""
+    """Refuse sliding-window layers unless the program is no longer than the window."""
     window, layers = sliding_window_layers(cfg)
-    if layers and max_seq_len > window:
-        shown = ", ".join(str(i) for i in layers[:6]) + (" ..." if len(layers) > 6 else "")
-        raise refuse(
-            f"config.json turns on sliding-window attention (window {window} on layers {shown}) and the program "
-            f"would hold {max_seq_len} positions; beyond the window it differs from full attention, which is what "
-            "the qwen plugin computes.",
-            f"pass --max-seq-len {window} or less.",
-            PLUGIN,
-        )
+    check_window(window, layers, max_seq_len, PLUGIN)

@@ -18,11 +18,12 @@ import torch
 
 from llmcore.errors import LlmcoreError
 from llmcore.records import LoadOptions
-from qwen_testutils import MAX_POS, VOCAB, edit_config, greedy, hf_checkpoint, reference, tokens
+from llmcore_llama.testing import (LENGTHS, MAX_POS, check_one_delegate_per_layer, check_program_against,
+                                   edit_config, export_cli, max_diff, reference, tokens)
+from qwen_testutils import hf_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
-LENGTHS = (1, 17, MAX_POS)
 ATOL = 1e-4
 
 
@@ -35,10 +36,6 @@ def load(folder: Path, **options):
 def llmcore_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "llmcore", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})})
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.reshape(-1) - b.reshape(-1)).abs().max().item()
 
 
 def test_the_family_is_listed_with_its_loader():
@@ -84,52 +81,18 @@ def test_the_layout_matters(tmp_path):
 def test_exported_program_matches_transformers(tmp_path, family):
     """``llmcore export --checkpoint DIR`` (no --model): fp32 XNNPACK program with the KV
     cache; prefill logits at three lengths and 16 greedy tokens equal transformers'."""
-    from llmcore.runtime import Program
-
     folder = hf_checkpoint(tmp_path / family, family)
     out = tmp_path / "out" / f"{family}.pte"
-    out.parent.mkdir()
-    run = llmcore_cli("export", "--checkpoint", str(folder), "--plugins", "xnnpack", "--quiet", "-o", str(out))
-    assert run.returncode == 0, run.stderr
-    report = json.loads(out.with_suffix(".report.json").read_text())
+    report = export_cli(folder, out)
     assert report["model"]["family"] == "qwen" and report["model"]["metadata"]["chat_template"]
     assert (out.parent / "tokenizer.json").is_file()
-
-    program = Program.load(out)
-    ref = reference(folder)
-    for n in LENGTHS:
-        toks = tokens(n, seed=n)
-        with torch.no_grad():
-            expected = ref(toks).logits[0, -1]
-        diff = max_diff(program.logits(toks[0].tolist(), 0), expected)
-        assert diff <= ATOL, f"{family} program, length {n}: max |diff| {diff}"
-
-    prompt = tokens(5, seed=1)[0].tolist()
-
-    def transformers_next(ids):
-        with torch.no_grad():
-            return ref(torch.tensor([ids])).logits[0, -1]
-
-    def program_next(ids):  # prefill once, then one token at a time through the cache
-        return program.logits(ids, 0) if len(ids) == len(prompt) else program.logits(ids[-1:], len(ids) - 1)
-
-    assert greedy(program_next, prompt, 16) == greedy(transformers_next, prompt, 16)
+    check_program_against(out, reference(folder), ATOL)
 
 
 def test_8da4w_export_lowers_one_delegate_per_layer(tmp_path):
-    """Qwen3's per-head q/k norms stay inside XNNPACK: the only breaks in a layer are the
-    KV-cache ops, as for Llama (2 layers: at most one delegate per layer plus the ends)."""
+    """Qwen3's per-head q/k norms stay inside XNNPACK, as Llama's layers do."""
     folder = hf_checkpoint(tmp_path / "q3", "qwen3")
-    out = tmp_path / "q3.pte"
-    run = llmcore_cli("export", "--checkpoint", str(folder), "--plugins", "xnnpack", "--quantize", "8da4w",
-                      "--quiet", "-o", str(out))
-    assert run.returncode == 0, run.stderr
-    report = json.loads(out.with_suffix(".report.json").read_text())
-    not_delegated = {row["op_type"]: row["not_delegated"] for row in report["delegation"]["operators"]}
-    assert report["delegation"]["delegated_subgraphs"] <= 2 + 2, report["delegation"]
-    assert not any(not_delegated.get(op, 0) for op in ("aten_mean_dim", "aten_mul_tensor", "aten_mm_default",
-                                                       "aten_linear_default", "aten_add_tensor")), not_delegated
-    assert report["parity"]["top1_agreement"] >= 0.9
+    check_one_delegate_per_layer(export_cli(folder, tmp_path / "q3.pte", "--quantize", "8da4w"), 2)
 
 
 def test_sliding_window_within_the_window_matches_and_beyond_is_refused(tmp_path):

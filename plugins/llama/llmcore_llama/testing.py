@@ -1,0 +1,156 @@
+"""Test helpers for the families built on this decoder (llama, qwen, phi, ...).
+
+Each family's tests save tiny random checkpoints with transformers' own classes and compare
+llmcore against transformers' model read back from the folder; these are the pieces they
+share. transformers is imported only when a helper runs (it is a test extra).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+VOCAB = 320
+MAX_POS = 64
+LENGTHS = (1, 17, MAX_POS)
+"""Prefill lengths the logits are compared at: one token, an odd middle, the full program."""
+
+
+def save_random_hf(folder: Path, kind: str, *, seed: int = 0, tokenizer: bool = True, **config) -> Path:
+    """A random ``{kind}ForCausalLM`` (``kind``: ``Llama``, ``Qwen2``, ``Phi3`` ...) of
+    ``config`` (transformers' names; dim 64, 2 layers, 4/2 heads, ffn 160, vocab 320, 64
+    positions unless given) saved by transformers, with weights large enough that a
+    misread bias, norm, layout or RoPE setting moves the logits by far more than 1e-4."""
+    import transformers
+
+    shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=160, vocab_size=VOCAB, max_position_embeddings=MAX_POS)
+    cfg = getattr(transformers, kind + "Config")(**{**shape, **config})
+    torch.manual_seed(seed)
+    model = getattr(transformers, kind + "ForCausalLM")(cfg).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    model.save_pretrained(str(folder), safe_serialization=True)
+    if tokenizer:
+        write_tokenizer(folder)
+    return folder
+
+
+def write_tokenizer(folder: Path) -> None:
+    """The tiny byte-level BPE (320 ids) with a ChatML-style template."""
+    from .tokenization import tiny_tokenizer
+
+    tok = tiny_tokenizer(VOCAB)
+    (folder / "tokenizer.json").write_text(tok.json_text)
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": "<|eot_id|>", "add_bos_token": False,
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    }))
+
+
+def edit_config(folder: Path, change: Callable[[dict], object]) -> None:
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    change(cfg)
+    path.write_text(json.dumps(cfg))
+
+
+def reference(folder: Path):
+    """transformers' own model, read back from ``folder`` in float32."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+
+def tokens(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.reshape(-1) - b.reshape(-1)).abs().max().item()
+
+
+def greedy(next_logits: Callable[[list[int]], torch.Tensor], prompt: list[int], steps: int) -> list[int]:
+    """``steps`` greedy tokens, ``next_logits(all tokens so far) -> logits of the last``."""
+    out = list(prompt)
+    for _ in range(steps):
+        out.append(int(torch.argmax(next_logits(out))))
+    return out[len(prompt):]
+
+
+def program_next(program, prompt_len: int) -> Callable[[list[int]], torch.Tensor]:
+    """:func:`greedy`'s ``next_logits`` for a KV-cache program: the prompt in one call,
+    then one token at a time at its position."""
+
+    def step(ids: list[int]) -> torch.Tensor:
+        return program.logits(ids, 0) if len(ids) == prompt_len else program.logits(ids[-1:], len(ids) - 1)
+
+    return step
+
+
+def reference_next(model) -> Callable[[list[int]], torch.Tensor]:
+    """:func:`greedy`'s ``next_logits`` for a transformers model (the whole sequence each step)."""
+
+    def step(ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return model(torch.tensor([ids])).logits[0, -1]
+
+    return step
+
+
+def export_cli(folder: Path, out: Path, *flags: str) -> dict:
+    """``llmcore export --checkpoint folder --plugins xnnpack ... -o out`` as a user runs it
+    (a subprocess, no ``--model``: the family comes from the checkpoint); its report."""
+    import subprocess
+    import sys
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "llmcore", "export", "--checkpoint", str(folder), "--plugins", "xnnpack", "--quiet",
+         *flags, "-o", str(out)],
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    return json.loads(out.with_suffix(".report.json").read_text())
+
+
+def check_program_against(program_path: Path, ref, atol: float) -> float:
+    """The ``.pte`` at ``program_path`` against transformers' ``ref``: last-position logits
+    after a prefill of each of :data:`LENGTHS` within ``atol``, then 16 greedy tokens
+    through the KV cache equal to ``ref``'s. Returns the largest logit difference."""
+    from llmcore.runtime import Program
+
+    program = Program.load(program_path)
+    worst = 0.0
+    for n in LENGTHS:
+        toks = tokens(n, seed=n)
+        with torch.no_grad():
+            expected = ref(toks).logits[0, -1]
+        diff = max_diff(program.logits(toks[0].tolist(), 0), expected)
+        assert diff <= atol, f"{program_path.name}, length {n}: max |diff| {diff}"
+        worst = max(worst, diff)
+    prompt = tokens(5, seed=1)[0].tolist()
+    assert greedy(program_next(program, len(prompt)), prompt, 16) == greedy(reference_next(ref), prompt, 16)
+    return worst
+
+
+# Ops that must not be left outside XNNPACK in a decoder layer (norms, RoPE, projections).
+LAYER_OPS = ("aten_mean_dim", "aten_mul_tensor", "aten_mm_default", "aten_linear_default", "aten_add_tensor")
+
+
+def check_one_delegate_per_layer(report: dict, n_layers: int) -> None:
+    """The only breaks in a layer are the KV-cache ops: at most one XNNPACK delegate per
+    layer plus the two ends, no layer op outside, and the program agrees with its eager model."""
+    not_delegated = {row["op_type"]: row["not_delegated"] for row in report["delegation"]["operators"]}
+    assert report["delegation"]["delegated_subgraphs"] <= n_layers + 2, report["delegation"]
+    assert not any(not_delegated.get(op, 0) for op in LAYER_OPS), not_delegated
+    assert report["parity"]["top1_agreement"] >= 0.9, report["parity"]
