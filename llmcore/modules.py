@@ -50,16 +50,22 @@ class CausalAttention(nn.Module):
     """Causal scaled-dot-product attention over ``[B, T, H, D]`` inputs, without a cache.
 
     ``q`` has ``n_heads`` heads, ``k`` and ``v`` have ``n_kv_heads`` (grouped-query
-    attention when fewer). Returns ``[B, T, n_heads * head_dim]``.
+    attention when fewer). Returns ``[B, T, n_heads * head_dim]``. With a ``window``
+    (sliding-window attention: Mistral, Gemma's local layers, Qwen's and Phi-3's option) a
+    position sees the ``window`` positions ending at itself, as transformers defines it;
+    the KV-cache transforms keep the same window (:func:`attention_mask`).
     """
 
-    def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int):
+    def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, window: Optional[int] = None):
         super().__init__()
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
+        if window is not None and window < 1:
+            raise ValueError(f"window={window} must be a positive number of positions")
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.head_dim = head_dim
+        self.window = window
 
     def forward(
         self,
@@ -68,13 +74,35 @@ class CausalAttention(nn.Module):
         v: torch.Tensor,
         input_pos: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        bsz = q.shape[0]
+        bsz, seq_len = q.shape[0], q.shape[1]
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
         k, v = repeat_kv(k, self.n_heads // self.n_kv_heads), repeat_kv(
             v, self.n_heads // self.n_kv_heads
         )
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.window is None or self.window >= seq_len:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            positions = torch.arange(seq_len)
+            mask = attention_mask(positions, positions, self.window)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return y.transpose(1, 2).reshape(bsz, -1, self.n_heads * self.head_dim)
+
+
+def attention_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, window: Optional[int]) -> torch.Tensor:
+    """``[T, S]`` bool: query at position ``query_pos[t]`` may see the key at ``key_pos[s]``
+    (causal, and within ``window`` positions ending at the query when there is one)."""
+    delta = query_pos.unsqueeze(1) - key_pos.unsqueeze(0)
+    allowed = delta >= 0
+    if window is not None:
+        allowed = allowed & (delta < window)
+    return allowed
+
+
+def windowed_attention(module: nn.Module) -> list[str]:
+    """Names of the attention submodules, plain or cached, that use a sliding window: a
+    backend transform that replaces attention with its own form must implement the window
+    or refuse these (:class:`CausalAttention`)."""
+    return [name for name, m in module.named_modules() if isinstance(getattr(m, "window", None), int)]
 
 
 def static_shape(x: torch.Tensor) -> list[int]:

@@ -89,6 +89,7 @@ KNOWN_ARCHITECTURES = {
     "qwen2": "llmcore-qwen",
     "qwen3": "llmcore-qwen",
     "phi3": "llmcore-phi",
+    "mistral": "llmcore-mistral",
     "gpt2": "llmcore-nanogpt",
 }
 

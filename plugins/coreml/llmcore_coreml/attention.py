@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmcore.modules import CausalAttention, repeat_kv, replace_modules
+from llmcore.errors import LlmcoreError
+from llmcore.modules import CausalAttention, repeat_kv, replace_modules, windowed_attention
 
 MASK_VALUE = -30000.0
 SDPA_OP = "coreml::sdpa"
@@ -126,8 +127,16 @@ def apply(module: nn.Module, context) -> nn.Module:
     * the plain-PyTorch cache (``--transforms kv-cache-static``) is left as it is: Core ML
       converts its ``index_put_`` and masked SDPA as they are.
     """
-    from llmcore.builtins.kv_cache import CUSTOM_OPS_MODULE, CustomOpKVAttention
+    from llmcore.builtins.kv_cache import CUSTOM_OPS_MODULE, CustomOpKVAttention, StaticKVAttention
 
+    windowed = [n for n in windowed_attention(module) if not isinstance(module.get_submodule(n), StaticKVAttention)]
+    if windowed:
+        raise LlmcoreError(
+            f"{windowed[0]} uses sliding-window attention, which the Core ML attention forms do not implement.",
+            stage="transform",
+            plugin="coreml",
+            fix="pass --transforms kv-cache-static: Core ML converts its masked attention, the window included.",
+        )
     cached = replace_modules(
         module,
         CustomOpKVAttention,

@@ -64,6 +64,11 @@ class LlamaConfig:
     rotary_dim: Optional[int] = None
     """How many channels of each head RoPE rotates (partial rotary: Phi-4-mini rotates 96 of
     128); the rest pass through. None: the whole head."""
+    sliding_window: Optional[int] = None
+    """Sliding-window attention: a position sees the ``sliding_window`` positions ending at
+    itself (Mistral, Qwen's and Phi-3's option), on ``sliding_layers``."""
+    sliding_layers: Optional[tuple[int, ...]] = None
+    """The layers that slide; None with a window: every layer."""
     rope_attention_factor: float = 1.0
     """A factor on RoPE's cos and sin (LongRoPE's attention scaling): it scales the rotated
     channels of q and k, so their dot products by its square."""
@@ -94,6 +99,10 @@ class LlamaConfig:
             problems.append(f"rotary_dim={self.rotary_dim} must be even and within 2..head_dim {self.resolved_head_dim}")
         if not (isinstance(self.rope_attention_factor, (int, float)) and 0 < self.rope_attention_factor < float("inf")):
             problems.append(f"rope_attention_factor={self.rope_attention_factor!r} must be a positive number")
+        if self.sliding_window is not None and not (isinstance(self.sliding_window, int) and self.sliding_window > 0):
+            problems.append(f"sliding_window={self.sliding_window!r} must be a positive number of positions")
+        if self.sliding_layers is not None and any(not 0 <= i < self.n_layers for i in self.sliding_layers):
+            problems.append(f"sliding_layers {self.sliding_layers} name layers outside 0..{self.n_layers - 1}")
         if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.resolved_rotary_dim // 2:
             problems.append(
                 f"{len(self.rope_freq_factors)} RoPE frequency factors for {self.resolved_rotary_dim} rotated "
@@ -105,6 +114,12 @@ class LlamaConfig:
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim if self.head_dim is not None else self.dim // max(self.n_heads, 1)
+
+    def window_of(self, layer: int) -> Optional[int]:
+        """The sliding window of ``layer``, or None when it attends to every earlier position."""
+        if self.sliding_window is None or (self.sliding_layers is not None and layer not in self.sliding_layers):
+            return None
+        return self.sliding_window
 
     @property
     def resolved_rotary_dim(self) -> int:

@@ -428,21 +428,18 @@ def _longrope(merged, origin, number, theta, rotary_dim, cfg, max_seq_len, plugi
                   attention_factor=attention)
 
 
-def check_window(window: int, layers: list[int], max_seq_len: int, plugin: str) -> None:
-    """Refuse sliding-window ``layers`` unless the program is no longer than the ``window``.
-
-    transformers lets a position see the ``window`` positions ending at itself; within a
-    program of at most ``window`` positions that is every earlier one, so full attention
-    (what the decoder computes) is the same math, and a longer program would not be."""
-    if layers and max_seq_len > window:
-        shown = ", ".join(str(i) for i in layers[:6]) + (" ..." if len(layers) > 6 else "")
+def sliding_window(value: Any, key: str = "sliding_window", plugin: str = PLUGIN) -> Optional[int]:
+    """A config's sliding window (positions a query sees, itself included), checked: None
+    when unset, else a positive integer."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise refuse(
-            f"config.json turns on sliding-window attention (window {window} on layers {shown}) and the program "
-            f"would hold {max_seq_len} positions; beyond the window it differs from full attention, which is what "
-            f"the {plugin} plugin computes.",
-            f"pass --max-seq-len {window} or less.",
+            f"config.json key {key!r} = {_show(value)} is not a positive number of positions.",
+            "check the config.json of the checkpoint.",
             plugin,
         )
+    return value
 
 
 def _equal(a: Any, b: Any) -> bool:

@@ -104,7 +104,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pair_swap:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, layer: int = 0):
         super().__init__()
         self.n_heads = config.n_heads
         self.n_kv_heads = config.n_kv_heads
@@ -116,7 +116,7 @@ class Attention(nn.Module):
         # Qwen3's per-head norms of q and k, before RoPE (their weights in Meta's channel order)
         self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
-        self.attn = CausalAttention(self.n_heads, self.n_kv_heads, self.head_dim)
+        self.attn = CausalAttention(self.n_heads, self.n_kv_heads, self.head_dim, config.window_of(layer))
         # One swap matrix each for q and k: XNNPACK's partitioner groups the nodes that read
         # one constant, and a q and k sharing it can be grouped across the attention
         # between them (a partition with a dependency cycle, when there is no KV cache).
@@ -155,10 +155,10 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, layer: int = 0):
         super().__init__()
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
-        self.attention = Attention(config)
+        self.attention = Attention(config, layer)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.feed_forward = FeedForward(config.dim, config.hidden_dim)
 
@@ -174,7 +174,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
-        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
+        self.layers = nn.ModuleList(TransformerBlock(config, i) for i in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:

@@ -123,6 +123,19 @@ def export_cli(folder: Path, out: Path, *flags: str) -> dict:
     return json.loads(out.with_suffix(".report.json").read_text())
 
 
+def check_eager_against(module, ref, atol: float) -> float:
+    """llmcore's eager ``module`` against transformers' ``ref``: last-position logits of
+    each of :data:`LENGTHS` within ``atol``. Returns the largest difference."""
+    worst = 0.0
+    for n in LENGTHS:
+        toks = tokens(n, seed=n)
+        with torch.no_grad():
+            diff = max_diff(module(toks)[0], ref(toks).logits[0, -1])
+        assert diff <= atol, f"length {n}: max |diff| {diff}"
+        worst = max(worst, diff)
+    return worst
+
+
 def check_program_against(program_path: Path, ref, atol: float) -> float:
     """The ``.pte`` at ``program_path`` against transformers' ``ref``: last-position logits
     after a prefill of each of :data:`LENGTHS` within ``atol``, then 16 greedy tokens

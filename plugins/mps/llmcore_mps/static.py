@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmcore.errors import LlmcoreError
-from llmcore.modules import CausalAttention, repeat_kv, replace_modules
+from llmcore.modules import CausalAttention, repeat_kv, replace_modules, windowed_attention
 
 MASK_VALUE = -30000.0
 
@@ -128,6 +128,16 @@ def static_length(module: nn.Module, family: str, length: int) -> StaticLength:
             stage="transform",
             plugin="mps",
         )
+    windowed = windowed_attention(module)
+    if windowed:
+        raise LlmcoreError(
+            f"{windowed[0]} uses sliding-window attention, which the MPS static-length form does not implement.",
+            stage="transform",
+            plugin="mps",
+            fix="export this model for coreml or xnnpack, or pass --max-seq-len no longer than the window if the "
+            "model family allows it.",
+        )
+
     def static_mask(a: CausalAttention) -> nn.Module:
         return StaticMaskAttention(a.n_heads, a.n_kv_heads, a.head_dim, length)
 

@@ -81,8 +81,7 @@ def hf_architecture():
     from . import keys
 
     def switches(cfg, max_seq_len: int) -> dict:
-        keys.check_sliding_window(cfg, max_seq_len)
-        return {}
+        return keys.sliding_window(cfg)
 
     return HFArchitecture(
         keys.PLUGIN, MODEL_TYPES, ("Phi3ForCausalLM",), keys.PHI3_KEYS, switches, default_norm_eps=1e-5,

@@ -9,8 +9,7 @@ implemented or refused by name) and changes what differs:
   ``original_max_position_embeddings``) and partial rotary (``partial_rotary_factor``:
   Phi-4-mini rotates 3/4 of each head): implemented by the llama plugin's RoPE for the
   families that ask for them;
-* ``sliding_window`` on every layer (Phi-3-mini-4k: 2047): implemented where it equals full
-  attention, a program no longer than the window;
+* ``sliding_window`` on every layer (Phi-3-mini-4k: 2047);
 * no attention or MLP biases: transformers' Phi3 has none.
 
 Nothing here imports torch.
@@ -20,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from llmcore_llama.keys import DEFAULT_ONLY, HARMLESS, HF_KEYS, IMPLEMENTED, Key, check_window
+from llmcore_llama import keys as llama_keys
+from llmcore_llama.keys import DEFAULT_ONLY, HARMLESS, HF_KEYS, IMPLEMENTED, Key
 
 PLUGIN = "phi"
 
@@ -33,7 +33,7 @@ PHI3_KEYS: dict[str, Key] = {
     "architectures": Key(HARMLESS, "checked: Phi3ForCausalLM"),
     "original_max_position_embeddings": Key(IMPLEMENTED, "LongRoPE: the length past which the long factors apply"),
     "partial_rotary_factor": Key(IMPLEMENTED, "the fraction of each head RoPE rotates"),
-    "sliding_window": Key(IMPLEMENTED, "a window on every layer (checked with the program's length)"),
+    "sliding_window": Key(IMPLEMENTED, "a sliding window on every layer"),
     "resid_pdrop": Key(HARMLESS, _DROPOUT),
     "embd_pdrop": Key(HARMLESS, _DROPOUT),
     "attention_bias": Key(DEFAULT_ONLY, "biases on the attention projections: transformers' Phi3 has none", (False, None)),
@@ -47,10 +47,8 @@ PHI3_KEYS: dict[str, Key] = {
 }
 
 
-def check_sliding_window(cfg: Mapping[str, Any], max_seq_len: int) -> None:
-    """Phi-3's ``sliding_window`` applies to every layer (transformers builds a sliding
-    mask whenever it is set)."""
-    window = cfg.get("sliding_window")
-    if window is None:
-        return
-    check_window(int(window), list(range(int(cfg["num_hidden_layers"]))), max_seq_len, PLUGIN)
+def sliding_window(cfg: Mapping[str, Any]) -> dict:
+    """The decoder's switches for Phi-3's ``sliding_window``, which applies to every layer
+    (transformers builds a sliding mask whenever it is set)."""
+    window = llama_keys.sliding_window(cfg.get("sliding_window"), plugin=PLUGIN)
+    return {"sliding_window": window} if window else {}

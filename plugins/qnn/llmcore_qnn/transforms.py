@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmcore.modules import CausalAttention, replace_modules
+from llmcore.errors import LlmcoreError
+from llmcore.modules import CausalAttention, replace_modules, windowed_attention
 
 MASK_VALUE = -30000.0
 
@@ -135,6 +136,16 @@ def single_head_attention(module: nn.Module, context) -> nn.Module:
     the cached calling convention, with a plain-PyTorch cache.
     """
     from llmcore.builtins.kv_cache import CUSTOM_OPS_MODULE, CustomOpKVAttention, StaticKVAttention
+
+    windowed = windowed_attention(module)
+    if windowed:
+        raise LlmcoreError(
+            f"{windowed[0]} uses sliding-window attention, which the QNN single-head attention does not implement.",
+            stage="transform",
+            plugin="qnn",
+            fix="export this model for xnnpack (its KV cache keeps the window), or pass --max-seq-len no longer "
+            "than the window if the model family allows it.",
+        )
 
     def cached(a) -> nn.Module:
         new = SingleHeadStaticKVAttention(a.n_heads, a.n_kv_heads, a.head_dim, a.capacity)

@@ -52,14 +52,16 @@ def hf_architectures() -> dict:
 
     from . import keys
 
+    def sliding(cfg) -> dict:
+        window, layers = keys.sliding_window_layers(cfg)
+        return {"sliding_window": window, "sliding_layers": tuple(layers)} if window else {}
+
     def qwen2(cfg, max_seq_len: int) -> dict:
-        keys.check_sliding_window(cfg, max_seq_len)
-        return {"qkv_bias": True}
+        return {"qkv_bias": True, **sliding(cfg)}
 
     def qwen3(cfg, max_seq_len: int) -> dict:
-        keys.check_sliding_window(cfg, max_seq_len)
         bias = bool(cfg.get("attention_bias") or False)
-        return {"qkv_bias": bias, "o_bias": bias, "qk_norm": True}
+        return {"qkv_bias": bias, "o_bias": bias, "qk_norm": True, **sliding(cfg)}
 
     return {
         "qwen2": HFArchitecture(keys.PLUGIN, ("qwen2",), ("Qwen2ForCausalLM",), keys.QWEN2_KEYS, qwen2),

@@ -9,8 +9,8 @@ computation is implemented or refused by name) and change what differs:
 * Qwen3: an RMSNorm over each head of q and k before RoPE, always; ``attention_bias`` puts
   biases on q, k, v and o; ``head_dim`` independent of ``hidden_size``;
 * both: sliding-window attention (``use_sliding_window``, ``sliding_window``,
-  ``max_window_layers``, ``layer_types``), implemented where it equals full attention: a
-  program no longer than the window (:func:`sliding_window_layers`).
+  ``max_window_layers``, ``layer_types``) on the layers transformers picks
+  (:func:`sliding_window_layers`).
 
 Nothing here imports torch.
 """
@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from llmcore_llama.keys import DEFAULT_ONLY, HARMLESS, HF_KEYS, IMPLEMENTED, Key, check_window, refuse
+from llmcore_llama.keys import DEFAULT_ONLY, HARMLESS, HF_KEYS, IMPLEMENTED, Key, refuse, sliding_window
 
 PLUGIN = "qwen"
 
 _SLIDING = {
-    "use_sliding_window": Key(IMPLEMENTED, "turns sliding-window attention on (checked with the program's length)"),
+    "use_sliding_window": Key(IMPLEMENTED, "turns sliding-window attention on"),
     "sliding_window": Key(IMPLEMENTED, "the window; read only with use_sliding_window"),
     "max_window_layers": Key(IMPLEMENTED, "layers from this index on slide (when layer_types is absent)"),
     "layer_types": Key(IMPLEMENTED, "full_attention or sliding_attention per layer"),
@@ -77,24 +77,12 @@ def sliding_window_layers(cfg: Mapping[str, Any]) -> tuple[int, list[int]]:
                 "use a checkpoint whose layers use full or sliding-window attention.",
                 PLUGIN,
             )
-    window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    window = sliding_window(cfg.get("sliding_window"), plugin=PLUGIN) if cfg.get("use_sliding_window") else None
     if window is None:
         return 0, []
-    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
-        raise refuse(
-            f"config.json key 'sliding_window' = {window!r} is not a positive number of positions.",
-            "check the config.json of the checkpoint.",
-            PLUGIN,
-        )
     if types is not None:
         sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
     else:
         first = int(cfg.get("max_window_layers") or 0)
         sliding = list(range(first, n_layers))
     return (window, sliding) if sliding else (0, [])
-
-
-def check_sliding_window(cfg: Mapping[str, Any], max_seq_len: int) -> None:
-    """Refuse sliding-window layers unless the program is no longer than the window."""
-    window, layers = sliding_window_layers(cfg)
-    check_window(window, layers, max_seq_len, PLUGIN)
