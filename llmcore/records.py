@@ -146,6 +146,13 @@ class ModelFamily(Record):
     loaders: Sequence[CheckpointLoader] = ()
     default_config: Optional[str] = None
 
+    def loader(self, name: str) -> CheckpointLoader:
+        """The loader called ``name`` (KeyError when the family has none)."""
+        for found in self.loaders:
+            if found.name == name:
+                return found
+        raise KeyError(f"model family {self.name!r} has no loader {name!r}")
+
 
 # --------------------------------------------------------------------------------------
 # Source transforms

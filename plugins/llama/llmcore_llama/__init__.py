@@ -7,6 +7,7 @@ factory is called.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Optional
 
 from llmcore.hookspecs import hookimpl
 from llmcore.records import CheckpointLoader, LoadedModel, LoadOptions, ModelFamily
@@ -15,7 +16,7 @@ from . import formats
 from .config import CONFIG_DESCRIPTIONS, CONFIGS
 
 __version__ = "0.1.0"
-__all__ = ["llmcore_model_families", "family", "build_random", "random_decoder", "LOADERS"]
+__all__ = ["llmcore_model_families", "family", "build_random", "random_decoder", "decoder_family", "LOADERS"]
 
 
 def build_random(config: str, options: LoadOptions) -> LoadedModel:
@@ -117,6 +118,73 @@ LOADERS = (
         claims=lambda p: formats.is_llama2c(Path(p)),
     ),
 )
+
+
+def decoder_family(
+    *,
+    name: str,
+    description: str,
+    configs: Callable[[], dict],
+    config_descriptions: dict[str, str],
+    default_config: str,
+    hf_model_types: tuple[str, ...],
+    hf_architecture: Callable[[str], object],
+    hf_description: str,
+    gguf_architecture: Optional[Callable[[], object]] = None,
+    gguf_description: str = "",
+) -> ModelFamily:
+    """The :class:`ModelFamily` of a family that is this decoder with switches on (Qwen,
+    Phi-3, Mistral): random configs, and loaders for Hugging Face folders whose config.json
+    names one of ``hf_model_types`` (and GGUF files whose ``general.architecture`` is one of
+    the GGUF architecture's names), which claim them so that ``--model`` can be left out.
+
+    ``configs()`` gives name -> :class:`~llmcore_llama.config.LlamaConfig`;
+    ``hf_architecture(model_type)`` the :class:`~llmcore_llama.loaders.HFArchitecture` for
+    a model type and ``gguf_architecture()`` the ``GGUFArchitecture``. They are called when
+    a model is built or loaded, so listing plugins imports no torch.
+    """
+
+    def build(config: str, options: LoadOptions) -> LoadedModel:
+        from .loaders import load_error
+
+        table = configs()
+        if config not in table:
+            raise load_error(f"unknown {name} config {config!r}.", fix=f"choose one of: {', '.join(table)}.",
+                             plugin=name)
+        return random_decoder(table[config], options, family=name, name=config, tiny=config.endswith("-tiny"))
+
+    def is_hf(path) -> bool:
+        return formats.hf_architecture(Path(path)) in hf_model_types
+
+    def load_hf(path, options: LoadOptions) -> LoadedModel:
+        from . import loaders
+
+        model_type = formats.hf_architecture(Path(path))
+        # another family's folder gets the first architecture, whose check names both
+        arch = hf_architecture(model_type if model_type in hf_model_types else hf_model_types[0])
+        return loaders.load_hf(Path(path), options, arch)
+
+    found = [CheckpointLoader(name="hf", description=hf_description, matches=is_hf, load=load_hf, claims=is_hf)]
+    if gguf_architecture is not None:
+
+        def is_gguf(path) -> bool:
+            return formats.gguf_architecture(Path(path)) in gguf_architecture().names
+
+        def load_gguf(path, options: LoadOptions) -> LoadedModel:
+            from . import loaders
+
+            return loaders.load_gguf(Path(path), options, gguf_architecture())
+
+        found.insert(0, CheckpointLoader(name="gguf", description=gguf_description, matches=is_gguf,
+                                         load=load_gguf, claims=is_gguf))
+    return ModelFamily(
+        name=name,
+        description=description,
+        configs=dict(config_descriptions),
+        build_random=build,
+        loaders=tuple(found),
+        default_config=default_config,
+    )
 
 
 def family() -> ModelFamily:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmcore.hookspecs import hookimpl
-from llmcore.records import CheckpointLoader, LoadedModel, LoadOptions, ModelFamily
+from llmcore.records import LoadedModel, LoadOptions, ModelFamily
 
 __version__ = "0.1.0"
 __all__ = ["llmcore_model_families", "family", "load_hf", "hf_architecture"]
@@ -68,49 +68,24 @@ CONFIG_DESCRIPTIONS = {
 }
 
 
-def build_random(config: str, options: LoadOptions) -> LoadedModel:
-    from llmcore_llama import random_decoder
-    from llmcore_llama.loaders import load_error
-
-    configs = _configs()
-    if config not in configs:
-        raise load_error(f"unknown mistral config {config!r}.", fix=f"choose one of: {', '.join(configs)}.",
-                         plugin=PLUGIN)
-    return random_decoder(configs[config], options, family=PLUGIN, name=config, tiny=config.endswith("-tiny"))
-
-
-def _is_mistral_hf(path: Path) -> bool:
-    from llmcore_llama import formats
-
-    return formats.hf_architecture(Path(path)) in MODEL_TYPES
-
-
 def load_hf(path: Path, options: LoadOptions) -> LoadedModel:
-    from llmcore_llama import loaders
-
-    return loaders.load_hf(Path(path), options, hf_architecture())
-
-
-LOADERS = (
-    CheckpointLoader(
-        name="hf",
-        description="Hugging Face MistralForCausalLM folder: config.json + *.safetensors (sharded too) + "
-        "tokenizer.json and its chat template",
-        matches=_is_mistral_hf,
-        load=load_hf,
-        claims=_is_mistral_hf,
-    ),
-)
+    """A MistralForCausalLM Hugging Face folder (the family's ``hf`` loader)."""
+    return family().loader("hf").load(path, options)
 
 
 def family() -> ModelFamily:
-    return ModelFamily(
+    from llmcore_llama import decoder_family
+
+    return decoder_family(
         name=PLUGIN,
         description="Mistral decoders (the Llama decoder with sliding-window attention)",
-        configs=dict(CONFIG_DESCRIPTIONS),
-        build_random=build_random,
-        loaders=LOADERS,
+        configs=_configs,
+        config_descriptions=CONFIG_DESCRIPTIONS,
         default_config="mistral-tiny",
+        hf_model_types=MODEL_TYPES,
+        hf_architecture=lambda model_type: hf_architecture(),
+        hf_description="Hugging Face MistralForCausalLM folder: config.json + *.safetensors (sharded too) + "
+        "tokenizer.json and its chat template",
     )
 
 

@@ -156,6 +156,6 @@ def test_random_configs_build():
     import llmcore_phi
 
     for name in ("phi3-tiny", "phi4-mini-tiny"):
-        loaded = llmcore_phi.build_random(name, LoadOptions())
+        loaded = llmcore_phi.family().build_random(name, LoadOptions())
         with torch.no_grad():
             assert loaded.module(tokens(7)).shape[-1] == 320

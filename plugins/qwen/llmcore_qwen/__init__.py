@@ -14,10 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmcore.hookspecs import hookimpl
-from llmcore.records import CheckpointLoader, LoadedModel, LoadOptions, ModelFamily
+from llmcore.records import LoadedModel, LoadOptions, ModelFamily
 
 __version__ = "0.1.0"
-__all__ = ["llmcore_model_families", "family", "CONFIGS", "hf_architectures"]
+__all__ = ["llmcore_model_families", "family", "hf_architectures", "gguf_architecture", "load_hf", "load_gguf"]
 
 MODEL_TYPES = ("qwen2", "qwen3")
 
@@ -69,90 +69,43 @@ def hf_architectures() -> dict:
     }
 
 
-def build_random(config: str, options: LoadOptions) -> LoadedModel:
-    from llmcore_llama import random_decoder
-    from llmcore_llama.loaders import load_error
-
-    configs = _configs()
-    if config not in configs:
-        raise load_error(f"unknown qwen config {config!r}.", fix=f"choose one of: {', '.join(configs)}.", plugin="qwen")
-    return random_decoder(configs[config], options, family="qwen", name=config, tiny=config.endswith("-tiny"))
-
-
-# llama.cpp's names for the architectures (general.architecture), as config.json's model_type
-GGUF_ARCHITECTURES = MODEL_TYPES
-
-
 def gguf_architecture():
-    """The llama plugin's :class:`~llmcore_llama.loaders.GGUFArchitecture` for Qwen GGUFs:
-    llama.cpp's converter keeps their q/k rows in Hugging Face's rotate-half order."""
+    """The llama plugin's :class:`~llmcore_llama.loaders.GGUFArchitecture` for Qwen GGUFs
+    (``general.architecture`` qwen2 / qwen3): llama.cpp's converter keeps their q/k rows in
+    Hugging Face's rotate-half order."""
     from llmcore_llama.loaders import GGUFArchitecture
 
     from . import keys
 
-    return GGUFArchitecture(keys.PLUGIN, GGUF_ARCHITECTURES, rotate_half=True)
-
-
-def _is_qwen_gguf(path: Path) -> bool:
-    from llmcore_llama import formats
-
-    return formats.gguf_architecture(Path(path)) in GGUF_ARCHITECTURES
-
-
-def load_gguf(path: Path, options: LoadOptions) -> LoadedModel:
-    from llmcore_llama import loaders
-
-    return loaders.load_gguf(Path(path), options, gguf_architecture())
-
-
-def _is_qwen_hf(path: Path) -> bool:
-    from llmcore_llama import formats
-
-    return formats.hf_architecture(Path(path)) in MODEL_TYPES
+    return GGUFArchitecture(keys.PLUGIN, MODEL_TYPES, rotate_half=True)
 
 
 def load_hf(path: Path, options: LoadOptions) -> LoadedModel:
-    from llmcore_llama import formats, loaders
-
-    model_type = formats.hf_architecture(Path(path))
-    arch = hf_architectures().get(model_type)
-    if arch is None:
-        raise loaders.load_error(
-            f"{path} is a {model_type or 'unrecognised'} checkpoint, not Qwen2/2.5 or Qwen3.",
-            fix="leave out --model so that llmcore picks the family from config.json, or pass the right one.",
-            plugin="qwen",
-        )
-    return loaders.load_hf(Path(path), options, arch)
+    """A Qwen2/Qwen3 Hugging Face folder (the family's ``hf`` loader)."""
+    return family().loader("hf").load(path, options)
 
 
-LOADERS = (
-    CheckpointLoader(
-        name="gguf",
-        description="GGUF file of llama.cpp's qwen2 or qwen3 architecture (the llama plugin's GGUF types; the "
-        "file's integers are kept by --quantize gguf) with its embedded tokenizer",
-        matches=_is_qwen_gguf,
-        load=load_gguf,
-        claims=_is_qwen_gguf,
-    ),
-    CheckpointLoader(
-        name="hf",
-        description="Hugging Face Qwen2ForCausalLM / Qwen3ForCausalLM folder: config.json + *.safetensors "
-        "(sharded too) + tokenizer.json and its chat template",
-        matches=_is_qwen_hf,
-        load=load_hf,
-        claims=_is_qwen_hf,
-    ),
-)
+def load_gguf(path: Path, options: LoadOptions) -> LoadedModel:
+    """A llama.cpp qwen2/qwen3 GGUF (the family's ``gguf`` loader)."""
+    return family().loader("gguf").load(path, options)
 
 
 def family() -> ModelFamily:
-    return ModelFamily(
+    from llmcore_llama import decoder_family
+
+    return decoder_family(
         name="qwen",
         description="Qwen2, Qwen2.5 and Qwen3 decoders (the Llama decoder with q/k/v biases or per-head q/k norms)",
-        configs=dict(CONFIG_DESCRIPTIONS),
-        build_random=build_random,
-        loaders=LOADERS,
+        configs=_configs,
+        config_descriptions=CONFIG_DESCRIPTIONS,
         default_config="qwen3-tiny",
+        hf_model_types=MODEL_TYPES,
+        hf_architecture=lambda model_type: hf_architectures()[model_type],
+        hf_description="Hugging Face Qwen2ForCausalLM / Qwen3ForCausalLM folder: config.json + *.safetensors "
+        "(sharded too) + tokenizer.json and its chat template",
+        gguf_architecture=gguf_architecture,
+        gguf_description="GGUF file of llama.cpp's qwen2 or qwen3 architecture (the llama plugin's GGUF types; the "
+        "file's integers are kept by --quantize gguf) with its embedded tokenizer",
     )
 
 

@@ -177,7 +177,7 @@ def test_gguf_as_llama_cpp_writes_it_matches_transformers(tmp_path, family):
     folder = hf_checkpoint(tmp_path / family, family, tokenizer=False)
     gguf_path = tmp_path / f"{family}.gguf"
     write_gguf(folder, gguf_path)
-    assert llmcore_qwen._is_qwen_gguf(gguf_path)
+    assert llmcore_qwen.family().loader("gguf").claims(gguf_path)
     loaded = llmcore_qwen.load_gguf(gguf_path, LoadOptions())
     assert loaded.module.config.qkv_bias == (family == "qwen2") and loaded.module.config.qk_norm == (family == "qwen3")
     ref = reference(folder)
