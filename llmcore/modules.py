@@ -91,10 +91,11 @@ class CausalAttention(nn.Module):
 def attention_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, window: Optional[int]) -> torch.Tensor:
     """``[T, S]`` bool: query at position ``query_pos[t]`` may see the key at ``key_pos[s]``
     (causal, and within ``window`` positions ending at the query when there is one)."""
-    delta = query_pos.unsqueeze(1) - key_pos.unsqueeze(0)
-    allowed = delta >= 0
+    # compared without a [T, S] difference tensor: only bool [T, S] intermediates
+    queries, keys = query_pos.unsqueeze(1), key_pos.unsqueeze(0)
+    allowed = keys <= queries
     if window is not None:
-        allowed = allowed & (delta < window)
+        allowed = allowed & (keys > queries - window)
     return allowed
 
 

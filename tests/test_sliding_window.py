@@ -87,3 +87,33 @@ def test_backend_attention_forms_refuse_windows():
         checked += 1
     if checked == 0:
         pytest.skip("no backend plugin with its own attention form is installed")
+
+
+def test_the_mask_is_computed_once_per_forward_for_all_layers():
+    """Per layer, the exported program kept one [T, capacity] mask per sliding layer in its
+    planned memory; the transform computes each window's mask once, before the layers."""
+    from types import SimpleNamespace
+
+    from llmcore.builtins.kv_cache import _apply
+
+    class TwoLayers(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(16, H * D)
+            self.layers = torch.nn.ModuleList(CausalAttention(H, KV, D, window=3) for _ in range(2))
+
+        def forward(self, tokens, input_pos):
+            x = self.emb(tokens).view(1, -1, H, D)
+            for layer in self.layers:
+                x = layer(x, x[:, :, :KV], x[:, :, :KV], input_pos).view(1, -1, H, D)
+            return x.sum()
+
+    context = SimpleNamespace(max_seq_len=8, use_kv_cache=False, use_sdpa_with_kv_cache=False, runtime_imports=[])
+    model = _apply(TwoLayers(), context, CustomOpKVAttention, uses_custom_ops=True)
+    tokens, pos = torch.tensor([[1, 2, 3, 4]]), torch.tensor([0])
+    eager = model(tokens, pos)
+    program = torch.export.export(model, (tokens, pos))
+    fills = [n for n in program.graph.nodes if n.op == "call_function" and "masked_fill" in str(n.target)]
+    sdpa = [n for n in program.graph.nodes if n.op == "call_function" and "custom_sdpa" in str(n.target)]
+    assert len(fills) == 1 and len(sdpa) == 2, program.graph
+    torch.testing.assert_close(program.module()(tokens, pos), eager)  # rewriting positions 0..3: same result

@@ -48,14 +48,69 @@ def _window(window: Optional[int], capacity: int) -> Optional[int]:
     return window if window is not None and window < capacity else None
 
 
+def window_mask(input_pos: torch.Tensor, seq_len: int, capacity: int, window: int) -> torch.Tensor:
+    """The additive ``[T, capacity]`` mask (0 or -inf) of queries at ``input_pos[0] + t``
+    over a cache of ``capacity`` positions, for a sliding ``window``."""
+    start = input_pos[0].item()
+    torch._check(start >= 0)
+    allowed = attention_mask(torch.arange(start, start + seq_len), torch.arange(capacity), window)
+    return torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+
+
+class WindowMasks:
+    """The sliding-window masks of one model, computed once per forward.
+
+    Every sliding layer of one window needs the same ``[T, capacity]`` mask. Computed in
+    each layer, the program kept one per layer in its planned memory (the masks of all
+    layers outlive the delegates placed between them): 412 MiB instead of 56 for a 30-layer,
+    1024-position program. A forward pre-hook on the model (:meth:`before_forward`)
+    computes them from ``(tokens, input_pos)`` before the layers run, in the graph's
+    prelude, like the RoPE tables; a cache takes its window's mask when it is handed the
+    ``input_pos`` the hook saw, and computes its own otherwise (called on its own).
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.windows: set[int] = set()
+        self._input_pos: Optional[torch.Tensor] = None
+        self._masks: dict[int, torch.Tensor] = {}
+
+    def before_forward(self, module, args, kwargs) -> None:
+        tokens = args[0] if args else kwargs.get("tokens")
+        input_pos = args[1] if len(args) > 1 else kwargs.get("input_pos")
+        self.after_forward()
+        if isinstance(tokens, torch.Tensor) and isinstance(input_pos, torch.Tensor):
+            self._input_pos = input_pos
+            self._masks = {w: window_mask(input_pos, tokens.shape[1], self.capacity, w) for w in self.windows}
+
+    def after_forward(self, *_) -> None:
+        self._input_pos, self._masks = None, {}  # hold no tensors between calls
+
+    def mask(self, input_pos: torch.Tensor, seq_len: int, window: int) -> torch.Tensor:
+        if input_pos is self._input_pos and window in self._masks:
+            return self._masks[window]
+        return window_mask(input_pos, seq_len, self.capacity, window)
+
+
 class CustomOpKVAttention(nn.Module):
     """Cached attention through ``llama::update_cache`` + ``llama::custom_sdpa``."""
 
-    def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, capacity: int, window: Optional[int] = None):
+    def __init__(
+        self,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        window: Optional[int] = None,
+        masks: Optional[WindowMasks] = None,
+    ):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.capacity = capacity
         self.window = _window(window, capacity)
+        self.masks = masks if masks is not None else WindowMasks(capacity)
+        if self.window is not None:
+            self.masks.windows.add(self.window)
         shape = (1, capacity, n_kv_heads, head_dim)  # [B, S, H, D]: the ops' layout
         self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
@@ -68,9 +123,7 @@ class CustomOpKVAttention(nn.Module):
         if self.window is None:
             y = torch.ops.llama.custom_sdpa(q.float(), self.k_cache, self.v_cache, start, None, 0.0, True)
         else:  # an explicit mask over the whole cache (the op then ignores start and is_causal)
-            positions = torch.arange(start, start + seq_len)
-            allowed = attention_mask(positions, torch.arange(self.capacity), self.window)
-            mask = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+            mask = self.masks.mask(input_pos, seq_len, self.window)
             y = torch.ops.llama.custom_sdpa(q.float(), self.k_cache, self.v_cache, start, mask, 0.0, False)
         return y.reshape(bsz, seq_len, self.n_heads * self.head_dim).to(q.dtype)
 
@@ -112,8 +165,11 @@ def _apply(module: nn.Module, context: TransformContext, cls, uses_custom_ops: b
 
         importlib.import_module(CUSTOM_OPS_MODULE)  # registers torch.ops.llama.*
     capacity = context.max_seq_len
+    masks = WindowMasks(capacity)
 
     def make(attn: CausalAttention) -> nn.Module:
+        if cls is CustomOpKVAttention:
+            return cls(attn.n_heads, attn.n_kv_heads, attn.head_dim, capacity, attn.window, masks)
         return cls(attn.n_heads, attn.n_kv_heads, attn.head_dim, capacity, attn.window)
 
     if replace_modules(module, CausalAttention, make) == 0:
@@ -121,6 +177,9 @@ def _apply(module: nn.Module, context: TransformContext, cls, uses_custom_ops: b
             "the model has no llmcore.modules.CausalAttention submodule to give a cache; "
             "its family must route attention through CausalAttention"
         )
+    if masks.windows:  # sliding layers: their masks once per forward, before the layers
+        module.register_forward_pre_hook(masks.before_forward, with_kwargs=True)
+        module.register_forward_hook(masks.after_forward)
     context.use_kv_cache = True
     context.use_sdpa_with_kv_cache = uses_custom_ops
     if uses_custom_ops and CUSTOM_OPS_MODULE not in context.runtime_imports:
