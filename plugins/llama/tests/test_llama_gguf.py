@@ -247,3 +247,17 @@ def test_gguf_matches_only_gguf(tmp_path):
     assert formats.is_gguf(tmp_path / "m.gguf")
     (tmp_path / "x.gguf").write_bytes(b"nope")
     assert not formats.is_gguf(tmp_path / "x.gguf")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_gguf_architecture_reads_what_gguf_reads(tmp_path, arch):
+    """The header walk that families claim GGUFs with gives gguf.GGUFReader's answer; a
+    file cut inside its header gives None (its loader then says what is wrong)."""
+    from gguf import GGUFReader
+
+    path = tmp_path / "m.gguf"
+    write_gguf(path, meta_state_dict(random_model()), TINY, arch=arch)
+    assert formats.gguf_architecture(path) == GGUFReader(str(path)).get_field("general.architecture").contents() == arch
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[:30])
+    assert formats.gguf_architecture(cut) is None
