@@ -1,4 +1,5 @@
-"""Print the plugin folders whose pyproject.toml admits an ExecuTorch version.
+"""Print the plugin folders whose pyproject.toml admits an ExecuTorch version, each after
+the repo's plugins it depends on.
 
     python3 tools/plugin_dirs.py 1.5.1 plugins/xnnpack plugins/mps ...          # those that admit it
     python3 tools/plugin_dirs.py --excluded 1.5.1 plugins/xnnpack plugins/mps  # those that do not
@@ -34,6 +35,27 @@ def admits(folder: str, version: str) -> bool:
     return True
 
 
+def in_dependency_order(folders: list[str]) -> list[str]:
+    """``folders`` with each plugin after the repo's plugins it depends on (llmcore-gemma
+    after llmcore-llama). pip resolves one ``-e`` list in the order given, and a plugin
+    named before the local package it requires sends pip to the index for it."""
+    projects = {f: tomllib.loads((Path(f) / "pyproject.toml").read_text())["project"] for f in folders}
+    by_name = {p["name"].lower(): f for f, p in projects.items()}
+    ordered: list[str] = []
+
+    def visit(folder: str, seen: tuple = ()) -> None:
+        if folder in ordered or folder in seen:
+            return
+        for dep in map(_requirement, projects[folder].get("dependencies", [])):
+            if dep.name.lower() in by_name:
+                visit(by_name[dep.name.lower()], seen + (folder,))
+        ordered.append(folder)
+
+    for folder in folders:
+        visit(folder)
+    return ordered
+
+
 def main(argv: list[str]) -> int:
     excluded = argv[:1] == ["--excluded"]
     argv = argv[1:] if excluded else argv
@@ -41,7 +63,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     version, folders = argv[0], argv[1:]
-    print(" ".join(f for f in folders if admits(f, version) != excluded))
+    print(" ".join(f for f in in_dependency_order(folders) if admits(f, version) != excluded))
     return 0
 
 
