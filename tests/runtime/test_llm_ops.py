@@ -1,11 +1,12 @@
-"""The runner's own llama::update_cache / llama::custom_sdpa kernels
-(plugins/kernels/csrc/llm_ops.cpp).
+"""The runner's own llama::update_cache, llama::update_cache_with_indices and
+llama::custom_sdpa kernels (plugins/kernels/csrc/llm_ops.cpp).
 
 * Kernel level: build/llmcore_llm_ops_check runs them through the ExecuTorch operator
   registry on raw buffers; the results are compared with attention written out in torch
   (float64) and with ExecuTorch's own kernels (torch.ops.llama, from
   libcustom_ops_aot_lib.so), for grouped-query attention, prefill chunks at an offset,
-  decode steps, non-causal calls, explicit scales and odd head sizes; refused arguments
+  decode steps, non-causal calls, explicit scales, odd head sizes and additive masks over a
+  ring buffer (sliding windows); the ring buffer's indexed writes; refused arguments
   must fail with a clear error.
 * Program level: the runner's greedy tokens on KV-cache programs against `llmcore run
   --json` (ExecuTorch's kernels in Python), and, on a grouped-query program with an
@@ -94,6 +95,59 @@ def test_custom_sdpa_matches_torch(ops_check, tmp_path, batch, q_len, heads, hea
     torch.testing.assert_close(got, theirs, rtol=2e-5, atol=2e-6)
 
 
+def test_custom_sdpa_with_a_mask_matches_torch(ops_check, tmp_path):
+    """A sliding layer's call: a ring buffer of 11 rows holding positions 9..19 out of
+    order, a 4-token chunk at positions 16..19, a window of 6, a mask saying which row each
+    query sees. The mask decides alone: start_pos is not read, and rows it hides (one never
+    written, holding garbage) play no part."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+
+    from llmcore.builtins.kv_cache import window_mask
+
+    q_len, heads, kv_heads, head_dim, rows, window = 4, 6, 2, 16, 11, 6
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, q_len, heads, head_dim, generator=g) * 2
+    k = torch.randn(1, rows, kv_heads, head_dim, generator=g)
+    v = torch.randn(1, rows, kv_heads, head_dim, generator=g)
+    mask = window_mask(torch.tensor([16]), q_len, 64, window, rows)
+    assert mask.shape == (q_len, rows) and torch.isinf(mask).any() and (mask == 0).any()
+    for name, t in (("q", q), ("k", k), ("v", v), ("mask", mask)):
+        (tmp_path / f"{name}.bin").write_bytes(t.contiguous().numpy().tobytes())
+    r = run_check(ops_check, tmp_path, "sdpa", batch=1, q_len=q_len, heads=heads, head_dim=head_dim, kv_len=rows,
+                  kv_heads=kv_heads, start=16, causal=False, mask=1)
+    assert r.returncode == 0, r.stderr
+    got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).view(q.shape)
+    keys = k.double().repeat_interleave(heads // kv_heads, dim=2).transpose(1, 2)
+    values = v.double().repeat_interleave(heads // kv_heads, dim=2).transpose(1, 2)
+    scores = q.double().transpose(1, 2) @ keys.transpose(-1, -2) / math.sqrt(head_dim) + mask.double()
+    want = (scores.softmax(-1) @ values).transpose(1, 2).float()
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
+    theirs = torch.ops.llama.custom_sdpa(q, k, v, 16, mask, 0.0, False)  # ExecuTorch's kernel
+    torch.testing.assert_close(got, theirs, rtol=2e-5, atol=2e-6)
+
+
+def test_update_cache_with_indices_writes_its_rows(ops_check, tmp_path):
+    """Positions 9..11 into a ring buffer of 5 rows: rows 4, 0, 1; the others untouched;
+    the same as ExecuTorch's kernel."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+
+    value = torch.randn(1, 3, 2, 8)
+    cache = torch.randn(1, 5, 2, 8)
+    indices = torch.tensor([[4, 0, 1]])
+    for name, t in (("value", value), ("cache", cache), ("indices", indices)):
+        (tmp_path / f"{name}.bin").write_bytes(t.numpy().tobytes())
+    r = run_check(ops_check, tmp_path, "update_cache", batch=1, seq=3, heads=2, head_dim=8, capacity=5, start=9,
+                  indices=1)
+    assert r.returncode == 0, r.stderr
+    got = torch.frombuffer(bytearray((tmp_path / "cache_out.bin").read_bytes()), dtype=torch.float32).view(cache.shape)
+    want = cache.clone()
+    want[0, [4, 0, 1]] = value[0]
+    assert torch.equal(got, want)
+    theirs = cache.clone()
+    torch.ops.llama.update_cache_with_indices(value, theirs, 9, indices)
+    assert torch.equal(got, theirs)
+
+
 def test_update_cache_writes_only_its_rows(ops_check, tmp_path):
     value = torch.randn(2, 3, 4, 8)
     cache = torch.randn(2, 10, 4, 8)
@@ -107,15 +161,16 @@ def test_update_cache_writes_only_its_rows(ops_check, tmp_path):
     assert torch.equal(got, want)
 
 
-def test_both_ops_are_registered(ops_check):
+def test_the_ops_are_registered(ops_check):
     out = subprocess.run([str(ops_check), "registered"], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["llama::update_cache.out", "llama::custom_sdpa.out"]
+    assert out == ["llama::update_cache.out", "llama::update_cache_with_indices.out", "llama::custom_sdpa.out"]
 
 
 @pytest.mark.parametrize(
     "command,params,message",
     [
-        ("sdpa", dict(mask=1), "attn_mask"),
+        ("sdpa", dict(mask=1, causal=1), "attn_mask and is_causal"),
+        ("sdpa", dict(mask=1, causal=0, dtype="double"), "float32 only"),
         ("sdpa", dict(dropout=0.1), "dropout_p must be 0"),
         ("sdpa", dict(dtype="double"), "float32 only"),
         ("sdpa", dict(dtype="half"), "float32 only"),
@@ -123,6 +178,7 @@ def test_both_ops_are_registered(ops_check):
         ("sdpa", dict(start=6, q_len=4, kv_len=8), "outside the cache"),
         ("update_cache", dict(start=7, seq=2, capacity=8), "outside the cache"),
         ("update_cache", dict(dtype="double"), "float32 only"),
+        ("update_cache", dict(indices=1, capacity=4, seq=1), "outside the cache"),
     ],
 )
 def test_refused_arguments(ops_check, tmp_path, command, params, message):
@@ -133,11 +189,13 @@ def test_refused_arguments(ops_check, tmp_path, command, params, message):
         for name, rows, h in (("q", base["q_len"], base["heads"]), ("k", base["kv_len"], base["kv_heads"]),
                               ("v", base["kv_len"], base["kv_heads"])):
             (tmp_path / f"{name}.bin").write_bytes(torch.zeros(rows, h, 8).numpy().tobytes())
+        (tmp_path / "mask.bin").write_bytes(torch.zeros(base["q_len"], base["kv_len"]).numpy().tobytes())
     else:
         base.update(seq=1, capacity=8, start=0)
         base.update(params)
         (tmp_path / "value.bin").write_bytes(torch.zeros(base["seq"], 2, 8).numpy().tobytes())
         (tmp_path / "cache.bin").write_bytes(torch.zeros(base["capacity"], 2, 8).numpy().tobytes())
+        (tmp_path / "indices.bin").write_bytes(torch.full((base["seq"],), 9).numpy().tobytes())  # row 9 of 4
     r = run_check(ops_check, tmp_path, command, **base)
     assert r.returncode == 1, r.stderr
     assert message in r.stderr

@@ -1,4 +1,5 @@
-// llama::update_cache.out and llama::custom_sdpa.out for llmcore_runner (see llm_ops.h).
+// llama::update_cache.out, llama::update_cache_with_indices.out and llama::custom_sdpa.out
+// for llmcore_runner (see llm_ops.h).
 //
 // Attention: each work item is one (batch, query head, block of up to kRowBlock query
 // rows). Per row it computes the scaled scores against every key the row may see (four
@@ -162,6 +163,7 @@ struct Attention {
   int64_t kv_len, n_kv_heads;               // k and v: [batch, kv_len, n_kv_heads, head_dim]
   int64_t start_pos;
   bool causal;
+  const float* mask;  // [q_len, kv_len] added to the scores; then every key is seen (nullptr: none)
   float scale;
   int64_t row_blocks;  // ceil(q_len / kRowBlock)
 };
@@ -175,7 +177,9 @@ void attend_block(const Attention& a, int64_t b, int64_t h, int64_t i0, int64_t 
   const int64_t all_keys = a.start_pos + a.q_len;
   // Row r sees keys [0, limit[r]).
   int64_t limit[kRowBlock];
-  for (int64_t r = 0; r < rows; ++r) limit[r] = a.causal ? a.start_pos + i0 + r + 1 : all_keys;
+  for (int64_t r = 0; r < rows; ++r) {
+    limit[r] = a.mask != nullptr ? a.kv_len : a.causal ? a.start_pos + i0 + r + 1 : all_keys;
+  }
   const int64_t n_keys = limit[rows - 1];  // the largest
   if (static_cast<int64_t>(scratch.size()) < rows * n_keys) scratch.resize(rows * n_keys);
   float* scores = scratch.data();
@@ -199,6 +203,10 @@ void attend_block(const Attention& a, int64_t b, int64_t h, int64_t i0, int64_t 
       for (int t = 0; t < 4; ++t) sr[j + t] = dots[t] * a.scale;
     }
     for (; j < limit[r]; ++j) sr[j] = dot1(qr, k0 + j * kv_row_stride, d) * a.scale;
+    if (a.mask != nullptr) {  // additive: -inf keys get exp(-87 - max) ~ 0 in softmax_row
+      const float* mr = a.mask + (i0 + r) * a.kv_len;
+      for (j = 0; j < limit[r]; ++j) sr[j] += mr[j];
+    }
   }
 
   // Softmax and weighted sum of values, four keys per pass over the output row.
@@ -281,11 +289,53 @@ Tensor& update_cache_out(KernelRuntimeContext& ctx, const Tensor& value, Tensor&
   return out;
 }
 
+Tensor& update_cache_with_indices_out(KernelRuntimeContext& ctx, const Tensor& value, Tensor& cache,
+                                      int64_t start_pos, const Tensor& indices, Tensor& out) {
+  (void)start_pos;  // the rows come from indices
+  ET_KERNEL_CHECK_MSG(ctx, value.scalar_type() == ScalarType::Float && cache.scalar_type() == ScalarType::Float,
+                      InvalidType, out,
+                      "llama::update_cache_with_indices: llmcore's kernel takes float32 only (value %s, cache %s)",
+                      dtype_name(value.scalar_type()), dtype_name(cache.scalar_type()));
+  ET_KERNEL_CHECK_MSG(ctx, indices.scalar_type() == ScalarType::Long, InvalidType, out,
+                      "llama::update_cache_with_indices: indices must be int64 (got %s)",
+                      dtype_name(indices.scalar_type()));
+  ET_KERNEL_CHECK_MSG(ctx, value.dim() == 4 && cache.dim() == 4 && indices.dim() == 2, InvalidArgument, out,
+                      "llama::update_cache_with_indices: value and cache must be 4-D [B, S, H, D], indices 2-D [B, S]");
+  ET_KERNEL_CHECK_MSG(ctx,
+                      value.size(0) == cache.size(0) && value.size(2) == cache.size(2) &&
+                          value.size(3) == cache.size(3) && indices.size(0) == value.size(0) &&
+                          indices.size(1) == value.size(1),
+                      InvalidArgument, out,
+                      "llama::update_cache_with_indices: value [%zd, %zd, %zd, %zd], cache [%zd, %zd, %zd, %zd] and "
+                      "indices [%zd, %zd] do not fit (batch, rows, heads and head size must match)",
+                      (ssize_t)value.size(0), (ssize_t)value.size(1), (ssize_t)value.size(2), (ssize_t)value.size(3),
+                      (ssize_t)cache.size(0), (ssize_t)cache.size(1), (ssize_t)cache.size(2), (ssize_t)cache.size(3),
+                      (ssize_t)indices.size(0), (ssize_t)indices.size(1));
+  ET_KERNEL_CHECK_MSG(ctx, dense(value) && dense(cache) && dense(indices), InvalidArgument, out,
+                      "llama::update_cache_with_indices: value, cache and indices must be contiguous");
+  const int64_t seq = value.size(1), capacity = cache.size(1);
+  const int64_t row = value.size(2) * value.size(3);  // floats per position
+  const int64_t* rows = indices.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < indices.numel(); ++i) {
+    ET_KERNEL_CHECK_MSG(ctx, rows[i] >= 0 && rows[i] < capacity, InvalidArgument, out,
+                        "llama::update_cache_with_indices: row %lld is outside the cache's %lld",
+                        (long long)rows[i], (long long)capacity);
+  }
+  const float* src = value.const_data_ptr<float>();
+  float* dst = cache.mutable_data_ptr<float>();
+  for (int64_t b = 0; b < value.size(0); ++b) {
+    for (int64_t s = 0; s < seq; ++s) {
+      std::memcpy(dst + (b * capacity + rows[b * seq + s]) * row, src + (b * seq + s) * row, sizeof(float) * row);
+    }
+  }
+  return out;
+}
+
 Tensor& custom_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         int64_t start_pos, const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal,
                         std::optional<double> scale, Tensor& out) {
-  ET_KERNEL_CHECK_MSG(ctx, !attn_mask.has_value(), InvalidArgument, out,
-                      "llama::custom_sdpa: llmcore's kernel does not take attn_mask (causal masking from start_pos only)");
+  ET_KERNEL_CHECK_MSG(ctx, !(attn_mask.has_value() && is_causal), InvalidArgument, out,
+                      "llama::custom_sdpa: attn_mask and is_causal cannot both be set (the mask says what is seen)");
   ET_KERNEL_CHECK_MSG(ctx, dropout_p == 0.0, InvalidArgument, out,
                       "llama::custom_sdpa: dropout_p must be 0 (got %f)", dropout_p);
   ET_KERNEL_CHECK_MSG(ctx,
@@ -309,14 +359,23 @@ Tensor& custom_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor
   ET_KERNEL_CHECK_MSG(ctx, n_kv_heads > 0 && n_heads % n_kv_heads == 0, InvalidArgument, out,
                       "llama::custom_sdpa: %lld query heads are not a multiple of %lld key/value heads",
                       (long long)n_heads, (long long)n_kv_heads);
-  ET_KERNEL_CHECK_MSG(ctx, start_pos >= 0 && start_pos + q_len <= kv_len, InvalidArgument, out,
-                      "llama::custom_sdpa: positions [%lld, %lld) are outside the cache's %lld",
+  // with a mask, positions are the mask's business (a ring buffer holds later ones than its length)
+  ET_KERNEL_CHECK_MSG(ctx, attn_mask.has_value() || (start_pos >= 0 && start_pos + q_len <= kv_len), InvalidArgument,
+                      out, "llama::custom_sdpa: positions [%lld, %lld) are outside the cache's %lld",
                       (long long)start_pos, (long long)(start_pos + q_len), (long long)kv_len);
   ET_KERNEL_CHECK_MSG(ctx, !scale.has_value() || std::isfinite(*scale), InvalidArgument, out,
                       "llama::custom_sdpa: scale must be finite");
   ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, q.sizes()) == Error::Ok, InvalidArgument, out);
   ET_KERNEL_CHECK_MSG(ctx, dense(q) && dense(k) && dense(v) && dense(out), InvalidArgument, out,
                       "llama::custom_sdpa: query, key, value and out must be contiguous");
+  if (attn_mask.has_value()) {
+    const Tensor& m = *attn_mask;
+    ET_KERNEL_CHECK_MSG(ctx, m.scalar_type() == ScalarType::Float && m.dim() == 2 && m.size(0) == q_len &&
+                                 m.size(1) == kv_len && dense(m),
+                        InvalidArgument, out,
+                        "llama::custom_sdpa: attn_mask must be a contiguous float32 [%lld, %lld] (query rows x cache rows)",
+                        (long long)q_len, (long long)kv_len);
+  }
   if (q.numel() == 0) return out;
   ET_KERNEL_CHECK_MSG(ctx, head_dim > 0, InvalidArgument, out, "llama::custom_sdpa: head size must be positive");
 
@@ -333,6 +392,7 @@ Tensor& custom_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor
   a.n_kv_heads = n_kv_heads;
   a.start_pos = start_pos;
   a.causal = is_causal;
+  a.mask = attn_mask.has_value() ? attn_mask->const_data_ptr<float>() : nullptr;
   a.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim)));
   a.row_blocks = (q_len + kRowBlock - 1) / kRowBlock;
   attend(a);
@@ -343,4 +403,5 @@ Tensor& custom_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor
 
 // Run at load time of the executable that links these objects.
 EXECUTORCH_LIBRARY(llama, "update_cache.out", llmcore_kernels::update_cache_out);
+EXECUTORCH_LIBRARY(llama, "update_cache_with_indices.out", llmcore_kernels::update_cache_with_indices_out);
 EXECUTORCH_LIBRARY(llama, "custom_sdpa.out", llmcore_kernels::custom_sdpa_out);

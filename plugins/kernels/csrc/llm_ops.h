@@ -1,7 +1,9 @@
-// llmcore's own ExecuTorch kernels for the two LLM custom ops that llmcore's
-// `kv-cache` transform emits (llmcore/builtins/kv_cache.py):
+// llmcore's own ExecuTorch kernels for the LLM custom ops that llmcore's `kv-cache`
+// transform emits (llmcore/builtins/kv_cache.py):
 //
 //   llama::update_cache.out(Tensor value, Tensor(a!) cache, SymInt start_pos, *, Tensor(b!) out) -> Tensor(b!)
+//   llama::update_cache_with_indices.out(Tensor value, Tensor(a!) cache, SymInt start_pos, Tensor indices, *,
+//                                        Tensor(b!) out) -> Tensor(b!)
 //   llama::custom_sdpa.out(Tensor query, Tensor key, Tensor value, SymInt start_pos, Tensor? attn_mask=None,
 //                          float drpout_p=0., bool is_causal=False, float? scale=None, *, Tensor(a!) out) -> Tensor(a!)
 //
@@ -11,10 +13,15 @@
 //
 // * update_cache writes value[b, s] into cache[b, start_pos + s] (in place); `out` is
 //   a placeholder the program never reads, and is left untouched.
+// * update_cache_with_indices writes value[b, s] into cache[b, indices[b, s]] (a sliding
+//   layer's ring buffer: position p goes to row p % rows); start_pos is not read.
 // * custom_sdpa attends each query row i of q[b, :, h] (absolute position start_pos + i)
 //   to keys 0 .. start_pos + S - 1 of k/v[b, :, h / (H / H_kv)] (grouped-query attention),
-//   only up to its own position when is_causal. scale defaults to 1/sqrt(D).
-//   attn_mask and dropout are refused.
+//   only up to its own position when is_causal. scale defaults to 1/sqrt(D). With an
+//   attn_mask (float32 [S, kv_len], 0 or -inf: sliding windows, ring buffers) each row
+//   sees every key of the cache, the mask added to its scores, and start_pos and
+//   is_causal play no part (both set is refused, as ExecuTorch's kernel refuses it).
+//   Dropout is refused.
 //
 // Registered with EXECUTORCH_LIBRARY into the runtime they are linked with. Built as an
 // object library for llmcore_runner only (plugins/kernels/CMakeLists.txt): a Python
@@ -31,6 +38,12 @@ namespace llmcore_kernels {
 executorch::aten::Tensor& update_cache_out(executorch::runtime::KernelRuntimeContext& ctx,
                                            const executorch::aten::Tensor& value, executorch::aten::Tensor& cache,
                                            int64_t start_pos, executorch::aten::Tensor& out);
+
+executorch::aten::Tensor& update_cache_with_indices_out(executorch::runtime::KernelRuntimeContext& ctx,
+                                                        const executorch::aten::Tensor& value,
+                                                        executorch::aten::Tensor& cache, int64_t start_pos,
+                                                        const executorch::aten::Tensor& indices,
+                                                        executorch::aten::Tensor& out);
 
 executorch::aten::Tensor& custom_sdpa_out(executorch::runtime::KernelRuntimeContext& ctx,
                                           const executorch::aten::Tensor& q, const executorch::aten::Tensor& k,

@@ -3,16 +3,19 @@
 // with PyTorch. Not installed anywhere; the tests in tests/runtime/test_llm_ops.py use it.
 //
 //   llmcore_llm_ops_check registered
-//       prints "llama::update_cache.out llama::custom_sdpa.out" when both are registered
+//       prints the names of llm_ops.cpp's kernels that are registered:
+//       "llama::update_cache.out llama::update_cache_with_indices.out llama::custom_sdpa.out"
 //   llmcore_llm_ops_check sdpa DIR key=value...
 //       keys: batch q_len heads head_dim kv_len kv_heads start causal (0/1) scale (a number
 //       or "none") dtype (float/double/half) mask (0/1) dropout (a number) repeat (N calls)
 //       reads DIR/q.bin [batch,q_len,heads,head_dim], DIR/k.bin and DIR/v.bin
-//       [batch,kv_len,kv_heads,head_dim] (float32, when dtype=float), writes DIR/out.bin;
+//       [batch,kv_len,kv_heads,head_dim] (float32, when dtype=float), with mask=1 DIR/mask.bin
+//       [q_len,kv_len] (float32: 0 or -inf), writes DIR/out.bin;
 //       prints "us_per_call=..." (the median of `repeat` calls)
 //   llmcore_llm_ops_check update_cache DIR key=value...
-//       keys: batch seq heads head_dim capacity start dtype
-//       reads DIR/value.bin and DIR/cache.bin, writes the updated cache to DIR/cache_out.bin
+//       keys: batch seq heads head_dim capacity start dtype indices (0/1)
+//       reads DIR/value.bin and DIR/cache.bin, writes the updated cache to DIR/cache_out.bin;
+//       with indices=1 runs update_cache_with_indices on DIR/indices.bin (int64 [batch,seq])
 // Exit status: 0 when the kernel succeeded, 1 when it failed (ExecuTorch logs the reason
 // on stderr), 2 on a usage error.
 #include <algorithm>
@@ -142,11 +145,13 @@ int run_sdpa(const Args& a) {
   Buffer k = load("k.bin", {batch, kv_len, kv_heads, head_dim});
   Buffer v = load("v.bin", {batch, kv_len, kv_heads, head_dim});
   Buffer out(type, {batch, q_len, heads, head_dim});
-  Buffer mask(type, {q_len, kv_len});
+  const bool masked = a.num("mask", 0) != 0;
+  Buffer mask(type, {q_len, kv_len},
+              masked && from_files ? read_file(a.dir + "/mask.bin", q_len * kv_len * sizeof(float)) : std::vector<char>());
   const std::string scale = a.get("scale", "none");
 
   et::EValue ev_q(q.tensor()), ev_k(k.tensor()), ev_v(v.tensor()), ev_start(a.num("start", 0));
-  et::EValue ev_mask = a.num("mask", 0) ? et::EValue(mask.tensor()) : et::EValue();
+  et::EValue ev_mask = masked ? et::EValue(mask.tensor()) : et::EValue();
   et::EValue ev_dropout(std::stod(a.get("dropout", "0")));
   et::EValue ev_causal(a.num("causal", 1) != 0);
   et::EValue ev_scale = scale == "none" ? et::EValue() : et::EValue(std::stod(scale));
@@ -181,10 +186,19 @@ int run_update_cache(const Args& a) {
   Buffer cache(type, {batch, capacity, heads, head_dim},
                from_files ? read_file(a.dir + "/cache.bin", cache_bytes) : std::vector<char>());
   Buffer out(type, {1});
+  const bool indexed = a.num("indices", 0) != 0;
+  Buffer indices(ScalarType::Long, {batch, seq},
+                 indexed ? read_file(a.dir + "/indices.bin", batch * seq * sizeof(int64_t)) : std::vector<char>());
   et::EValue ev_value(value.tensor()), ev_cache(cache.tensor()), ev_start(a.num("start", 0)), ev_out(out.tensor());
-  et::EValue* stack[] = {&ev_value, &ev_cache, &ev_start, &ev_out};
+  et::EValue ev_indices(indices.tensor());
   et::KernelRuntimeContext ctx;
-  lookup("llama::update_cache.out")(ctx, et::Span<et::EValue*>(stack, 4));
+  if (indexed) {
+    et::EValue* stack[] = {&ev_value, &ev_cache, &ev_start, &ev_indices, &ev_out};
+    lookup("llama::update_cache_with_indices.out")(ctx, et::Span<et::EValue*>(stack, 5));
+  } else {
+    et::EValue* stack[] = {&ev_value, &ev_cache, &ev_start, &ev_out};
+    lookup("llama::update_cache.out")(ctx, et::Span<et::EValue*>(stack, 4));
+  }
   if (ctx.failure_state() != et::Error::Ok) return 1;
   write_file(a.dir + "/cache_out.bin", cache.data.data(), cache.nbytes());
   return 0;
@@ -197,7 +211,8 @@ int main(int argc, char** argv) {
   if (argc < 2) usage("expected a command: registered, sdpa, update_cache");
   const std::string cmd = argv[1];
   if (cmd == "registered") {
-    for (const char* name : {"llama::update_cache.out", "llama::custom_sdpa.out"}) {
+    for (const char* name :
+         {"llama::update_cache.out", "llama::update_cache_with_indices.out", "llama::custom_sdpa.out"}) {
       if (et::registry_has_op_function(name)) std::printf("%s ", name);
     }
     std::printf("\n");
