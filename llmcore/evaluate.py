@@ -103,6 +103,7 @@ def eager_reference(report: dict):
     from llmcore.plugins import load_registry
     from llmcore.recipe import ExportOptions
     from llmcore.records import TransformContext
+    from llmcore.runtime import feed_in_chunks
 
     saved = report["options"]
     options = ExportOptions(**{k: v for k, v in saved.items() if k in ExportOptions.__dataclass_fields__})
@@ -114,10 +115,13 @@ def eager_reference(report: dict):
     apply_transforms(loaded, [registry.get("transforms", "kv-cache-static", stage="eval")], context)
     module = loaded.module.eval()
 
-    def logits(tokens: list[int], pos: int) -> torch.Tensor:
+    def call(tokens: list[int], pos: int) -> torch.Tensor:
         with torch.no_grad():
             out = module(torch.tensor([tokens]), torch.tensor([pos]))
         return out.reshape(-1, out.shape[-1])[-1]
+
+    def logits(tokens: list[int], pos: int) -> torch.Tensor:  # as the program takes them (ring buffers)
+        return feed_in_chunks(call, tokens, pos, context.max_tokens_per_call or len(tokens))
 
     return logits
 

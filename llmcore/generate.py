@@ -164,10 +164,10 @@ def generate(
     if not prompt_ids:
         raise LlmcoreError("the prompt is empty after tokenization.", stage="run", fix="pass a non-empty --prompt.")
     limit = program.max_context_len if program.use_kv_cache else None
-    if program.use_kv_cache and len(prompt_ids) > min(program.max_seq_len, limit):
+    if program.use_kv_cache and len(prompt_ids) > limit:  # longer than one call: fed in chunks
         raise LlmcoreError(
             f"the prompt has {len(prompt_ids)} tokens; this program takes at most "
-            f"{min(program.max_seq_len, limit)} in its context.",
+            f"{limit} in its context.",
             stage="run",
             fix="shorten the prompt, or export with a larger --max-seq-len.",
         )

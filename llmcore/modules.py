@@ -9,6 +9,7 @@ the same transform serves every family.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import torch
@@ -50,22 +51,44 @@ class CausalAttention(nn.Module):
     """Causal scaled-dot-product attention over ``[B, T, H, D]`` inputs, without a cache.
 
     ``q`` has ``n_heads`` heads, ``k`` and ``v`` have ``n_kv_heads`` (grouped-query
-    attention when fewer). Returns ``[B, T, n_heads * head_dim]``. With a ``window``
-    (sliding-window attention: Mistral, Gemma's local layers, Qwen's and Phi-3's option) a
-    position sees the ``window`` positions ending at itself, as transformers defines it;
-    the KV-cache transforms keep the same window (:func:`attention_mask`).
+    attention when fewer). Returns ``[B, T, n_heads * head_dim]``. Beyond plain causal
+    attention, and kept the same by the KV-cache transforms:
+
+    * ``window`` (sliding-window attention: Mistral, Gemma's local layers, Qwen's and
+      Phi-3's option): a position sees the ``window`` positions ending at itself, as
+      transformers defines it (:func:`attention_mask`);
+    * ``scale``: the factor on ``q . k`` when it is not ``head_dim ** -0.5`` (Gemma's
+      ``query_pre_attn_scalar``);
+    * ``softcap``: scores become ``softcap * tanh(scores / softcap)`` before the mask and
+      the softmax (Gemma 2). No fused SDPA kernel has this, so such a layer attends with
+      explicit matmuls (:func:`explicit_attention`).
+
+    A backend transform with its own attention form implements these or refuses the layer
+    (:func:`unusual_attention`).
     """
 
-    def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, window: Optional[int] = None):
+    def __init__(
+        self,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        window: Optional[int] = None,
+        scale: Optional[float] = None,
+        softcap: Optional[float] = None,
+    ):
         super().__init__()
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
         if window is not None and window < 1:
             raise ValueError(f"window={window} must be a positive number of positions")
+        if softcap is not None and not softcap > 0:
+            raise ValueError(f"softcap={softcap} must be positive")
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.head_dim = head_dim
         self.window = window
+        self.scale = scale
+        self.softcap = softcap
 
     def forward(
         self,
@@ -76,16 +99,58 @@ class CausalAttention(nn.Module):
     ) -> torch.Tensor:
         bsz, seq_len = q.shape[0], q.shape[1]
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
+        if self.softcap is not None:
+            positions = torch.arange(seq_len)
+            mask = attention_mask(positions, positions, self.window)
+            y = explicit_attention(q, k, v, mask, self.scale, self.softcap)
+            return y.transpose(1, 2).reshape(bsz, -1, self.n_heads * self.head_dim)
         k, v = repeat_kv(k, self.n_heads // self.n_kv_heads), repeat_kv(
             v, self.n_heads // self.n_kv_heads
         )
         if self.window is None or self.window >= seq_len:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         else:
             positions = torch.arange(seq_len)
             mask = attention_mask(positions, positions, self.window)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         return y.transpose(1, 2).reshape(bsz, -1, self.n_heads * self.head_dim)
+
+
+def explicit_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: Optional[float] = None,
+    softcap: Optional[float] = None,
+) -> torch.Tensor:
+    """Attention written out, ``softmax(cap(q k^T * scale) + mask) v``, for what fused SDPA
+    kernels (``F.scaled_dot_product_attention``, ``llama::custom_sdpa``) cannot do:
+    soft-capped scores. ``q`` is ``[B, H, T, D]``, ``k``/``v`` ``[B, H_kv, S, D]``; ``mask``
+    is ``[T, S]``, bool (True: may attend) or additive (0 / -inf). Returns ``[B, H, T, D]``.
+
+    Grouped-query heads are not repeated: each kv head's ``H / H_kv`` query heads are
+    stacked along the rows (``[B, H_kv, n_rep * T, D]``), so the graph holds only matmuls,
+    views and elementwise ops, which XNNPACK lowers (it has no ``expand``). Computed in
+    float32."""
+    bsz, n_heads, n_kv = q.shape[0], q.shape[1], k.shape[1]
+    n_rep, head_dim, keys_len = n_heads // n_kv, q.shape[-1], k.shape[-2]
+    scale = head_dim ** -0.5 if scale is None else scale
+    # 3-D bmm on views with one inferred dim: torch.matmul on 4-D tensors exports as expand +
+    # views to symbolic shapes, which XNNPACK does not lower
+    grouped = q.float().contiguous().view(bsz * n_kv, -1, head_dim)  # [B*H_kv, n_rep*T, D]
+    keys = k.float().reshape(bsz * n_kv, keys_len, head_dim)
+    values = v.float().reshape(bsz * n_kv, keys_len, head_dim)
+    scores = torch.bmm(grouped, keys.transpose(1, 2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.view(bsz * n_kv, n_rep, -1, keys_len)  # [B*H_kv, n_rep, T, S]
+    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    probs = torch.softmax(scores, dim=-1).view(bsz * n_kv, -1, keys_len)
+    out = torch.bmm(probs, values)  # [B*H_kv, n_rep*T, D]
+    # split the rows, then merge the heads: one view straight to [B, H, T, D] makes
+    # torch.export guard on the (symbolic) strides of the bmm's output
+    return out.view(bsz, n_kv, n_rep, -1, head_dim).view(bsz, n_heads, -1, head_dim).type_as(q)
 
 
 def attention_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, window: Optional[int]) -> torch.Tensor:
@@ -99,11 +164,29 @@ def attention_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, window: Optio
     return allowed
 
 
-def windowed_attention(module: nn.Module) -> list[str]:
-    """Names of the attention submodules, plain or cached, that use a sliding window: a
-    backend transform that replaces attention with its own form must implement the window
-    or refuse these (:class:`CausalAttention`)."""
-    return [name for name, m in module.named_modules() if isinstance(getattr(m, "window", None), int)]
+def unusual_attention(module: nn.Module) -> list[tuple[str, str]]:
+    """``(name, what)`` for each attention submodule, plain or cached, that does more than
+    causal attention at the default scale: a sliding window, another scale, soft-capped
+    scores (:class:`CausalAttention`). A backend transform that replaces attention with its
+    own form must implement these or refuse the layer by name."""
+    found = []
+    for name, m in module.named_modules():
+        if isinstance(getattr(m, "window", None), int):
+            found.append((name, "sliding-window attention"))
+        elif getattr(m, "softcap", None) is not None:
+            found.append((name, "soft-capped attention scores"))
+        elif getattr(m, "scale", None) is not None and isinstance(getattr(m, "head_dim", None), int):
+            found.append((name, "an attention scale other than 1/sqrt(head_dim)"))
+    return found
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (``F.gelu(x, approximate="tanh")``: Gemma's GeGLU),
+    written out with muls, adds and a tanh. XNNPACK's GELU operator takes that call but
+    computes the exact (erf) GELU whatever ``approximate`` says, which would move every
+    activation by up to ~1e-3 without a word; its tanh, muls and adds compute this form."""
+    inner = (x + 0.044715 * (x * x * x)) * math.sqrt(2.0 / math.pi)
+    return 0.5 * x * (1.0 + torch.tanh(inner))
 
 
 def static_shape(x: torch.Tensor) -> list[int]:

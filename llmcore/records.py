@@ -175,6 +175,10 @@ class TransformContext:
     """Set by a transform whose cache uses ExecuTorch's fused `custom_sdpa` op."""
     runtime_imports: list[str] = field(default_factory=list)
     """Python modules that register custom ops the program needs at run time."""
+    max_tokens_per_call: Optional[int] = None
+    """Set by a transform whose cache limits the tokens of one call (sliding layers' ring
+    buffers): the program's ``get_max_seq_len``, and prompts are fed in chunks of it. None:
+    a call may take the whole context (``max_seq_len``)."""
 
     @property
     def first_backend(self) -> Optional[str]:

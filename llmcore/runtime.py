@@ -18,7 +18,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -143,7 +143,13 @@ class Program:
         return program
 
     def logits(self, tokens: Sequence[int], input_pos: Optional[int] = None) -> torch.Tensor:
-        """Logits ``[V]`` for the last of ``tokens``."""
+        """Logits ``[V]`` for the last of ``tokens``; with a KV cache, ``tokens`` are fed in
+        calls of at most ``max_seq_len`` (the prefill chunk of a ring-buffered program)."""
+        if self.use_kv_cache:
+            return feed_in_chunks(self._call, tokens, input_pos or 0, self.max_seq_len)
+        return self._call(tokens, input_pos)
+
+    def _call(self, tokens: Sequence[int], input_pos: Optional[int] = None) -> torch.Tensor:
         inputs = [torch.tensor([list(tokens)], dtype=torch.long)]
         if self.use_kv_cache:
             inputs.append(torch.tensor([input_pos or 0], dtype=torch.long))
@@ -169,6 +175,18 @@ class Program:
     def module(self) -> Any:
         """The underlying pybindings module (for ETDump access)."""
         return self._module
+
+
+def feed_in_chunks(
+    forward: Callable[[Sequence[int], int], torch.Tensor], tokens: Sequence[int], start: int, chunk: int
+) -> torch.Tensor:
+    """``forward(part, position)`` on consecutive parts of ``tokens`` of at most ``chunk``,
+    from ``start``; the last call's logits. How a KV-cache program takes a prompt longer
+    than one call accepts (docs/pte-contract.md)."""
+    out = None
+    for i in range(0, max(len(tokens), 1), max(chunk, 1)):
+        out = forward(tokens[i : i + chunk], start + i)
+    return out
 
 
 class _Captured:

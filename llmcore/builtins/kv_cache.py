@@ -12,13 +12,26 @@ past positions in buffers, and switch the program to ``forward(tokens, input_pos
   written with ``index_put_`` so that ExecuTorch's re-inplace pass updates the buffer in
   place; an ``index_copy_`` cache would instead copy the whole cache every step.
 
-Sliding-window layers (``CausalAttention.window``) keep the same full-length cache and
-add the window to the mask, so generation runs past the window up to the program's
-context and matches transformers. The custom-op variant then passes ``custom_sdpa`` an
-explicit ``[T, capacity]`` mask (with a mask the op attends over the whole cache, so a
-sliding layer's step costs the full capacity, not ``input_pos + T``). The cache is not
-smaller than the context: a ring buffer of the window needs prompts fed in chunks no
-longer than the window, which the runners do not do yet.
+Sliding-window layers (``CausalAttention.window``) keep only what their window needs: a
+ring buffer of ``W + chunk - 1`` rows, position ``p`` in row ``p % rows``, where ``chunk``
+is the most tokens one call takes (the shortest window, :func:`prefill_chunk`; the
+program's ``get_max_seq_len``, and runners feed prompts in chunks of it). Memory and the
+cost of a step then depend on the window, not the context, and generation runs past the
+window up to the context (the full-attention layers' cache, and the RoPE tables) matching
+transformers. The custom-op variant writes rows with ``llama::update_cache_with_indices``
+and passes ``custom_sdpa`` an explicit ``[T, rows]`` mask of which position each row holds
+(the op then ignores ``start_pos``); the plain-PyTorch one does the same with ``index_put_``
+and a masked SDPA. When ``W + chunk - 1`` would not be shorter than the context, the layer
+keeps a full-length cache with the window in its mask, and a call may take the whole
+context. The masks, and the rows new positions go to, are computed once per forward
+(:class:`WindowMasks`).
+
+A layer's attention scale (``CausalAttention.scale``) goes to the SDPA op as it is. A layer
+with soft-capped scores (``CausalAttention.softcap``: Gemma 2) attends with explicit
+matmuls (no fused kernel caps the scores): the custom-op variant writes its cache with
+``llama::update_cache`` and attends over the whole cache with the causal (or window) mask,
+so that the attention has static shapes and lowers into the layer's XNNPACK delegate; the
+plain-PyTorch one over the filled part.
 """
 
 from __future__ import annotations
@@ -30,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmcore import hookimpl
-from llmcore.modules import CausalAttention, attention_mask, repeat_kv, replace_modules
+from llmcore.modules import CausalAttention, attention_mask, explicit_attention, repeat_kv, replace_modules
 from llmcore.records import SourceTransform, TransformContext
 
 CUSTOM_OPS_MODULE = "executorch.extension.llm.custom_ops.custom_ops"
@@ -48,32 +61,67 @@ def _window(window: Optional[int], capacity: int) -> Optional[int]:
     return window if window is not None and window < capacity else None
 
 
-def window_mask(input_pos: torch.Tensor, seq_len: int, capacity: int, window: int) -> torch.Tensor:
-    """The additive ``[T, capacity]`` mask (0 or -inf) of queries at ``input_pos[0] + t``
-    over a cache of ``capacity`` positions, for a sliding ``window``."""
+def ring_slots(window: Optional[int], chunk: Optional[int], capacity: int) -> Optional[int]:
+    """Rows of a sliding layer's ring buffer: the ``window - 1`` positions before a chunk of
+    up to ``chunk`` new ones, when that is fewer than ``capacity``; None: a full cache."""
+    if window is None or chunk is None or window + chunk - 1 >= capacity:
+        return None
+    return window + chunk - 1
+
+
+def slot_positions(end, slots: int) -> torch.Tensor:
+    """The position each row of a ring buffer of ``slots`` rows holds once positions
+    ``[0, end)`` were written in order, position ``p`` to row ``p % slots``: the last ``p <
+    end`` of each row's residue. Negative: the row was never written."""
+    return (end - 1) - torch.remainder((end - 1) - torch.arange(slots), slots)
+
+
+def ring_rows(input_pos: torch.Tensor, seq_len: int, slots: int) -> torch.Tensor:
+    """``[1, T]`` rows of a ring buffer of ``slots`` rows that positions ``input_pos[0] + t``
+    are written to (``llama::update_cache_with_indices``' layout)."""
     start = input_pos[0].item()
     torch._check(start >= 0)
-    allowed = attention_mask(torch.arange(start, start + seq_len), torch.arange(capacity), window)
+    return torch.remainder(torch.arange(start, start + seq_len), slots).unsqueeze(0)
+
+
+def window_mask(
+    input_pos: torch.Tensor, seq_len: int, capacity: int, window: Optional[int], slots: Optional[int] = None
+) -> torch.Tensor:
+    """The additive ``[T, S]`` mask (0 or -inf) of queries at ``input_pos[0] + t`` over a
+    cache of ``capacity`` positions, or over a ring buffer of ``slots`` rows, for a sliding
+    ``window`` (None: causal only)."""
+    start = input_pos[0].item()
+    torch._check(start >= 0)
+    queries = torch.arange(start, start + seq_len)
+    if slots is None:
+        allowed = attention_mask(queries, torch.arange(capacity), window)
+    else:
+        held = slot_positions(start + seq_len, slots)
+        allowed = attention_mask(queries, held, window) & (held >= 0).unsqueeze(0)
     return torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
 
 
 class WindowMasks:
-    """The sliding-window masks of one model, computed once per forward.
+    """The attention masks over the whole cache of one model, computed once per forward:
+    one per ``(window, ring rows)`` (window None: the causal mask of soft-capped layers;
+    rows None: a cache as long as the context); and the rows each ring buffer length
+    writes the new positions to.
 
-    Every sliding layer of one window needs the same ``[T, capacity]`` mask. Computed in
-    each layer, the program kept one per layer in its planned memory (the masks of all
-    layers outlive the delegates placed between them): 412 MiB instead of 56 for a 30-layer,
+    Every sliding layer of one window needs the same ``[T, S]`` mask. Computed in each
+    layer, the program kept one per layer in its planned memory (the masks of all layers
+    outlive the delegates placed between them): 412 MiB instead of 56 for a 30-layer,
     1024-position program. A forward pre-hook on the model (:meth:`before_forward`)
     computes them from ``(tokens, input_pos)`` before the layers run, in the graph's
-    prelude, like the RoPE tables; a cache takes its window's mask when it is handed the
+    prelude, like the RoPE tables; a cache takes its mask when it is handed the
     ``input_pos`` the hook saw, and computes its own otherwise (called on its own).
     """
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self.windows: set[int] = set()
+        self.windows: set[tuple[Optional[int], Optional[int]]] = set()
         self._input_pos: Optional[torch.Tensor] = None
-        self._masks: dict[int, torch.Tensor] = {}
+        self._masks: dict[tuple[Optional[int], Optional[int]], torch.Tensor] = {}
+        self._rows: dict[int, torch.Tensor] = {}
 
     def before_forward(self, module, args, kwargs) -> None:
         tokens = args[0] if args else kwargs.get("tokens")
@@ -81,19 +129,43 @@ class WindowMasks:
         self.after_forward()
         if isinstance(tokens, torch.Tensor) and isinstance(input_pos, torch.Tensor):
             self._input_pos = input_pos
-            self._masks = {w: window_mask(input_pos, tokens.shape[1], self.capacity, w) for w in self.windows}
+            self._masks = {
+                key: window_mask(input_pos, tokens.shape[1], self.capacity, *key) for key in sorted(self.windows, key=str)
+            }
+            rings = sorted({slots for _, slots in self.windows if slots is not None})
+            self._rows = {slots: ring_rows(input_pos, tokens.shape[1], slots) for slots in rings}
 
     def after_forward(self, *_) -> None:
-        self._input_pos, self._masks = None, {}  # hold no tensors between calls
+        self._input_pos, self._masks, self._rows = None, {}, {}  # hold no tensors between calls
 
-    def mask(self, input_pos: torch.Tensor, seq_len: int, window: int) -> torch.Tensor:
-        if input_pos is self._input_pos and window in self._masks:
-            return self._masks[window]
-        return window_mask(input_pos, seq_len, self.capacity, window)
+    def mask(
+        self, input_pos: torch.Tensor, seq_len: int, window: Optional[int], slots: Optional[int] = None
+    ) -> torch.Tensor:
+        key = (window, slots)
+        if input_pos is self._input_pos and key in self._masks:
+            return self._masks[key]
+        return window_mask(input_pos, seq_len, self.capacity, window, slots)
+
+    def rows(self, input_pos: torch.Tensor, seq_len: int, slots: int) -> torch.Tensor:
+        if input_pos is self._input_pos and slots in self._rows:
+            return self._rows[slots]
+        return ring_rows(input_pos, seq_len, slots)
+
+
+def _capped_attention(q, keys, values, mask, scale, softcap) -> torch.Tensor:
+    """Soft-capped attention of queries ``q [1, T, H, D]`` over cached ``keys``/``values``
+    ``[1, S, H_kv, D]`` with a ``[T, S]`` mask; ``[1, T, H, D]``."""
+    return explicit_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask, scale,
+                              softcap).transpose(1, 2)
 
 
 class CustomOpKVAttention(nn.Module):
-    """Cached attention through ``llama::update_cache`` + ``llama::custom_sdpa``."""
+    """Cached attention through ``llama::update_cache`` + ``llama::custom_sdpa``.
+
+    With ``slots`` (a sliding layer's ring buffer), the cache has that many rows, position
+    ``p`` is written to row ``p % slots`` by ``llama::update_cache_with_indices``, and the
+    mask says which position each row holds (:func:`slot_positions`); ``custom_sdpa``
+    ignores ``start_pos`` when it is given a mask."""
 
     def __init__(
         self,
@@ -103,43 +175,72 @@ class CustomOpKVAttention(nn.Module):
         capacity: int,
         window: Optional[int] = None,
         masks: Optional[WindowMasks] = None,
+        scale: Optional[float] = None,
+        softcap: Optional[float] = None,
+        slots: Optional[int] = None,
     ):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.capacity = capacity
         self.window = _window(window, capacity)
+        self.slots = slots if self.window is not None else None
+        self.scale, self.softcap = scale, softcap
         self.masks = masks if masks is not None else WindowMasks(capacity)
-        if self.window is not None:
-            self.masks.windows.add(self.window)
-        shape = (1, capacity, n_kv_heads, head_dim)  # [B, S, H, D]: the ops' layout
+        if self.window is not None or softcap is not None:
+            self.masks.windows.add((self.window, self.slots))
+        shape = (1, self.slots or capacity, n_kv_heads, head_dim)  # [B, S, H, D]: the ops' layout
         self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
 
     def forward(self, q, k, v, input_pos: Optional[torch.Tensor] = None):
         bsz, seq_len = q.shape[0], q.shape[1]
         start = _start(input_pos, seq_len, self.capacity)
-        torch.ops.llama.update_cache(k.float(), self.k_cache, start)
-        torch.ops.llama.update_cache(v.float(), self.v_cache, start)
+        if self.slots is None:
+            torch.ops.llama.update_cache(k.float(), self.k_cache, start)
+            torch.ops.llama.update_cache(v.float(), self.v_cache, start)
+        else:
+            torch._check(seq_len + self.window - 1 <= self.slots)  # the chunk fits beside the window
+            rows = self.masks.rows(input_pos, seq_len, self.slots)
+            torch.ops.llama.update_cache_with_indices(k.float(), self.k_cache, start, rows)
+            torch.ops.llama.update_cache_with_indices(v.float(), self.v_cache, start, rows)
+        if self.softcap is not None:  # over the whole cache, masked: static shapes, which XNNPACK lowers
+            mask = self.masks.mask(input_pos, seq_len, self.window, self.slots)
+            y = _capped_attention(q, self.k_cache, self.v_cache, mask, self.scale, self.softcap)
+            return y.contiguous().view(bsz, -1, self.n_heads * self.head_dim).to(q.dtype)  # -1: a view XNNPACK takes
+        scale = () if self.scale is None else (self.scale,)  # left out: the program as without one
         if self.window is None:
-            y = torch.ops.llama.custom_sdpa(q.float(), self.k_cache, self.v_cache, start, None, 0.0, True)
+            y = torch.ops.llama.custom_sdpa(q.float(), self.k_cache, self.v_cache, start, None, 0.0, True, *scale)
         else:  # an explicit mask over the whole cache (the op then ignores start and is_causal)
-            mask = self.masks.mask(input_pos, seq_len, self.window)
-            y = torch.ops.llama.custom_sdpa(q.float(), self.k_cache, self.v_cache, start, mask, 0.0, False)
+            mask = self.masks.mask(input_pos, seq_len, self.window, self.slots)
+            y = torch.ops.llama.custom_sdpa(q.float(), self.k_cache, self.v_cache, start, mask, 0.0, False, *scale)
         return y.reshape(bsz, seq_len, self.n_heads * self.head_dim).to(q.dtype)
 
 
 class StaticKVAttention(nn.Module):
     """Cached attention in plain PyTorch: ``index_put_`` writes, masked SDPA over the
-    filled part of the cache."""
+    filled part of the cache (over the whole ring buffer of a sliding layer that has one,
+    as :class:`CustomOpKVAttention`)."""
 
-    def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, capacity: int, window: Optional[int] = None):
+    def __init__(
+        self,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        window: Optional[int] = None,
+        scale: Optional[float] = None,
+        softcap: Optional[float] = None,
+        slots: Optional[int] = None,
+    ):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.capacity = capacity
         self.window = _window(window, capacity)
+        self.slots = slots if self.window is not None else None
+        self.scale, self.softcap = scale, softcap
         # [S, H, D], batch of one: the written dimension comes first, which is the form
         # of in-place index_put the ExecuTorch runtime accepts.
-        shape = (capacity, n_kv_heads, head_dim)
+        shape = (self.slots or capacity, n_kv_heads, head_dim)
         self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
 
@@ -147,16 +248,39 @@ class StaticKVAttention(nn.Module):
         bsz, seq_len = q.shape[0], q.shape[1]
         start = _start(input_pos, seq_len, self.capacity)
         positions = torch.arange(seq_len) + start
-        self.k_cache[positions] = k[0]  # aten.index_put_: re-inplaced by ExecuTorch
-        self.v_cache[positions] = v[0]
-        end = start + seq_len
-        keys = self.k_cache.narrow(0, 0, end).transpose(0, 1).unsqueeze(0)  # [1, H, end, D]
-        values = self.v_cache.narrow(0, 0, end).transpose(0, 1).unsqueeze(0)
+        if self.slots is not None:
+            torch._check(seq_len + self.window - 1 <= self.slots)  # the chunk fits beside the window
+        rows = positions if self.slots is None else torch.remainder(positions, self.slots)
+        self.k_cache[rows] = k[0]  # aten.index_put_: re-inplaced by ExecuTorch
+        self.v_cache[rows] = v[0]
+        if self.slots is None:
+            end = start + seq_len
+            keys = self.k_cache.narrow(0, 0, end).unsqueeze(0)  # [1, end, H, D]
+            values = self.v_cache.narrow(0, 0, end).unsqueeze(0)
+            mask = attention_mask(positions, torch.arange(end), self.window)  # [T, end]
+        else:
+            keys, values = self.k_cache.unsqueeze(0), self.v_cache.unsqueeze(0)
+            held = slot_positions(start + seq_len, self.slots)
+            mask = attention_mask(positions, held, self.window) & (held >= 0).unsqueeze(0)
+        if self.softcap is not None:
+            y = _capped_attention(q, keys, values, mask, self.scale, self.softcap)
+            return y.reshape(bsz, seq_len, self.n_heads * self.head_dim)
         n_rep = self.n_heads // self.n_kv_heads
-        keys, values = repeat_kv(keys, n_rep), repeat_kv(values, n_rep)
-        mask = attention_mask(positions, torch.arange(end), self.window)  # [T, end]
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask)
+        keys, values = repeat_kv(keys.transpose(1, 2), n_rep), repeat_kv(values.transpose(1, 2), n_rep)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, scale=self.scale)
         return y.transpose(1, 2).reshape(bsz, seq_len, self.n_heads * self.head_dim)
+
+
+def prefill_chunk(module: nn.Module, capacity: int) -> Optional[int]:
+    """Tokens per call of a program whose sliding layers keep ring buffers: the shortest
+    window shorter than the context (a chunk of up to ``W`` new positions beside the
+    ``W - 1`` before it fits a ring of ``2W - 1`` rows), or None when no ring buffer would be
+    shorter than the context, so that a call may take the whole context."""
+    windows = [m.window for m in module.modules() if isinstance(m, CausalAttention) and m.window is not None]
+    chunk = min((w for w in windows if w < capacity), default=None)
+    if chunk is None or all(ring_slots(w, chunk, capacity) is None for w in windows):
+        return None
+    return chunk
 
 
 def _apply(module: nn.Module, context: TransformContext, cls, uses_custom_ops: bool) -> nn.Module:
@@ -166,11 +290,13 @@ def _apply(module: nn.Module, context: TransformContext, cls, uses_custom_ops: b
         importlib.import_module(CUSTOM_OPS_MODULE)  # registers torch.ops.llama.*
     capacity = context.max_seq_len
     masks = WindowMasks(capacity)
+    chunk = prefill_chunk(module, capacity)
 
     def make(attn: CausalAttention) -> nn.Module:
+        extra = {"scale": attn.scale, "softcap": attn.softcap, "slots": ring_slots(attn.window, chunk, capacity)}
         if cls is CustomOpKVAttention:
-            return cls(attn.n_heads, attn.n_kv_heads, attn.head_dim, capacity, attn.window, masks)
-        return cls(attn.n_heads, attn.n_kv_heads, attn.head_dim, capacity, attn.window)
+            return cls(attn.n_heads, attn.n_kv_heads, attn.head_dim, capacity, attn.window, masks, **extra)
+        return cls(attn.n_heads, attn.n_kv_heads, attn.head_dim, capacity, attn.window, **extra)
 
     if replace_modules(module, CausalAttention, make) == 0:
         raise ValueError(
@@ -182,6 +308,7 @@ def _apply(module: nn.Module, context: TransformContext, cls, uses_custom_ops: b
         module.register_forward_hook(masks.after_forward)
     context.use_kv_cache = True
     context.use_sdpa_with_kv_cache = uses_custom_ops
+    context.max_tokens_per_call = chunk
     if uses_custom_ops and CUSTOM_OPS_MODULE not in context.runtime_imports:
         context.runtime_imports.append(CUSTOM_OPS_MODULE)
     return module

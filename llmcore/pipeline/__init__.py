@@ -100,6 +100,9 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
     with log.stage("transform"):
         applied = transform.apply_transforms(loaded, transforms, context)
     module = loaded.module.eval()
+    # tokens per call: the context, unless the cache takes fewer at once (ring buffers)
+    call_len = context.max_tokens_per_call or max_seq_len
+    prompt_ids = prompt_ids[:call_len]
 
     if recipe is not None and recipe.record.source_quantize is not None:
         with log.stage("quantize"):
@@ -107,7 +110,7 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
 
     inputs = capture.example_inputs(prompt_ids, context.use_kv_cache)
     with log.stage("export"):
-        exported = capture.capture(module, inputs, max_seq_len, context.use_kv_cache, family=options.model)
+        exported = capture.capture(module, inputs, call_len, context.use_kv_cache, family=options.model)
     reference, reference_name = module, "eager PyTorch"
     if recipe is not None:
         reference_name = f"quantized eager PyTorch ({recipe.record.name})"
@@ -115,7 +118,7 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
         with log.stage("quantize"):
             converted = quantize.quantize_graph(exported, recipe, recipe_options, [inputs])
             exported = capture.capture(
-                converted, inputs, max_seq_len, context.use_kv_cache,
+                converted, inputs, call_len, context.use_kv_cache,
                 family=options.model, what="the quantized model",
             )
         reference = converted
@@ -259,7 +262,7 @@ def _tokenizer_config(tokenizer: TextTokenizer, meta: ModelMetadata) -> str:
 def metadata_methods(meta: ModelMetadata, max_seq_len: int, context: TransformContext) -> dict[str, Any]:
     """The constant methods of ``docs/pte-contract.md``."""
     methods: dict[str, Any] = {
-        "get_max_seq_len": max_seq_len,
+        "get_max_seq_len": context.max_tokens_per_call or max_seq_len,  # tokens per call
         "get_max_context_len": max_seq_len,
         "get_vocab_size": meta.vocab_size,
         "get_bos_id": meta.bos_id,

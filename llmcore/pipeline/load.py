@@ -90,6 +90,9 @@ KNOWN_ARCHITECTURES = {
     "qwen3": "llmcore-qwen",
     "phi3": "llmcore-phi",
     "mistral": "llmcore-mistral",
+    "gemma": "llmcore-gemma",
+    "gemma2": "llmcore-gemma",
+    "gemma3_text": "llmcore-gemma",
     "gpt2": "llmcore-nanogpt",
 }
 

@@ -20,6 +20,8 @@ class RopeScaling:
     original_max_position_embeddings: int = 8192
 
 
+FFN_ACTIVATIONS = ("silu", "gelu_tanh")
+
 # Bounds on sizes, far beyond any llama-architecture model (Llama 3.1 405B: dim 16384, ffn
 # 53248, 126 layers, 128 heads; the longest contexts are around 1M): a checkpoint outside
 # them is damaged, and building RoPE tables or weights for it would exhaust memory.
@@ -72,6 +74,25 @@ class LlamaConfig:
     rope_attention_factor: float = 1.0
     """A factor on RoPE's cos and sin (LongRoPE's attention scaling): it scales the rotated
     channels of q and k, so their dot products by its square."""
+    rope_local_theta: Optional[float] = None
+    """RoPE base of the sliding layers when it differs from the others' (Gemma 3: 1e4 local,
+    1e6 global); they get a second table of their own, with no scaling. None: one table."""
+    embedding_multiplier: float = 1.0
+    """A factor on the token embeddings before the first layer (Gemma: sqrt(dim)); the tied
+    output layer reads the table unscaled."""
+    ffn_activation: str = "silu"
+    """The gated MLP's activation: ``silu`` (SwiGLU) or ``gelu_tanh`` (GeGLU with the tanh
+    approximation of GELU: Gemma)."""
+    sandwich_norms: bool = False
+    """An RMSNorm on the attention's and the MLP's outputs too, before each is added to the
+    residual (Gemma 2/3's post-attention and post-feedforward norms)."""
+    attention_scale: Optional[float] = None
+    """The factor on ``q . k`` when it is not ``head_dim ** -0.5`` (Gemma's
+    ``query_pre_attn_scalar ** -0.5``)."""
+    attn_softcap: Optional[float] = None
+    """Attention scores become ``cap * tanh(scores / cap)`` (Gemma 2)."""
+    final_softcap: Optional[float] = None
+    """Logits become ``cap * tanh(logits / cap)`` (Gemma 2)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -103,6 +124,14 @@ class LlamaConfig:
             problems.append(f"sliding_window={self.sliding_window!r} must be a positive number of positions")
         if self.sliding_layers is not None and any(not 0 <= i < self.n_layers for i in self.sliding_layers):
             problems.append(f"sliding_layers {self.sliding_layers} name layers outside 0..{self.n_layers - 1}")
+        for name in ("rope_local_theta", "attention_scale", "attn_softcap", "final_softcap"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                problems.append(f"{name}={value!r} must be a positive number")
+        if not (isinstance(self.embedding_multiplier, (int, float)) and 0 < self.embedding_multiplier < float("inf")):
+            problems.append(f"embedding_multiplier={self.embedding_multiplier!r} must be a positive number")
+        if self.ffn_activation not in FFN_ACTIVATIONS:
+            problems.append(f"ffn_activation={self.ffn_activation!r} is not one of {', '.join(FFN_ACTIVATIONS)}")
         if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.resolved_rotary_dim // 2:
             problems.append(
                 f"{len(self.rope_freq_factors)} RoPE frequency factors for {self.resolved_rotary_dim} rotated "

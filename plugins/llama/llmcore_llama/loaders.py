@@ -12,7 +12,7 @@ import logging
 import pickle
 import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
@@ -352,14 +352,19 @@ _ROTARY_ROWS = {"attention.wq": "n_heads", "attention.wk": "n_kv_heads"}
 _ROTARY_HEAD_NORMS = ("attention.q_norm.weight", "attention.k_norm.weight")
 
 
-def hf_name(meta_name: str) -> str:
+def hf_layer_names() -> dict[str, str]:
+    """Llama's Hugging Face layer tensor names -> the decoder's (a copy, for a family to extend)."""
+    return dict(_HF_NAMES)
+
+
+def hf_name(meta_name: str, layer_names: Optional[Mapping[str, str]] = None) -> str:
     """The Hugging Face name of a Meta parameter name (for messages)."""
     for hf, meta in _HF_TOP.items():
         if meta == meta_name:
             return hf
     parts = meta_name.split(".", 2)
     if len(parts) == 3 and parts[0] == "layers":
-        for hf, meta in _HF_NAMES.items():
+        for hf, meta in (layer_names or _HF_NAMES).items():
             if meta == parts[2]:
                 return f"model.layers.{parts[1]}.{hf}"
     return meta_name
@@ -414,9 +419,16 @@ class HFArchitecture:
     rope_features: frozenset = frozenset()
     """RoPE forms the family's transformers class computes beyond Llama's
     (:data:`keys.LONGROPE`, :data:`keys.PARTIAL_ROTARY`)."""
-    unfuse: Optional[Callable[[dict, LlamaConfig], dict]] = None
-    """Splits the family's fused tensors (Phi-3's ``qkv_proj``, ``gate_up_proj``) into
-    Llama's Hugging Face names, before the layout is mapped; None: there are none."""
+    adapt: Optional[Callable[[dict, LlamaConfig], dict]] = None
+    """Rewrites the family's tensors into what the decoder reads, before the layout is
+    mapped: splits fused ones into Llama's Hugging Face names (Phi-3's ``qkv_proj``,
+    ``gate_up_proj``), folds Gemma's ``1 + w`` norms. None: nothing to rewrite."""
+    layer_names: Mapping[str, str] = field(default_factory=lambda: _HF_NAMES)
+    """Hugging Face layer tensor names -> the decoder's (Meta's) names; Llama's by default.
+    Gemma's four norms per layer name the same tensors differently."""
+    rope_source: Optional[Callable[[Mapping[str, Any]], Mapping[str, Any]]] = None
+    """The part of config.json the RoPE of the full-attention layers is read from, when not
+    all of it (Gemma 3 nests per-layer-type parameters); None: the whole config."""
 
     def recognises(self, cfg: Mapping[str, Any]) -> bool:
         archs = cfg.get("architectures") or []
@@ -451,7 +463,8 @@ def hf_config(cfg: dict, max_seq_len: Optional[int] = None, arch: HFArchitecture
             plugin=arch.plugin,
         )
     keys.check_hf(cfg, arch.keys, arch.plugin)
-    rope = keys.hf_rope(cfg, max_seq_len, arch.plugin, arch.rope_features)
+    rope_cfg = cfg if arch.rope_source is None else arch.rope_source(cfg)
+    rope = keys.hf_rope(rope_cfg, max_seq_len, arch.plugin, arch.rope_features)
     n_heads = int(cfg["num_attention_heads"])
     max_positions = int(cfg.get("max_position_embeddings") or 2048)
     return LlamaConfig(
@@ -475,7 +488,10 @@ def hf_config(cfg: dict, max_seq_len: Optional[int] = None, arch: HFArchitecture
     )
 
 
-def hf_to_meta_state_dict(hf: dict, config: LlamaConfig, plugin: str = PLUGIN) -> dict:
+def hf_to_meta_state_dict(
+    hf: dict, config: LlamaConfig, plugin: str = PLUGIN, layer_names: Optional[Mapping[str, str]] = None
+) -> dict:
+    names = _HF_NAMES if layer_names is None else layer_names
     sd = {}
     unknown = []
     for name, t in hf.items():
@@ -483,8 +499,8 @@ def hf_to_meta_state_dict(hf: dict, config: LlamaConfig, plugin: str = PLUGIN) -
             sd[_HF_TOP[name]] = t
             continue
         m = _HF_LAYER.match(name)
-        if m and m.group(2) in _HF_NAMES:
-            new = _HF_NAMES[m.group(2)]
+        if m and m.group(2) in names:
+            new = names[m.group(2)]
             heads = _rotary_heads(new, config)
             # a misshapen tensor is left as it is, for check_fit to report
             if heads and t.dim() >= 1 and t.shape[0] == heads * config.resolved_head_dim:
@@ -549,9 +565,9 @@ def load_hf(path: Path, options: LoadOptions, arch: HFArchitecture = LLAMA_HF) -
                 fix="download the file again: it is truncated or damaged (compare its size with the source's).",
                 plugin=plugin,
             ) from e
-    if arch.unfuse is not None:
-        hf = arch.unfuse(hf, config)
-    sd = hf_to_meta_state_dict(hf, config, plugin)
+    if arch.adapt is not None:
+        hf = arch.adapt(hf, config)
+    sd = hf_to_meta_state_dict(hf, config, plugin, arch.layer_names)
     folder = config_path.parent
     tok_path = find_tokenizer_near(folder)
     tok = resolve_tokenizer(options, (lambda: load_tokenizer_file(tok_path)) if tok_path else None)
@@ -562,7 +578,7 @@ def load_hf(path: Path, options: LoadOptions, arch: HFArchitecture = LLAMA_HF) -
         options,
         str(path),
         tokenizer_explicit=options.tokenizer_path is not None,
-        file_name=hf_name,
+        file_name=lambda name: hf_name(name, arch.layer_names),
         plugin=plugin,
     )
 

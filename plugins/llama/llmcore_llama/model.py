@@ -20,13 +20,14 @@ transform for the norms, a whole layer lowers to one delegate.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmcore.modules import CausalAttention, RMSNorm, positions_slice, static_shape
+from llmcore.modules import CausalAttention, RMSNorm, gelu_tanh, positions_slice, static_shape
 
 __all__ = ["RMSNorm", "Transformer", "build_model", "init_random", "rope_tables"]
 
@@ -82,6 +83,17 @@ def rope_tables(config: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return cos, sin
 
 
+def local_rope_config(config: LlamaConfig) -> Optional[LlamaConfig]:
+    """The config whose RoPE tables the sliding layers use when their base differs (Gemma
+    3's ``rope_local_base_freq``): that theta, unscaled; None when every layer shares one."""
+    if config.rope_local_theta is None:
+        return None
+    return replace(
+        config, rope_theta=config.rope_local_theta, rope_scaling=None, rope_freq_factors=None,
+        rope_linear_factor=1.0, rope_attention_factor=1.0, rope_local_theta=None,
+    )
+
+
 def pair_swap_matrix(head_dim: int) -> torch.Tensor:
     """``P`` with ``(x @ P)[2i] = -x[2i+1]`` and ``(x @ P)[2i+1] = x[2i]``: the partner of
     each channel in its rotary pair, signed. A matmul with it is exact in float32 and,
@@ -116,7 +128,10 @@ class Attention(nn.Module):
         # Qwen3's per-head norms of q and k, before RoPE (their weights in Meta's channel order)
         self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
-        self.attn = CausalAttention(self.n_heads, self.n_kv_heads, self.head_dim, config.window_of(layer))
+        self.attn = CausalAttention(
+            self.n_heads, self.n_kv_heads, self.head_dim, config.window_of(layer),
+            scale=config.attention_scale, softcap=config.attn_softcap,
+        )
         # One swap matrix each for q and k: XNNPACK's partitioner groups the nodes that read
         # one constant, and a q and k sharing it can be grouped across the attention
         # between them (a partition with a dependency cycle, when there is no KV cache).
@@ -142,16 +157,17 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
+    """A gated MLP: ``w2(act(w1 x) * w3 x)``; SwiGLU with ``silu``, GeGLU with ``gelu_tanh``."""
 
-    def __init__(self, dim: int, hidden_dim: int):
+    def __init__(self, dim: int, hidden_dim: int, activation: str = "silu"):
         super().__init__()
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
         self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+        self.activation = F.silu if activation == "silu" else gelu_tanh
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(self.activation(self.w1(x)) * self.w3(x))
 
 
 class TransformerBlock(nn.Module):
@@ -160,11 +176,16 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
         self.attention = Attention(config, layer)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
-        self.feed_forward = FeedForward(config.dim, config.hidden_dim)
+        self.feed_forward = FeedForward(config.dim, config.hidden_dim, config.ffn_activation)
+        # Gemma's norms on each sublayer's output, before the residual add
+        self.attention_post_norm = RMSNorm(config.dim, config.norm_eps) if config.sandwich_norms else None
+        self.ffn_post_norm = RMSNorm(config.dim, config.norm_eps) if config.sandwich_norms else None
 
     def forward(self, x, cos, sin, input_pos=None):
-        h = x + self.attention(self.attention_norm(x), cos, sin, input_pos)
-        return h + self.feed_forward(self.ffn_norm(h))
+        a = self.attention(self.attention_norm(x), cos, sin, input_pos)
+        h = x + (a if self.attention_post_norm is None else self.attention_post_norm(a))
+        f = self.feed_forward(self.ffn_norm(h))
+        return h + (f if self.ffn_post_norm is None else self.ffn_post_norm(f))
 
 
 class Transformer(nn.Module):
@@ -182,31 +203,50 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(config)
         self.register_buffer("freqs_cos", cos, persistent=False)
         self.register_buffer("freqs_sin", sin, persistent=False)
+        local = local_rope_config(config)
+        # which layers read the local tables (Gemma 3's sliding layers), when there are two
+        self.local_rope_layers = frozenset() if local is None else frozenset(
+            config.sliding_layers if config.sliding_layers is not None
+            else range(config.n_layers) if config.sliding_window is not None else ()
+        )
+        if self.local_rope_layers:
+            cos, sin = rope_tables(local)
+            self.register_buffer("freqs_cos_local", cos, persistent=False)
+            self.register_buffer("freqs_sin_local", sin, persistent=False)
 
     @property
     def max_seq_len(self) -> int:
         return self.config.max_seq_len
 
     def forward(self, tokens: torch.Tensor, input_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
-        cos, sin = self.rope_at(tokens.shape[1], input_pos)
+        rope = self.rope_at(tokens.shape[1], input_pos)
+        local = self.rope_at(tokens.shape[1], input_pos, local=True) if self.local_rope_layers else rope
         h = self.tok_embeddings(tokens)
-        for layer in self.layers:
-            h = layer(h, cos, sin, input_pos)
-        return self.output(self.norm(h[:, -1, :]))
+        if self.config.embedding_multiplier != 1.0:
+            h = h * self.config.embedding_multiplier
+        for i, layer in enumerate(self.layers):
+            h = layer(h, *(local if i in self.local_rope_layers else rope), input_pos)
+        logits = self.output(self.norm(h[:, -1, :]))
+        if self.config.final_softcap is not None:
+            logits = torch.tanh(logits / self.config.final_softcap) * self.config.final_softcap
+        return logits
 
     def reset_buffers(self) -> None:
         """(Re)compute the non-persistent float32 buffers: RoPE tables and pair swaps.
         Needed after construction on the meta device or a cast to another dtype."""
         self.freqs_cos, self.freqs_sin = rope_tables(self.config)
+        if self.local_rope_layers:
+            self.freqs_cos_local, self.freqs_sin_local = rope_tables(local_rope_config(self.config))
         for layer in self.layers:
             layer.attention.pair_swap_q = pair_swap_matrix(layer.attention.head_dim)
             layer.attention.pair_swap_k = pair_swap_matrix(layer.attention.head_dim)
 
-    def rope_at(self, seq_len: int, input_pos: Optional[torch.Tensor] = None):
-        """cos and sin for positions ``[start, start + seq_len)``, shaped ``[1, T, 1, D]``.
-        Computed once per forward, outside the layers."""
-        cos = positions_slice(self.freqs_cos, seq_len, input_pos)
-        sin = positions_slice(self.freqs_sin, seq_len, input_pos)
+    def rope_at(self, seq_len: int, input_pos: Optional[torch.Tensor] = None, local: bool = False):
+        """cos and sin for positions ``[start, start + seq_len)``, shaped ``[1, T, 1, D]``,
+        from the local (sliding layers') tables when asked. Computed once per forward,
+        outside the layers."""
+        cos = positions_slice(self.freqs_cos_local if local else self.freqs_cos, seq_len, input_pos)
+        sin = positions_slice(self.freqs_sin_local if local else self.freqs_sin, seq_len, input_pos)
         return cos.view(1, -1, 1, cos.shape[-1]), sin.view(1, -1, 1, sin.shape[-1])
 
     def tie_weights(self) -> None:

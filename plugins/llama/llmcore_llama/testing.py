@@ -19,8 +19,10 @@ LENGTHS = (1, 17, MAX_POS)
 """Prefill lengths the logits are compared at: one token, an odd middle, the full program."""
 
 
-def save_random_hf(folder: Path, kind: str, *, seed: int = 0, tokenizer: bool = True, **config) -> Path:
-    """A random ``{kind}ForCausalLM`` (``kind``: ``Llama``, ``Qwen2``, ``Phi3`` ...) of
+def save_random_hf(folder: Path, kind: str, *, seed: int = 0, tokenizer: bool = True, config_kind: str = "",
+                   **config) -> Path:
+    """A random ``{kind}ForCausalLM`` (``kind``: ``Llama``, ``Qwen2``, ``Phi3`` ...; its config
+    class ``{config_kind or kind}Config``: Gemma 3's text model takes ``Gemma3TextConfig``) of
     ``config`` (transformers' names; dim 64, 2 layers, 4/2 heads, ffn 160, vocab 320, 64
     positions unless given) saved by transformers, with weights large enough that a
     misread bias, norm, layout or RoPE setting moves the logits by far more than 1e-4."""
@@ -28,7 +30,7 @@ def save_random_hf(folder: Path, kind: str, *, seed: int = 0, tokenizer: bool = 
 
     shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=160, vocab_size=VOCAB, max_position_embeddings=MAX_POS)
-    cfg = getattr(transformers, kind + "Config")(**{**shape, **config})
+    cfg = getattr(transformers, (config_kind or kind) + "Config")(**{**shape, **config})
     torch.manual_seed(seed)
     model = getattr(transformers, kind + "ForCausalLM")(cfg).eval()
     gen = torch.Generator().manual_seed(seed)
@@ -62,6 +64,24 @@ def edit_config(folder: Path, change: Callable[[dict], object]) -> None:
     cfg = json.loads(path.read_text())
     change(cfg)
     path.write_text(json.dumps(cfg))
+
+
+def check_refused_by_name(load: Callable[[Path], object], folder: Path, change: Callable[[dict], object],
+                          plugin: str, named: list[str]) -> None:
+    """``change`` to the folder's config.json makes ``load(folder)`` refuse it at load, in one
+    line that names ``plugin``, each of ``named`` (the key and its value) and a fix: the rule
+    that a key which changes the computation is implemented or refused, never ignored."""
+    import pytest
+
+    from llmcore.errors import LlmcoreError
+
+    edit_config(folder, change)
+    with pytest.raises(LlmcoreError) as e:
+        load(folder)
+    err = e.value
+    assert err.stage == "load" and err.plugin == plugin and err.fix and "\n" not in str(err), str(err)
+    for name in named:
+        assert name in str(err), str(err)
 
 
 def reference(folder: Path):

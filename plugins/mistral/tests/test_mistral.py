@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmcore.errors import LlmcoreError
 from llmcore.records import LoadOptions
 from llmcore_llama.testing import (check_eager_against, check_one_delegate_per_layer, check_program_against,
-                                   edit_config, export_cli, max_diff, reference, save_random_hf, tokens)
+                                   check_refused_by_name, edit_config, export_cli, max_diff, reference, save_random_hf,
+                                   tokens)
 
 transformers = pytest.importorskip("transformers")
 
@@ -79,10 +79,4 @@ def test_no_window_is_full_attention(tmp_path):
     (lambda c: c.update(some_new_switch=1), ["'some_new_switch'"]),
 ], ids=["bad-window", "hidden-act", "unknown-key"])
 def test_computational_keys_are_refused_by_name(tmp_path, change, named):
-    folder = mistral_checkpoint(tmp_path / "m", tokenizer=False)
-    edit_config(folder, change)
-    with pytest.raises(LlmcoreError) as e:
-        load(folder)
-    assert e.value.plugin == "mistral" and e.value.stage == "load" and "\n" not in str(e.value)
-    for name in named:
-        assert name in str(e.value)
+    check_refused_by_name(load, mistral_checkpoint(tmp_path / "m", tokenizer=False), change, "mistral", named)

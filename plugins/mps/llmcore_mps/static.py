@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmcore.errors import LlmcoreError
-from llmcore.modules import CausalAttention, repeat_kv, replace_modules, windowed_attention
+from llmcore.modules import CausalAttention, repeat_kv, replace_modules, unusual_attention
 
 MASK_VALUE = -30000.0
 
@@ -128,10 +128,10 @@ def static_length(module: nn.Module, family: str, length: int) -> StaticLength:
             stage="transform",
             plugin="mps",
         )
-    windowed = windowed_attention(module)
-    if windowed:
+    unusual = unusual_attention(module)  # (name, what) pairs
+    if unusual:
         raise LlmcoreError(
-            f"{windowed[0]} uses sliding-window attention, which the MPS static-length form does not implement.",
+            f"{unusual[0][0]} uses {unusual[0][1]}, which the MPS static-length form does not implement.",
             stage="transform",
             plugin="mps",
             fix="export this model for coreml or xnnpack, or pass --max-seq-len no longer than the window if the "

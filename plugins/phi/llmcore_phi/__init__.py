@@ -85,7 +85,7 @@ def hf_architecture():
 
     return HFArchitecture(
         keys.PLUGIN, MODEL_TYPES, ("Phi3ForCausalLM",), keys.PHI3_KEYS, switches, default_norm_eps=1e-5,
-        rope_features=frozenset({llama_keys.LONGROPE, llama_keys.PARTIAL_ROTARY}), unfuse=unfuse,
+        rope_features=frozenset({llama_keys.LONGROPE, llama_keys.PARTIAL_ROTARY}), adapt=unfuse,
     )
 
 

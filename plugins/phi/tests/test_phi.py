@@ -17,7 +17,8 @@ import torch
 from llmcore.errors import LlmcoreError
 from llmcore.records import LoadOptions
 from llmcore_llama.testing import (MAX_POS, check_eager_against, check_one_delegate_per_layer, check_program_against,
-                                   edit_config, export_cli, max_diff, reference, save_random_hf, tokens)
+                                   check_refused_by_name, edit_config, export_cli, max_diff, reference, save_random_hf,
+                                   tokens)
 
 transformers = pytest.importorskip("transformers")
 
@@ -123,14 +124,7 @@ def test_sliding_window_matches_transformers_past_the_window(tmp_path):
     ids=["short-factor-length", "lm-head-bias", "remote-code-switch", "unknown-key", "yarn"],
 )
 def test_computational_keys_are_refused_by_name(tmp_path, change, named):
-    folder = phi_checkpoint(tmp_path / "p4", "phi4-mini", tokenizer=False)
-    edit_config(folder, change)
-    with pytest.raises(LlmcoreError) as e:
-        load(folder)
-    err = e.value
-    assert err.stage == "load" and err.plugin == "phi" and err.fix and "\n" not in str(err)
-    for name in named:
-        assert name in str(err), str(err)
+    check_refused_by_name(load, phi_checkpoint(tmp_path / "p4", "phi4-mini", tokenizer=False), change, "phi", named)
 
 
 def test_phi4_mini_config_as_published_is_accepted(tmp_path):

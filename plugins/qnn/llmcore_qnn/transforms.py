@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmcore.errors import LlmcoreError
-from llmcore.modules import CausalAttention, replace_modules, windowed_attention
+from llmcore.modules import CausalAttention, replace_modules, unusual_attention
 
 MASK_VALUE = -30000.0
 
@@ -137,14 +137,14 @@ def single_head_attention(module: nn.Module, context) -> nn.Module:
     """
     from llmcore.builtins.kv_cache import CUSTOM_OPS_MODULE, CustomOpKVAttention, StaticKVAttention
 
-    windowed = windowed_attention(module)
-    if windowed:
+    unusual = unusual_attention(module)  # (name, what) pairs
+    if unusual:
         raise LlmcoreError(
-            f"{windowed[0]} uses sliding-window attention, which the QNN single-head attention does not implement.",
+            f"{unusual[0][0]} uses {unusual[0][1]}, which the QNN single-head attention does not implement.",
             stage="transform",
             plugin="qnn",
-            fix="export this model for xnnpack (its KV cache keeps the window), or pass --max-seq-len no longer "
-            "than the window if the model family allows it.",
+            fix="export this model for xnnpack (its attention and KV cache implement these), or, for a window, "
+            "pass --max-seq-len no longer than the window if the model family allows it.",
         )
 
     def cached(a) -> nn.Module:

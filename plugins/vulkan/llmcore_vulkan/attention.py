@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from llmcore.errors import LlmcoreError
-from llmcore.modules import CausalAttention, repeat_kv, replace_modules, windowed_attention
+from llmcore.modules import CausalAttention, repeat_kv, replace_modules, unusual_attention
 
 # Finite "minus infinity": fits fp16 (max 65504) even after adding a score to it.
 MASK_VALUE = -30000.0
@@ -93,14 +93,14 @@ def apply(module: nn.Module, context) -> nn.Module:
             fix="drop --transforms kv-cache-static: Vulkan runs the default kv-cache (its custom ops are "
             "Vulkan operators), or pass --skip-transforms kv-cache for a program without a cache.",
         )
-    windowed = windowed_attention(module)
-    if windowed:
+    unusual = unusual_attention(module)  # (name, what) pairs
+    if unusual:
         raise LlmcoreError(
-            f"{windowed[0]} uses sliding-window attention, which the Vulkan attention forms do not implement.",
+            f"{unusual[0][0]} uses {unusual[0][1]}, which the Vulkan attention forms do not implement.",
             stage="transform",
             plugin="vulkan",
-            fix="export this model for xnnpack (its KV cache keeps the window), or pass --max-seq-len no longer "
-            "than the window if the model family allows it.",
+            fix="export this model for xnnpack (its attention and KV cache implement these), or, for a window, "
+            "pass --max-seq-len no longer than the window if the model family allows it.",
         )
     replace_modules(
         module,
