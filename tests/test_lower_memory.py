@@ -141,3 +141,29 @@ def test_grouped_partitions_are_the_same_with_the_mask_merge_check():
     assert group.GroupBasedPartitioner._can_merge_partitions is not lower._can_merge_partitions
     # relu's producer stays out (a single-node partition): merging it would be the cycle.
     assert fast == expected and expected and not any("linear" in p for p in expected)
+
+
+def test_legalize_order_is_torch_legalize_graph_order():
+    """The in-place sort gives the nodes in the order torch.fx's legalize_graph gives them, on
+    a graph with runtime assertions (prioritized) and nodes out of order."""
+    from torch.fx.passes.tools_common import legalize_graph
+
+    from llmcore.pipeline.lower import legalize_order
+
+    class Asserting(torch.nn.Module):
+        def forward(self, x, pos):
+            start = pos[0].item()
+            torch._check(start >= 0)
+            torch._check(start + x.shape[1] <= 64)
+            return torch.relu(x).sum() + x[:, start:start + 1].sum(), (x * 2).mean()
+
+    seq = torch.export.Dim("seq", min=1, max=32)
+    gm = torch.export.export(Asserting(), (torch.randn(1, 4), torch.tensor([1])),
+                             dynamic_shapes=({1: seq}, None)).graph_module
+    # relu moved past its user, as cutting a partition out leaves a graph: only a sort fixes it
+    relu = next(n for n in gm.graph.nodes if "relu" in str(n.target))
+    gm.graph.output_node().prepend(relu)
+    ours = [n.name for n in legalize_order(gm.graph)]
+    theirs = [n.name for n in legalize_graph(gm).graph.nodes]
+    assert any("assert" in name for name in theirs)
+    assert ours == theirs

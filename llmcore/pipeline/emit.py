@@ -6,6 +6,7 @@ import copy
 from typing import Any, Optional
 
 from llmcore.errors import stage_errors
+from llmcore.pipeline.delegates import recorded_delegate_outputs
 from llmcore.plugins import Provided, Registry
 from llmcore.records import PostPass
 
@@ -19,10 +20,13 @@ def select_post_passes(registry: Registry, backends: list[str]) -> list[Provided
 
 
 def apply_post_passes(edge, passes: list[Provided]):
+    """Each pass re-traces the lowered program; delegate calls answer from their records
+    (:mod:`llmcore.pipeline.delegates`) instead of running their graphs again."""
     for provided in passes:
         post: PostPass = provided.record
         fix = "report it to the plugin's authors (--debug shows the traceback)."
-        with stage_errors("post-passes", provided.plugin.name, f"post-pass {post.name!r} failed", fix):
+        with stage_errors("post-passes", provided.plugin.name, f"post-pass {post.name!r} failed", fix), \
+                recorded_delegate_outputs():
             edge = edge.transform([post.create()])
     return edge
 
@@ -43,7 +47,7 @@ def to_executorch(edge, etrecord_path: Optional[str] = None, edge_copy: Any = No
         run_reinplace_pass=True,
     )
     fix = "run with --debug for the traceback; a post-pass or backend left the graph in a state ExecuTorch cannot plan."
-    with stage_errors("emit", None, "to_executorch failed", fix):
+    with stage_errors("emit", None, "to_executorch failed", fix), recorded_delegate_outputs():
         program = edge.to_executorch(config)
     if etrecord_path and edge_copy is not None:
         from executorch.devtools import generate_etrecord

@@ -18,14 +18,19 @@ fast path runs. Anything the filter declines keeps the slow path.
 full fake-tensor retrace (~0.1-0.2 s each on the 2-core build machine), before it is
 serialized; for a decoder layer all but two of them change nothing. The passes depend on
 the partition's structure (operators, wiring, shapes, dtypes), not on its weights, so
-:class:`RememberedPassManager` runs every pass on the first partition of each structure,
-notes which ones changed it, and runs only those on the partitions that repeat it. A pass
-counts as changing a partition when it changes the graph, any node's metadata (other than
-the traced values and provenance that passes rewrite anyway), or any constant tensor.
+:class:`RememberedPassManager` runs every pass on the first partition of each structure
+and remembers what came out. A partition that repeats the structure then gets that
+graph, transplanted (:class:`PassedGraph`): the same nodes, its own weights and debug
+handles. Where the passes changed a constant tensor (they then derived it from the first
+partition's weights), or a node carries a debug handle the partition cannot map, the
+partition runs the passes that changed the first one instead. A pass counts as changing a
+partition when it changes the graph, any node's metadata (other than the traced values
+and provenance that passes rewrite anyway), or any constant tensor.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 from contextlib import contextmanager
@@ -143,15 +148,102 @@ def _state(ep) -> tuple:
     return tuple(graph), constants
 
 
+@dataclasses.dataclass
+class Before:
+    """What a partition was before the passes: placeholder names and every node's debug
+    handle in graph order, and its constants' identities (:func:`_state`)."""
+
+    placeholders: list
+    handles: list
+    constants: tuple
+
+    @classmethod
+    def of(cls, ep) -> "Before":
+        nodes = list(ep.graph.nodes)
+        return cls([n.name for n in nodes if n.op == "placeholder"], [n.meta.get("debug_handle") for n in nodes],
+                   _state(ep)[1])
+
+
+class PassedGraph:
+    """The first partition of a structure as XNNPACK's passes left it, to be given to the
+    partitions that repeat the structure with their own weights and debug handles.
+
+    ``before`` is that partition before the passes: its placeholders and its nodes' debug
+    handles, in graph order, are what a repeating partition's are matched against (same
+    structure: same order). The passes keep every placeholder (a graph whose passes added
+    or rewrote a constant is not kept: see :meth:`remember`).
+    """
+
+    def __init__(self, before: "Before", after):
+        self.placeholders, self.handles = before.placeholders, before.handles
+        self.after = after
+        # the passed graph's handles, kept: each transplant rewrites the nodes' metadata
+        self.after_handles = [(n, n.meta.get("debug_handle")) for n in after.graph.nodes]
+
+    @classmethod
+    def remember(cls, before: "Before", after) -> "PassedGraph | None":
+        placeholders = [n.name for n in after.graph.nodes if n.op == "placeholder"]
+        if _state(after)[1] != before.constants or not set(placeholders) <= set(before.placeholders):
+            return None
+        return cls(before, after)
+
+    def transplant(self, ep):
+        """This graph with ``ep``'s weights and debug handles, or None when ``ep``'s handles
+        do not map one to one onto the first partition's."""
+        from torch.export import ExportedProgram
+        from torch.export.graph_signature import ExportGraphSignature
+
+        handle_of: dict = {}
+        for mine, theirs in zip(self.handles, (n.meta.get("debug_handle") for n in ep.graph.nodes)):
+            if mine is None:
+                continue
+            if handle_of.setdefault(mine, theirs) != theirs:
+                return None
+        names = dict(zip(self.placeholders, (n.name for n in ep.graph.nodes if n.op == "placeholder")))
+        specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
+        input_specs = []
+        for spec in self.after.graph_signature.input_specs:
+            own = specs[names[spec.arg.name]]
+            if own.kind != spec.kind:
+                return None
+            input_specs.append(dataclasses.replace(spec, target=own.target, persistent=own.persistent))
+        for node, handle in self.after_handles:
+            if handle is not None and handle not in handle_of:
+                return None
+        for node, handle in self.after_handles:
+            if handle is None:
+                node.meta.pop("debug_handle", None)
+            else:
+                node.meta["debug_handle"] = handle_of[handle]
+        after = self.after
+        return ExportedProgram(
+            root=after.graph_module,
+            graph=after.graph,
+            graph_signature=ExportGraphSignature(
+                input_specs=input_specs, output_specs=list(after.graph_signature.output_specs)
+            ),
+            state_dict=ep.state_dict,
+            range_constraints=ep.range_constraints,
+            module_call_graph=after.module_call_graph,
+            example_inputs=None,
+            constants=ep.constants,
+            verifiers=after.verifiers,
+        )
+
+
 def remembered_pass_manager(base: type) -> type:
-    """A drop-in for XNNPACK's ``XNNPACKPassManager`` (class ``base``) that skips the passes
-    which changed nothing in an earlier partition of the same structure."""
+    """A drop-in for XNNPACK's ``XNNPACKPassManager`` (class ``base``) that gives a partition
+    repeating an earlier one's structure that partition's passed graph (:class:`PassedGraph`)
+    or, failing that, runs only the passes which changed it."""
 
     class RememberedPassManager(base):
         # structure -> the passes that changed the first partition of that structure
         needed: dict = {}
+        # structure -> that partition after the passes (None: it cannot be transplanted)
+        passed: dict = {}
         partitions = 0
         passes_skipped = 0
+        transplanted = 0
 
         def transform(self):
             from executorch.backends.xnnpack._passes.xnnpack_pass import XNNPACKPass
@@ -164,6 +256,12 @@ def remembered_pass_manager(base: type) -> type:
             known = cls.needed.get(structure)
             if known is not None:
                 cls.passes_skipped += len(self.passes) - len(known)
+                template = cls.passed.get(structure)
+                result = template.transplant(ep) if template is not None else None
+                if result is not None:
+                    cls.transplanted += 1
+                    return result
+            first = Before.of(ep) if known is None else None
             changed = []
             for pass_ in self.passes:
                 if known is not None and pass_ not in known:
@@ -174,6 +272,7 @@ def remembered_pass_manager(base: type) -> type:
                     changed.append(pass_)
             if known is None:
                 cls.needed[structure] = frozenset(changed)
+                cls.passed[structure] = PassedGraph.remember(first, ep)
             return ep
 
     RememberedPassManager.__name__ = RememberedPassManager.__qualname__ = "RememberedPassManager"
@@ -194,8 +293,9 @@ def remembered_passes() -> Iterator[type]:
         if manager.partitions:
             logger.info(
                 "xnnpack: %d partitions in %d structures; %d preprocess passes skipped as no-ops on an "
-                "identical partition",
+                "identical partition; %d partitions given the passed graph of the first of their structure",
                 manager.partitions,
                 len(manager.needed),
                 manager.passes_skipped,
+                manager.transplanted,
             )

@@ -2,8 +2,9 @@
 program ExecuTorch would.
 
 Authority: the same export with every shortcut turned off, i.e. ExecuTorch's own
-``to_edge_transform_and_lower`` on the whole graph, its own decomposition path and every
-XNNPACK preprocess pass on every partition. The `.pte` files must be identical byte for
+``to_edge_transform_and_lower`` on the whole graph, its own decomposition path, every
+XNNPACK preprocess pass on every partition, and every delegate's graph traced again by the
+post-passes and ``to_executorch`` (llmcore.pipeline.delegates). The `.pte` files must be identical byte for
 byte, so every delegate, every constant and the graph around them are what they were.
 """
 
@@ -16,7 +17,7 @@ import logging
 
 import pytest
 
-from llmcore.pipeline import lower
+from llmcore.pipeline import delegates, lower
 from llmcore.testing.conformance import export_tiny
 from llmcore_xnnpack import lowering
 
@@ -62,6 +63,10 @@ def _ops_to_not_decompose_unchanged(ep, ops, keep):
     return ops, keep
 
 
+def _trace_every_delegate(lowered_module, args):
+    raise delegates._Unrecorded("the reference traces every delegate call, as ExecuTorch does")
+
+
 @pytest.mark.parametrize("family,quantize,layers,by_blocks", CASES)
 def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, family, quantize, layers, by_blocks):
     _deeper_tiny(monkeypatch, family, layers)
@@ -72,6 +77,8 @@ def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, fami
     assert summary, "the remembered pass manager did not run"
     skipped = int(summary[0].split("; ")[1].split()[0])
     assert skipped > 0, summary[0]
+    transplanted = int(summary[0].split("; ")[2].split()[0])  # partitions given a passed graph
+    assert transplanted > 0 or not by_blocks, summary[0]
     copied = [m for m in messages if m.startswith(f"to_edge ran on 2 of {layers} ")]
     assert bool(copied) == by_blocks, [m for m in messages if "whole graph" in m]
 
@@ -79,6 +86,7 @@ def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, fami
         m.setattr(lowering, "ops_to_not_decompose", _ops_to_not_decompose_unchanged)
         m.setattr(lowering, "remembered_passes", contextlib.nullcontext)
         m.setattr(lower, "lower", _whole_graph(lower.lower))
+        m.setattr(delegates, "recorded_outputs", _trace_every_delegate)
         reference = _export(tmp_path, "reference", family, quantize)
 
     fast_bytes = fast.pte.read_bytes()
