@@ -88,3 +88,68 @@ def test_two_block_program_computes_the_first_two_blocks():
     kept = {spec.target for spec in template.graph_signature.input_specs if spec.target}
     assert not any(t.startswith(("layers.2.", "layers.3.", "layers.4.")) for t in kept)
     assert "layers.1.up.weight" in kept
+
+
+def _pt2e_quantized(module: nn.Module, x: torch.Tensor):
+    """``module`` quantized as the int8-dynamic recipe does (pt2e, XNNPACK's dynamic config),
+    exported again: its quantize/dequantize nodes belong to no module, and the weights'
+    dequantize nodes sit at the top of the graph with scales named ``_scale_N``."""
+    pytest.importorskip("executorch.backends.xnnpack.quantizer.xnnpack_quantizer")
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    ep = _export(module, x)
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True))
+    prepared = prepare_pt2e(ep.module(), quantizer)
+    prepared(x)
+    return _export(convert_pt2e(prepared), x)
+
+
+def test_pt2e_nodes_are_gathered_into_their_blocks():
+    """Before: the weights' dequantize nodes are outside every block, so the blocks are not
+    contiguous. After gathering, each block is one run, its scales are its local tensors
+    (block k's j-th is block 1's j-th), the blocks compare equal, and the program computes
+    exactly what it computed."""
+    class NormBlock(Block):  # as a decoder layer: its linears read a norm of its input
+        def __init__(self, width: int):
+            super().__init__(width)
+            self.norm = nn.LayerNorm(width)
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(self.norm(x))))
+
+    stack = Stack(n=4)
+    stack.layers = nn.ModuleList(NormBlock(8) for _ in range(4))
+    x = torch.randn(4, 8)
+    ep = _pt2e_quantized(stack, x)
+    before = ep.module()(x)
+    with pytest.raises(repeated.NotRepeated, match="interleaved"):
+        repeated.find_blocks(ep)
+    assert repeated.gather_block_nodes(ep) > 0
+    blocks = repeated.find_blocks(ep)
+    assert len(blocks.nodes) == 4
+    assert blocks.local[1] and len({len(local) for local in blocks.local[1:]}) == 1
+    assert not set(blocks.local[1]) & set(blocks.local[2])
+    assert any(t.startswith("_scale_") for t in blocks.local[1])
+    torch.testing.assert_close(ep.module()(x), before, rtol=0, atol=0)
+    assert repeated.gather_block_nodes(ep) == 0  # nothing left to gather
+
+
+def test_nodes_reading_the_prelude_stay_there():
+    """A node no module claims whose users are all in block 0 but which reads the prelude
+    (an embedding's output) is not moved into block 0: the blocks keep comparing equal."""
+
+    class Prelude(Stack):
+        def forward(self, x):
+            h = self.embed(x) * 2.0  # no module claims the multiply; only block 0 reads it
+            for layer in self.layers:
+                h = layer(h)
+            return self.head(h)
+
+    ep = _export(Prelude(n=4), torch.randn(4, 8))
+    repeated.gather_block_nodes(ep)
+    blocks = repeated.find_blocks(ep)
+    assert all("mul" not in str(n.target) for n in blocks.nodes[0])

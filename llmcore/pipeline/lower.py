@@ -95,9 +95,11 @@ def lower(
         for provided, opts in backends:
             if provided.record.while_lowering is not None:
                 contexts.enter_context(provided.record.while_lowering(opts))
-        if repeated:
-            from llmcore.pipeline import repeated as repeated_blocks
+        from llmcore.pipeline import repeated as repeated_blocks
 
+        # on both paths, so that they lower the same program (see gather_block_nodes)
+        repeated_blocks.gather_block_nodes(exported)
+        if repeated:
             try:
                 return repeated_blocks.lower_repeated(exported, partitioners, config, constant_methods)
             except repeated_blocks.NotRepeated as reason:

@@ -44,6 +44,8 @@ _INDEXED = re.compile(r"^(?P<list>.+)\.(?P<i>\d+)$")
 # with these numbered per block.
 _UNBACKED = re.compile(r"\bu\d+\b")
 _QUOTED_NAME = re.compile(r"'[A-Za-z_]\w*'")
+# a tensor of an indexed module (``layers.7.wq.weight``): a block's own, by name, not local
+_INDEXED_FQN = re.compile(r"(^|\.)\d+\.")
 
 
 class NotRepeated(Exception):
@@ -53,13 +55,78 @@ class NotRepeated(Exception):
 @dataclass
 class Blocks:
     """The repeated blocks of an ATen program: ``prefix`` (``layers``) and, for each block,
-    its call_function nodes in graph order."""
+    its call_function nodes in graph order and its local tensors: the targets of the
+    parameters, buffers and constants that only it reads and whose names do not say whose
+    they are (pt2e's ``_scale_12``, ``_zero_point_12``), in the order the block first reads
+    them. Block ``k``'s ``j``-th local tensor is block 1's ``j``-th, with block ``k``'s values."""
 
     prefix: str
     nodes: list[list[Node]]
+    local: list[list[str]] = dataclasses.field(default_factory=list)
 
     def fqn_prefix(self, i: int) -> str:
         return f"{self.prefix}.{i}."
+
+    def local_of(self, target: str) -> Optional[tuple[int, int]]:
+        """``(block, position)`` of a local tensor, or None."""
+        for i, targets in enumerate(self.local):
+            if target in targets:
+                return i, targets.index(target)
+        return None
+
+
+def _claimed(node: Node) -> bool:
+    """Whether a submodule (not just the exported root) claims ``node``."""
+    return any(path for path, _type in (node.meta.get("nn_module_stack") or {}).values())
+
+
+def gather_block_nodes(ep) -> int:
+    """Give the nodes that no module claims and that compute inside one block (pt2e's
+    quantize, dequantize and choose-qparams nodes) that block, and move each to just before
+    its first user, so that each block is one contiguous run of nodes. A node is given block
+    ``b`` when all its users are in ``b`` and each of its inputs is a placeholder (a weight, a
+    scale), a node of ``b`` or of the block before it; what reads the prelude stays in the
+    prelude. Returns how many nodes were given a block.
+
+    Only nodes are moved, to later places that still precede every user, and only metadata
+    naming the module is added: the program computes the same. :func:`lower` runs this on
+    every program, on both lowering paths, so that the two stay comparable byte for byte.
+    """
+    nodes = list(ep.graph.nodes)
+    # users first: the block each unclaimed node's users are all in
+    wanted: dict[Node, tuple] = {}
+    for node in reversed(nodes):
+        if node.op != "call_function" or not node.users or _claimed(node):
+            continue
+        paths = {wanted.get(u) or (_block_path(u) if u.op == "call_function" else None) for u in node.users}
+        if len(paths) == 1 and None not in paths:
+            wanted[node] = paths.pop()
+    # then inputs: a node joins only if everything it reads is a placeholder, in its block
+    # or in the block before it (the block's input, as a layer reads the layer before)
+    given: dict[Node, tuple] = {}
+    for node in nodes:
+        block = wanted.get(node)
+        if block is None:
+            continue
+        readable = {block, (block[0], block[1] - 1)} if block[1] > 0 else {block}
+        if all(
+            a.op == "placeholder" or given.get(a, _block_path(a) if a.op == "call_function" else None) in readable
+            for a in node.all_input_nodes
+        ):
+            given[node] = block
+    for node in reversed(nodes):
+        if node not in given:
+            continue
+        first = node.next
+        while first not in node.users:
+            first = first.next
+        stack = next(u for u in node.users if _claimed(u) or u in given).meta["nn_module_stack"]
+        node.meta["nn_module_stack"] = dict(stack)
+        if first is not node.next:
+            first.prepend(node)
+    if given:
+        ep.graph_module.recompile()
+    return len(given)
 
 
 def _block_path(node: Node) -> Optional[tuple[str, int]]:
@@ -110,12 +177,28 @@ def find_blocks(ep, min_blocks: int = 3) -> Blocks:
         if position[nodes[-1]] - position[nodes[0]] + 1 != len(nodes):
             raise NotRepeated(f"{prefix}.{i} is interleaved with other nodes")
     owners = _owners(ep)
+    blocks.local = [_local_tensors(ep, blocks, owners, i) for i in range(len(blocks.nodes))]
     reference = _structure(blocks, owners, 1)
     for i in range(2, len(blocks.nodes)):
         if _structure(blocks, owners, i) != reference:
             raise NotRepeated(f"{prefix}.{i} is not the same graph as {prefix}.1")
     _check_outside_uses(ep, blocks)
     return blocks
+
+
+def _local_tensors(ep, blocks: Blocks, owners: dict[str, str], i: int) -> list[str]:
+    """Block ``i``'s local tensors (:class:`Blocks`), in the order it first reads them."""
+    own = set(blocks.nodes[i])
+    prefix = blocks.fqn_prefix(i)
+    local: list[str] = []
+    for node in blocks.nodes[i]:
+        for a in node.all_input_nodes:
+            fqn = owners.get(a.name) if a.op == "placeholder" else None
+            if fqn is None or fqn.startswith(prefix) or fqn in local:
+                continue
+            if all(u in own for u in a.users) and _INDEXED_FQN.match(fqn) is None:
+                local.append(fqn)
+    return local
 
 
 def _structure(blocks: Blocks, owners: dict[str, str], i: int) -> tuple:
@@ -125,6 +208,7 @@ def _structure(blocks: Blocks, owners: dict[str, str], i: int) -> tuple:
     own = {node: j for j, node in enumerate(blocks.nodes[i])}
     before = {node: j for j, node in enumerate(blocks.nodes[i - 1])}
     mine, theirs = blocks.fqn_prefix(i), blocks.fqn_prefix(i - 1)
+    local = blocks.local[i]
     symbols: dict[str, str] = {}
 
     def renumbered(text: str) -> str:
@@ -152,6 +236,8 @@ def _structure(blocks: Blocks, owners: dict[str, str], i: int) -> tuple:
                 return ("shared", a.name)  # one tensor for many blocks (export lifts it once)
             if fqn is not None and fqn.startswith(mine):
                 return ("weight", fqn[len(mine):])
+            if fqn is not None and fqn in local:
+                return ("local", local.index(fqn))
             if fqn is not None and fqn.startswith(theirs):
                 return ("weight of the block before", fqn)
             return ("outside", a.name)
@@ -205,11 +291,13 @@ def first_two_blocks(ep, blocks: Blocks):
             gm.graph.erase_node(node)
 
     later = tuple(blocks.fqn_prefix(i) for i in range(2, len(blocks.nodes)))
+    later_local = {fqn for targets in blocks.local[2:] for fqn in targets}
     owners = _owners(ep)
-    # Their weights go too; a tensor they share with blocks 0 and 1 stays.
+    # Their weights and local tensors go too; a tensor they share with blocks 0 and 1 stays.
     gone = set()
     for node in list(gm.graph.nodes):
-        if node.op == "placeholder" and owners.get(node.name, "").startswith(later) and not node.users:
+        fqn = owners.get(node.name, "")
+        if node.op == "placeholder" and (fqn.startswith(later) or fqn in later_local) and not node.users:
             gone.add(node.name)
             gm.graph.erase_node(node)
     input_specs = [s for s in ep.graph_signature.input_specs if s.arg.name not in gone]
@@ -293,10 +381,13 @@ def expand(edge_ep, aten_ep, blocks: Blocks):
     first = blocks.fqn_prefix(1)
     specs = list(edge_ep.graph_signature.input_specs)
     placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    local1 = set(blocks.local[1]) if blocks.local else set()
     own_specs = [
         s for s in specs
-        if (s.target or "").startswith(first) and all(u in pos1 for u in placeholders[s.arg.name].users)
+        if ((s.target or "").startswith(first) or s.target in local1)
+        and all(u in pos1 for u in placeholders[s.arg.name].users)
     ]
+    aten_names = {s.target: s.arg.name for s in aten_ep.graph_signature.input_specs if s.target}
     for spec in own_specs:
         template, whole = _tensor(edge_ep, spec.target), _tensor(aten_ep, spec.target)
         if template is None or whole is None:
@@ -340,6 +431,11 @@ def expand(edge_ep, aten_ep, blocks: Blocks):
                 fqn = name = f"{spec.target}_{sanitized}_{k}"
                 tensor = _tensor(edge_ep, spec.target)
                 persistent = spec.target in edge_ep.state_dict
+            elif spec.target in local1:  # block k's tensor in the same place, under its own name
+                fqn = blocks.local[k][blocks.local[1].index(spec.target)]
+                tensor = _tensor(aten_ep, fqn)
+                persistent = fqn in aten_ep.state_dict
+                name = aten_names[fqn]
             else:
                 fqn = mine + spec.target[len(first):]
                 tensor = _tensor(aten_ep, fqn)
@@ -414,6 +510,13 @@ def expand(edge_ep, aten_ep, blocks: Blocks):
         if j in added_specs and not any(group(s) == group(spec) and s in own_specs for s in specs[j + 1:]):
             same = [i for i in sorted(added_specs) if group(specs[i]) == group(spec)]
             ordered.extend(added_specs[i][k] for k in range(n_blocks - 2) for i in same)
+    # The inputs the whole program has keep its order among themselves (pt2e's scales,
+    # zero points and frozen weights are numbered across blocks, each kind after the other);
+    # the others (constants to_edge lifted) keep the places given above.
+    whole_order = {s.target: j for j, s in enumerate(aten_ep.graph_signature.input_specs) if s.target}
+    known = [j for j, spec in enumerate(ordered) if spec.target in whole_order]
+    for j, spec in zip(known, sorted((ordered[j] for j in known), key=lambda s: whole_order[s.target])):
+        ordered[j] = spec
     by_name = {n.name: n for n in graph.nodes if n.op == "placeholder"}
     body = next(n for n in graph.nodes if n.op != "placeholder")
     for spec in ordered:
