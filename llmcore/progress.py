@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import resource
 import signal
 import sys
@@ -130,6 +131,10 @@ class StageLog:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        # What the previous stages dropped (a graph and its program hold each other: only the
+        # cycle collector frees them), out of the way before this stage allocates its own.
+        gc.collect()
+        return_free_memory()
         start, cpu_start = time.perf_counter(), time.process_time()
         self.say(f"{name} ...")
         done = threading.Event()

@@ -131,6 +131,10 @@ class LoadOptions:
     max_seq_len: Optional[int] = None
     dtype: str = "float32"
     seed: int = 0
+    stored_integers: bool = True
+    """Whether a loader of quantized checkpoints also keeps their integers
+    (:attr:`LoadedModel.stored_weights`). False when the export's recipe does not carry them
+    (``--quantize 8da4w``, ``none``): they would only take memory until it replaces them."""
 
 
 @dataclass(frozen=True)

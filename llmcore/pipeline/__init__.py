@@ -161,15 +161,13 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
             edge = emit.apply_post_passes(edge, passes)
         with log.stage("emit"):
             program = emit.to_executorch(edge, str(etrecord_tmp) if etrecord_tmp else None, edge_copy)
-            buffer = program.buffer
-            # The edge and executorch programs hold every constant and delegate blob once
-            # more: only the serialized bytes go on to the parity check and the write.
-            program = edge = edge_copy = None
-        # Staged now (renamed into place only when everything has passed), so the parity
-        # run maps the file instead of holding the serialized bytes as well.
-        pte_bytes = len(buffer)
-        staged_pte = bundle.stage(output, buffer)
-        buffer = None
+            edge = edge_copy = None
+            # Staged now (renamed into place only when everything has passed), written part
+            # by part (never joined into one bytes object beside the program that holds the
+            # same constants), so that the parity run maps the file.
+            staged_pte = bundle.stage(output, program.write_to_file)
+            program = None
+        pte_bytes = staged_pte.stat().st_size
         with log.stage("parity"):
             for provided in runtime_libs:
                 libraries.load_runtime_library(provided, stage="parity")

@@ -12,6 +12,18 @@ from llmcore.recipe import ExportOptions
 from llmcore.records import LoadedModel, LoadOptions, ModelFamily
 
 
+def _recipe_keeps_integers(quantize: Optional[str], registry: Registry) -> bool:
+    """Whether the export wants a quantized checkpoint's own integers: with no ``--quantize``
+    (the checkpoint's integers choose the recipe) or a recipe that carries them."""
+    from llmcore.pipeline.quantize import NO_RECIPE
+
+    if quantize is None:
+        return True
+    if quantize == NO_RECIPE or quantize not in registry.names("quantizers"):
+        return False  # an unknown name fails with its own message, before load
+    return bool(registry.get("quantizers", quantize, stage="quantize").record.for_quantized_checkpoints)
+
+
 def load_model(options: ExportOptions, registry: Registry) -> LoadedModel:
     provided = registry.get("model_families", options.model, stage="load")
     family: ModelFamily = provided.record
@@ -21,6 +33,7 @@ def load_model(options: ExportOptions, registry: Registry) -> LoadedModel:
         tokenizer_path=Path(options.tokenizer) if options.tokenizer else None,
         max_seq_len=options.max_seq_len,
         seed=options.seed,
+        stored_integers=_recipe_keeps_integers(options.quantize, registry),
     )
     if options.tokenizer and not Path(options.tokenizer).exists():
         raise LlmcoreError(

@@ -11,7 +11,7 @@ import errno
 import os
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import BinaryIO, Callable, Optional
 
 from llmcore.errors import LlmcoreError
 
@@ -38,12 +38,17 @@ class OutputBundle:
             os.close(fd)
         return Path(tmp)
 
-    def stage(self, final: Path, data: bytes | str) -> Path:
+    def stage(self, final: Path, data: "bytes | str | Callable[[BinaryIO], None]") -> Path:
+        """Write ``data`` (or let it write itself: a callable given the open file, e.g. an
+        ExecuTorch program's ``write_to_file``, which never joins its parts in memory) to a
+        temporary file next to ``final``."""
         tmp = self.reserve(final)
-        payload = data.encode("utf-8") if isinstance(data, str) else data
         try:
             with open(tmp, "wb") as f:
-                f.write(payload)
+                if callable(data):
+                    data(f)
+                else:
+                    f.write(data.encode("utf-8") if isinstance(data, str) else data)
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as exc:

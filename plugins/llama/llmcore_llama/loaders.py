@@ -887,7 +887,7 @@ def load_gguf(path: Path, options: LoadOptions, arch: GGUFArchitecture = LLAMA_G
                 meta = names[name]
                 sd[meta] = _gguf_tensor(entry, name)
                 t, shape = entry
-                if len(shape) == 2 and int(t.tensor_type) not in quants.FLOAT_TYPES:
+                if options.stored_integers and len(shape) == 2 and int(t.tensor_type) not in quants.FLOAT_TYPES:
                     stored[meta] = quants.integer_weight(t.data, int(t.tensor_type), shape, name)
                 if arch.rotate_half:
                     heads = _rotary_heads(meta, config)

@@ -83,17 +83,26 @@ class BlockInt4Linear(nn.Module):
         if offsets is not None:
             self.register_buffer("block_sums", block_sum_matrix(in_features, self.block), persistent=False)
 
-    def weight_values(self) -> torch.Tensor:
-        """The fp32 weight this layer computes with (for measuring it)."""
-        w = self.q.float().view(self.out_features, -1, self.block) * self.scales.unsqueeze(-1)
+    def weight_values(self, rows: slice = slice(None)) -> torch.Tensor:
+        """The fp32 weight this layer computes with (for measuring it); ``rows`` of it."""
+        w = self._int4_values(rows)
         if self.offsets is not None:
-            w = w + self.offsets.unsqueeze(-1)
-        return w.reshape(self.out_features, self.in_features)
+            w = w.view(w.shape[0], -1, self.block).add_(self.offsets[rows].unsqueeze(-1))
+        return w.reshape(-1, self.in_features)
+
+    def _int4_values(self, rows: slice = slice(None)) -> torch.Tensor:
+        """``scales * q``: the int4 part, what ``dequantize_per_channel_group`` gives."""
+        q = self.q[rows]
+        w = q.float().view(q.shape[0], -1, self.block).mul_(self.scales[rows].unsqueeze(-1))
+        return w.view(q.shape[0], self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = _qd.dequantize_per_channel_group(
-            self.q, self.scales, self.zeros, -8, 7, torch.int8, self.block, torch.float32
-        )
+        if torch.compiler.is_exporting():  # the pattern XNNPACK's partitioner lowers
+            w = _qd.dequantize_per_channel_group(
+                self.q, self.scales, self.zeros, -8, 7, torch.int8, self.block, torch.float32
+            )
+        else:  # the same values, without the decomposed op's int temporaries (eager reference)
+            w = self._int4_values()
         y = F.linear(quantize_activations(x), w, self.bias)
         if self.offsets is not None:
             y = y + F.linear(F.linear(x, self.block_sums), self.offsets)
@@ -135,13 +144,17 @@ class ChannelInt8Linear(nn.Module):
         self.register_buffer("zeros", torch.zeros(self.out_features, dtype=torch.int64))
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
-    def weight_values(self) -> torch.Tensor:
-        return self.q.float() * self.scales.unsqueeze(1)
+    def weight_values(self, rows: slice = slice(None)) -> torch.Tensor:
+        return self.q[rows].float().mul_(self.scales[rows].unsqueeze(1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = _qd.dequantize_per_channel(
-            self.q, self.scales, self.zeros, 0, -127, 127, torch.int8, out_dtype=torch.float32
-        )
+        if torch.compiler.is_exporting():  # the pattern XNNPACK's partitioner lowers
+            w = _qd.dequantize_per_channel(
+                self.q, self.scales, self.zeros, 0, -127, 127, torch.int8, out_dtype=torch.float32
+            )
+        else:  # the same values; the decomposed op's int64 temporary of the 49152 x 576 output
+            # layer alone would add ~340 MB to the export's peak (eager reference logits)
+            w = self.weight_values()
         return F.linear(quantize_activations(x), w, self.bias)
 
     def extra_repr(self) -> str:
@@ -177,18 +190,34 @@ def int4_blocks(weight: torch.Tensor, block: int, hqq: bool = False) -> tuple[to
     return q.to(torch.int8), scale.float().reshape(w.shape[0], w.shape[1] // block)
 
 
+# Rows per step of the per-channel work on a large matrix (the 49152 x 576 output layer):
+# float temporaries of a whole matrix would add several hundred MiB to the export's peak.
+_ROWS = 4096
+
+
 def int8_channels(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 per output channel, in [-127, 127]: ``(q [out, in], scales [out])``."""
-    w = weight.detach().float()
-    scales = (w.abs().amax(dim=1) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
-    q = torch.clamp(torch.round(w / scales.unsqueeze(1)), -127, 127).to(torch.int8)
+    w = weight.detach()
+    q = torch.empty(w.shape, dtype=torch.int8)
+    scales = torch.empty(w.shape[0], dtype=torch.float32)
+    for start in range(0, w.shape[0], _ROWS):
+        rows = w[start:start + _ROWS].float()
+        s = (rows.abs().amax(dim=1) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
+        q[start:start + _ROWS] = torch.clamp(torch.round(rows / s.unsqueeze(1)), -127, 127)
+        scales[start:start + _ROWS] = s
     return q, scales
 
 
-def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
-    """``||approx - exact|| / ||exact||`` (Frobenius): what a re-rounding costs a weight."""
-    exact = exact.detach().float()
-    return float((approx.float() - exact).norm() / exact.norm().clamp(min=1e-30))
+def relative_error(approx, exact: torch.Tensor) -> float:
+    """``||approx - exact|| / ||exact||`` (Frobenius): what a re-rounding costs a weight.
+    ``approx`` is a tensor or a layer with ``weight_values(rows)``, read a few rows at a time."""
+    values = approx.weight_values if callable(getattr(approx, "weight_values", None)) else approx.__getitem__
+    diff = norm = 0.0
+    for start in range(0, exact.shape[0], _ROWS):
+        rows = exact[start:start + _ROWS].detach().double()
+        diff += float((values(slice(start, start + _ROWS)).double() - rows).square().sum())
+        norm += float(rows.square().sum())
+    return (diff ** 0.5) / max(norm ** 0.5, 1e-30)
 
 
 def bf16_scale_error(scales: torch.Tensor) -> float:

@@ -53,6 +53,13 @@ def _linears(module: nn.Module) -> list[tuple[str, nn.Linear]]:
     return [(n, m) for n, m in module.named_modules() if type(m) is nn.Linear]
 
 
+def _linear_names(module: nn.Module) -> list[str]:
+    """Names, not modules: a loop that replaces each linear then holds no reference to the
+    ones it replaced, so each float weight is freed as soon as its integers exist (the export's
+    peak memory is otherwise every float weight plus every quantized one)."""
+    return [n for n, _ in _linears(module)]
+
+
 class _Summary:
     """What each kind of layer became, with its weight error: one line at the end."""
 
@@ -61,7 +68,9 @@ class _Summary:
         self.kinds: Counter = Counter()
         self.errors: dict[str, list[float]] = {}
 
-    def add(self, kind: str, approx: Optional[torch.Tensor] = None, exact: Optional[torch.Tensor] = None) -> None:
+    def add(self, kind: str, approx=None, exact: Optional[torch.Tensor] = None) -> None:
+        """One layer of ``kind``; with ``approx`` (the new layer, or its weight) and ``exact``
+        (the weight it replaces), its weight error."""
         self.kinds[kind] += 1
         if approx is not None:
             self.errors.setdefault(kind, []).append(qlinear.relative_error(approx, exact))
@@ -94,11 +103,12 @@ def quantize_8da4w(module: nn.Module, options: dict) -> nn.Module:
                             "hqq_scale_only" if options["hqq"] else "affine")
     summary = _Summary("8da4w")
     kept = []
-    for name, linear in _linears(module):
+    for name in _linear_names(module):
+        linear = module.get_submodule(name)
         w = linear.weight.detach().float()
         if name in outputs and options["output_bits"] == 8:
             new = _int8_layer(linear, w)
-            summary.add("output layer int8 per channel", new.weight_values(), w)
+            summary.add("output layer int8 per channel", new, w)
         else:
             group = linear_group(linear.in_features, options["group_size"])
             if group is None:
@@ -106,7 +116,7 @@ def quantize_8da4w(module: nn.Module, options: dict) -> nn.Module:
                 continue
             q, scales = qlinear.int4_blocks(w, group or linear.in_features, options["hqq"])
             new = qlinear.BlockInt4Linear(q, scales, bias=linear.bias)
-            summary.add(f"linears int4 (block {new.block})", new.weight_values(), w)
+            summary.add(f"linears int4 (block {new.block})", new, w)
         _replace(module, name, new)
     if kept:
         log.warning(
@@ -119,8 +129,8 @@ def quantize_8da4w(module: nn.Module, options: dict) -> nn.Module:
 
 def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
     """``gguf``: every linear from the integers its GGUF stores (see the module docstring)."""
-    linears = _linears(module)
-    forms = {name: stored_form(linear.weight) for name, linear in linears}
+    names = _linear_names(module)
+    forms = {name: stored_form(module.get_submodule(name).weight) for name in names}
     if not any(isinstance(f, IntegerWeight) for f in forms.values()):
         raise LlmcoreError(
             "gguf: the checkpoint stores no quantized matrices (the recipe carries a quantized GGUF's own "
@@ -129,20 +139,20 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
         )
     summary = _Summary("gguf")
     scale_rounding = 0.0
-    for name, linear in linears:
-        form = forms[name]
+    for name in names:
+        linear, form = module.get_submodule(name), forms.pop(name)
         w = linear.weight.detach().float()
         if isinstance(form, IntegerWeight) and form.bits == 4:
             new = qlinear.BlockInt4Linear(form.q, form.scales, form.offsets, bias=linear.bias)
             scale_rounding = max(scale_rounding, qlinear.bf16_scale_error(form.scales))
-            summary.add(f"{form.format} kept", new.weight_values(), w)
+            summary.add(f"{form.format} kept", new, w)
         elif form is not None:
             new = _int8_layer(linear, w)
-            summary.add(f"{form.format} -> int8 per channel", new.weight_values(), w)
+            summary.add(f"{form.format} -> int8 per channel", new, w)
             log.warning(
                 "gguf: %s (%s) is rounded again, to int8 per channel (no kernel here takes %s as stored): "
                 "weight error %.3g%%", form.source_name, form.format, form.format,
-                100 * qlinear.relative_error(new.weight_values(), w),
+                100 * qlinear.relative_error(new, w),
             )
         else:  # stored as floats in the file, or rebuilt by a transform: kept as floats
             summary.add("float kept")

@@ -140,3 +140,23 @@ def test_negative_and_zero_scales_become_positive_exactly():
     assert bool((layer.scales > 0).all())
     assert int(layer.q.min()) >= -8 and int(layer.q.max()) <= 7
     assert torch.equal(layer.weight_values(), exact)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_eager_forward_is_the_exported_forward_bit_for_bit(kind, monkeypatch):
+    """Eagerly (the parity reference) the layers build their weight without the decomposed
+    dequantize op's integer temporaries; the values must be the op's exactly, so the
+    reference is what the graph XNNPACK lowers computes."""
+    lin, x = layer(kind), inputs()
+    eager = lin(x)
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)  # the graph's path, run eagerly
+    assert torch.equal(lin(x), eager)
+
+
+def test_weight_values_by_rows_are_the_whole_weights_rows():
+    for kind in KINDS:
+        lin = layer(kind)
+        assert torch.equal(lin.weight_values(slice(5, 20)), lin.weight_values()[5:20])
+    exact = torch.randn(OUT, IN)
+    assert abs(qlinear.relative_error(layer("int8"), exact)
+               - float((layer("int8").weight_values() - exact).norm() / exact.norm())) < 1e-6
