@@ -11,6 +11,7 @@ prints the ratio (the programs are the same byte for byte).
     .venv/bin/python benchmarks/bench_export.py
     .venv/bin/python benchmarks/bench_export.py --cases smollm2-gguf,smollm2-8da4w --whole-graph
     .venv/bin/python benchmarks/bench_export.py --cases smollm2-gguf --layers 4,30 --repeat 2
+    .venv/bin/python benchmarks/bench_export.py --cases smollm2-8da4w --layers "" --anchor   # + ExecuTorch's export_llama
 
 Machines of one kind differ: the header prints the CPU model and flags, and only figures
 from one run compare. Run nothing else while it runs.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -39,6 +41,7 @@ CASES = {
         model="llama", checkpoint="smollm2", quantize="gguf")),
     "smollm2-8da4w": ("SmolLM2-135M, 8da4w from the dequantized weights", dict(
         model="llama", checkpoint="smollm2", quantize="8da4w")),
+    # "none": float weights (no quantize at all would pick the GGUF's own recipe, gguf)
     "smollm2-fp32": ("SmolLM2-135M, fp32", dict(model="llama", checkpoint="smollm2", quantize="none")),
     "smollm2-int8-dynamic": ("SmolLM2-135M, int8-dynamic (pt2e)", dict(
         model="llama", checkpoint="smollm2", quantize="int8-dynamic")),
@@ -63,8 +66,6 @@ def run_one(spec: dict) -> None:
         spec["tokenizer"] = smollm2_tokenizer(Path(spec["output"]).parent)
     if spec.get("checkpoint") == "smollm2":
         spec["checkpoint"] = smollm2_path()
-    if spec.get("quantize") == "none":
-        spec["quantize"] = None
     export(ExportOptions(plugins=["xnnpack"], max_seq_len=1024, quiet=True, **spec))
 
 
@@ -76,6 +77,72 @@ def smollm2_tokenizer(folder: Path) -> str:
     path = folder / "smollm2-tokenizer.json"
     path.write_text(tokenizer_from_gguf_fields(GGUFFile(Path(smollm2_path())).get).json_text)
     return str(path)
+
+
+# ---- the anchor: ExecuTorch's own LLM export on the same weights and recipe ----------------
+
+
+def write_meta_checkpoint(folder: Path) -> tuple[Path, Path]:
+    """SmolLM2-135M's weights (the shipped GGUF, dequantized by llmcore's loader: the same
+    floats llmcore's 8da4w export starts from) as ExecuTorch's llama example reads them: a
+    Meta-layout state dict and its params.json. Tied embeddings get their own output.weight,
+    as ExecuTorch's SmolLM2 converter writes it."""
+    import torch
+
+    from llmcore.pipeline.load import load_model
+    from llmcore.plugins import load_registry
+    from llmcore.recipe import ExportOptions
+
+    options = ExportOptions(model="llama", checkpoint=smollm2_path(), plugins=["xnnpack"], quantize="8da4w",
+                            output=str(folder / "unused.pte"))
+    loaded = load_model(options, load_registry())
+    config = loaded.module.config
+    state = {k: v.contiguous() for k, v in loaded.module.state_dict().items()
+             if k == "output.weight" or k.startswith(("tok_embeddings.", "layers.", "norm."))}
+    state.setdefault("output.weight", state["tok_embeddings.weight"])
+    params = dict(dim=config.dim, n_layers=config.n_layers, n_heads=config.n_heads, n_kv_heads=config.n_kv_heads,
+                  vocab_size=config.vocab_size, hidden_dim=config.hidden_dim, norm_eps=config.norm_eps,
+                  rope_theta=config.rope_theta, use_scaled_rope=False)
+    checkpoint, params_path = folder / "smollm2-135m.pth", folder / "smollm2-135m.params.json"
+    torch.save(state, checkpoint)
+    params_path.write_text(json.dumps(params))
+    return checkpoint, params_path
+
+
+def run_anchor(spec: dict) -> None:
+    """In a fresh process: ExecuTorch's ``export_llama`` (what ``export_llm`` runs, called
+    with its config object rather than through hydra, which the wheel does not install),
+    8da4w with group 32, KV cache with ExecuTorch's SDPA op, XNNPACK, 1024 positions:
+    llmcore's smollm2-8da4w case, as ExecuTorch's own tool makes it."""
+    from executorch.examples.models.llama.export_llama_lib import export_llama
+    from executorch.extension.llm.export.config.llm_config import LlmConfig, ModelType
+
+    config = LlmConfig()
+    config.base.model_class = ModelType.smollm2
+    config.base.checkpoint, config.base.params = spec["checkpoint"], spec["params"]
+    config.model.use_kv_cache = config.model.use_sdpa_with_kv_cache = config.model.enable_dynamic_shape = True
+    config.export.max_seq_length = config.export.max_context_length = 1024
+    # output_name is the path written (output_dir is not prefixed to it)
+    config.export.output_dir = spec["output_dir"]
+    config.export.output_name = str(Path(spec["output_dir"]) / "anchor.pte")
+    config.quantization.qmode, config.quantization.group_size = "8da4w", 32
+    config.backend.xnnpack.enabled = True
+    export_llama(config)
+
+
+def measure_anchor(workdir: Path) -> dict:
+    checkpoint, params = write_meta_checkpoint(workdir)
+    spec = {"checkpoint": str(checkpoint), "params": str(params), "output_dir": str(workdir)}
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, __file__, "--anchor-one", json.dumps(spec)], capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"bench_export: ExecuTorch's export_llama failed:\n{done.stderr[-3000:]}")
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest child so far
+    size = (workdir / "anchor.pte").stat().st_size
+    for path in workdir.iterdir():
+        path.unlink()
+    return {"process_s": wall, "pte_mib": size / 2**20, "children_peak_mib": peak}
 
 
 def measure(spec: dict, workdir: Path) -> dict:
@@ -131,6 +198,11 @@ def baseline_line(runs: list[dict], whole: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--anchor-one", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--anchor", action="store_true",
+        help="also run ExecuTorch's own export_llama (the wheel's) on SmolLM2 8da4w, for the ratio (slow: ~25 min)",
+    )
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     parser.add_argument("--layers", default="4,8,16,30", help="layer counts for the scaling table ('' skips it)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each export; the median is shown")
@@ -141,6 +213,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         run_one(json.loads(args.one))
+        return
+    if args.anchor_one:
+        run_anchor(json.loads(args.anchor_one))
         return
 
     print(machine_header())
@@ -153,6 +228,12 @@ def main() -> None:
             description, spec = CASES[name]
             runs = [measure(spec, workdir) for _ in range(args.repeat)]
             print(stage_table(name, description, runs), flush=True)
+            if args.anchor and name == "smollm2-8da4w":
+                anchor = measure_anchor(workdir)
+                ours = min(r["process_s"] for r in runs)
+                print(f"ExecuTorch's export_llama, same weights and recipe: {anchor['process_s']:.1f} s "
+                      f"(.pte {anchor['pte_mib']:.1f} MiB, largest child peak RSS {anchor['children_peak_mib']:.0f} MiB); "
+                      f"llmcore is {anchor['process_s'] / ours:.1f}x faster", flush=True)
             if args.whole_graph:
                 whole = [measure({**spec, "whole_graph_lowering": True}, workdir) for _ in range(args.repeat)]
                 print(baseline_line(runs, whole), flush=True)

@@ -5,10 +5,11 @@ ExecuTorch runtime, and with the eager fp32 model it came from, rebuilt from the
 report (family, checkpoint or config, seed, transforms). The difference is what
 quantization and lowering cost.
 
-Programs return the logits of their last position only, so scoring goes one token at a
-time through the KV cache, from position 0 for each window or chunk (the cache is
-overwritten from there; attention reads only positions up to the current one). Two
-protocols choose which tokens are scored:
+Programs return the logits of their last position only, so each scored token takes one
+call through the KV cache; the tokens before the first scored one of a window or chunk
+(its context) go in one prefill call, from position 0 (the cache is overwritten from there;
+attention reads only positions up to the current one). Two protocols choose which tokens
+are scored:
 
 - ``sliding`` (the default, :func:`score`): windows overlap by half, and every token after
   the first is scored once.
@@ -49,12 +50,14 @@ def score(logits_fn: Callable[[list[int], int], torch.Tensor], ids: list[int], w
     begin, scored_until = 0, 0  # scored_until: the first target index not yet scored
     while scored_until < len(ids) - 1:
         end = min(begin + window, len(ids))
-        for pos in range(end - begin - 1):
-            logits = logits_fn([ids[begin + pos]], pos).float()
-            target_index = begin + pos + 1
-            if target_index <= scored_until:
-                continue
-            nll -= float(torch.log_softmax(logits, dim=-1)[ids[target_index]])
+        # positions begin..first-1 only give context: one prefill call ending at the first
+        # position whose logits score a token not scored yet
+        first = max(scored_until - begin, 0)
+        logits = logits_fn(ids[begin:begin + first + 1], 0).float()
+        for pos in range(first, end - begin - 1):
+            if pos > first:
+                logits = logits_fn([ids[begin + pos]], pos).float()
+            nll -= float(torch.log_softmax(logits, dim=-1)[ids[begin + pos + 1]])
             count += 1
         scored_until = end - 1
         begin += stride
@@ -88,11 +91,12 @@ def score_llama_perplexity(
         chunk = ids[start:start + ctx]
         if bos_id is not None:
             chunk[0] = bos_id
-        for pos in range(ctx - 1):  # the last position predicts nothing inside the chunk
-            logits = logits_fn([chunk[pos]], pos)
-            if pos >= first:
-                nll -= float(torch.log_softmax(logits.float(), dim=-1)[chunk[pos + 1]])
-                count += 1
+        logits = logits_fn(chunk[:first + 1], 0)  # the unscored first half: one prefill call
+        for pos in range(first, ctx - 1):  # the last position predicts nothing inside the chunk
+            if pos > first:
+                logits = logits_fn([chunk[pos]], pos)
+            nll -= float(torch.log_softmax(logits.float(), dim=-1)[chunk[pos + 1]])
+            count += 1
     return Perplexity(math.exp(nll / count), count, round(time.perf_counter() - start_time, 2))
 
 

@@ -57,17 +57,43 @@ def fake_logits(prefix: list[int]) -> torch.Tensor:
     return TOKEN_TABLE[prefix[-1]] + POS_TABLE[len(prefix) - 1] + SUM_TABLE[sum(prefix) % VOCAB]
 
 
-def fake_kv_model():
-    """``logits_fn(tokens, pos)`` over a KV cache, as Program.logits: one token per call."""
+def fake_kv_model(calls: list | None = None):
+    """``logits_fn(tokens, pos)`` over a KV cache, as Program.logits: the logits of the last
+    of ``tokens``, written from ``pos``; ``calls`` collects the number of tokens of each call."""
     cache: list[int] = []
 
     def logits_fn(tokens: list[int], pos: int) -> torch.Tensor:
-        assert len(tokens) == 1 and pos <= len(cache)  # positions before pos must be written
+        assert tokens and pos <= len(cache)  # positions before pos must be written
         del cache[pos:]
-        cache.append(tokens[0])
+        cache.extend(tokens)
+        if calls is not None:
+            calls.append(len(tokens))
         return fake_logits(cache)
 
     return logits_fn
+
+
+def test_sliding_scores_every_token_once_with_its_windows_context():
+    """Windows of 8 overlapping by 4: each token after the first scored once, with the
+    logits of the full window prefix before it; each window's context in one prefill call."""
+    from llmcore.evaluate import score
+
+    ids = [(5 * i + 2) % VOCAB for i in range(21)]
+    nlls, scored_until = [], 0
+    for begin in range(0, len(ids), 4):
+        end = min(begin + 8, len(ids))
+        for pos in range(end - begin - 1):
+            target = begin + pos + 1
+            if target > scored_until:
+                nlls.append(-torch.log_softmax(fake_logits(ids[begin:begin + pos + 1]), dim=-1)[ids[target]].item())
+        scored_until = end - 1
+        if scored_until >= len(ids) - 1:
+            break
+    calls: list[int] = []
+    result = score(fake_kv_model(calls), ids, 8)
+    assert result.tokens_scored == len(nlls) == len(ids) - 1
+    assert result.perplexity == pytest.approx(math.exp(sum(nlls) / len(nlls)), rel=1e-6)
+    assert max(calls) > 1 and len(calls) < len(ids) + 3 * 4  # context prefilled, not fed token by token
 
 
 def test_llama_perplexity_scores_second_halves_of_chunks_as_llama_cpp():
@@ -81,8 +107,10 @@ def test_llama_perplexity_scores_second_halves_of_chunks_as_llama_cpp():
             nlls.append(-torch.log_softmax(fake_logits(chunk[:j + 1]), dim=-1)[chunk[j + 1]].item())
     expected = math.exp(sum(nlls) / len(nlls))
 
-    result = score_llama_perplexity(fake_kv_model(), ids, ctx, BOS)
+    calls: list[int] = []
+    result = score_llama_perplexity(fake_kv_model(calls), ids, ctx, BOS)
     assert result.tokens_scored == len(nlls) == 6
+    assert calls == [ctx // 2 + 1, 1, 1] * 2  # each chunk's unscored half in one call
     assert result.perplexity == pytest.approx(expected, rel=1e-6)
     # Without BOS at the second chunk's start, the second chunk scores differently.
     assert score_llama_perplexity(fake_kv_model(), ids, ctx, None).perplexity != pytest.approx(expected, rel=1e-6)
