@@ -153,3 +153,29 @@ def test_nodes_reading_the_prelude_stay_there():
     repeated.gather_block_nodes(ep)
     blocks = repeated.find_blocks(ep)
     assert all("mul" not in str(n.target) for n in blocks.nodes[0])
+
+
+def test_gathering_keeps_a_node_whose_users_stay_outside():
+    """A node no module claims that reads only a parameter, used by one that reads the
+    prelude, used in turn by a block: the second stays out (it reads the prelude), so the
+    first must too (its user is not in the block). The program still computes the same."""
+
+    class Gains(Stack):
+        def __init__(self):
+            super().__init__(n=4)
+            self.gain = nn.Parameter(torch.ones(8))
+
+        def forward(self, x):
+            pre = self.embed(x)
+            h = pre
+            for layer in self.layers:
+                g = (self.gain * 2.0) + pre.mean()  # unclaimed: a parameter, then the prelude
+                h = layer(h * g)
+            return self.head(h)
+
+    x = torch.randn(4, 8)
+    ep = _export(Gains(), x)
+    before = ep.module()(x)
+    repeated.gather_block_nodes(ep)
+    ep.graph.lint()
+    torch.testing.assert_close(ep.module()(x), before, rtol=0, atol=0)

@@ -102,25 +102,35 @@ def gather_block_nodes(ep) -> int:
         if len(paths) == 1 and None not in paths:
             wanted[node] = paths.pop()
     # then inputs: a node joins only if everything it reads is a placeholder, in its block
-    # or in the block before it (the block's input, as a layer reads the layer before)
-    given: dict[Node, tuple] = {}
-    for node in nodes:
-        block = wanted.get(node)
-        if block is None:
-            continue
+    # or in the block before it (the block's input, as a layer reads the layer before); and
+    # its users must still be in its block once the others are decided: until nothing changes
+    given: dict[Node, tuple] = dict(wanted)
+
+    def block_of(n: Node):
+        if n in given:
+            return given[n]
+        return _block_path(n) if n.op == "call_function" and _claimed(n) else None
+
+    def fits(node: Node, block: tuple) -> bool:
         readable = {block, (block[0], block[1] - 1)} if block[1] > 0 else {block}
-        if all(
-            a.op == "placeholder" or given.get(a, _block_path(a) if a.op == "call_function" else None) in readable
-            for a in node.all_input_nodes
-        ):
-            given[node] = block
+        return all(a.op == "placeholder" or block_of(a) in readable for a in node.all_input_nodes) and all(
+            block_of(u) == block for u in node.users
+        )
+
+    changed = True
+    while changed:
+        changed = False
+        for node in [n for n in nodes if n in given]:
+            if not fits(node, given[node]):
+                del given[node]
+                changed = True
     for node in reversed(nodes):
         if node not in given:
             continue
         first = node.next
         while first not in node.users:
             first = first.next
-        stack = next(u for u in node.users if _claimed(u) or u in given).meta["nn_module_stack"]
+        stack = next(u for u in node.users if u in given or _claimed(u)).meta["nn_module_stack"]
         node.meta["nn_module_stack"] = dict(stack)
         if first is not node.next:
             first.prepend(node)
