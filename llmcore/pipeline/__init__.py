@@ -69,7 +69,9 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
         loaded = load_model(options, registry)
     meta = loaded.metadata
     if options.quantize is None and recipe is None:
-        recipe, recipe_options = quantize.default_for_checkpoint(loaded.stored_weights, options.plugins, registry)
+        recipe, recipe_options = quantize.default_for_checkpoint(
+            loaded.stored_weights, options.plugins, registry, options.quantize_options or {}
+        )
         if recipe is not None:
             log.say(
                 f"the checkpoint stores quantized weights: recipe {recipe.record.name!r} keeps its integers "

@@ -45,21 +45,28 @@ def resolve_recipe(name: Optional[str], options: dict, backends: list[str], regi
 NO_RECIPE = "none"
 
 
-def default_for_checkpoint(stored_weights: dict, backends: list[str], registry: Registry):
+def default_for_checkpoint(stored_weights: dict, backends: list[str], registry: Registry, options: dict):
     """For a checkpoint that stores quantized integers and an export without ``--quantize``:
     the first recipe that carries them (``for_quantized_checkpoints``) into one of the
-    selected backends, with its default options, or ``(None, {})``."""
+    selected backends, with ``options`` (``--quantize-option``) checked against it, or
+    ``(None, {})``. Options with no recipe to take them are refused, never dropped."""
     from llmcore.stored import IntegerWeight
 
-    if not any(isinstance(f, IntegerWeight) for f in stored_weights.values()):
-        return None, {}
-    for name in registry.names("quantizers"):
-        provided = registry.get("quantizers", name, stage="quantize")
-        recipe: QuantizerRecipe = provided.record
-        if recipe.for_quantized_checkpoints and set(recipe.backends) & set(backends):
-            return provided, check_plugin_options(
-                f"quantizer recipe {name!r}", recipe.options, {}, provided.plugin.name
-            )
+    if any(isinstance(f, IntegerWeight) for f in stored_weights.values()):
+        for name in registry.names("quantizers"):
+            provided = registry.get("quantizers", name, stage="quantize")
+            recipe: QuantizerRecipe = provided.record
+            if recipe.for_quantized_checkpoints and set(recipe.backends) & set(backends):
+                return provided, check_plugin_options(
+                    f"quantizer recipe {name!r}", recipe.options, options, provided.plugin.name
+                )
+    if options:
+        raise LlmcoreError(
+            f"--quantize-option {', '.join(sorted(options))} given without --quantize, and no recipe applies "
+            "by default (the checkpoint stores no quantized integers these backends take as they are).",
+            stage="quantize",
+            fix="name the recipe the options are for, e.g. --quantize 8da4w.",
+        )
     return None, {}
 
 

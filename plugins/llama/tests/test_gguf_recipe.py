@@ -77,9 +77,12 @@ def test_quantized_gguf_gets_the_gguf_recipe_by_default(gguf_export):
     assert report["delegation"]  # lowered to XNNPACK
 
 
-def test_program_logits_close_to_the_dequantized_gguf(gguf_export, checkpoint):
+def worst_logit_diff(pte, checkpoint, near_tie: float = 0.0) -> float:
+    """Max |logit diff| of the program against the dequantized GGUF's eager model, over
+    prefills of 1, 9 and 30 tokens and 6 decode steps; the argmax must agree wherever the
+    reference's top two logits are more than ``near_tie`` apart."""
     reference = loaders.load_gguf(checkpoint / "q.gguf", LoadOptions()).module.eval()
-    program = Program.load(gguf_export.pte)
+    program = Program.load(pte)
     assert program.use_kv_cache
     seq = tokens(36, TINY.vocab_size, seed=2)[0].tolist()
     # prefills at position 0, the last of which the decode steps continue
@@ -90,9 +93,31 @@ def test_program_logits_close_to_the_dequantized_gguf(gguf_export, checkpoint):
         with torch.no_grad():
             expected = reference(torch.tensor([seq[:upto]]))[0]
         worst = max(worst, float((got - expected).abs().max()))
-        assert int(got.argmax()) == int(expected.argmax()), f"argmax differs after {upto} tokens"
+        top2 = expected.topk(2).values
+        if float(top2[0] - top2[1]) > near_tie:
+            assert int(got.argmax()) == int(expected.argmax()), f"argmax differs after {upto} tokens"
+    return worst
+
+
+def test_program_logits_close_to_the_dequantized_gguf(gguf_export, checkpoint):
+    worst = worst_logit_diff(gguf_export.pte, checkpoint)
     print(f"max |logit diff| vs the dequantized GGUF: {worst:.4g}")
     assert worst <= BOUND
+
+
+def test_outlier_split_program(gguf_export, checkpoint):
+    """``outlier_split=true`` (two int8 rows per token) reaches the default recipe through
+    --quantize-option, keeps one delegate per layer, and stays within the same bound of the
+    dequantized GGUF (observed 0.021 -> 0.020: this random model's activations have no
+    outliers for the split to isolate; test_qlinear checks the gain on activations that do).
+    One decode step here has its top two logits 0.0045 apart, less than either program's
+    error, so the argmax is compared only where the reference is not that close to a tie."""
+    split = run_export(checkpoint, "split", quantize_options={"outlier_split": True})
+    assert split.report["parity"]["top1_agreement"] == 1.0
+    assert split.report["quantization"]["options"]["outlier_split"] is True
+    delegates = lambda r: r["delegation"]["delegated_subgraphs"]  # noqa: E731
+    assert delegates(split.report) == delegates(gguf_export.report)
+    assert worst_logit_diff(split.pte, checkpoint, near_tie=2 * BOUND) <= BOUND
 
 
 def test_quantize_none_keeps_floats(checkpoint):
@@ -111,6 +136,21 @@ def test_gguf_recipe_refuses_a_float_checkpoint(tmp_path):
                              output=str(out), quiet=True))
     assert e.value.stage == "quantize"
     assert "stores no quantized matrices" in e.value.message
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_quantize_options_without_a_recipe_are_refused(tmp_path):
+    """A float checkpoint gets no recipe by default: options for one are refused by name, not
+    dropped (an ``outlier_split=true`` that silently did nothing would mislead)."""
+    from llmcore.pipeline import export
+    from llmcore.recipe import ExportOptions
+
+    out = tmp_path / "float.pte"
+    with pytest.raises(LlmcoreError) as e:
+        export(ExportOptions(model="llama", config="tiny", plugins=["xnnpack"], output=str(out), quiet=True,
+                             quantize_options={"outlier_split": True}))
+    assert e.value.stage == "quantize"
+    assert "outlier_split" in e.value.message and "--quantize 8da4w" in e.value.fix
     assert not out.exists() and not list(tmp_path.iterdir())
 
 

@@ -84,9 +84,9 @@ class _Summary:
         return f"{self.recipe}: " + "; ".join(parts)
 
 
-def _int8_layer(linear: nn.Linear, exact: torch.Tensor) -> qlinear.ChannelInt8Linear:
+def _int8_layer(linear: nn.Linear, exact: torch.Tensor, outlier_split: bool) -> qlinear.ChannelInt8Linear:
     q, scales = qlinear.int8_channels(exact)
-    return qlinear.ChannelInt8Linear(q, scales, linear.bias)
+    return qlinear.ChannelInt8Linear(q, scales, linear.bias, outlier_split)
 
 
 def quantize_8da4w(module: nn.Module, options: dict) -> nn.Module:
@@ -107,7 +107,7 @@ def quantize_8da4w(module: nn.Module, options: dict) -> nn.Module:
         linear = module.get_submodule(name)
         w = linear.weight.detach().float()
         if name in outputs and options["output_bits"] == 8:
-            new = _int8_layer(linear, w)
+            new = _int8_layer(linear, w, options["outlier_split"])
             summary.add("output layer int8 per channel", new, w)
         else:
             group = linear_group(linear.in_features, options["group_size"])
@@ -115,7 +115,7 @@ def quantize_8da4w(module: nn.Module, options: dict) -> nn.Module:
                 kept.append(name)
                 continue
             q, scales = qlinear.int4_blocks(w, group or linear.in_features, options["hqq"])
-            new = qlinear.BlockInt4Linear(q, scales, bias=linear.bias)
+            new = qlinear.BlockInt4Linear(q, scales, bias=linear.bias, outlier_split=options["outlier_split"])
             summary.add(f"linears int4 (block {new.block})", new, w)
         _replace(module, name, new)
     if kept:
@@ -143,11 +143,11 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
         linear, form = module.get_submodule(name), forms.pop(name)
         w = linear.weight.detach().float()
         if isinstance(form, IntegerWeight) and form.bits == 4:
-            new = qlinear.BlockInt4Linear(form.q, form.scales, form.offsets, bias=linear.bias)
+            new = qlinear.BlockInt4Linear(form.q, form.scales, form.offsets, linear.bias, options["outlier_split"])
             scale_rounding = max(scale_rounding, qlinear.bf16_scale_error(form.scales))
             summary.add(f"{form.format} kept", new, w)
         elif form is not None:
-            new = _int8_layer(linear, w)
+            new = _int8_layer(linear, w, options["outlier_split"])
             summary.add(f"{form.format} -> int8 per channel", new, w)
             log.warning(
                 "gguf: %s (%s) is rounded again, to int8 per channel (no kernel here takes %s as stored): "
@@ -159,6 +159,8 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
             continue
         _replace(module, name, new)
     line = summary.line()
+    if options["outlier_split"]:
+        line += "; activations: int8 per token with outliers on a second row"
     if scale_rounding:
         line += f"; 4-bit scales fp16 -> bf16 (XNNPACK's scale type): at most {100 * scale_rounding:.3g}% per scale"
     log.warning("%s", line)

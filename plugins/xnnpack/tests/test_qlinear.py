@@ -29,6 +29,10 @@ def bf16_values(shape, gen, scale=0.02) -> torch.Tensor:
 
 
 def layer(kind: str, seed: int = 0) -> nn.Module:
+    if kind.endswith("-split"):
+        lin = layer(kind[: -len("-split")], seed)
+        lin.outlier_split = True
+        return lin
     gen = torch.Generator().manual_seed(seed)
     q = torch.randint(-8, 8, (OUT, IN), generator=gen, dtype=torch.int8)
     scales = bf16_values((OUT, IN // BLOCK), gen)
@@ -48,6 +52,14 @@ def inputs(seed: int = 1, rows: int = 7) -> torch.Tensor:
 
 
 KINDS = ["int4", "int4-offsets", "int4-bias", "int8"]
+SPLIT_KINDS = ["int4-bias-split", "int8-split"]
+
+
+def with_outliers(x: torch.Tensor) -> torch.Tensor:
+    """Activations as a transformer's look: a few channels far larger than the rest."""
+    x = x.clone()
+    x[:, [3, 77, 200]] *= 40.0
+    return x
 
 
 def test_weight_values_are_scales_times_q_plus_offsets():
@@ -160,3 +172,61 @@ def test_weight_values_by_rows_are_the_whole_weights_rows():
     exact = torch.randn(OUT, IN)
     assert abs(qlinear.relative_error(layer("int8"), exact)
                - float((layer("int8").weight_values() - exact).norm() / exact.norm())) < 1e-6
+
+
+def test_outlier_split_rows_add_up_to_the_token():
+    x = with_outliers(inputs(rows=5))
+    rows = qlinear.split_outliers(x)
+    assert rows.shape == (5, 2, 1, IN)
+    clamped, rest = rows[:, 0, 0], rows[:, 1, 0]
+    bound = x.abs().amax(1, keepdim=True) * qlinear.OUTLIER_FRACTION
+    assert torch.allclose(clamped + rest, x, rtol=1e-7, atol=0)
+    assert bool((clamped.abs() <= bound).all())
+    assert torch.equal(rest[x.abs() <= bound], torch.zeros(int((x.abs() <= bound).sum())))
+    assert qlinear.split_outliers(x) is rows  # q, k, v share their input's split
+
+
+@pytest.mark.parametrize("kind", SPLIT_KINDS)
+def test_outlier_split_is_within_the_two_rows_rounding_and_beats_one_row(kind):
+    lin = layer(kind)
+    x = with_outliers(inputs())
+    with torch.no_grad():
+        y = lin(x)
+        exact = x @ lin.weight_values().T + (lin.bias if lin.bias is not None else 0)
+        lin.outlier_split = False
+        one_row = lin(x)
+    rows = qlinear.split_outliers(x)[:, :, 0]  # [tokens, 2, K]
+    steps = (rows.amax(2).clamp(min=0) - rows.amin(2).clamp(max=0)) / 255  # per token and row
+    bound = steps.sum(1)[:, None] / 2 * lin.weight_values().abs().sum(1)[None, :]
+    assert bool(((y - exact).abs() <= bound + 1e-4).all())
+    err, err_one_row = float((y - exact).abs().max()), float((one_row - exact).abs().max())
+    assert err < err_one_row / 3, (err, err_one_row)
+
+
+@pytest.mark.parametrize("kind", SPLIT_KINDS)
+def test_outlier_split_program_matches_eager_at_any_token_count(kind):
+    """Exported with a dynamic token count, as the LLM programs are: XNNPACK takes the split
+    whole (it refuses slices and unsqueezes of dynamic tensors, and symbolic views)."""
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    from llmcore_xnnpack.partition import SharedTablePartitioner
+
+    model = nn.Sequential(nn.ReLU(), layer(kind)).eval()
+    tokens = torch.export.Dim("tokens", min=1, max=64)
+    exported = torch.export.export(model, (inputs(seed=2),), dynamic_shapes=({0: tokens},))
+    edge = to_edge_transform_and_lower(
+        exported, partitioner=[SharedTablePartitioner()],
+        compile_config=EdgeCompileConfig(_check_ir_validity=False),
+    )
+    calls = [n.target for n in edge.exported_program().graph_module.graph.nodes if n.op == "call_function"]
+    assert calls and all(t is operator.getitem or "executorch_call_delegate" in str(t) for t in calls), calls
+    program = Runtime.get().load_program(edge.to_executorch().buffer)
+    method = program.load_method("forward")
+    for rows in (1, 9):
+        x = with_outliers(inputs(seed=rows, rows=rows))
+        with torch.no_grad():
+            expected = model(x)
+        got = method.execute([x])[0]
+        worst = float((got - expected).abs().max())
+        assert worst < 1e-3 * float(expected.abs().max()), f"{kind}, {rows} rows: max |diff| {worst:.3g}"
