@@ -1,13 +1,16 @@
 """4-bit quality next to llama.cpp's: perplexity, size and speed of SmolLM2-135M, one run.
 
-From the shipped Q4_1 GGUF it makes llmcore's programs (recipes ``gguf`` and ``8da4w``) and
+From the shipped Q4_1 GGUF it makes llmcore's programs (recipes ``8da8w``, ``gguf``,
+``gguf`` with ``outlier_split=true`` and ``8da4w``) and
 llama.cpp's Q4_0 and Q8_0 (``llama-quantize --allow-requantize``), then prints for each:
 
 * perplexity by llama.cpp's ``llama-perplexity`` protocol (chunks of ``--ctx`` tokens, the
   second half of each scored): ``llmcore eval --protocol llama-perplexity`` for the
   programs, ``llama-perplexity`` itself for the GGUF files, on the same text;
 * the loss against the fp32 reference of each side (llmcore's eager model from the
-  dequantized GGUF; llama.cpp's shipped Q4_1, the file everything is made from);
+  dequantized GGUF; llama.cpp's shipped Q4_1, the file everything is made from), and for
+  llmcore's programs the mean KL divergence from that reference (``llmcore eval``'s), which
+  unlike a perplexity difference on a few hundred tokens is not moved by the rounding noise;
 * file size, prefill and decode tok/s (llmcore's C++ runner and Python runtime,
   ``llama-bench``).
 
@@ -36,14 +39,19 @@ sys.path.insert(0, str(HERE))
 import llamacpp_peer as llama_cpp  # noqa: E402
 from bench_decode import machine_header, run_cpp_runner, run_worker, smollm2_path  # noqa: E402
 
-RECIPES = {"gguf": ["--quantize", "gguf"], "8da4w": ["--quantize", "8da4w"]}
+RECIPES = {
+    "8da8w": ["--quantize", "8da8w"],
+    "gguf": ["--quantize", "gguf"],
+    "gguf outlier_split": ["--quantize", "gguf", "--quantize-option", "outlier_split=true"],
+    "8da4w": ["--quantize", "8da4w"],
+}
 PEER_TYPES = ("Q4_0", "Q8_0")
 
 
 def export(recipe: str, cache: Path, max_seq_len: int, reuse: bool) -> Path:
     """llmcore's program for ``recipe``, exported now (a recipe's defaults change between
     versions; ``--reuse-programs`` takes the cached one, for re-running the speed rounds)."""
-    out = cache / f"smollm2-{recipe}" / "model.pte"
+    out = cache / f"smollm2-{recipe.replace(' ', '-')}" / "model.pte"
     if not (reuse and out.is_file()):
         out.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "llmcore", "export", "--model", "llama", "--checkpoint", smollm2_path(),
@@ -116,6 +124,7 @@ def main() -> None:
             runs = [r for r in runs if r]
             rows.append({
                 "what": f"llmcore {recipe} ({label})", "ppl": scored["program"]["perplexity"], "reference": reference,
+                "kl": scored["divergence"]["mean_kl"],
                 "mib": pte.stat().st_size / 2**20,
                 "prefill": statistics.median(r["prefill_tok_s"] for r in runs) if runs else None,
                 "decode": statistics.median(r["decode_tok_s"] for r in runs) if runs else None,
@@ -130,11 +139,12 @@ def main() -> None:
                      "mib": gguf.stat().st_size / 2**20, "prefill": speed["prefill_tok_s"],
                      "decode": speed["decode_tok_s"]})
 
-    print("\n| | perplexity | loss vs its fp32 reference | file MiB | prefill tok/s | decode tok/s |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("\n| | perplexity | loss vs its fp32 reference | mean KL vs fp32 | file MiB | prefill tok/s | decode tok/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         loss = r["ppl"] / r["reference"] - 1
-        cells = [f"{r['ppl']:.2f}", f"{loss:+.1%}", f"{r['mib']:.1f}" if r.get("mib") else "-",
+        cells = [f"{r['ppl']:.2f}", f"{loss:+.1%}", f"{r['kl']:.4f}" if r.get("kl") is not None else "-",
+                 f"{r['mib']:.1f}" if r.get("mib") else "-",
                  f"{r['prefill']:.1f}" if r.get("prefill") else "-", f"{r['decode']:.1f}" if r.get("decode") else "-"]
         print(f"| {r['what']} | " + " | ".join(cells) + " |")
 

@@ -44,7 +44,10 @@ def build_llama_bench(cache: Path = DEFAULT_CACHE, jobs: int | None = None) -> P
     cache.mkdir(parents=True, exist_ok=True)
     sdists = sorted(cache.glob("llama_cpp_python-*.tar.gz"))
     if not sdists:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        # Only this package as source: ":all:" would also build pip's build dependencies
+        # (cmake among them) from source to read the sdist's metadata, which takes longer than
+        # the llama.cpp build itself.
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
                         SDIST, "-d", str(cache)], check=True)
         sdists = sorted(cache.glob("llama_cpp_python-*.tar.gz"))
     source = cache / "src"

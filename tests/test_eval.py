@@ -25,6 +25,7 @@ def test_eval_prints_both_perplexities_fp32_agrees(exports, cli):
     # Random weights over a 257-token vocabulary: perplexity near the vocabulary size.
     assert 100 < eager["perplexity"] < 600
     assert abs(data["delta_pct"]) < 0.01  # fp32 program: the same model
+    assert data["divergence"]["mean_kl"] < 1e-6 and data["divergence"]["top1_agreement"] == 1.0
 
 
 def test_eval_of_int8_program_shows_a_small_cost(exports, cli):
@@ -133,6 +134,7 @@ def test_eval_llama_perplexity_protocol(exports, cli):
     assert program["seconds"] >= 0 and eager["seconds"] >= 0
     assert 100 < eager["perplexity"] < 600
     assert abs(data["delta_pct"]) < 0.01  # fp32 program: the same model
+    assert data["divergence"]["mean_kl"] < 1e-6 and data["divergence"]["top1_agreement"] == 1.0
 
     text = cli("eval", str(pte), "--text", str(TEXT), "--protocol", "llama-perplexity", "--ctx", "32",
                "--max-tokens", "40", "--no-eager")
@@ -142,3 +144,37 @@ def test_eval_llama_perplexity_protocol(exports, cli):
     short = cli("eval", str(pte), "--text", str(TEXT), "--protocol", "llama-perplexity", "--ctx", "32",
                 "--max-tokens", "20", "--no-eager")
     assert short.returncode == 2 and "fewer than one chunk" in short.stderr and "Fix:" in short.stderr
+
+
+def test_compare_runs_both_in_lockstep_and_measures_kl_by_hand():
+    """KL(eager || program) and top-1 agreement over the scored positions, against a direct
+    computation; a program equal to its eager model has KL 0 and agrees everywhere."""
+    from functools import partial
+
+    from llmcore.evaluate import compare, llama_perplexity_positions, score_llama_perplexity
+
+    ids = [BOS] + [int(t) for t in torch.randint(1, VOCAB, (40,), generator=torch.Generator().manual_seed(3))]
+    positions = partial(llama_perplexity_positions, ids=ids, ctx=16, bos_id=BOS)
+    same_p, same_e, same = compare(positions, fake_kv_model(), fake_kv_model())
+    assert same.mean_kl == pytest.approx(0.0, abs=1e-9) and same.top1_agreement == 1.0
+    assert same_p.perplexity == pytest.approx(score_llama_perplexity(fake_kv_model(), ids, 16, BOS).perplexity)
+
+    noise = torch.randn(64, VOCAB, generator=torch.Generator().manual_seed(4))
+    base = fake_kv_model()
+
+    def noisy(tokens, pos):
+        return base(tokens, pos) + noise[pos + len(tokens) - 1]
+
+    program, eager, div = compare(positions, noisy, fake_kv_model())
+    kls, agree = [], 0
+    for start in range(0, 32, 16):  # two chunks of 16, the second half of each scored
+        chunk = [BOS] + ids[start + 1:start + 16]
+        for pos in range(8, 15):
+            le = torch.log_softmax(fake_logits(chunk[:pos + 1]), -1)
+            lp = torch.log_softmax(fake_logits(chunk[:pos + 1]) + noise[pos], -1)
+            kls.append(float((le.exp() * (le - lp)).sum()))
+            agree += int(le.argmax()) == int(lp.argmax())
+    assert program.tokens_scored == eager.tokens_scored == len(kls) == 14
+    assert div.mean_kl == pytest.approx(sum(kls) / len(kls), rel=1e-5)
+    assert div.top1_agreement == pytest.approx(agree / len(kls))
+    assert eager.perplexity == pytest.approx(same_e.perplexity)

@@ -37,6 +37,12 @@ def _quantize_8da4w(module, options: dict):
     return quantize_8da4w(module, options)
 
 
+def _quantize_8da8w(module, options: dict):
+    from llmcore_xnnpack.recipes import quantize_8da8w
+
+    return quantize_8da8w(module, options)
+
+
 def _quantize_gguf(module, options: dict):
     from llmcore_xnnpack.recipes import quantize_gguf
 
@@ -145,6 +151,26 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                     "run each GEMM on two int8 rows per token, the token clamped to 1/8 of its largest "
                     "value and the clamped-off outliers: 8x less KL divergence from the float model on "
                     "SmolLM2, for ~30% slower decode and prefill (docs/quantization.md)",
+                ),
+            },
+        ),
+        QuantizerRecipe(
+            name="8da8w",
+            description=(
+                "int8 weights (symmetric, per output channel) for every linear layer, int8 activations per "
+                "token with the outliers on a second row (outlier_split), run by XNNPACK: the quality-first "
+                "recipe (SmolLM2: +0.5% perplexity); embeddings stay fp32 unless embedding_bits=8 or 4"
+            ),
+            backends=(BACKEND,),
+            source_quantize=_quantize_8da8w,
+            options={
+                "embedding_bits": (int, 0, "quantize embedding tables too: 8 or 4 bits (0 = keep fp32)"),
+                "embedding_group_size": (int, 32, "columns per embedding scale (0 = one per row)"),
+                "outlier_split": (
+                    bool,
+                    True,
+                    "two int8 rows per token, the token clamped to 1/8 of its largest value and the "
+                    "clamped-off outliers (false: one row, as int8-dynamic)",
                 ),
             },
         ),

@@ -4,6 +4,9 @@
 channel unless ``output_bits=4`` (the logits are where 4 bits hurt most; llama.cpp keeps its
 output layer at Q6_K or Q8_0 for the same reason).
 
+``8da8w`` (from float weights): every linear at int8 per output channel, the quality-first
+recipe; with ``outlier_split`` (its default) the activations too lose almost nothing.
+
 ``gguf`` (from a quantized GGUF): each linear keeps the integers and scales the file stores
 (:mod:`llmcore.stored`): Q4_0 as they are, Q4_1 and Q4_K as a symmetric int4 part plus the
 per-block offset term. A matrix whose format no kernel here takes unchanged (Q8_0, whose
@@ -27,7 +30,13 @@ from torch import nn
 from llmcore.errors import LlmcoreError
 from llmcore.stored import IntegerWeight, stored_form
 from llmcore_xnnpack import qlinear
-from llmcore_xnnpack.torchao_quant import XNNPACK_GROUP_MULTIPLE, check_options, linear_group, quantize_embeddings
+from llmcore_xnnpack.torchao_quant import (
+    XNNPACK_GROUP_MULTIPLE,
+    check_embedding_options,
+    check_options,
+    linear_group,
+    quantize_embeddings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +133,26 @@ def quantize_8da4w(module: nn.Module, options: dict) -> nn.Module:
             len(kept), XNNPACK_GROUP_MULTIPLE, ", ".join(kept),
         )
     log.warning("%s", summary.line())
+    return module
+
+
+def quantize_8da8w(module: nn.Module, options: dict) -> nn.Module:
+    """``8da8w``: every linear int8 per output channel (XNNPACK's qc8w GEMM), optional
+    int8/int4 embeddings."""
+    check_embedding_options(options, "8da8w")
+    if options["embedding_bits"]:
+        quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"])
+    summary = _Summary("8da8w")
+    for name in _linear_names(module):
+        linear = module.get_submodule(name)
+        w = linear.weight.detach().float()
+        new = _int8_layer(linear, w, options["outlier_split"])
+        summary.add("linears int8 per channel", new, w)
+        _replace(module, name, new)
+    line = summary.line()
+    if options["outlier_split"]:
+        line += "; activations: int8 per token with outliers on a second row"
+    log.warning("%s", line)
     return module
 
 

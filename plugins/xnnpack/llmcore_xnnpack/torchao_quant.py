@@ -43,16 +43,21 @@ def check_options(options: dict) -> None:
             f"{XNNPACK_GROUP_MULTIPLE} (or 0 for one scale per output channel).",
             fix="use --quantize-option group_size=32 (or 64, 128, 256; 0 = per channel).",
         )
+    check_embedding_options(options, "8da4w")
+
+
+def check_embedding_options(options: dict, recipe: str) -> None:
+    """``embedding_bits`` and ``embedding_group_size``, as the runtime's embedding ops take them."""
     bits = options["embedding_bits"]
     if bits not in EMBEDDING_BITS:
         raise LlmcoreError(
-            f"8da4w: embedding_bits {bits} is not supported.",
+            f"{recipe}: embedding_bits {bits} is not supported.",
             fix="use embedding_bits=8 or 4, or 0 to keep embeddings in fp32.",
         )
     egroup = options["embedding_group_size"]
     if egroup < 0 or (bits == 4 and egroup % 2):
         raise LlmcoreError(
-            f"8da4w: embedding_group_size {egroup} is not supported"
+            f"{recipe}: embedding_group_size {egroup} is not supported"
             + (" with 4-bit embeddings, whose groups hold whole bytes" if egroup >= 0 else "")
             + ".",
             fix="use a positive even group (32 is the default), or 0 for one scale per row.",
