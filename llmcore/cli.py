@@ -285,9 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
     from llmcore import inspect as inspect_command, profile as profile_command
     inspect_command.add_parser(sub), profile_command.add_parser(sub)
-    from llmcore import evaluate
+    from llmcore import chat, evaluate, serve
 
     evaluate.add_parser(sub)
+    serve.add_parser(sub)
+    chat.add_parser(sub)
     return parser
 
 

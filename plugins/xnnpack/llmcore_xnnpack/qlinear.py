@@ -27,9 +27,10 @@ clamp removed (zero except at the outliers). Each row gets its own int8 scale fr
 own per-token quantization, and the two products add up to the product with ``x``. On
 SmolLM2's Q4_1 GGUF it cuts the mean KL divergence from the fp32 model's next-token
 distribution about 8x (0.020 -> 0.0026; per-32 int8 blocks, as llama.cpp quantizes
-activations, give 0.0025). It is not the default because XNNPACK's int4 GEMM takes twice as
-long for two rows as for one, even at decode, and the split adds ~10 small operators per
-input: decode and prefill run ~30% slower (docs/quantization.md).
+activations, give 0.0025). It is not the default of the 4-bit recipes because XNNPACK's int4
+GEMM takes twice as long for two rows as for one, even at decode (ETDump: 0.015 -> 0.031 ms
+per call for SmolLM2's 576 x 1536 layers), and the split adds ~10 small operators per input:
+decode runs ~20% slower and prefill ~45% (docs/quantization.md).
 
 XNNPACK keeps blockwise scales in bf16, so :class:`BlockInt4Linear` rounds them to bf16 when
 built: the eager module computes what the program computes, and the parity check compares

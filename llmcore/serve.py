@@ -1,0 +1,522 @@
+"""``llmcore serve``: an OpenAI-compatible HTTP server over a ``.pte`` program.
+
+Tools that talk to a local model (editors, agents, the ``openai`` package) expect the
+OpenAI API: ``POST /v1/chat/completions`` and ``/v1/completions``, streamed as server-sent
+events or not, ``GET /v1/models``. This module gives them that over an exported program,
+on Starlette (the ASGI toolkit) served by uvicorn: the HTTP, the event stream framing and
+client disconnects are theirs; what is here is the OpenAI request and response shapes and
+the scheduling of one program.
+
+Scheduling. A program holds one KV cache, so it serves one request at a time; requests
+wait their turn in arrival order (``--max-queue`` of them at most: more get 503 with
+``Retry-After``). ``--parallel N`` loads N instances, each with its own cache. The
+generation runs in a worker thread, token by token, and stops at the next token when the
+client goes away; the program is free again as soon as it stops.
+
+KV-cache reuse. Each instance remembers which tokens its cache holds. A request whose
+prompt starts with them (the next turn of a conversation: the same messages plus the
+reply and a new one) is prefilled from the first new token only. ``usage`` reports it as
+``prompt_tokens_details.cached_tokens``, and ``GET /metrics`` counts prompt tokens prefilled
+and reused. A program with ring-buffer (sliding window) caches reuses its cache only when
+the prompt extends the cached tokens exactly: positions it has written past a shorter
+common prefix may have overwritten rows that prefix still needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from llmcore.errors import LlmcoreError
+
+DEFAULT_MAX_QUEUE = 16
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+
+
+class RequestError(Exception):
+    """An OpenAI-style error: HTTP status, message, the offending parameter, a code."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None,
+                 headers: Optional[dict] = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+
+    def body(self) -> dict:
+        kind = {400: "invalid_request_error", 404: "invalid_request_error", 503: "server_overloaded"}
+        return {"error": {"message": self.message, "type": kind.get(self.status, "server_error"),
+                          "param": self.param, "code": self.code}}
+
+
+# ---- requests ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    """A validated completion request, in tokens."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: Optional[int]
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+
+
+_MISSING = object()
+
+
+def _get(body: dict, name: str, kinds: tuple, default: Any = None, *, check: Optional[Callable] = None,
+         why: str = "") -> Any:
+    """``body[name]`` if it has one of ``kinds`` (and passes ``check``), else a 400 naming it."""
+    value = body.get(name, _MISSING)
+    if value is _MISSING or value is None:
+        return default
+    if isinstance(value, bool) and bool not in kinds:  # JSON true is not a number here
+        raise RequestError(400, f"'{name}' must be {why or kinds[0].__name__}, not a boolean.", name)
+    if not isinstance(value, kinds) or (check is not None and not check(value)):
+        raise RequestError(400, f"'{name}' must be {why or kinds[0].__name__}; got {json.dumps(value)[:80]}.", name)
+    return value
+
+
+def _text_content(message: dict, index: int) -> str:
+    """A message's content: a string, or OpenAI's list of ``{"type": "text", "text": ...}`` parts."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise RequestError(400, f"messages[{index}].content must be a string or a list of text parts.",
+                       f"messages[{index}].content")
+
+
+def chat_messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "'messages' must be a non-empty list of {role, content} objects.", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise RequestError(400, f"messages[{i}] must be an object with a string 'role'.", f"messages[{i}]")
+        out.append({"role": m["role"], "content": _text_content(m, i)})
+    return out
+
+
+def parse_request(body: Any, prompt_ids: Callable[[dict], list[int]], context: int) -> Request:
+    """Validate the sampling fields OpenAI defines (a wrong type or range is a 400 naming the
+    field; fields not read here are ignored, as OpenAI's clients send several) and tokenize
+    the prompt with ``prompt_ids(body)``."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "the request body must be a JSON object.")
+    if _get(body, "n", (int,), 1) != 1:
+        raise RequestError(400, "only n=1 is supported: one program generates one completion at a time.", "n")
+    temperature = float(_get(body, "temperature", (int, float), 1.0, check=lambda v: 0 <= v <= 2,
+                             why="a number from 0 to 2"))
+    top_p = float(_get(body, "top_p", (int, float), 1.0, check=lambda v: 0 < v <= 1, why="a number in (0, 1]"))
+    seed = _get(body, "seed", (int,))
+    stop = _get(body, "stop", (str, list), [], check=lambda v: isinstance(v, str) or (
+        len(v) <= MAX_STOP_STRINGS and all(isinstance(s, str) and s for s in v)),
+        why=f"a string or a list of at most {MAX_STOP_STRINGS} non-empty strings")
+    stop = [stop] if isinstance(stop, str) else list(stop)
+    stream = _get(body, "stream", (bool,), False, why="a boolean")
+    options = _get(body, "stream_options", (dict,), {}, why="an object")
+    include_usage = bool(options.get("include_usage", False))
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _get(body, name, (int,), None, check=lambda v: 1 <= v <= context,
+                      why=f"an integer from 1 to the program's context ({context})")
+    ids = prompt_ids(body)
+    if len(ids) >= context:
+        raise RequestError(400, f"the prompt has {len(ids)} tokens; this program's context holds {context}, "
+                           "with room for at least one generated token.", "messages", "context_length_exceeded")
+    room = context - len(ids)
+    return Request(ids, min(max_tokens or room, room), temperature, top_p, seed, stop, stream, include_usage)
+
+
+# ---- one program and its cache ------------------------------------------------------------------
+
+
+class Engine:
+    """One loaded program and the tokens its KV cache holds (positions 0..len-1)."""
+
+    def __init__(self, pte: str, tokenizer_path: str):
+        from llmcore.generate import TextTokenizer, check_tokenizer_fits
+        from llmcore.runtime import Program
+
+        self.program = Program.load(pte)
+        if not self.program.use_kv_cache:
+            raise LlmcoreError("llmcore serve runs programs with a KV cache; this one has none.", stage="serve",
+                               fix="export without --skip-transforms kv-cache.")
+        self.tokenizer = TextTokenizer.from_file(tokenizer_path)
+        check_tokenizer_fits(self.program, self.tokenizer)
+        self.cached: list[int] = []
+        # ring buffers: a call takes fewer tokens than the context holds
+        self.ring = self.program.max_seq_len < self.program.max_context_len
+
+    def reusable(self, ids: list[int]) -> int:
+        """How many leading tokens of ``ids`` the cache already holds and may keep; at least
+        one token is always fed, since the logits come from the last one fed."""
+        common = 0
+        for a, b in zip(self.cached, ids[:-1]):
+            if a != b:
+                break
+            common += 1
+        if self.ring and common < len(self.cached):
+            return 0
+        return common
+
+    def prefill(self, ids: list[int]):
+        """Logits after ``ids``, feeding only what the cache does not hold; and that count."""
+        keep = self.reusable(ids)
+        self.cached = []  # if the call fails, nothing is known to be in the cache
+        logits = self.program.logits(ids[keep:], keep)
+        self.cached = list(ids)
+        return logits, keep
+
+    def step(self, token: int):
+        logits = self.program.logits([token], len(self.cached))
+        self.cached.append(token)
+        return logits
+
+
+@dataclass
+class Outcome:
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+def _held_back(text: str, stops: list[str]) -> int:
+    """How many trailing characters of ``text`` could still become a stop string."""
+    held = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), held, -1):
+            if text.endswith(s[:k]):
+                held = k
+                break
+    return held
+
+
+def run(engine: Engine, req: Request, emit: Callable[[str], None], cancelled: threading.Event) -> Outcome:
+    """Generate for ``req`` on ``engine`` (in a worker thread): text deltas go to ``emit``
+    as they become final (stop strings never reach it), until EOS, a stop string,
+    ``max_tokens``, the end of the context, or ``cancelled``."""
+    from llmcore.generate import Sampling
+
+    sampling = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed)
+    eos = set(engine.program.eos_ids)
+    generated: list[int] = []
+    text, sent = "", 0
+    finish = "length"
+
+    def first_stop(text: str) -> int:
+        hits = [i for i in (text.find(s, max(0, sent - len(s))) for s in req.stop) if i >= 0]
+        return min(hits) if hits else -1
+
+    logits, cached = engine.prefill(req.prompt_ids)
+    while not cancelled.is_set():
+        token = sampling(logits)
+        if token in eos:
+            finish = "stop"
+            break
+        generated.append(token)
+        decoded = engine.tokenizer.decode(generated, skip_special_tokens=True)
+        if not decoded.endswith("\ufffd"):  # not in the middle of a multi-byte character
+            text = decoded
+            cut = first_stop(text)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+                break
+            final = len(text) - _held_back(text, req.stop)
+            if final > sent:
+                emit(text[sent:final])
+                sent = final
+        if len(generated) >= req.max_tokens or len(engine.cached) + 1 >= engine.program.max_context_len:
+            break
+        logits = engine.step(token)
+    else:
+        finish = "cancelled"
+    if finish != "stop" or not req.stop:  # the whole text: nothing more will complete a character
+        text = engine.tokenizer.decode(generated, skip_special_tokens=True)
+        cut = first_stop(text)
+        if cut >= 0:
+            text, finish = text[:cut], "stop"
+    if len(text) > sent and finish != "cancelled":
+        emit(text[sent:])
+    return Outcome(text, "length" if finish == "cancelled" else finish, len(req.prompt_ids), len(generated), cached)
+
+
+# ---- the server ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Metrics:
+    requests: int = 0
+    rejected_busy: int = 0
+    cancelled: int = 0
+    prompt_tokens: int = 0
+    prompt_tokens_prefilled: int = 0
+    prompt_tokens_cached: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Server:
+    """The engines, the model's chat template (None: /v1/completions only) and the queue."""
+
+    engines: list[Engine]
+    model_id: str
+    template: Any = None
+    max_queue: int = DEFAULT_MAX_QUEUE
+    metrics: Metrics = field(default_factory=Metrics)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.tokenizer = self.engines[0].tokenizer
+        self.program = self.engines[0].program
+        self._free: Optional[asyncio.Queue] = None
+        self._waiting = 0
+
+    # -- prompts
+    def _ids(self, text: str) -> list[int]:
+        from llmcore.generate import prompt_ids_for
+
+        return prompt_ids_for(self.program, self.tokenizer, text)
+
+    def chat_ids(self, body: dict) -> list[int]:
+        messages = chat_messages(body)
+        if self.template is None:
+            raise RequestError(400, "this model has no chat template: send a raw prompt to /v1/completions.",
+                               "messages")
+        try:
+            return self._ids(self.template.render(messages))
+        except LlmcoreError as exc:
+            raise RequestError(400, exc.message, "messages") from None
+
+    def completion_ids(self, body: dict) -> list[int]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise RequestError(400, "'prompt' must be a non-empty string.", "prompt")
+        return self._ids(prompt)
+
+    def check_model(self, body: Any) -> None:
+        if isinstance(body, dict) and body.get("model") not in (None, self.model_id):
+            raise RequestError(404, f"the model {body.get('model')!r} does not exist; this server has "
+                               f"{self.model_id!r}.", "model", "model_not_found")
+
+    # -- scheduling
+    async def acquire(self, ids: list[int]) -> Engine:
+        """A free engine, in arrival order; of several free ones, the one whose cache holds
+        the most of ``ids``. 503 when ``max_queue`` requests wait already."""
+        if self._free is None:
+            self._free = asyncio.Queue()
+            for e in self.engines:
+                self._free.put_nowait(e)
+        if self._free.empty() and self._waiting >= self.max_queue:
+            self.metrics.rejected_busy += 1
+            raise RequestError(503, f"the server is busy ({self._waiting} requests waiting); retry shortly.",
+                               code="server_busy", headers={"Retry-After": "1"})
+        self._waiting += 1
+        try:
+            first = await self._free.get()
+        finally:
+            self._waiting -= 1
+        others = []
+        while not self._free.empty():
+            others.append(self._free.get_nowait())
+        best = max([first] + others, key=lambda e: e.reusable(ids))
+        for e in [first] + others:
+            if e is not best:
+                self._free.put_nowait(e)
+        return best
+
+    def release(self, engine: Engine) -> None:
+        self._free.put_nowait(engine)
+
+    def account(self, outcome: Outcome, cancelled: bool) -> None:
+        m = self.metrics
+        m.requests += 1
+        m.cancelled += int(cancelled)
+        m.prompt_tokens += outcome.prompt_tokens
+        m.prompt_tokens_cached += outcome.cached_tokens
+        m.prompt_tokens_prefilled += outcome.prompt_tokens - outcome.cached_tokens
+        m.completion_tokens += outcome.completion_tokens
+
+
+def _usage(o: Outcome) -> dict:
+    return {"prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
+            "total_tokens": o.prompt_tokens + o.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": o.cached_tokens}}
+
+
+def create_app(server: Server):
+    """The Starlette application of ``server``."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request as HttpRequest
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    def error_response(err: RequestError) -> JSONResponse:
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    async def read_body(request: HttpRequest) -> Any:
+        try:
+            return json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError):
+            raise RequestError(400, "the request body is not valid JSON.") from None
+
+    async def complete(request: HttpRequest, chat: bool):
+        try:
+            body = await read_body(request)
+            server.check_model(body)
+            ids_of = server.chat_ids if chat else server.completion_ids
+            req = parse_request(body, ids_of, server.program.max_context_len)
+            engine = await server.acquire(req.prompt_ids)
+        except RequestError as err:
+            return error_response(err)
+        loop = asyncio.get_running_loop()
+        deltas: asyncio.Queue = asyncio.Queue()
+        cancelled = threading.Event()
+        ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+        def work() -> Outcome:
+            try:
+                outcome = run(engine, req, lambda s: loop.call_soon_threadsafe(deltas.put_nowait, s), cancelled)
+                server.account(outcome, cancelled.is_set())
+                return outcome
+            finally:
+                loop.call_soon_threadsafe(server.release, engine)
+                loop.call_soon_threadsafe(deltas.put_nowait, None)
+
+        task = loop.run_in_executor(None, work)
+
+        def chunk(delta: Optional[str], finish: Optional[str], first: bool = False) -> dict:
+            if chat:
+                d = {"role": "assistant", "content": ""} if first else ({} if delta is None else {"content": delta})
+                choice = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
+                kind = "chat.completion.chunk"
+            else:
+                choice = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
+                kind = "text_completion"
+            return {"id": ident, "object": kind, "created": int(time.time()), "model": server.model_id,
+                    "choices": [choice]}
+
+        if req.stream:
+            async def events():
+                try:
+                    if chat:
+                        yield f"data: {json.dumps(chunk(None, None, first=True))}\n\n"
+                    while (delta := await deltas.get()) is not None:
+                        yield f"data: {json.dumps(chunk(delta, None))}\n\n"
+                    outcome = await task
+                    yield f"data: {json.dumps(chunk(None, outcome.finish_reason))}\n\n"
+                    if req.include_usage:
+                        usage = {**chunk(None, None), "choices": [], "usage": _usage(outcome)}
+                        yield f"data: {json.dumps(usage)}\n\n"
+                    yield "data: [DONE]\n\n"
+                finally:  # the client left (or the stream ended): stop generating
+                    cancelled.set()
+
+            return StreamingResponse(events(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+
+        async def watch_disconnect():
+            while not task.done():
+                if await request.is_disconnected():
+                    cancelled.set()
+                    return
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.ensure_future(watch_disconnect())
+        try:
+            outcome = await task
+        finally:
+            watcher.cancel()
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": outcome.text},
+                      "finish_reason": outcome.finish_reason, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": outcome.text, "finish_reason": outcome.finish_reason, "logprobs": None}
+        return JSONResponse({"id": ident, "object": "chat.completion" if chat else "text_completion",
+                             "created": int(time.time()), "model": server.model_id, "choices": [choice],
+                             "usage": _usage(outcome)})
+
+    async def chat_completions(request: HttpRequest):
+        return await complete(request, chat=True)
+
+    async def completions(request: HttpRequest):
+        return await complete(request, chat=False)
+
+    async def models(request: HttpRequest):
+        return JSONResponse({"object": "list", "data": [
+            {"id": server.model_id, "object": "model", "created": server.created, "owned_by": "llmcore"}]})
+
+    async def health(request: HttpRequest):
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(request: HttpRequest):
+        return JSONResponse({**vars(server.metrics), "instances": len(server.engines),
+                             "waiting": server._waiting})
+
+    async def http_error(request: HttpRequest, exc: HTTPException):
+        return error_response(RequestError(exc.status_code, exc.detail or "not found"))
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+# ---- command line -----------------------------------------------------------------------------
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="an OpenAI-compatible HTTP server over a .pte program")
+    p.add_argument("pte")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--tokenizer", help="tokenizer.json (default: the one next to the .pte)")
+    p.add_argument("--model-name", help="the model id clients name (default: the .pte's file name without .pte)")
+    p.add_argument("--parallel", type=int, default=1, help="program instances, each with its own KV cache")
+    p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                   help="requests that may wait for a free instance; more get 503 with Retry-After")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args) -> int:
+    import sys
+
+    import uvicorn
+
+    from llmcore.chat import ChatTemplate
+    from llmcore.generate import tokenizer_beside
+
+    if args.parallel < 1 or args.max_queue < 0:
+        raise LlmcoreError("--parallel must be at least 1 and --max-queue at least 0.", stage="serve",
+                           fix="pass --parallel 1 (the default) or more.")
+    tokenizer_path = str(args.tokenizer or tokenizer_beside(args.pte))
+    engines = [Engine(args.pte, tokenizer_path) for _ in range(args.parallel)]
+    server = Server(engines, args.model_name or Path(args.pte).stem, ChatTemplate.beside(tokenizer_path),
+                    args.max_queue)
+    print(f"[llmcore] serving {args.pte} as {server.model_id!r} ({args.parallel} instance"
+          f"{'s' * (args.parallel != 1)}) on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning")
+    return 0
