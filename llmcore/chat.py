@@ -33,6 +33,7 @@ class ChatTemplate:
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         self._template = env.from_string(template)
+        self.source = template
         self.bos_token, self.eos_token = bos_token, eos_token
 
     @classmethod
@@ -48,11 +49,18 @@ class ChatTemplate:
             return None
         return cls(template, config.get("bos_token") or "", config.get("eos_token") or "")
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    @property
+    def tool_calls_tagged(self) -> bool:
+        """Whether the template teaches ``<tool_call>...</tool_call>`` (Hermes, SmolLM2,
+        Qwen2.5) rather than bare JSON calls (Llama 3.x)."""
+        return "<tool_call>" in self.source
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: Optional[list] = None) -> str:
+        extra = {"tools": tools} if tools else {}
         try:
             return self._template.render(
                 messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token, eos_token=self.eos_token,
+                bos_token=self.bos_token, eos_token=self.eos_token, **extra,
             )
         except Exception as exc:
             raise LlmcoreError(

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 import traceback
 import warnings
 from typing import Any, Optional, Sequence
@@ -189,6 +190,26 @@ def _one_openmp_thread_per_worker() -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def _json_schema_constraint(path: str, program, tokenizer):
+    """``--json-schema FILE``: the reply constrained to the schema (llmcore.constrain)."""
+    from llmcore.constrain import Constraint, GrammarError, json_schema_grammar
+
+    try:
+        schema = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise LlmcoreError(f"--json-schema {path}: cannot read a JSON schema from it ({exc}).", stage="cli",
+                           fix="pass a file holding one JSON schema object.") from None
+    if not isinstance(schema, dict):
+        raise LlmcoreError(f"--json-schema {path}: the schema must be a JSON object.", stage="cli",
+                           fix="pass a file holding one JSON schema object.")
+    vocab = int(program.metadata.get("get_vocab_size") or tokenizer.vocab_size)
+    try:
+        return Constraint(json_schema_grammar(schema), tokenizer.json_text, program.eos_ids, vocab)
+    except GrammarError as exc:
+        raise LlmcoreError(f"--json-schema {path}: the grammar engine cannot compile it: {exc}", stage="cli",
+                           fix="simplify the schema (llguidance supports most of JSON Schema draft 2020-12).") from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from llmcore import chat
     from llmcore.generate import Sampling, TextStream, TextTokenizer, generate, prompt_ids_for, tokenizer_beside
@@ -205,6 +226,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.chat:
         prompt = chat.apply_template(tokenizer_path, prompt)
     ids = prompt_ids_for(program, tokenizer, prompt)
+    constraint = _json_schema_constraint(args.json_schema, program, tokenizer) if args.json_schema else None
     if not program.use_kv_cache and len(ids) > program.max_seq_len and not args.json:
         print(
             f"[llmcore] note: the prompt has {len(ids)} tokens; the program sees the last {program.max_seq_len}.",
@@ -213,7 +235,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     stream = None
     if not args.json:
         stream = TextStream(tokenizer, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    result = generate(program, ids, args.max_new_tokens, sampling, on_token=stream)
+    result = generate(program, ids, args.max_new_tokens, sampling, on_token=stream, constraint=constraint)
     if args.json:
         print(
             json.dumps(
@@ -281,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
     p.add_argument("--tokenizer", help="tokenizer.json (default: the one next to the .pte)")
     p.add_argument("--json", action="store_true", help="print ids, text and stats as one JSON object")
+    p.add_argument("--json-schema", metavar="FILE",
+                   help="constrain the reply to this JSON schema: it always parses and matches it")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_run)
     from llmcore import inspect as inspect_command, profile as profile_command

@@ -158,9 +158,12 @@ def generate(
     sampling: Sampling,
     on_token: Optional[Callable[[int], None]] = None,
     stop_at_eos: bool = True,
+    constraint=None,
 ) -> Generation:
     """Generate up to ``max_new_tokens`` after the prompt; stops at an EOS id unless told
-    not to (benchmarks decode a fixed number of tokens)."""
+    not to (benchmarks decode a fixed number of tokens). With ``constraint``
+    (:class:`llmcore.constrain.Constraint`) only tokens its grammar allows are sampled, and
+    generation ends where the grammar does."""
     if not prompt_ids:
         raise LlmcoreError("the prompt is empty after tokenization.", stage="run", fix="pass a non-empty --prompt.")
     limit = program.max_context_len if program.use_kv_cache else None
@@ -186,7 +189,7 @@ def generate(
                 logits = program.logits(tokens[-1:], len(tokens) - 1)
         else:
             logits = program.logits(tokens[-program.max_seq_len :])
-        token = sampling(logits)
+        token = sampling(logits if constraint is None else constraint.filter(logits))
         if step == 0:
             first_token_at = time.perf_counter()
         generated.append(token)
@@ -195,6 +198,12 @@ def generate(
             on_token(token)
         if stop_at_eos and token in eos:
             break
+        if constraint is not None:
+            if token in eos:
+                break
+            constraint.consume(token)
+            if constraint.finished():
+                break
     end = time.perf_counter()
     prefill_s = max(first_token_at - start, 1e-9)
     decode_steps = len(generated) - 1

@@ -68,6 +68,8 @@ class Request:
     stop: list[str]
     stream: bool
     include_usage: bool
+    grammar: Optional[str] = None  # llguidance grammar the reply must follow
+    tool_format: Optional[str] = None  # "tagged" / "bare" when the reply may be a tool call
 
 
 _MISSING = object()
@@ -101,18 +103,113 @@ def _text_content(message: dict, index: int) -> str:
 
 
 def chat_messages(body: dict) -> list[dict]:
+    """The conversation as the chat template takes it: role and text content, and the tool
+    fields (an assistant's ``tool_calls`` with their arguments as objects, a tool message's
+    ``tool_call_id``), each tool message answering a call made before it."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError(400, "'messages' must be a non-empty list of {role, content} objects.", "messages")
-    out = []
+    out, call_ids = [], set()
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise RequestError(400, f"messages[{i}] must be an object with a string 'role'.", f"messages[{i}]")
-        out.append({"role": m["role"], "content": _text_content(m, i)})
+        message = {"role": m["role"], "content": _text_content(m, i)}
+        calls = m.get("tool_calls")
+        if m["role"] == "assistant" and calls:
+            if not isinstance(calls, list) or not all(
+                    isinstance(c, dict) and isinstance(c.get("function"), dict)
+                    and isinstance(c["function"].get("name"), str) for c in calls):
+                raise RequestError(400, f"messages[{i}].tool_calls must be a list of function calls.",
+                                   f"messages[{i}].tool_calls")
+            message["tool_calls"] = [_call_for_template(c) for c in calls]
+            call_ids.update(c.get("id") for c in calls if isinstance(c.get("id"), str))
+        if m["role"] == "tool":
+            call_id = m.get("tool_call_id")
+            if not isinstance(call_id, str) or call_id not in call_ids:
+                raise RequestError(400, f"messages[{i}] is a tool result for call {call_id!r}, which no earlier "
+                                   "assistant message made.", f"messages[{i}].tool_call_id")
+            message["tool_call_id"] = call_id
+        out.append(message)
     return out
 
 
-def parse_request(body: Any, prompt_ids: Callable[[dict], list[int]], context: int) -> Request:
+def _call_for_template(call: dict) -> dict:
+    """An OpenAI tool call as chat templates read it: ``arguments`` as an object when it is JSON."""
+    function = dict(call["function"])
+    if isinstance(function.get("arguments"), str):
+        try:
+            function["arguments"] = json.loads(function["arguments"])
+        except ValueError:
+            pass
+    return {"id": call.get("id"), "type": "function", "function": function}
+
+
+def request_tools(body: dict) -> tuple[list, str]:
+    """``tools`` as :class:`llmcore.constrain.Tool` records and the ``tool_choice``:
+    "none", "auto", "required" or a tool's name."""
+    from llmcore.constrain import Tool
+
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if tools is None:
+        if choice not in (None, "none"):
+            raise RequestError(400, "'tool_choice' needs 'tools'.", "tool_choice")
+        return [], "none"
+    if not isinstance(tools, list) or not tools or not all(
+            isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str)
+            and isinstance(t["function"].get("parameters", {}), dict) for t in tools):
+        raise RequestError(400, "'tools' must be a non-empty list of {\"type\": \"function\", \"function\": "
+                           "{\"name\": ..., \"parameters\": {...}}}.", "tools")
+    records = [Tool(t["function"]["name"], t["function"].get("parameters") or {"type": "object"}) for t in tools]
+    if choice is None:
+        return records, "auto"
+    if choice in ("none", "auto", "required"):
+        return records, choice
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if not isinstance(name, str):
+        raise RequestError(400, "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                           "{\"type\": \"function\", \"function\": {\"name\": ...}}.", "tool_choice")
+    if name not in {t.name for t in records}:
+        raise RequestError(400, f"'tool_choice' names {name!r}, which is not among the tools.", "tool_choice")
+    return records, name
+
+
+def reply_grammar(body: dict, tools: list, choice: str, tagged: bool) -> tuple[Optional[str], Optional[str]]:
+    """The grammar the reply must follow (tools or ``response_format``), and the tool-call
+    format when the reply may be a call."""
+    from llmcore.constrain import GrammarError, json_object_grammar, json_schema_grammar, tool_call_grammar
+
+    try:
+        if tools and choice != "none":
+            chosen = tools if choice in ("auto", "required") else [t for t in tools if t.name == choice]
+            grammar = tool_call_grammar(chosen, tagged, optional=choice == "auto")
+            return grammar, "tagged" if tagged else "bare"
+    except GrammarError as exc:
+        raise RequestError(400, f"a tool's parameters cannot be compiled to a grammar: {exc}", "tools") from None
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None, None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    try:
+        if kind == "text":
+            return None, None
+        if kind == "json_object":
+            return json_object_grammar(), None
+        if kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+                raise RequestError(400, "'response_format.json_schema' must be an object with a 'schema' object.",
+                                   "response_format")
+            return json_schema_grammar(spec.get("schema") or {}), None
+    except GrammarError as exc:
+        raise RequestError(400, f"the JSON schema cannot be compiled to a grammar: {exc}", "response_format") from None
+    raise RequestError(400, "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\".",
+                       "response_format")
+
+
+def parse_request(body: Any, prompt_ids: Callable[[dict], list[int]], context: int,
+                  tool_tagged: Optional[bool] = None) -> Request:
     """Validate the sampling fields OpenAI defines (a wrong type or range is a 400 naming the
     field; fields not read here are ignored, as OpenAI's clients send several) and tokenize
     the prompt with ``prompt_ids(body)``."""
@@ -134,12 +231,17 @@ def parse_request(body: Any, prompt_ids: Callable[[dict], list[int]], context: i
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _get(body, name, (int,), None, check=lambda v: 1 <= v <= context,
                       why=f"an integer from 1 to the program's context ({context})")
+    grammar = tool_format = None
+    if tool_tagged is not None:  # a chat request: tools and response_format apply
+        tools, choice = request_tools(body)
+        grammar, tool_format = reply_grammar(body, tools, choice, tool_tagged)
     ids = prompt_ids(body)
     if len(ids) >= context:
         raise RequestError(400, f"the prompt has {len(ids)} tokens; this program's context holds {context}, "
                            "with room for at least one generated token.", "messages", "context_length_exceeded")
     room = context - len(ids)
-    return Request(ids, min(max_tokens or room, room), temperature, top_p, seed, stop, stream, include_usage)
+    return Request(ids, min(max_tokens or room, room), temperature, top_p, seed, stop, stream, include_usage,
+                   grammar, tool_format)
 
 
 # ---- one program and its cache ------------------------------------------------------------------
@@ -159,6 +261,7 @@ class Engine:
         self.tokenizer = TextTokenizer.from_file(tokenizer_path)
         check_tokenizer_fits(self.program, self.tokenizer)
         self.cached: list[int] = []
+        self.vocab = int(self.program.metadata.get("get_vocab_size") or self.tokenizer.vocab_size)
         # ring buffers: a call takes fewer tokens than the context holds
         self.ring = self.program.max_seq_len < self.program.max_context_len
 
@@ -216,6 +319,11 @@ def run(engine: Engine, req: Request, emit: Callable[[str], None], cancelled: th
 
     sampling = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed)
     eos = set(engine.program.eos_ids)
+    constraint = None
+    if req.grammar is not None:
+        from llmcore.constrain import Constraint
+
+        constraint = Constraint(req.grammar, engine.tokenizer.json_text, engine.program.eos_ids, engine.vocab)
     generated: list[int] = []
     text, sent = "", 0
     finish = "length"
@@ -226,11 +334,13 @@ def run(engine: Engine, req: Request, emit: Callable[[str], None], cancelled: th
 
     logits, cached = engine.prefill(req.prompt_ids)
     while not cancelled.is_set():
-        token = sampling(logits)
+        token = sampling(logits if constraint is None else constraint.filter(logits))
         if token in eos:
             finish = "stop"
             break
         generated.append(token)
+        if constraint is not None:
+            constraint.consume(token)
         decoded = engine.tokenizer.decode(generated, skip_special_tokens=True)
         if not decoded.endswith("\ufffd"):  # not in the middle of a multi-byte character
             text = decoded
@@ -242,6 +352,9 @@ def run(engine: Engine, req: Request, emit: Callable[[str], None], cancelled: th
             if final > sent:
                 emit(text[sent:final])
                 sent = final
+        if constraint is not None and constraint.finished():
+            finish = "stop"
+            break
         if len(generated) >= req.max_tokens or len(engine.cached) + 1 >= engine.program.max_context_len:
             break
         logits = engine.step(token)
@@ -299,8 +412,9 @@ class Server:
         if self.template is None:
             raise RequestError(400, "this model has no chat template: send a raw prompt to /v1/completions.",
                                "messages")
+        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
         try:
-            return self._ids(self.template.render(messages))
+            return self._ids(self.template.render(messages, tools=tools))
         except LlmcoreError as exc:
             raise RequestError(400, exc.message, "messages") from None
 
@@ -384,7 +498,9 @@ def create_app(server: Server):
             body = await read_body(request)
             server.check_model(body)
             ids_of = server.chat_ids if chat else server.completion_ids
-            req = parse_request(body, ids_of, server.program.max_context_len)
+            tagged = server.template.tool_calls_tagged if chat and server.template is not None else (
+                False if chat else None)
+            req = parse_request(body, ids_of, server.program.max_context_len, tagged)
             engine = await server.acquire(req.prompt_ids)
         except RequestError as err:
             return error_response(err)
@@ -404,9 +520,12 @@ def create_app(server: Server):
 
         task = loop.run_in_executor(None, work)
 
-        def chunk(delta: Optional[str], finish: Optional[str], first: bool = False) -> dict:
+        def chunk(delta: Optional[dict | str], finish: Optional[str], first: bool = False) -> dict:
             if chat:
-                d = {"role": "assistant", "content": ""} if first else ({} if delta is None else {"content": delta})
+                if first:
+                    d = {"role": "assistant", "content": ""}
+                else:
+                    d = {} if delta is None else (delta if isinstance(delta, dict) else {"content": delta})
                 choice = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
                 kind = "chat.completion.chunk"
             else:
@@ -415,15 +534,47 @@ def create_app(server: Server):
             return {"id": ident, "object": kind, "created": int(time.time()), "model": server.model_id,
                     "choices": [choice]}
 
+        def tool_calls(outcome: Outcome) -> Optional[list]:
+            """The reply as OpenAI tool calls, when it is one in the template's format."""
+            from llmcore.constrain import parse_tool_call
+
+            if req.tool_format is None:
+                return None
+            call = parse_tool_call(outcome.text, tagged=req.tool_format == "tagged")
+            if call is None:
+                return None
+            return [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                     "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]
+
+        # a reply that may be a tool call is held back until it is known not to start like one
+        call_start = {"tagged": "<", "bare": "{"}.get(req.tool_format or "")
+
         if req.stream:
             async def events():
                 try:
                     if chat:
                         yield f"data: {json.dumps(chunk(None, None, first=True))}\n\n"
+                    held, holding = "", call_start is not None
                     while (delta := await deltas.get()) is not None:
+                        if holding:
+                            held += delta
+                            if not held.lstrip():
+                                continue
+                            holding = held.lstrip().startswith(call_start)
+                            if holding:
+                                continue
+                            delta, held = held, ""
                         yield f"data: {json.dumps(chunk(delta, None))}\n\n"
                     outcome = await task
-                    yield f"data: {json.dumps(chunk(None, outcome.finish_reason))}\n\n"
+                    calls = tool_calls(outcome)
+                    finish = outcome.finish_reason
+                    if calls:
+                        delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
+                        yield f"data: {json.dumps(chunk(delta, None))}\n\n"
+                        finish = "tool_calls"
+                    elif held:
+                        yield f"data: {json.dumps(chunk(held, None))}\n\n"
+                    yield f"data: {json.dumps(chunk(None, finish))}\n\n"
                     if req.include_usage:
                         usage = {**chunk(None, None), "choices": [], "usage": _usage(outcome)}
                         yield f"data: {json.dumps(usage)}\n\n"
@@ -447,8 +598,12 @@ def create_app(server: Server):
         finally:
             watcher.cancel()
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": outcome.text},
-                      "finish_reason": outcome.finish_reason, "logprobs": None}
+            calls = tool_calls(outcome)
+            message = {"role": "assistant", "content": None if calls else outcome.text}
+            if calls:
+                message["tool_calls"] = calls
+            choice = {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else outcome.finish_reason,
+                      "logprobs": None}
         else:
             choice = {"index": 0, "text": outcome.text, "finish_reason": outcome.finish_reason, "logprobs": None}
         return JSONResponse({"id": ident, "object": "chat.completion" if chat else "text_completion",

@@ -95,3 +95,31 @@ def test_cpp_runner_agrees_on_the_demo_question(smollm2, tmp_path):
         assert margins[same] < NEAR_TIE, (same, margins[same], ours, theirs)
     assert same >= 8, (ours, theirs)
     assert "Paris" in out.stdout
+
+
+def test_served_json_schema_and_tool_call(smollm2, tmp_path):
+    """Through the openai client: a json_schema answer that validates, and a required tool
+    call whose arguments match the tool's parameters (SmolLM2's template is Hermes-style)."""
+    openai = pytest.importorskip("openai")
+    jsonschema = pytest.importorskip("jsonschema")
+    from servetools import serve_program
+
+    template = json.loads(smollm2.with_name("tokenizer_config.json").read_text())["chat_template"]
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                               "country": {"type": "string", "maxLength": 40}},
+              "required": ["city", "country"], "additionalProperties": False}
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"]}}}
+    with serve_program(smollm2, tmp_path, template, name="smollm2") as (base, _):
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Which city is the capital of France?"}],
+            max_tokens=64, temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}})
+        answer = json.loads(reply.choices[0].message.content)
+        jsonschema.validate(answer, schema)
+        call = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+            tools=[weather], tool_choice="required", max_tokens=64, temperature=0).choices[0].message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), weather["function"]["parameters"])

@@ -13,12 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import socket
-import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -37,32 +33,10 @@ MODEL = "tiny"
 @pytest.fixture(scope="module")
 def served(exports, tmp_path_factory):
     """(base URL, .pte path) of a server over the tiny program with a chat template."""
-    source = exports("xnnpack").pte
-    folder = tmp_path_factory.mktemp("serve")
-    pte = folder / "tiny.pte"
-    shutil.copy(source, pte)
-    shutil.copy(source.with_name("tokenizer.json"), folder / "tokenizer.json")
-    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "llmcore", "serve", str(pte), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                if json.loads(r.read())["status"] == "ok":
-                    break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail(f"llmcore serve did not start:\n{proc.stdout.read()}")
-            time.sleep(0.3)
-    yield base, pte
-    proc.terminate()
-    proc.wait(timeout=30)
+    from servetools import serve_program
+
+    with serve_program(exports("xnnpack").pte, tmp_path_factory.mktemp("serve"), TEMPLATE) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

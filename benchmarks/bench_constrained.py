@@ -1,0 +1,95 @@
+"""What a JSON-schema constraint costs decode: the same program generating with and without
+a grammar (llguidance) over its logits, in the Python generation loop ``run``, ``serve``
+and ``chat`` share.
+
+For each program: greedy decode of up to ``--new-tokens`` tokens after a short prompt,
+unconstrained (EOS ignored) and constrained to a schema whose one string field lets the
+model write on; rounds alternate, medians are printed, with the time the mask took per
+token. Target (issue): constrained decode >= 90% of unconstrained.
+
+    .venv/bin/python benchmarks/bench_constrained.py                      # tiny nanoGPT + SmolLM2
+    .venv/bin/python benchmarks/bench_constrained.py --smollm2 path/to/smollm2.pte
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from bench_decode import machine_header, smollm2_path  # noqa: E402
+
+SCHEMA = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}
+
+
+def export(args: list[str], out: Path) -> Path:
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "llmcore", "export", *args, "--quiet", "-o", str(out)], check=True,
+                       stdout=subprocess.DEVNULL)
+    return out
+
+
+def measure(pte: Path, prompt: str, new_tokens: int, rounds: int) -> dict:
+    import torch
+
+    from llmcore.constrain import Constraint, json_schema_grammar
+    from llmcore.generate import Sampling, TextTokenizer, generate, prompt_ids_for
+    from llmcore.runtime import Program
+
+    torch.set_num_threads(1)
+    program = Program.load(pte)
+    tokenizer = TextTokenizer.from_file(pte.with_name("tokenizer.json"))
+    ids = prompt_ids_for(program, tokenizer, prompt)
+    vocab = int(program.metadata.get("get_vocab_size") or tokenizer.vocab_size)
+    grammar = json_schema_grammar(SCHEMA)
+    free, bound, mask_ms, lengths = [], [], [], []
+    for _ in range(rounds):
+        out = generate(program, ids, new_tokens, Sampling(), stop_at_eos=False)
+        free.append(out.stats.decode_tok_s)
+        constraint = Constraint(grammar, tokenizer.json_text, program.eos_ids, vocab)
+        out = generate(program, ids, new_tokens, Sampling(), constraint=constraint)
+        bound.append(out.stats.decode_tok_s)
+        mask_ms.append(1000 * constraint.mask_seconds / max(1, len(out.generated_ids)))
+        lengths.append(len(out.generated_ids))
+    return {"free": statistics.median(free), "bound": statistics.median(bound),
+            "mask_ms": statistics.median(mask_ms), "tokens": min(lengths), "vocab": vocab}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--new-tokens", type=int, default=96)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smollm2", help="a SmolLM2 .pte (default: export one from the shipped GGUF)")
+    parser.add_argument("--cache", default=str(ROOT / ".cache" / "bench-constrained"))
+    args = parser.parse_args()
+    cache = Path(args.cache)
+    tiny = export(["--model", "nanogpt", "--config", "tiny", "--plugins", "xnnpack"], cache / "tiny" / "tiny.pte")
+    smol = Path(args.smollm2) if args.smollm2 else export(
+        ["--model", "llama", "--checkpoint", smollm2_path(), "--plugins", "xnnpack", "--max-seq-len", "512"],
+        cache / "smollm2" / "smollm2.pte")
+    print(machine_header())
+    print(f"# greedy, up to {args.new_tokens} new tokens, Python runtime, median of {args.rounds} alternating rounds; "
+          f"schema {SCHEMA}")
+    print("\n| program | vocab | decode tok/s free | with the schema | ratio | mask ms/token | constrained tokens |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    ok = True
+    for name, pte, prompt in (("tiny nanoGPT", tiny, "Once upon a time"),
+                              ("SmolLM2-135M gguf", smol, "Write a short story about a cat, as JSON:")):
+        r = measure(pte, prompt, args.new_tokens, args.rounds)
+        ratio = r["bound"] / r["free"]
+        ok &= ratio >= 0.9
+        print(f"| {name} | {r['vocab']} | {r['free']:.1f} | {r['bound']:.1f} | {ratio:.2f} | {r['mask_ms']:.3f} | "
+              f"{r['tokens']} |")
+    print("\n" + ("constrained decode >= 90% of free decode" if ok else "BELOW TARGET: constrained < 90% of free"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
