@@ -11,8 +11,8 @@ dependencies, which compiles JSON schemas and Lark grammars against the tokenize
 (a new schema costs about a millisecond before its first token) and then computes a token
 mask in 0.01-0.12 ms for GPT-2's 50k vocabulary (measured here;
 ``benchmarks/bench_constrained.py`` measures it inside generation). xgrammar, the other
-well-kept engine, requires torch, transformers and triton at run time (its 0.2.8 wheel's metadata), too much for the core of
-a tool that runs programs without torch's training stack. What is here: building grammars
+well-kept engine, requires torch, transformers and triton at run time (its 0.2.8 wheel's
+metadata), too much for the core of a tool that runs programs without torch's training stack. What is here: building grammars
 for the OpenAI request shapes, and applying the mask.
 
 Tool calls come in the format the model's chat template teaches: ``<tool_call>{json}
