@@ -25,7 +25,8 @@ sys.path.insert(0, str(HERE))
 
 from bench_decode import machine_header, smollm2_path  # noqa: E402
 
-SCHEMA = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}
+# minLength keeps the model writing: a story it may not end before the token budget
+SCHEMA = {"type": "object", "properties": {"story": {"type": "string", "minLength": 2000}}, "required": ["story"]}
 
 
 def export(args: list[str], out: Path) -> Path:

@@ -24,10 +24,12 @@ arguments constrained to the chosen tool's ``parameters`` schema.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 TOOL_TAG_OPEN, TOOL_TAG_CLOSE = "<tool_call>", "</tool_call>"
@@ -55,21 +57,18 @@ class Constraint:
         if self._matcher.is_error():
             raise GrammarError(self._matcher.get_error())
         self._mask = torch.zeros((1, (n_vocab + 31) // 32), dtype=torch.int32)
+        self._mask_bytes = self._mask.numpy().view(np.uint8)  # the same memory, as bytes
+        # (what llguidance.torch.fill_next_token_bitmask does, without its per-call checks)
+        self._mask_at = (self._mask.data_ptr(), self._mask.numel() * self._mask.element_size())
         self.n_vocab = n_vocab
         self.mask_seconds = 0.0  # time spent computing masks, for the benchmark
 
     def filter(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` with every token the grammar forbids at this point set to -inf."""
-        import time
-
-        import numpy as np
-        from llguidance.torch import fill_next_token_bitmask
-
         start = time.perf_counter()
-        fill_next_token_bitmask(self._matcher, self._mask)
-        allowed = np.unpackbits(self._mask.numpy().view(np.uint8), bitorder="little")[: logits.numel()]
-        out = logits.float().clone()
-        out[torch.from_numpy(allowed == 0)] = float("-inf")
+        self._matcher.unsafe_compute_mask_ptr(*self._mask_at)
+        forbidden = np.unpackbits(self._mask_bytes, bitorder="little", count=self.n_vocab) == 0
+        out = logits.float().reshape(-1)[: self.n_vocab].masked_fill(torch.from_numpy(forbidden), float("-inf"))
         self.mask_seconds += time.perf_counter() - start
         return out
 
