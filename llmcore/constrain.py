@@ -118,8 +118,17 @@ class Tool:
     parameters: dict
 
 
+def _strict(parameters: dict) -> dict:
+    """A tool's parameters as OpenAI's strict mode reads them: an object schema that does not
+    say otherwise takes no properties beyond those it lists (else the grammar lets the model
+    invent keys and fill them until the token budget runs out)."""
+    if parameters.get("type") == "object" and "additionalProperties" not in parameters:
+        return {**parameters, "additionalProperties": False}
+    return parameters
+
+
 def _call_schema(tools: list[Tool]) -> dict:
-    calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+    calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": _strict(t.parameters)},
               "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
     return calls[0] if len(calls) == 1 else {"anyOf": calls}
 

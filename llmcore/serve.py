@@ -144,6 +144,18 @@ def _call_for_template(call: dict) -> dict:
     return {"id": call.get("id"), "type": "function", "function": function}
 
 
+def tools_in_system_message(messages: list[dict], tools: list) -> list[dict]:
+    """For a chat template that does not render ``tools`` (SmolLM2's, say): the tools, and
+    the call format the grammar enforces, described in the system message, as llama.cpp's
+    server does, so the model knows what it may call."""
+    described = "\n".join(json.dumps(t.get("function", t)) for t in tools)
+    text = ("You can call these functions; to call one, reply with only a JSON object "
+            '{"name": <function name>, "arguments": {<its arguments>}}.\n' + described)
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + text}] + messages[1:]
+    return [{"role": "system", "content": text}] + messages
+
+
 def request_tools(body: dict) -> tuple[list, str]:
     """``tools`` as :class:`llmcore.constrain.Tool` records and the ``tool_choice``:
     "none", "auto", "required" or a tool's name."""
@@ -413,6 +425,8 @@ class Server:
             raise RequestError(400, "this model has no chat template: send a raw prompt to /v1/completions.",
                                "messages")
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+        if tools and "tools" not in self.template.source:
+            messages = tools_in_system_message(messages, tools)
         try:
             return self._ids(self.template.render(messages, tools=tools))
         except LlmcoreError as exc:

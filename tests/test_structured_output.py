@@ -184,3 +184,30 @@ def test_run_json_schema_cli(served, cli, tmp_path):
     bad.write_text(json.dumps({"type": "nonsense"}))
     refused = cli("run", str(served[1]), "--prompt", "x", "--json-schema", str(bad))
     assert refused.returncode == 2 and "--json-schema" in refused.stderr and "Fix:" in refused.stderr
+
+
+def test_tools_are_described_to_a_template_that_does_not_render_them():
+    from llmcore.serve import tools_in_system_message
+
+    plain = tools_in_system_message([{"role": "user", "content": "hi"}], [WEATHER])
+    assert plain[0]["role"] == "system" and '"name": "wx"' in plain[0]["content"] and plain[1]["content"] == "hi"
+    merged = tools_in_system_message([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+                                     [WEATHER])
+    assert len(merged) == 2 and merged[0]["content"].startswith("Be brief.") and '"wx"' in merged[0]["content"]
+
+
+def test_tool_arguments_take_only_the_listed_properties_unless_the_schema_says_otherwise(served):
+    import torch
+
+    from llmcore.constrain import Constraint, Tool, tool_call_grammar
+
+    tokenizer = served[1].with_name("tokenizer.json").read_text()  # byte-level: token id = byte value
+    for extra, comma_allowed in ((None, False), (True, True)):
+        parameters = {"type": "object", "properties": {"a": {"type": "integer", "maximum": 5}}}
+        if extra is not None:
+            parameters["additionalProperties"] = extra
+        c = Constraint(tool_call_grammar([Tool("f", parameters)], tagged=False, optional=False), tokenizer, [256], 257)
+        for byte in b'{"name": "f", "arguments": {"a": 1':
+            c.consume(byte)
+        allowed = c.filter(torch.zeros(257)) > float("-inf")
+        assert bool(allowed[ord("}")]) and bool(allowed[ord(",")]) is comma_allowed
