@@ -1,4 +1,4 @@
-"""The ``llmcore`` command: export, plugins, run.
+"""The ``llmcore`` command: export, plugins, run, inspect, profile, eval, serve, chat.
 
 Errors the user can act on are printed as one line (``llmcore: error: [stage/plugin] ...
 Fix: ...``) with exit code 2; ``--debug`` adds the traceback. Unexpected exceptions exit
