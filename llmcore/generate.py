@@ -196,11 +196,9 @@ def generate(
         tokens.append(token)
         if on_token is not None:
             on_token(token)
-        if stop_at_eos and token in eos:
+        if token in eos and (stop_at_eos or constraint is not None):  # a grammar ends at EOS too
             break
         if constraint is not None:
-            if token in eos:
-                break
             constraint.consume(token)
             if constraint.finished():
                 break

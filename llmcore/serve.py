@@ -512,8 +512,8 @@ def create_app(server: Server):
             body = await read_body(request)
             server.check_model(body)
             ids_of = server.chat_ids if chat else server.completion_ids
-            tagged = server.template.tool_calls_tagged if chat and server.template is not None else (
-                False if chat else None)
+            # chat requests take tools and response_format; the template decides the call format
+            tagged = bool(server.template and server.template.tool_calls_tagged) if chat else None
             req = parse_request(body, ids_of, server.program.max_context_len, tagged)
             engine = await server.acquire(req.prompt_ids)
         except RequestError as err:

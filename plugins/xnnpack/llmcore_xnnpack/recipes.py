@@ -72,17 +72,21 @@ def _linear_names(module: nn.Module) -> list[str]:
 class _Summary:
     """What each kind of layer became, with its weight error: one line at the end."""
 
-    def __init__(self, recipe: str):
+    def __init__(self, recipe: str, options: dict):
         self.recipe = recipe
+        self.outlier_split = options["outlier_split"]
         self.kinds: Counter = Counter()
         self.errors: dict[str, list[float]] = {}
 
-    def add(self, kind: str, approx=None, exact: Optional[torch.Tensor] = None) -> None:
+    def add(self, kind: str, approx=None, exact: Optional[torch.Tensor] = None) -> Optional[float]:
         """One layer of ``kind``; with ``approx`` (the new layer, or its weight) and ``exact``
-        (the weight it replaces), its weight error."""
+        (the weight it replaces), its weight error, which is returned."""
         self.kinds[kind] += 1
-        if approx is not None:
-            self.errors.setdefault(kind, []).append(qlinear.relative_error(approx, exact))
+        if approx is None:
+            return None
+        error = qlinear.relative_error(approx, exact)
+        self.errors.setdefault(kind, []).append(error)
+        return error
 
     def line(self) -> str:
         parts = []
@@ -90,6 +94,8 @@ class _Summary:
             errs = self.errors.get(kind)
             err = f", weight error {100 * sum(errs) / len(errs):.3g}% (mean)" if errs else ""
             parts.append(f"{n} {kind}{err}")
+        if self.outlier_split:
+            parts.append("activations: int8 per token with outliers on a second row")
         return f"{self.recipe}: " + "; ".join(parts)
 
 
@@ -110,7 +116,7 @@ def quantize_8da4w(module: nn.Module, options: dict) -> nn.Module:
     if options["embedding_bits"]:
         quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"],
                             "hqq_scale_only" if options["hqq"] else "affine")
-    summary = _Summary("8da4w")
+    summary = _Summary("8da4w", options)
     kept = []
     for name in _linear_names(module):
         linear = module.get_submodule(name)
@@ -142,17 +148,14 @@ def quantize_8da8w(module: nn.Module, options: dict) -> nn.Module:
     check_embedding_options(options, "8da8w")
     if options["embedding_bits"]:
         quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"])
-    summary = _Summary("8da8w")
+    summary = _Summary("8da8w", options)
     for name in _linear_names(module):
         linear = module.get_submodule(name)
         w = linear.weight.detach().float()
         new = _int8_layer(linear, w, options["outlier_split"])
         summary.add("linears int8 per channel", new, w)
         _replace(module, name, new)
-    line = summary.line()
-    if options["outlier_split"]:
-        line += "; activations: int8 per token with outliers on a second row"
-    log.warning("%s", line)
+    log.warning("%s", summary.line())
     return module
 
 
@@ -166,7 +169,7 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
             "integers into the program).",
             fix="export a quantized GGUF (Q4_0, Q4_1, Q4_K_M, Q8_0 ...), or use --quantize 8da4w for float weights.",
         )
-    summary = _Summary("gguf")
+    summary = _Summary("gguf", options)
     scale_rounding = 0.0
     for name in names:
         linear, form = module.get_submodule(name), forms.pop(name)
@@ -177,19 +180,16 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
             summary.add(f"{form.format} kept", new, w)
         elif form is not None:
             new = _int8_layer(linear, w, options["outlier_split"])
-            summary.add(f"{form.format} -> int8 per channel", new, w)
+            error = summary.add(f"{form.format} -> int8 per channel", new, w)
             log.warning(
                 "gguf: %s (%s) is rounded again, to int8 per channel (no kernel here takes %s as stored): "
-                "weight error %.3g%%", form.source_name, form.format, form.format,
-                100 * qlinear.relative_error(new, w),
+                "weight error %.3g%%", form.source_name, form.format, form.format, 100 * error,
             )
         else:  # stored as floats in the file, or rebuilt by a transform: kept as floats
             summary.add("float kept")
             continue
         _replace(module, name, new)
     line = summary.line()
-    if options["outlier_split"]:
-        line += "; activations: int8 per token with outliers on a second row"
     if scale_rounding:
         line += f"; 4-bit scales fp16 -> bf16 (XNNPACK's scale type): at most {100 * scale_rounding:.3g}% per scale"
     log.warning("%s", line)
