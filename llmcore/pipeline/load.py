@@ -106,6 +106,7 @@ KNOWN_ARCHITECTURES = {
     "gemma": "llmcore-gemma",
     "gemma2": "llmcore-gemma",
     "gemma3_text": "llmcore-gemma",
+    "gemma3": "llmcore-gemma",  # a GGUF's general.architecture
     "gpt2": "llmcore-nanogpt",
 }
 

@@ -21,9 +21,11 @@ from llmcore.hookspecs import hookimpl
 from llmcore.records import LoadedModel, LoadOptions, ModelFamily
 
 __version__ = "0.1.0"
-__all__ = ["llmcore_model_families", "family", "hf_architectures", "load_hf", "fold_norms"]
+__all__ = ["llmcore_model_families", "family", "hf_architectures", "gguf_architecture", "load_hf", "load_gguf",
+           "fold_norms"]
 
 MODEL_TYPES = ("gemma", "gemma2", "gemma3_text")
+GGUF_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
 ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 
 # Gemma 2/3 name their four norms per layer differently from Llama's two: Llama's
@@ -97,6 +99,26 @@ def hf_architectures() -> dict:
     return {model_type: arch(model_type) for model_type in MODEL_TYPES}
 
 
+def gguf_architecture():
+    """The llama plugin's :class:`~llmcore_llama.loaders.GGUFArchitecture` for llama.cpp's
+    gemma, gemma2 and gemma3 GGUFs: norms already ``1 + w`` (the converter adds the one),
+    q/k rows in rotate-half order, the sandwich norms under llama.cpp's names
+    (``post_attention_norm``, ``post_ffw_norm``), switches from :func:`keys.gguf_switches`."""
+    from llmcore_llama.loaders import GGUFArchitecture, gguf_layer_names
+
+    from . import keys
+
+    names = {**gguf_layer_names(), "post_attention_norm.weight": "attention_post_norm.weight",
+             "post_ffw_norm.weight": "ffn_post_norm.weight"}
+    return GGUFArchitecture(keys.PLUGIN, GGUF_ARCHITECTURES, rotate_half=True, keys=keys.GGUF_KEYS,
+                            switches=keys.gguf_switches, layer_names=names)
+
+
+def load_gguf(path: Path, options: LoadOptions) -> LoadedModel:
+    """A llama.cpp gemma / gemma2 / gemma3 GGUF (the family's ``gguf`` loader)."""
+    return family().loader("gguf").load(path, options)
+
+
 def load_hf(path: Path, options: LoadOptions) -> LoadedModel:
     """A Gemma / Gemma 2 / Gemma 3 (text) Hugging Face folder (the family's ``hf`` loader)."""
     return family().loader("hf").load(path, options)
@@ -116,6 +138,9 @@ def family() -> ModelFamily:
         hf_architecture=lambda model_type: hf_architectures()[model_type],
         hf_description="Hugging Face GemmaForCausalLM / Gemma2ForCausalLM / Gemma3ForCausalLM folder: config.json + "
         "*.safetensors (sharded too) + tokenizer.json and its chat template",
+        gguf_architecture=gguf_architecture,
+        gguf_description="GGUF file of llama.cpp's gemma, gemma2 or gemma3 architecture (the llama plugin's GGUF "
+        "types; the file's integers are kept by --quantize gguf) with its embedded tokenizer",
     )
 
 

@@ -180,3 +180,95 @@ def switches(cfg: Mapping[str, Any], model_type: str) -> dict:
         if layers:
             out["rope_local_theta"] = local
     return out
+
+
+# --------------------------------------------------------------------------------------
+# GGUF metadata (llama.cpp's ``gemma``, ``gemma2`` and ``gemma3`` architectures)
+# --------------------------------------------------------------------------------------
+#
+# llama.cpp's converter folds Gemma's ``1 + w`` into every norm weight (so nothing is folded
+# at load) and keeps q/k rows in rotate-half order. What config.json says in keys, llama.cpp
+# partly hard-codes per architecture, and a GGUF means what llama.cpp computes from it:
+# the defaults below are llama.cpp's (llama-hparams.h, models/gemma*.cpp).
+
+GGUF_KEYS: dict[str, Key] = {
+    "attn_logit_softcapping": Key(IMPLEMENTED, "Gemma 2: attention scores become cap * tanh(scores / cap)"),
+    "final_logit_softcapping": Key(IMPLEMENTED, "Gemma 2 and 3: logits become cap * tanh(logits / cap)"),
+    "attention.sliding_window": Key(IMPLEMENTED, "the window of the sliding layers"),
+    "attention.sliding_window_pattern": Key(
+        IMPLEMENTED, "which layers slide: every N-th is global, or one flag per layer"
+    ),
+    "rope.freq_base_swa": Key(IMPLEMENTED, "RoPE base of the sliding layers"),
+}
+
+# llama.cpp's defaults where a key is absent
+_GGUF_GEMMA2_WINDOW = 4096
+_GGUF_ATTN_SOFTCAP, _GGUF_FINAL_SOFTCAP = 50.0, 30.0
+_GGUF_PATTERN = {"gemma2": 2, "gemma3": 6}
+_GGUF_GEMMA3_LOCAL_THETA = 10_000.0
+# llama.cpp scales q by (dim / heads) ** -0.5 instead of head_dim ** -0.5 for the 27B sizes
+# (as Google's reference code does), recognised by their layer counts.
+_GGUF_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
+def gguf_sliding_layers(view, n_layers: int) -> list[int]:
+    """The sliding layers as llama.cpp reads ``attention.sliding_window_pattern``: one flag
+    per layer, or N (layer i slides unless i % N == N - 1; 2 for Gemma 2, 6 for Gemma 3)."""
+    pattern = view.get("attention.sliding_window_pattern", _GGUF_PATTERN[view.arch])
+    if isinstance(pattern, list):
+        if len(pattern) != n_layers or not all(isinstance(p, (bool, int)) for p in pattern):
+            raise view.refuse(f"'{view.arch}.attention.sliding_window_pattern' must hold one flag per layer "
+                              f"({n_layers}), not {pattern!r:.60}.",
+                              "convert the model again with llama.cpp's convert_hf_to_gguf.py.")
+        return [i for i, slides in enumerate(pattern) if slides]
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 0:
+        raise view.refuse(f"'{view.arch}.attention.sliding_window_pattern' = {pattern!r} is not a number of layers.",
+                          "convert the model again with llama.cpp's convert_hf_to_gguf.py.")
+    return [i for i in range(n_layers) if pattern == 0 or i % pattern < pattern - 1]
+
+
+def gguf_switches(view) -> dict:
+    """The decoder switches of a Gemma GGUF (``view``: the llama plugin's
+    :class:`~llmcore_llama.loaders.GGUFView`), as llama.cpp computes the model."""
+    fields = view.fields
+    out = {"embedding_multiplier": float(fields["dim"]) ** 0.5, "ffn_activation": "gelu_tanh"}
+    if view.get("attn_logit_softcapping") is not None and view.arch != "gemma2":
+        raise view.refuse(f"'{view.arch}.attn_logit_softcapping' is set, but llama.cpp's {view.arch} does not "
+                          "apply attention soft-capping, so what the file means is unclear.",
+                          "convert the model again with llama.cpp's convert_hf_to_gguf.py.")
+    if view.arch == "gemma":
+        for suffix in ("final_logit_softcapping", "attention.sliding_window", "attention.sliding_window_pattern",
+                       "rope.freq_base_swa"):
+            if view.get(suffix) is not None:
+                raise view.refuse(f"'{view.arch}.{suffix}' is set, but llama.cpp's gemma (1) ignores it, so what "
+                                  "the file means is unclear.",
+                                  "convert the model again with llama.cpp's convert_hf_to_gguf.py.")
+        return out
+    n_layers = fields["n_layers"]
+    out["sandwich_norms"] = True
+    if n_layers == _GGUF_27B_LAYERS[view.arch]:
+        out["attention_scale"] = (fields["dim"] // fields["n_heads"]) ** -0.5
+    final = float(view.get("final_logit_softcapping", _GGUF_FINAL_SOFTCAP if view.arch == "gemma2" else 0.0))
+    out["final_softcap"] = final or None
+    if view.arch == "gemma2":
+        out["attn_softcap"] = float(view.get("attn_logit_softcapping", _GGUF_ATTN_SOFTCAP)) or None
+        window = int(view.get("attention.sliding_window", _GGUF_GEMMA2_WINDOW))
+    else:
+        window = int(view.get("attention.sliding_window", 0))
+    layers = gguf_sliding_layers(view, n_layers) if window > 0 else []
+    if not layers:
+        return out
+    out["sliding_window"], out["sliding_layers"] = window, tuple(layers)
+    local = view.get("rope.freq_base_swa")
+    if view.arch == "gemma3":
+        # llama.cpp: the sliding layers' base defaults to 1e4 and they are never scaled
+        out["rope_local_theta"] = float(local if local is not None else _GGUF_GEMMA3_LOCAL_THETA)
+    elif local is not None:
+        # Gemma 2: llama.cpp scales the sliding layers as the global ones; llmcore's second
+        # table is unscaled, so a file that scales and sets the base is refused
+        if fields["rope_linear_factor"] != 1.0:
+            raise view.refuse(f"'{view.arch}.rope.freq_base_swa' with a RoPE scaling factor: llama.cpp scales the "
+                              "sliding layers too, which the gemma plugin does not implement.",
+                              "use a GGUF without RoPE scaling.")
+        out["rope_local_theta"] = float(local)
+    return out

@@ -144,3 +144,98 @@ def test_random_configs_build_and_run():
         model = family.build_random(name, LoadOptions()).module
         logits = model(torch.randint(0, 320, (1, 20)))
         assert logits.shape == (1, 320) and torch.isfinite(logits).all()
+
+
+# --------------------------------------------------------------------------------------
+# GGUF: files written as llama.cpp's converter writes gemma / gemma2 / gemma3 (norms
+# already 1 + w, q/k rows in rotate-half order), compared with transformers. llama.cpp
+# scales attention by head_dim ** -0.5 below the 27B sizes, so these checkpoints keep
+# query_pre_attn_scalar at head_dim (24).
+# --------------------------------------------------------------------------------------
+
+
+def gemma_gguf(folder, path, quantize: dict | None = None) -> dict:
+    """The checkpoint in ``folder`` as llama.cpp's Gemma converters write it; Gemma 3's
+    layer pattern as one flag per layer (llama.cpp reads either that or N)."""
+    import json
+
+    import gguf
+    from llmcore_llama.testing import write_gguf
+
+    def metadata(w, cfg):
+        if cfg.get("attn_logit_softcapping"):
+            w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        if cfg.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        if cfg["model_type"] != "gemma":
+            w.add_sliding_window(cfg["sliding_window"])
+        if cfg["model_type"] == "gemma3_text":
+            w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+            rope = cfg["rope_parameters"]
+            w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(rope["full_attention"]["factor"])
+
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg.get("query_pre_attn_scalar", cfg["head_dim"]) == cfg["head_dim"], "llama.cpp cannot represent it"
+    return write_gguf(folder, path, quantize=quantize, metadata=metadata,
+                      convert=lambda name, t: t + 1.0 if name.endswith("norm.weight") else t)
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_gguf_as_llama_cpp_writes_it_matches_transformers(tmp_path, name):
+    import llmcore_gemma
+
+    scalar = {} if name == "gemma" else dict(query_pre_attn_scalar=24)
+    folder = checkpoint(tmp_path / name, name, tokenizer=False, **scalar)
+    path = tmp_path / f"{name}.gguf"
+    gemma_gguf(folder, path)
+    assert llmcore_gemma.family().loader("gguf").claims(path)
+    loaded = llmcore_gemma.load_gguf(path, LoadOptions())
+    hf = load(folder).module.config
+    for field in ("sliding_window", "sliding_layers", "rope_local_theta", "rope_linear_factor", "attn_softcap",
+                  "final_softcap", "sandwich_norms", "qk_norm", "embedding_multiplier"):
+        assert getattr(loaded.module.config, field) == getattr(hf, field), field
+    check_eager_against(loaded.module, reference(folder), ATOL)
+
+
+def test_gguf_gemma2_defaults_are_llama_cpps():
+    """Keys a Gemma 2 GGUF leaves out mean what llama.cpp assumes: window 4096, every other
+    layer sliding from the first, caps 50 and 30; 46 layers (the 27B) scale q by
+    (dim / heads) ** -0.5."""
+    from types import SimpleNamespace
+
+    from llmcore_gemma.keys import gguf_switches
+
+    def view(n_layers, **meta):
+        return SimpleNamespace(arch="gemma2", get=lambda suffix, default=None: meta.get(suffix, default),
+                               fields=dict(dim=4608, n_heads=32, n_layers=n_layers, rope_linear_factor=1.0))
+
+    small = gguf_switches(view(4))
+    assert small["sliding_window"] == 4096 and small["sliding_layers"] == (0, 2)
+    assert small["attn_softcap"] == 50.0 and small["final_softcap"] == 30.0 and "attention_scale" not in small
+    assert gguf_switches(view(46))["attention_scale"] == 144 ** -0.5
+    assert gguf_switches(view(6, **{"attention.sliding_window_pattern": 3}))["sliding_layers"] == (0, 1, 3, 4)
+
+
+def test_gguf_recipe_export_of_a_q4_0_gemma3_file(tmp_path):
+    """A Q4_0 Gemma 3 GGUF through ``--quantize gguf`` on XNNPACK, family read from the file:
+    the program agrees with its eager model past the window."""
+    import json
+
+    import gguf
+    from llmcore_llama.testing import llmcore_cli
+
+    folder = checkpoint(tmp_path / "g3", "gemma3", query_pre_attn_scalar=24)
+    path = tmp_path / "g3.gguf"
+    Q = gguf.GGMLQuantizationType
+    gemma_gguf(folder, path, {s: Q.Q4_0 for s in ("attn_q.weight", "attn_k.weight", "attn_v.weight",
+                                                 "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
+                                                 "ffn_down.weight")})
+    out = tmp_path / "out.pte"
+    run = llmcore_cli("export", "--checkpoint", str(path), "--tokenizer", str(folder / "tokenizer.json"),
+                      "--plugins", "xnnpack", "--quantize", "gguf", "--quiet", "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.with_suffix(".report.json").read_text())
+    assert report["model"]["family"] == "gemma"
+    assert report["parity"]["top1_agreement"] == 1.0 and report["parity"]["max_abs_diff"] < 0.1, report["parity"]

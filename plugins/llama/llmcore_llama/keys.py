@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 from llmcore.errors import LlmcoreError
@@ -558,9 +559,10 @@ GGUF_KEYS_BY_SUFFIX: dict[str, Key] = {
 }
 
 
-def gguf_keys(arch: str) -> dict[str, Key]:
-    """The table for GGUF architecture ``arch``: its keys are ``{arch}.<suffix>``."""
-    return {f"{arch}.{suffix}": rule for suffix, rule in GGUF_KEYS_BY_SUFFIX.items()}
+def gguf_keys(arch: str, overrides: Mapping[str, Key] = MappingProxyType({})) -> dict[str, Key]:
+    """The table for GGUF architecture ``arch``: its keys are ``{arch}.<suffix>``;
+    ``overrides`` (by suffix) are a family's own rules over the decoder's."""
+    return {f"{arch}.{suffix}": rule for suffix, rule in {**GGUF_KEYS_BY_SUFFIX, **overrides}.items()}
 
 
 GGUF_KEYS = gguf_keys("llama")
@@ -570,11 +572,15 @@ GGUF_FIX_UNKNOWN = (
 )
 
 
-def check_gguf(fields: Mapping[str, Any], arch: str = "llama", plugin: str = PLUGIN) -> None:
-    """``fields``: GGUF key -> value; the keys under ``{arch}.`` are checked."""
+def check_gguf(
+    fields: Mapping[str, Any], arch: str = "llama", plugin: str = PLUGIN,
+    overrides: Mapping[str, Key] = MappingProxyType({}),
+) -> None:
+    """``fields``: GGUF key -> value; the keys under ``{arch}.`` are checked against the
+    decoder's table with the family's ``overrides`` (by suffix) over it."""
     prefix = f"{arch}."
     check_keys(
-        {k: v for k, v in fields.items() if k.startswith(prefix)}, gguf_keys(arch), "GGUF metadata",
+        {k: v for k, v in fields.items() if k.startswith(prefix)}, gguf_keys(arch, overrides), "GGUF metadata",
         GGUF_FIX_UNKNOWN, plugin,
     )
 

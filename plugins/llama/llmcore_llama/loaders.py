@@ -606,11 +606,23 @@ _GGUF_NAMES = {
     "ffn_down.weight": "feed_forward.w2.weight",
     "ffn_up.weight": "feed_forward.w3.weight",
 }
+
+
+def gguf_layer_names() -> dict[str, str]:
+    """llama.cpp's GGUF layer tensor names -> the decoder's (a copy, for a family to extend)."""
+    return dict(_GGUF_NAMES)
+
+
 _GGUF_TOP = {
     "token_embd.weight": "tok_embeddings.weight",
     "output_norm.weight": "norm.weight",
     "output.weight": "output.weight",
 }
+
+
+FusedRows = Callable[[LlamaConfig], tuple[tuple[str, int], ...]]
+"""For a fused GGUF matrix: the decoder tensors its rows hold, in order, and how many rows
+each (Phi-3's ``attn_qkv``: q, k, v)."""
 
 
 @dataclass(frozen=True)
@@ -619,15 +631,61 @@ class GGUFArchitecture:
     :class:`HFArchitecture`).
 
     llama.cpp's converter stores a ``llama`` model's q/k rows in the interleaved rotary
-    order this decoder uses (it permutes them), but Qwen2/Qwen3 in Hugging Face's
-    rotate-half order (llama.cpp runs those with its NEOX RoPE): ``rotate_half`` says the
-    rows, q/k biases and per-head norms, integers included, are permuted at load.
+    order this decoder uses (it permutes them), but Qwen2/Qwen3, Phi-3 and Gemma in Hugging
+    Face's rotate-half order (llama.cpp runs those with its NEOX RoPE): ``rotate_half`` says
+    the rows, q/k biases and per-head norms, integers included, are permuted at load.
     """
 
     plugin: str
     names: tuple[str, ...]
     """``general.architecture`` values the family reads; their keys are ``{name}.*``."""
     rotate_half: bool = False
+    keys: Mapping[str, keys.Key] = field(default_factory=dict)
+    """Metadata rules by suffix (``attention.sliding_window``) that the family adds to, or
+    changes in, the decoder's table (:data:`keys.GGUF_KEYS_BY_SUFFIX`)."""
+    switches: Optional[Callable[["GGUFView"], dict]] = None
+    """The :class:`LlamaConfig` fields the family's metadata sets beyond the decoder's
+    (soft-capping, sliding layers, LongRoPE factors); raises an :class:`LlmcoreError` for
+    settings it cannot compute. None: none."""
+    layer_names: Mapping[str, str] = field(default_factory=gguf_layer_names)
+    """GGUF layer tensor names (``attn_q.weight``) -> the decoder's; llama.cpp's by default."""
+    fused: Mapping[str, FusedRows] = field(default_factory=dict)
+    """GGUF layer tensors that hold several of the decoder's matrices stacked by rows, split
+    at load (integers included: a row keeps its blocks)."""
+    metadata_tensors: tuple[str, ...] = ("rope_freqs.weight",)
+    """Top-level tensors read as settings, not weights (RoPE frequency factors)."""
+    partial_rotary: bool = False
+    """``rope.dimension_count`` below the head width means RoPE on that many channels of each
+    head (Phi-4-mini); without it such a file is refused."""
+
+
+@dataclass(frozen=True)
+class GGUFView:
+    """A family's view of a GGUF's metadata while its config is built (for
+    :attr:`GGUFArchitecture.switches`)."""
+
+    file: "GGUFFile"
+    arch: str
+    """``general.architecture``: metadata keys are ``{arch}.<suffix>``."""
+    tensors: Mapping[str, tuple]
+    fields: Mapping[str, Any]
+    """The :class:`LlamaConfig` fields read so far (``dim``, ``n_layers``, ``n_heads``,
+    ``rope_theta``, ``max_seq_len`` ...)."""
+    max_seq_len: Optional[int]
+    """The program length asked for (``--max-seq-len``); None: the file's context length."""
+
+    def get(self, suffix: str, default=None):
+        value = self.file.get(f"{self.arch}.{suffix}")
+        return default if value is None else value
+
+    def require(self, suffix: str, kind=int):
+        return self.file.require(f"{self.arch}.{suffix}", kind)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return _gguf_tensor(self.tensors[name], name)
+
+    def refuse(self, message: str, fix: str) -> LlmcoreError:
+        return load_error(f"{self.file.path}: {message}", fix=fix, plugin=self.file.plugin)
 
 
 LLAMA_GGUF = GGUFArchitecture(PLUGIN, ("llama",))
@@ -739,7 +797,12 @@ def _field_value(field):
     return v.tolist()[0]
 
 
-def gguf_config(g: GGUFFile, tensors: dict, arch: GGUFArchitecture = LLAMA_GGUF) -> LlamaConfig:
+def gguf_config(
+    g: GGUFFile, tensors: dict, arch: GGUFArchitecture = LLAMA_GGUF, max_seq_len: Optional[int] = None
+) -> LlamaConfig:
+    """A :class:`LlamaConfig` from a GGUF's metadata: every ``{arch}.`` key is implemented,
+    harmless or refused by name (the decoder's table with ``arch.keys`` over it);
+    ``max_seq_len`` is the program length asked for (LongRoPE depends on it)."""
     name, plugin = g.get("general.architecture"), arch.plugin
     if name not in arch.names:
         raise load_error(
@@ -766,17 +829,32 @@ def gguf_config(g: GGUFFile, tensors: dict, arch: GGUFArchitecture = LLAMA_GGUF)
                          plugin=plugin)
     n_kv = g.require(key("attention.head_count_kv")) if g.get(key("attention.head_count_kv")) else n_heads
     # Every `{name}.` key is implemented, harmless or refused by name (keys.gguf_keys).
-    keys.check_gguf({k: g.get(k) for k in g.reader.fields}, name, plugin)
+    keys.check_gguf({k: g.get(k) for k in g.reader.fields}, name, plugin, arch.keys)
     head_dim = None
-    for key_name in (key("attention.key_length"), key("rope.dimension_count")):
+    # without attention.key_length, llama.cpp's head width is the rotated width, unless the
+    # family rotates part of each head (then it is dim / heads)
+    widths = (key("attention.key_length"),) + (() if arch.partial_rotary else (key("rope.dimension_count"),))
+    for key_name in widths:
         if g.get(key_name):
             head_dim = g.require(key_name)
             break
     width = head_dim or (dim // n_heads if n_heads > 0 else 0)
-    for key_name, what in (
-        (key("rope.dimension_count"), "RoPE on part of each head"),
-        (key("attention.value_length"), "values narrower or wider than keys"),
-    ):
+    rotary_dim = None
+    if arch.partial_rotary and g.get(key("rope.dimension_count")) is not None:
+        rotary_dim = g.require(key("rope.dimension_count"))
+        if rotary_dim == width:
+            rotary_dim = None
+        elif not (0 < rotary_dim < width and rotary_dim % 2 == 0):
+            raise load_error(
+                f"GGUF metadata key {key('rope.dimension_count')!r} = {rotary_dim} is not an even number of channels "
+                f"within the head width {width}.",
+                fix="convert the model again with llama.cpp's convert_hf_to_gguf.py.",
+                plugin=plugin,
+            )
+    checked = ((key("attention.value_length"), "values narrower or wider than keys"),)
+    if not arch.partial_rotary:
+        checked = ((key("rope.dimension_count"), "RoPE on part of each head"),) + checked
+    for key_name, what in checked:
         if g.get(key_name) is not None and g.require(key_name) != width:
             raise load_error(
                 f"GGUF metadata key {key_name!r} = {g.get(key_name)} differs from the head width {width} ({what}), "
@@ -798,29 +876,33 @@ def gguf_config(g: GGUFFile, tensors: dict, arch: GGUFArchitecture = LLAMA_GGUF)
     factors = None
     if "rope_freqs.weight" in tensors:
         factors = tuple(float(x) for x in _gguf_tensor(tensors["rope_freqs.weight"], "rope_freqs.weight").reshape(-1).tolist())
+    fields = dict(
+        dim=dim,
+        n_layers=g.require(key("block_count")),
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        vocab_size=vocab,
+        hidden_dim=g.require(key("feed_forward_length")),
+        norm_eps=g.require(key("attention.layer_norm_rms_epsilon"), float)
+        if g.get(key("attention.layer_norm_rms_epsilon")) is not None
+        else 1e-5,
+        rope_theta=g.require(key("rope.freq_base"), float) if g.get(key("rope.freq_base")) is not None else 10000.0,
+        max_seq_len=g.require(key("context_length")) if g.get(key("context_length")) is not None else 2048,
+        tie_embeddings="output.weight" not in tensors,
+        head_dim=head_dim or None,
+        rotary_dim=rotary_dim,
+        rope_freq_factors=factors,
+        rope_linear_factor=linear,
+        # optional tensors, as llama.cpp treats them: present in every layer or in none
+        # (a layer without them is reported by check_fit)
+        qkv_bias="blk.0.attn_q.bias" in tensors,
+        o_bias="blk.0.attn_output.bias" in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+    )
+    if arch.switches is not None:
+        fields.update(arch.switches(GGUFView(g, name, tensors, dict(fields), max_seq_len)))
     try:
-        return LlamaConfig(
-            dim=dim,
-            n_layers=g.require(key("block_count")),
-            n_heads=n_heads,
-            n_kv_heads=n_kv,
-            vocab_size=vocab,
-            hidden_dim=g.require(key("feed_forward_length")),
-            norm_eps=g.require(key("attention.layer_norm_rms_epsilon"), float)
-            if g.get(key("attention.layer_norm_rms_epsilon")) is not None
-            else 1e-5,
-            rope_theta=g.require(key("rope.freq_base"), float) if g.get(key("rope.freq_base")) is not None else 10000.0,
-            max_seq_len=g.require(key("context_length")) if g.get(key("context_length")) is not None else 2048,
-            tie_embeddings="output.weight" not in tensors,
-            head_dim=head_dim or None,
-            rope_freq_factors=factors,
-            rope_linear_factor=linear,
-            # optional tensors, as llama.cpp treats them: present in every layer or in none
-            # (a layer without them is reported by check_fit)
-            qkv_bias="blk.0.attn_q.bias" in tensors,
-            o_bias="blk.0.attn_output.bias" in tensors,
-            qk_norm="blk.0.attn_q_norm.weight" in tensors,
-        )
+        return LlamaConfig(**fields)
     except ValueError as e:
         raise load_error(f"{g.path}: {e}.", fix="convert the model again with llama.cpp's convert_hf_to_gguf.py.",
                          plugin=plugin) from None
@@ -855,16 +937,18 @@ def load_gguf(path: Path, options: LoadOptions, arch: GGUFArchitecture = LLAMA_G
     for t in g.reader.tensors:
         shape = tuple(int(x) for x in reversed([int(d) for d in t.shape]))
         tensors[t.name] = (t, shape)
-    config = gguf_config(g, tensors, arch)
-    names = {}
+    config = gguf_config(g, tensors, arch, options.max_seq_len)
+    names = {}  # GGUF name -> the decoder's name, or for a fused matrix the layer's prefix
     unknown = []
     for name in tensors:
         m = _GGUF_LAYER.match(name)
         if name in _GGUF_TOP:
             names[name] = _GGUF_TOP[name]
-        elif m and m.group(2) in _GGUF_NAMES:
-            names[name] = f"layers.{m.group(1)}.{_GGUF_NAMES[m.group(2)]}"
-        elif name != "rope_freqs.weight":
+        elif m and m.group(2) in arch.fused:
+            names[name] = f"layers.{m.group(1)}."
+        elif m and m.group(2) in arch.layer_names:
+            names[name] = f"layers.{m.group(1)}.{arch.layer_names[m.group(2)]}"
+        elif name not in arch.metadata_tensors:
             unknown.append(name)
     if unknown:
         raise load_error(
@@ -883,23 +967,69 @@ def load_gguf(path: Path, options: LoadOptions, arch: GGUFArchitecture = LLAMA_G
     stored = {}  # the quantized matrices' own integers, for recipes that keep them
     with quants.single_threaded():
         for name, entry in tensors.items():
-            if name in names:
-                meta = names[name]
-                sd[meta] = _gguf_tensor(entry, name)
-                t, shape = entry
-                if options.stored_integers and len(shape) == 2 and int(t.tensor_type) not in quants.FLOAT_TYPES:
-                    stored[meta] = quants.integer_weight(t.data, int(t.tensor_type), shape, name)
+            if name not in names:
+                continue
+            t, shape = entry
+            weight = _gguf_tensor(entry, name)
+            form = None
+            if options.stored_integers and len(shape) == 2 and int(t.tensor_type) not in quants.FLOAT_TYPES:
+                form = quants.integer_weight(t.data, int(t.tensor_type), shape, name)
+            suffix = _GGUF_LAYER.match(name).group(2) if name not in _GGUF_TOP else None
+            if suffix in arch.fused:
+                pieces = _split_fused(name, weight, form, arch.fused[suffix](config), names[name], plugin)
+            else:
+                pieces = [(names[name], weight, form)]
+            for meta, weight, form in pieces:
                 if arch.rotate_half:
                     heads = _rotary_heads(meta, config)
-                    if heads and sd[meta].shape[0] == heads * config.resolved_head_dim:
-                        sd[meta] = unpermute_hf_rotary(sd[meta], heads, config.rotary_dim)
-                        if meta in stored:
-                            stored[meta] = _unpermute_stored(stored[meta], heads, config.rotary_dim)
-                g.drop_pages(t)
+                    if heads and weight.shape[0] == heads * config.resolved_head_dim:
+                        weight = unpermute_hf_rotary(weight, heads, config.rotary_dim)
+                        form = _unpermute_stored(form, heads, config.rotary_dim) if form is not None else None
+                sd[meta] = weight
+                if form is not None:
+                    stored[meta] = form
+            g.drop_pages(t)
     log.info("GGUF %s read and dequantized in %.2fs", path, time.perf_counter() - t0)
-    loaded = finish(config, sd, tok, options, str(path), file_name=gguf_name, plugin=plugin)
+    loaded = finish(config, sd, tok, options, str(path), file_name=lambda meta: gguf_name(meta, arch), plugin=plugin)
     loaded.stored_weights = stored
     return loaded
+
+
+def _split_fused(name: str, weight: torch.Tensor, form, parts, prefix: str, plugin: str) -> list:
+    """``[(decoder name, rows, stored rows)]`` of a fused GGUF matrix whose rows stack
+    ``parts`` (``[(decoder suffix, rows)]``)."""
+    sizes = [rows for _, rows in parts]
+    if weight.dim() != 2 or weight.shape[0] != sum(sizes):
+        raise load_error(
+            f"tensor {name!r} has shape {list(weight.shape)}, but the model's config stacks "
+            f"{' + '.join(f'{rows} ({_module_of(suffix)})' for suffix, rows in parts)} rows in it.",
+            fix="convert the model again with llama.cpp's convert_hf_to_gguf.py.",
+            plugin=plugin,
+        )
+    out, start = [], 0
+    for (suffix, rows), piece in zip(parts, weight.split(sizes)):
+        part_form = None
+        if form is not None:
+            part_form = _stored_rows(form, start, start + rows)
+        out.append((prefix + suffix, piece.contiguous(), part_form))
+        start += rows
+    return out
+
+
+def _module_of(suffix: str) -> str:
+    return suffix.rsplit(".", 2)[-2]
+
+
+def _stored_rows(form, start: int, stop: int):
+    """Rows ``start:stop`` of a stored quantized matrix (its blocks run along a row)."""
+    if not hasattr(form, "q"):  # StoredFormat: only the type's name
+        return form
+    return replace(
+        form,
+        q=form.q[start:stop].contiguous(),
+        scales=form.scales[start:stop].contiguous(),
+        offsets=form.offsets[start:stop].contiguous() if form.offsets is not None else None,
+    )
 
 
 def _rotary_heads(meta_name: str, config: LlamaConfig) -> Optional[int]:
@@ -924,14 +1054,15 @@ def _unpermute_stored(form, heads: int, rotary_dim: Optional[int]):
     )
 
 
-def gguf_name(meta_name: str) -> str:
+def gguf_name(meta_name: str, arch: Optional[GGUFArchitecture] = None) -> str:
     """The GGUF name of a Meta parameter name (for messages)."""
     for name, meta in _GGUF_TOP.items():
         if meta == meta_name:
             return name
+    layer_names = _GGUF_NAMES if arch is None else arch.layer_names
     parts = meta_name.split(".", 2)
     if len(parts) == 3 and parts[0] == "layers":
-        for name, meta in _GGUF_NAMES.items():
+        for name, meta in layer_names.items():
             if meta == parts[2]:
                 return f"blk.{parts[1]}.{name}"
     return meta_name

@@ -127,18 +127,22 @@ def reference_next(model) -> Callable[[list[int]], torch.Tensor]:
     return step
 
 
-def export_cli(folder: Path, out: Path, *flags: str) -> dict:
-    """``llmcore export --checkpoint folder --plugins xnnpack ... -o out`` as a user runs it
-    (a subprocess, no ``--model``: the family comes from the checkpoint); its report."""
+def llmcore_cli(*args: str, env: dict | None = None):
+    """``python -m llmcore ARGS`` as a subprocess, as a user runs it (``env`` added to the
+    environment); the ``CompletedProcess`` with text output."""
+    import os
     import subprocess
     import sys
 
+    return subprocess.run([sys.executable, "-m", "llmcore", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+def export_cli(folder: Path, out: Path, *flags: str) -> dict:
+    """``llmcore export --checkpoint folder --plugins xnnpack ... -o out`` as a user runs it
+    (a subprocess, no ``--model``: the family comes from the checkpoint); its report."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    run = subprocess.run(
-        [sys.executable, "-m", "llmcore", "export", "--checkpoint", str(folder), "--plugins", "xnnpack", "--quiet",
-         *flags, "-o", str(out)],
-        capture_output=True, text=True,
-    )
+    run = llmcore_cli("export", "--checkpoint", str(folder), "--plugins", "xnnpack", "--quiet", *flags, "-o", str(out))
     assert run.returncode == 0, run.stderr
     return json.loads(out.with_suffix(".report.json").read_text())
 
@@ -187,3 +191,70 @@ def check_one_delegate_per_layer(report: dict, n_layers: int) -> None:
     assert report["delegation"]["delegated_subgraphs"] <= n_layers + 2, report["delegation"]
     assert not any(not_delegated.get(op, 0) for op in LAYER_OPS), not_delegated
     assert report["parity"]["top1_agreement"] >= 0.9, report["parity"]
+
+
+def write_gguf(
+    folder: Path,
+    path: Path,
+    *,
+    quantize: dict | None = None,
+    metadata: Callable[[object, dict], None] | None = None,
+    convert: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+    extra_tensors: dict | None = None,
+) -> dict:
+    """Convert the transformers checkpoint in ``folder`` to a GGUF as llama.cpp's
+    convert_hf_to_gguf.py does for the NEOX-RoPE families (Qwen, Phi-3, Gemma): the gguf
+    package's own tensor-name map for the architecture, q/k rows left in Hugging Face's
+    rotate-half order, 1-D tensors in F32.
+
+    The file's architecture is config.json's ``model_type`` as llama.cpp names it; its
+    common keys come from config.json. ``metadata(writer, cfg)`` adds the family's own keys,
+    ``convert(hf_name, tensor)`` changes a tensor as the converter does (Gemma's norms
+    ``+ 1``), ``extra_tensors`` are added as they are (Phi-3's LongRoPE factors).
+    ``quantize`` maps a layer suffix (``attn_q.weight``) or top-level name to a
+    GGMLQuantizationType for 2-D weights. Returns {gguf name: (type, stored array)}."""
+    import gguf
+    from gguf import quants as gq
+    from safetensors.torch import load_file
+
+    cfg = json.loads((folder / "config.json").read_text())
+    arch = {"gemma3_text": "gemma3"}.get(cfg["model_type"], cfg["model_type"])
+    model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
+    names = gguf.get_tensor_name_map(model_arch, cfg["num_hidden_layers"])
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    rope = cfg.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)
+    if rope.get("rope_theta") is not None:
+        w.add_rope_freq_base(rope["rope_theta"])
+    if cfg.get("head_dim"):
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+    if metadata is not None:
+        metadata(w, cfg)
+    tensors = {}
+    for hf_name, t in load_file(str(next(folder.glob("*.safetensors")))).items():
+        base, _, kind = hf_name.rpartition(".")
+        tensors[f"{names.get_name(base)}.{kind}"] = (convert(hf_name, t) if convert else t).float().numpy()
+    tensors.update(extra_tensors or {})
+    stored = {}
+    for name, arr in tensors.items():
+        qt = (quantize or {}).get(name.split(".", 2)[-1] if name.startswith("blk.") else name)
+        if qt is None or arr.ndim != 2:
+            qt, data = gguf.GGMLQuantizationType.F32, arr
+            w.add_tensor(name, data)
+        else:
+            data = gq.quantize(arr, qt)
+            w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qt)
+        stored[name] = (qt, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return stored

@@ -20,7 +20,8 @@ from llmcore.hookspecs import hookimpl
 from llmcore.records import LoadedModel, LoadOptions, ModelFamily
 
 __version__ = "0.1.0"
-__all__ = ["llmcore_model_families", "family", "load_hf", "hf_architecture", "unfuse"]
+__all__ = ["llmcore_model_families", "family", "load_hf", "load_gguf", "hf_architecture", "gguf_architecture",
+           "unfuse"]
 
 MODEL_TYPES = ("phi3",)
 
@@ -89,6 +90,39 @@ def hf_architecture():
     )
 
 
+# llama.cpp's fused Phi-3 matrices, stacked as in Hugging Face: ``attn_qkv`` holds q, k and
+# v; ``ffn_up`` holds gate then up (llama.cpp's SwiGLU takes the first half as the gate).
+def _qkv_rows(config) -> tuple:
+    width = config.resolved_head_dim
+    return (("attention.wq.weight", config.n_heads * width), ("attention.wk.weight", config.n_kv_heads * width),
+            ("attention.wv.weight", config.n_kv_heads * width))
+
+
+def _gate_up_rows(config) -> tuple:
+    return (("feed_forward.w1.weight", config.hidden_dim), ("feed_forward.w3.weight", config.hidden_dim))
+
+
+def gguf_architecture():
+    """The llama plugin's :class:`~llmcore_llama.loaders.GGUFArchitecture` for llama.cpp's
+    ``phi3`` GGUFs (Phi-3, Phi-3.5-mini, Phi-4-mini): fused matrices split at load, q/k rows
+    in rotate-half order (llama.cpp's NEOX RoPE), partial rotary from
+    ``rope.dimension_count``, LongRoPE factors stored as tensors (:func:`keys.gguf_switches`)."""
+    from llmcore_llama.loaders import GGUFArchitecture
+
+    from . import keys
+
+    return GGUFArchitecture(
+        keys.PLUGIN, MODEL_TYPES, rotate_half=True, keys=keys.GGUF_KEYS, switches=keys.gguf_switches,
+        fused={"attn_qkv.weight": _qkv_rows, "ffn_up.weight": _gate_up_rows},
+        metadata_tensors=("rope_factors_short.weight", "rope_factors_long.weight"), partial_rotary=True,
+    )
+
+
+def load_gguf(path: Path, options: LoadOptions) -> LoadedModel:
+    """A llama.cpp phi3 GGUF (the family's ``gguf`` loader)."""
+    return family().loader("gguf").load(path, options)
+
+
 def load_hf(path: Path, options: LoadOptions) -> LoadedModel:
     """A Phi3ForCausalLM Hugging Face folder (the family's ``hf`` loader)."""
     return family().loader("hf").load(path, options)
@@ -107,6 +141,9 @@ def family() -> ModelFamily:
         hf_architecture=lambda model_type: hf_architecture(),
         hf_description="Hugging Face Phi3ForCausalLM folder (Phi-3, Phi-3.5-mini, Phi-4-mini): config.json + "
         "*.safetensors (sharded too) + tokenizer.json and its chat template",
+        gguf_architecture=gguf_architecture,
+        gguf_description="GGUF file of llama.cpp's phi3 architecture (the llama plugin's GGUF types; the file's "
+        "integers are kept by --quantize gguf) with its embedded tokenizer",
     )
 
 

@@ -8,6 +8,7 @@ embeddings. Exports run the CLI without ``--model``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -153,3 +154,117 @@ def test_random_configs_build():
         loaded = llmcore_phi.family().build_random(name, LoadOptions())
         with torch.no_grad():
             assert loaded.module(tokens(7)).shape[-1] == 320
+
+
+# --------------------------------------------------------------------------------------
+# GGUF: files written as llama.cpp's converter writes phi3 (fused attn_qkv and ffn_up, q/k
+# rows in rotate-half order, LongRoPE factors as tensors), compared with transformers.
+# --------------------------------------------------------------------------------------
+
+
+def phi_gguf(folder: Path, path: Path, quantize: dict | None = None) -> dict:
+    """The Phi3 checkpoint in ``folder`` as llama.cpp's Phi3MiniModel converter writes it."""
+    import math
+
+    import numpy as np
+    from llmcore_llama.testing import write_gguf
+
+    cfg = json.loads((folder / "config.json").read_text())
+    rope = cfg["rope_parameters"]
+    rotary = int(rope.get("partial_rotary_factor", 1.0) * cfg["hidden_size"]) // cfg["num_attention_heads"]
+    original = rope.get("original_max_position_embeddings", cfg["max_position_embeddings"])
+
+    def metadata(w, cfg):
+        w.add_rope_dimension_count(rotary)
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_sliding_window(cfg.get("sliding_window") or 0)
+        if rope.get("long_factor"):
+            scale = cfg["max_position_embeddings"] / original
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+
+    extra = {}
+    if rope.get("long_factor"):
+        extra = {"rope_factors_long.weight": np.array(rope["long_factor"], dtype=np.float32),
+                 "rope_factors_short.weight": np.array(rope["short_factor"], dtype=np.float32)}
+    return write_gguf(folder, path, quantize=quantize, metadata=metadata, extra_tensors=extra)
+
+
+@pytest.mark.parametrize("family, config", [("phi3", dict(sliding_window=8)), ("phi4-mini", {})],
+                         ids=["phi3-sliding", "phi4-mini"])
+def test_gguf_as_llama_cpp_writes_it_matches_transformers(tmp_path, family, config):
+    import llmcore_phi
+
+    folder = phi_checkpoint(tmp_path / family, family, tokenizer=False, **config)
+    path = tmp_path / f"{family}.gguf"
+    phi_gguf(folder, path)
+    assert llmcore_phi.family().loader("gguf").claims(path)
+    loaded = llmcore_phi.load_gguf(path, LoadOptions(max_seq_len=MAX_POS))
+    hf = load(folder).module.config
+    for name in ("rotary_dim", "sliding_window", "tie_embeddings"):
+        assert getattr(loaded.module.config, name) == getattr(hf, name), name
+    for name in ("rope_freq_factors", "rope_attention_factor"):  # stored in float32, as transformers uses them
+        assert torch.allclose(torch.tensor(getattr(loaded.module.config, name) or 0.0),
+                              torch.tensor(getattr(hf, name) or 0.0)), name
+    check_eager_against(loaded.module, reference(folder), ATOL)
+
+
+def test_gguf_longrope_beyond_the_original_length_is_refused(tmp_path):
+    import llmcore_phi
+
+    folder = phi_checkpoint(tmp_path / "p4", "phi4-mini", tokenizer=False)
+    phi_gguf(folder, tmp_path / "p4.gguf")
+    with pytest.raises(LlmcoreError) as e:
+        llmcore_phi.load_gguf(tmp_path / "p4.gguf", LoadOptions(max_seq_len=2 * MAX_POS))
+    assert str(e.value).startswith("[load/phi] ") and "long factors" in str(e.value)
+    assert f"--max-seq-len {MAX_POS}" in e.value.fix
+
+
+def test_quantized_fused_gguf_keeps_its_integers_per_split_matrix(tmp_path):
+    """Q4_0 ``attn_qkv`` and Q8_0 ``ffn_up``: each matrix split out of them keeps its rows'
+    integers, which dequantize to the gguf package's own dequantization of those rows (q
+    and k put in the decoder's rotary order)."""
+    import gguf
+    from gguf import quants as gq
+    from llmcore_llama.loaders import unpermute_hf_rotary
+
+    import llmcore_phi
+
+    folder = phi_checkpoint(tmp_path / "p4", "phi4-mini", tokenizer=False)
+    Q = gguf.GGMLQuantizationType
+    written = phi_gguf(folder, tmp_path / "p4.gguf", {"attn_qkv.weight": Q.Q4_0, "ffn_up.weight": Q.Q8_0})
+    loaded = llmcore_phi.load_gguf(tmp_path / "p4.gguf", LoadOptions(max_seq_len=MAX_POS))
+    cfg, sd = loaded.module.config, loaded.module.state_dict()
+    qkv = torch.from_numpy(gq.dequantize(written["blk.1.attn_qkv.weight"][1], Q.Q4_0)).float()
+    q, k, v = qkv.split([4 * 16, 2 * 16, 2 * 16])
+    up = torch.from_numpy(gq.dequantize(written["blk.0.ffn_up.weight"][1], Q.Q8_0)).float()
+    expected = {"layers.1.attention.wq.weight": unpermute_hf_rotary(q, 4, cfg.rotary_dim),
+                "layers.1.attention.wk.weight": unpermute_hf_rotary(k, 2, cfg.rotary_dim),
+                "layers.1.attention.wv.weight": v,
+                "layers.0.feed_forward.w1.weight": up[:160], "layers.0.feed_forward.w3.weight": up[160:]}
+    for meta, want in expected.items():
+        assert torch.equal(sd[meta], want), meta
+        assert torch.equal(loaded.stored_weights[meta].dequantize(), want), meta
+
+
+def test_gguf_recipe_export_of_a_q4_0_phi_file(tmp_path):
+    """A Q4_0 Phi-4-mini-shaped GGUF through ``--quantize gguf`` on XNNPACK, the family read
+    from the file: the program agrees with its eager model."""
+    import gguf
+
+    from llmcore_llama.testing import llmcore_cli
+
+    folder = phi_checkpoint(tmp_path / "p4", "phi4-mini")
+    path = tmp_path / "p4.gguf"
+    Q = gguf.GGMLQuantizationType
+    phi_gguf(folder, path, {s: Q.Q4_0 for s in ("attn_qkv.weight", "attn_output.weight", "ffn_up.weight",
+                                                "ffn_down.weight")})
+    out = tmp_path / "out.pte"
+    run = llmcore_cli("export", "--checkpoint", str(path), "--tokenizer", str(folder / "tokenizer.json"),
+                      "--max-seq-len", str(MAX_POS), "--plugins", "xnnpack", "--quantize", "gguf", "--quiet",
+                      "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.with_suffix(".report.json").read_text())
+    assert report["model"]["family"] == "phi"
+    # int8 activations round differently in XNNPACK and eager PyTorch: 0.03 here, with the
+    # same next token everywhere
+    assert report["parity"]["top1_agreement"] == 1.0 and report["parity"]["max_abs_diff"] < 0.1, report["parity"]

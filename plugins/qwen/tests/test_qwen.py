@@ -8,9 +8,6 @@ exports run the CLI as a user does, without ``--model`` (the family comes from c
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +16,8 @@ import torch
 from llmcore.errors import LlmcoreError
 from llmcore.records import LoadOptions
 from llmcore_llama.testing import (check_eager_against, check_one_delegate_per_layer, check_program_against,
-                                   check_refused_by_name, edit_config, export_cli, max_diff, reference, tokens)
+                                   check_refused_by_name, edit_config, export_cli, llmcore_cli, max_diff, reference,
+                                   tokens)
 from qwen_testutils import hf_checkpoint
 
 transformers = pytest.importorskip("transformers")
@@ -31,11 +29,6 @@ def load(folder: Path, **options):
     import llmcore_qwen
 
     return llmcore_qwen.load_hf(folder, LoadOptions(**options))
-
-
-def llmcore_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llmcore", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
 
 
 def test_the_family_is_listed_with_its_loader():
