@@ -65,8 +65,19 @@ demo-gpt2: setup
 	$(LLMCORE) export --model nanogpt --config gpt2 --plugins xnnpack --quantize int8-dynamic -o $(OUT)/gpt2/gpt2.pte
 	$(LLMCORE) run $(OUT)/gpt2/gpt2.pte --prompt "The meaning of life is" --max-new-tokens 32 --temperature 0.8 --top-k 40 --seed 0
 
+# PCRE2, the C++ tokenizer's regex library (as in ExecuTorch's own C++ tokenizers): Debian's
+# libpcre2-dev, installed here when its header is missing (as root, or with sudo).
+PCRE2_HEADER := /usr/include/pcre2.h
+$(PCRE2_HEADER):
+	@echo "installing libpcre2-dev (PCRE2, the C++ runner's regex library)"
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; else \
+		echo "llmcore: the C++ runner needs PCRE2: run 'apt-get install libpcre2-dev' as root" >&2; exit 1; fi; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	$$SUDO apt-get install -y -q libpcre2-dev >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q libpcre2-dev >/dev/null; }
+
 # The C++ runner, built against the ExecuTorch runtime inside the executorch wheel.
-runner: $(STAMP)
+runner: $(STAMP) $(PCRE2_HEADER)
 	$(VENV)/bin/cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE=$(abspath $(PY)) >/dev/null
 	$(VENV)/bin/cmake --build build -j2
 

@@ -47,7 +47,15 @@ CASES = {
         model="llama", checkpoint="smollm2", quantize="int8-dynamic")),
     "gpt2-int8-dynamic": ("GPT-2-124M (random weights), int8-dynamic (pt2e)", dict(
         model="nanogpt", config="gpt2", quantize="int8-dynamic")),
+    # each family's switches on SmolLM2-135M's shape (random weights), 8da4w: what a family costs
+    "llama-135m": ("SmolLM2-135M's shape, random weights, 8da4w", dict(
+        model="llama", config="smollm2-135m", quantize="8da4w")),
+    **{f"{config}": (f"{config} (SmolLM2-135M's shape, {family}'s switches, random weights), 8da4w", dict(
+        model=family, config=config, quantize="8da4w"))
+       for family, config in (("qwen", "qwen2-135m"), ("qwen", "qwen3-135m"), ("phi", "phi4-mini-135m"),
+                              ("gemma", "gemma2-135m"), ("gemma", "gemma3-135m"), ("mistral", "mistral-135m"))},
 }
+DEFAULT_CASES = [c for c in CASES if not c.endswith("-135m")]  # the families: ask with --cases
 STAGES = ("load", "transform", "quantize", "export", "lower", "post-passes", "emit", "parity")
 
 
@@ -63,6 +71,7 @@ def run_one(spec: dict) -> None:
         from llmcore_llama import config
 
         config.CONFIGS[spec["config"]] = dataclasses.replace(config.CONFIGS[spec["config"]], n_layers=layers)
+    if spec.get("config", "").endswith("-135m"):  # SmolLM2's vocabulary
         spec["tokenizer"] = smollm2_tokenizer(Path(spec["output"]).parent)
     if spec.get("checkpoint") == "smollm2":
         spec["checkpoint"] = smollm2_path()
@@ -203,7 +212,8 @@ def main() -> None:
         "--anchor", action="store_true",
         help="also run ExecuTorch's own export_llama (the wheel's) on SmolLM2 8da4w, for the ratio (slow: ~25 min)",
     )
-    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    parser.add_argument("--cases", default=",".join(DEFAULT_CASES),
+                        help=f"comma-separated, of: {', '.join(CASES)} (default: {', '.join(DEFAULT_CASES)})")
     parser.add_argument("--layers", default="4,8,16,30", help="layer counts for the scaling table ('' skips it)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each export; the median is shown")
     parser.add_argument(

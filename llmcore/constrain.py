@@ -24,7 +24,9 @@ arguments constrained to the chosen tool's ``parameters`` schema.
 from __future__ import annotations
 
 import json
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional, Sequence
@@ -46,8 +48,27 @@ def _grammar_tokenizer(tokenizer_json: str, eos_ids: tuple, n_vocab: int):
     return llguidance.LLTokenizer(tokenizer_json, n_vocab=n_vocab, eos_token=list(eos_ids) or None)
 
 
+_mask_worker: Optional[ThreadPoolExecutor] = None
+_mask_worker_lock = threading.Lock()
+
+
+def _worker() -> ThreadPoolExecutor:
+    """The thread that computes masks while the program runs its forward pass."""
+    global _mask_worker
+    with _mask_worker_lock:
+        if _mask_worker is None:
+            _mask_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmcore-mask")
+        return _mask_worker
+
+
 class Constraint:
-    """One generation's grammar state: :meth:`filter` the logits, :meth:`consume` the token."""
+    """One generation's grammar state: :meth:`filter` the logits, :meth:`consume` the token.
+
+    The mask for the next token depends only on the tokens consumed so far, so it is
+    computed on a worker thread as soon as the previous token is consumed (and when the
+    constraint is made), while the program runs the forward pass that produces the logits
+    it will filter: both release the GIL, so on a small model, whose forward pass takes
+    about as long as the mask, the mask costs little more than the wait for it."""
 
     def __init__(self, grammar: str, tokenizer_json: str, eos_ids: Sequence[int], n_vocab: int):
         import llguidance
@@ -61,20 +82,40 @@ class Constraint:
         # (what llguidance.torch.fill_next_token_bitmask does, without its per-call checks)
         self._mask_at = (self._mask.data_ptr(), self._mask.numel() * self._mask.element_size())
         self.n_vocab = n_vocab
-        self.mask_seconds = 0.0  # time spent computing masks, for the benchmark
+        self.mask_seconds = 0.0  # time spent computing and applying masks, for the benchmark
+        self.wait_seconds = 0.0  # of which generation waited for (the rest overlapped a forward pass)
+        self._next: Optional[Future] = None
+        self._start_mask()
+
+    def _compute_mask(self) -> float:
+        start = time.perf_counter()
+        self._matcher.unsafe_compute_mask_ptr(*self._mask_at)
+        return time.perf_counter() - start
+
+    def _start_mask(self) -> None:
+        self._next = _worker().submit(self._compute_mask)
 
     def filter(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` with every token the grammar forbids at this point set to -inf."""
         start = time.perf_counter()
-        self._matcher.unsafe_compute_mask_ptr(*self._mask_at)
+        computed = self._next.result() if self._next is not None else self._compute_mask()
+        self._next = None
+        applying = time.perf_counter()
         forbidden = np.unpackbits(self._mask_bytes, bitorder="little", count=self.n_vocab) == 0
         out = logits.float().reshape(-1)[: self.n_vocab].masked_fill(torch.from_numpy(forbidden), float("-inf"))
-        self.mask_seconds += time.perf_counter() - start
+        end = time.perf_counter()
+        self.mask_seconds += computed + (end - applying)
+        self.wait_seconds += end - start
         return out
 
     def consume(self, token: int) -> None:
+        if self._next is not None:  # consumed without filtering: the pending mask is stale
+            self._next.result()
+            self._next = None
         if not self._matcher.consume_token(token):
             raise GrammarError(self._matcher.get_error() or f"token {token} was not allowed by the grammar")
+        if not self._matcher.is_stopped():
+            self._start_mask()
 
     def finished(self) -> bool:
         """The grammar accepts no more tokens (other than EOS)."""

@@ -4,7 +4,8 @@ A preflight that answers before a device does (``Missing operator ... error 0x14
 ``Backend ... is not registered``): the program's methods with their inputs and outputs,
 the metadata values of ``docs/pte-contract.md``, the backends its delegates need and the
 operators it calls outside them, each checked against the ExecuTorch runtime of this
-environment (after :func:`llmcore.runtime.load_runtime_libraries`).
+environment (after loading the runtime libraries that register its operators:
+:func:`llmcore.libraries.load_libraries_for`).
 
 The program is read from its flatbuffer, not run: inspecting a program lowered for a
 backend this runtime lacks is safe.
@@ -205,9 +206,11 @@ def check_runtime(inspection: Inspection) -> Inspection:
     """Mark each backend and operator as available (or not) in this process's runtime."""
     from executorch.extension.pybindings import portable_lib
 
-    from llmcore.runtime import load_runtime_libraries
+    from llmcore.libraries import load_libraries_for
 
-    libraries = load_runtime_libraries()
+    have = set(portable_lib._get_operator_names())
+    libraries = load_libraries_for([op.name for op in inspection.operators if op.name not in have], stage="inspect",
+                                   skip_failures=True)
     backends = set(portable_lib._get_registered_backend_names())
     operators = set(portable_lib._get_operator_names())
     for backend in inspection.backends:

@@ -21,6 +21,7 @@ reads it too (and looks next to itself).
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib
 import os
 from pathlib import Path
@@ -168,12 +169,34 @@ def load_program_libraries(data: Any, registry: Optional[Any] = None) -> list[st
         missing = _missing(ops)
     if not missing:
         return loaded
-    if registry is None:
-        from llmcore.plugins import load_registry
+    return loaded + load_libraries_for(missing, registry)
 
-        registry = load_registry()
-    for provided in libraries_for_operators(missing, registry):
-        loaded.append(load_runtime_library(provided))
+
+@functools.lru_cache(maxsize=1)
+def _installed_registry() -> Any:
+    """The installed plugins, discovered once per process (every program load asks)."""
+    from llmcore.plugins import load_registry
+
+    return load_registry()
+
+
+def load_libraries_for(ops: Iterable[str], registry: Optional[Any] = None, *, stage: str = "run",
+                       skip_failures: bool = False) -> list[str]:
+    """Load the installed runtime libraries that register any of ``ops``; returns what was
+    loaded. With ``skip_failures`` a library that cannot load is passed over (``inspect``
+    then reports its operators as unavailable) instead of raising."""
+    ops = list(ops)
+    if not ops:
+        return []
+    if registry is None:
+        registry = _installed_registry()
+    loaded = []
+    for provided in libraries_for_operators(ops, registry):
+        try:
+            loaded.append(load_runtime_library(provided, stage=stage))
+        except LlmcoreError:
+            if not skip_failures:
+                raise
     return loaded
 
 

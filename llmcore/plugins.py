@@ -25,7 +25,7 @@ from llmcore.records import Backend, ModelFamily, PostPass, QuantizerRecipe, Run
 ENTRY_POINT_GROUP = "llmcore"
 ALLOWLIST_ENV = "LLMCORE_LOAD_PLUGINS"
 # Plugins that ship inside the core package and always load: name -> module.
-BUILTIN_PLUGINS = {"kv-cache": "llmcore.builtins.kv_cache"}
+BUILTIN_PLUGINS = {"kv-cache": "llmcore.builtins.kv_cache", "executorch-kernels": "llmcore.builtins.executorch_kernels"}
 
 # kind -> (hook name, record type, what the CLI calls one, and several)
 KINDS: dict[str, tuple[str, type, str, str]] = {

@@ -177,8 +177,6 @@ class TransformContext:
     """Set by a transform that switches the module to `forward(tokens, input_pos)`."""
     use_sdpa_with_kv_cache: bool = False
     """Set by a transform whose cache uses ExecuTorch's fused `custom_sdpa` op."""
-    runtime_imports: list[str] = field(default_factory=list)
-    """Python modules that register custom ops the program needs at run time."""
     max_tokens_per_call: Optional[int] = None
     """Set by a transform whose cache limits the tokens of one call (sliding layers' ring
     buffers): the program's ``get_max_seq_len``, and prompts are fed in chunks of it. None:
@@ -358,3 +356,8 @@ class RuntimeLibrary(Record):
     """Returns the path of the runtime-only native library (ExecuTorch kernels, no
     PyTorch): what a runner without Python loads. Raises `LlmcoreError` when it is not
     built."""
+    declared: bool = True
+    """Whether a program that calls its ops names it in `get_runtime_libraries`, for native
+    runners to find `lib<name>.so`. False for ExecuTorch's own kernel libraries (its LLM
+    custom ops and quantized kernels), which every llmcore runtime has: `llmcore_runner`
+    links them, and in Python they load like any other runtime library."""

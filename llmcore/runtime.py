@@ -1,17 +1,14 @@
 """Loading and calling `.pte` programs with the ExecuTorch runtime (pybindings).
 
-The ExecuTorch LLM custom ops (``llama::custom_sdpa``, ``llama::update_cache``) and the
-quantized kernels live in libraries that must be loaded in the process that runs a
-program, not only in the one that exported it, or loading fails with
-``Missing operator ... error 0x14``. :func:`load_runtime_libraries` loads them. Kernels
-that plugins ship (``RuntimeLibrary`` records) are loaded per program, by
-:func:`llmcore.libraries.load_program_libraries`, when :meth:`Program.load` sees the
-program call operators this runtime lacks.
+Kernels outside the runtime's built-in set (ExecuTorch's LLM custom ops and quantized
+kernels, plugins' custom operators: ``RuntimeLibrary`` records) must be loaded in the
+process that runs a program, not only in the one that exported it, or loading fails with
+``Missing operator ... error 0x14``: :meth:`Program.load` loads those the program's
+operators need (:func:`llmcore.libraries.load_program_libraries`).
 """
 
 from __future__ import annotations
 
-import importlib
 import mmap
 import os
 import sys
@@ -26,12 +23,6 @@ from llmcore import pte
 from llmcore.errors import LlmcoreError
 from llmcore.libraries import load_program_libraries, missing_library_hint
 
-# Python modules whose import registers kernels with the ExecuTorch runtime.
-RUNTIME_LIBRARY_MODULES = (
-    "executorch.extension.llm.custom_ops.custom_ops",
-    "executorch.kernels.quantized",
-)
-
 METADATA_METHODS = {
     "get_max_seq_len": int,
     "get_max_context_len": int,
@@ -43,22 +34,6 @@ METADATA_METHODS = {
     "use_sdpa_with_kv_cache": bool,
     "enable_dynamic_shape": bool,
 }
-
-_loaded_libraries: set[str] = set()
-
-
-def load_runtime_libraries(extra: Sequence[str] = ()) -> list[str]:
-    """Import the modules that register runtime kernels; returns those that loaded."""
-    for name in (*RUNTIME_LIBRARY_MODULES, *extra):
-        if name in _loaded_libraries:
-            continue
-        try:
-            importlib.import_module(name)
-        except Exception:  # a missing optional kernel library is reported by inspect
-            continue
-        _loaded_libraries.add(name)
-    return sorted(_loaded_libraries)
-
 
 class Program:
     """A loaded `.pte`: its metadata and a ``logits(tokens, input_pos)`` call."""
@@ -88,15 +63,9 @@ class Program:
         self._warm = False
 
     @classmethod
-    def load(
-        cls, source: str | Path | bytes, *, enable_etdump: bool = False, modules: Sequence[str] = ()
-    ) -> "Program":
-        """Load a program, with the kernel libraries it needs: the built-in ones, the Python
-        ``modules`` given, and the runtime libraries of plugins that provide its custom
-        operators (:func:`llmcore.libraries.load_program_libraries`)."""
-        from executorch.extension.pybindings import portable_lib
-
-        load_runtime_libraries(modules)
+    def load(cls, source: str | Path | bytes, *, enable_etdump: bool = False) -> "Program":
+        """Load a program, with the kernel libraries its operators need
+        (:func:`llmcore.libraries.load_program_libraries`)."""
         if isinstance(source, (bytes, bytearray)):
             return cls._load(bytes(source), "<buffer>", enable_etdump, None)
         path = Path(source)

@@ -127,10 +127,10 @@ def test_inspect_agrees_with_the_runtimes_method_meta(programs):
     """The shapes and dtypes inspect reads from the flatbuffer are the ones the runtime sees."""
     from executorch.extension.pybindings import portable_lib
 
-    import llmcore.runtime
+    from llmcore.libraries import load_program_libraries
 
     _, data = _inspect_json(programs["int8"])
-    llmcore.runtime.load_runtime_libraries()
+    load_program_libraries(programs["int8"].read_bytes())
     program = portable_lib._load_program_from_buffer(programs["int8"].read_bytes())
     forward = next(m for m in data["methods"] if m["name"] == "forward")
     meta = program.method_meta("forward")

@@ -7,6 +7,7 @@ nothing here needs a native library; plugins/kernels/tests covers a real one.
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 
@@ -139,3 +140,54 @@ def test_the_environment_variable_loads_native_libraries(program_with_custom_op,
     monkeypatch.setenv(libraries.RUNTIME_LIBRARIES_ENV, str(tmp_path))  # a folder without libfake_kernels.so
     monkeypatch.setenv("LLMCORE_LOAD_PLUGINS", "")
     assert libraries.load_program_libraries(program_with_custom_op) == []
+
+
+def test_executorch_kernel_libraries_list_what_their_modules_register():
+    """The built-in records of ExecuTorch's LLM custom ops and quantized kernels name exactly
+    the operators their modules add to this runtime (checked in a fresh process, where
+    neither is imported yet), and are not named in programs (llmcore_runner links both)."""
+    import subprocess
+    import sys
+
+    from llmcore.builtins import executorch_kernels as ek
+
+    code = (
+        "import importlib, json, sys\n"
+        "from executorch.extension.pybindings import portable_lib as p\n"
+        "out = {}\n"
+        "for m in sys.argv[1:]:\n"
+        "    before = set(p._get_operator_names()); importlib.import_module(m)\n"
+        "    out[m] = sorted(set(p._get_operator_names()) - before)\n"
+        "print(json.dumps(out))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code, ek.LLM_CUSTOM_OPS_MODULE, ek.QUANTIZED_KERNELS_MODULE],
+                         capture_output=True, text=True, check=True)
+    added = json.loads(run.stdout.strip().splitlines()[-1])
+    records = {r.python_module: r for r in ek.llmcore_runtime_libraries()}
+    for module, ops in added.items():
+        assert sorted(records[module].ops) == ops, module
+        assert not records[module].declared
+
+
+def test_a_quantized_kv_cache_program_loads_executorch_kernels_by_its_operators(tmp_path):
+    """A program calling llama:: and quantized_decomposed:: ops runs in a fresh process with
+    nothing imported by hand: Program.load finds both libraries from its operator table."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "q.pte"
+    run = subprocess.run([sys.executable, "-m", "llmcore", "export", "--model", "llama", "--config", "tiny",
+                          "--plugins", "xnnpack", "--quantize", "8da4w", "--quiet", "-o", str(out)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.with_suffix(".report.json").read_text())
+    assert "executorch_llm_custom_ops" in {lib["name"] for lib in report["runtime_libraries"]}
+    code = (
+        "import sys\n"
+        "from llmcore.runtime import Program\n"
+        "p = Program.load(sys.argv[1])\n"
+        "assert p.runtime_libraries == [], p.runtime_libraries\n"
+        "print(p.logits([1, 2, 3], 0).shape)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr

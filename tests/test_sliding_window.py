@@ -103,7 +103,6 @@ def test_backend_attention_forms_refuse_what_they_do_not_implement(attention, wh
     class Context:
         max_seq_len = 16
         use_sdpa_with_kv_cache = False
-        runtime_imports: list = []
 
     checked = 0
     for module, fn, plugin in (("llmcore_vulkan.attention", "apply", "vulkan"),
@@ -140,7 +139,7 @@ def test_the_mask_is_computed_once_per_forward_for_all_layers():
                 x = layer(x, x[:, :, :KV], x[:, :, :KV], input_pos).view(1, -1, H, D)
             return x.sum()
 
-    context = SimpleNamespace(max_seq_len=8, use_kv_cache=False, use_sdpa_with_kv_cache=False, runtime_imports=[])
+    context = SimpleNamespace(max_seq_len=8, use_kv_cache=False, use_sdpa_with_kv_cache=False)
     model = _apply(TwoLayers(), context, CustomOpKVAttention, uses_custom_ops=True)
     assert context.max_tokens_per_call == 3 and model.layers[0].k_cache.shape[1] == 5  # ring buffers of 3 + 3 - 1
     tokens, pos = torch.tensor([[1, 2, 3]]), torch.tensor([0])

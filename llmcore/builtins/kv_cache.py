@@ -309,8 +309,6 @@ def _apply(module: nn.Module, context: TransformContext, cls, uses_custom_ops: b
     context.use_kv_cache = True
     context.use_sdpa_with_kv_cache = uses_custom_ops
     context.max_tokens_per_call = chunk
-    if uses_custom_ops and CUSTOM_OPS_MODULE not in context.runtime_imports:
-        context.runtime_imports.append(CUSTOM_OPS_MODULE)
     return module
 
 

@@ -136,12 +136,14 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
     expected = parity.reference_logits(reference, prompt_ids, context.use_kv_cache)
     reference = module = loaded.module = converted = None
 
-    # Custom-operator libraries of plugins that the graph calls: named in the program and
-    # the report, loaded here for the parity check (llmcore/libraries.py).
+    # Custom-operator libraries that the graph calls: in the report, loaded here for the
+    # parity check, and named in the program unless every runtime has them (ExecuTorch's
+    # own; llmcore/libraries.py).
     runtime_libs = libraries.libraries_for_operators(libraries.graph_operators(exported), registry)
     methods = metadata_methods(meta, max_seq_len, context)
-    if runtime_libs:
-        methods[libraries.RUNTIME_LIBRARIES_METHOD] = [p.record.name for p in runtime_libs]
+    declared = [p.record.name for p in runtime_libs if p.record.declared]
+    if declared:
+        methods[libraries.RUNTIME_LIBRARIES_METHOD] = declared
     with log.stage("lower"):
         edge = lower.lower(exported, backends, methods, repeated=not options.whole_graph_lowering)
         delegation = report.delegation_report(edge)
@@ -174,7 +176,7 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
             for provided in runtime_libs:
                 libraries.load_runtime_library(provided, stage="parity")
             result = parity.check_parity(
-                str(staged_pte), expected, reference_name, context.runtime_imports,
+                str(staged_pte), expected, reference_name,
                 runs_on={p.record.runtime_id: p.record.runs_on for p, _ in backends if p.record.runtime_id},
             )
         parity.enforce(result, options.strict_parity)
@@ -201,7 +203,6 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
             else None,
             "post_passes": [p.record.name for p in passes],
             "metadata_methods": methods,
-            "runtime_imports": context.runtime_imports,
             "runtime_libraries": [_library_entry(p) for p in runtime_libs],
             "delegation": delegation,
             "parity": result.as_dict(),

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import torch
 
-from llmcore.errors import LlmcoreError, choose_one_of, stage_errors
+from llmcore.errors import LlmcoreError, stage_errors
 from llmcore.plugins import Provided, Registry
 from llmcore.recipe import check_plugin_options
 from llmcore.records import Backend

@@ -92,7 +92,6 @@ def check_parity(
     program_source: "bytes | str",
     expected: list[ReferenceCall],
     reference: str,
-    runtime_imports: list[str] = (),
     runs_on: Optional[Mapping[str, str]] = None,
 ) -> ParityResult | ParitySkipped:
     """Run the program (its bytes, or the path of the staged file, which the runtime maps
@@ -100,9 +99,6 @@ def check_parity(
 
     ``runs_on`` maps a backend id to where it runs (``Backend.runs_on``), for the reason
     given when the check is skipped."""
-    from llmcore.runtime import load_runtime_libraries
-
-    load_runtime_libraries(runtime_imports)
     if isinstance(program_source, (bytes, bytearray)):
         missing = missing_backends(bytes(program_source))
     else:  # only the program table is read, through a mapping: the weights stay on disk

@@ -225,16 +225,13 @@ class SplitPreTok : public PreTok {
 
 class DigitsPreTok : public PreTok {
  public:
-  explicit DigitsPreTok(bool individual) : individual_(individual) {}
+  // A digit is what Rust's char::is_numeric calls one (Unicode's N categories): \p{N}.
+  explicit DigitsPreTok(bool individual) : individual_(individual), digit_("\\p{N}") {}
   void apply(std::vector<std::string>& pieces, bool /*first_at_start*/) const override {
     std::vector<std::string> out;
     for (const auto& p : pieces) {
       unicode::Decoded d = unicode::decode_utf8(p);
-      std::vector<std::pair<size_t, size_t>> matches;
-      for (size_t i = 0; i < d.cps.size(); ++i) {
-        if (unicode::is_number(d.cps[i])) matches.emplace_back(i, i + 1);
-      }
-      apply_behavior(p, spans_from_matches(d, matches),
+      apply_behavior(p, spans_from_matches(d, digit_.find_all(d.cps)),
                      individual_ ? Behavior::Isolated : Behavior::Contiguous, false, out);
     }
     pieces.swap(out);
@@ -243,6 +240,7 @@ class DigitsPreTok : public PreTok {
 
  private:
   bool individual_;
+  Regex digit_;
 };
 
 enum class PrependScheme { Always, First, Never };

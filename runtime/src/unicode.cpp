@@ -7,14 +7,6 @@ namespace unicode {
 
 namespace {
 
-struct UnicodeRange {
-  uint32_t first;
-  uint32_t last;
-  uint8_t cat;
-};
-
-#include "unicode_tables.inc"
-
 // Length of the valid UTF-8 sequence starting at s[i], or 0 if the sequence is
 // invalid; *prefix_len receives how many bytes form the maximal (possibly
 // incomplete) valid prefix, *truncated is set if the input ended mid-sequence.
@@ -52,24 +44,6 @@ char32_t decode_at(const unsigned char* s, size_t i, size_t len) {
 }
 
 }  // namespace
-
-Category category(char32_t cp) {
-  if (cp >= 0x110000) return Cn;
-  // Binary search over sorted, non-overlapping ranges.
-  size_t lo = 0, hi = kUnicodeRangeCount;
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (kUnicodeRanges[mid].last < cp) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  if (lo < kUnicodeRangeCount && kUnicodeRanges[lo].first <= cp) {
-    return static_cast<Category>(kUnicodeRanges[lo].cat);
-  }
-  return Cn;
-}
 
 bool is_whitespace(char32_t cp) {
   if (cp <= 0x20) return cp == 0x20 || (cp >= 0x09 && cp <= 0x0D);

@@ -1,4 +1,5 @@
-// Unicode helpers for the tokenizer: UTF-8 decode/encode, general categories, whitespace.
+// Unicode helpers for the tokenizer: UTF-8 decode/encode, whitespace. (Character classes
+// such as \p{L} and \p{N} are PCRE2's: see regex.h.)
 #pragma once
 
 #include <cstddef>
@@ -9,37 +10,8 @@
 namespace llmcore {
 namespace unicode {
 
-// General categories, in the order used by unicode_tables.inc.
-enum Category : uint8_t {
-  Cn = 0, Lu, Ll, Lt, Lm, Lo, Mn, Mc, Me, Nd, Nl, No,
-  Pc, Pd, Ps, Pe, Pi, Pf, Po, Sm, Sc, Sk, So,
-  Zs, Zl, Zp, Cc, Cf, Cs, Co,
-  kNumCategories
-};
+constexpr char32_t kInvalidByteBase = 0x110000;  // + byte: an invalid UTF-8 byte, as decode_utf8 reports it
 
-// Code points >= kInvalidByteBase stand for bytes of invalid UTF-8 input
-// (kInvalidByteBase + byte value). They belong to no category.
-constexpr char32_t kInvalidByteBase = 0x110000;
-
-Category category(char32_t cp);
-inline uint32_t category_bit(Category c) { return 1u << c; }
-
-constexpr uint32_t kLetterMask = (1u << Lu) | (1u << Ll) | (1u << Lt) | (1u << Lm) | (1u << Lo);
-constexpr uint32_t kMarkMask = (1u << Mn) | (1u << Mc) | (1u << Me);
-constexpr uint32_t kNumberMask = (1u << Nd) | (1u << Nl) | (1u << No);
-constexpr uint32_t kPunctMask = (1u << Pc) | (1u << Pd) | (1u << Ps) | (1u << Pe) | (1u << Pi) |
-                                (1u << Pf) | (1u << Po);
-constexpr uint32_t kSymbolMask = (1u << Sm) | (1u << Sc) | (1u << Sk) | (1u << So);
-constexpr uint32_t kSeparatorMask = (1u << Zs) | (1u << Zl) | (1u << Zp);
-constexpr uint32_t kOtherMask = (1u << Cn) | (1u << Cc) | (1u << Cf) | (1u << Cs) | (1u << Co);
-
-inline bool in_mask(char32_t cp, uint32_t mask) {
-  if (cp >= kInvalidByteBase) return false;
-  return (mask >> category(cp)) & 1u;
-}
-inline bool is_letter(char32_t cp) { return in_mask(cp, kLetterMask); }
-inline bool is_number(char32_t cp) { return in_mask(cp, kNumberMask); }
-// Unicode White_Space property (what \s matches in Oniguruma / HF tokenizers).
 bool is_whitespace(char32_t cp);
 
 // Decoded text: code points plus the byte offset where each one starts

@@ -628,3 +628,16 @@ def test_runner_streams_sentencepiece_style_text(binaries, programs, tmp_path, v
     ids = parse_ids(out)
     shown = [i for i in ids if i not in (256, 269)]  # the programs' eos ids
     assert generated_text(out) == hf.decode(shown, skip_special_tokens=True)
+
+
+def test_tokenizer_long_runs_match_hf(binaries, programs, tmp_path):
+    """Inputs that make a backtracking engine quadratic (GPT-2's ``\\s+(?!\\S)`` over a long
+    run of spaces, Llama 3's pattern over long letter and digit runs) tokenize as HF does,
+    in well under the tool's timeout: PCRE2 has no step limit to hit."""
+    base = json.loads((programs / "tokenizer.json").read_text(encoding="utf-8"))
+    texts = [" " * 60000 + "x", "a" * 60000, "1" * 30000 + " " * 30000 + "\n" * 1000, "é\u0301" * 20000]
+    for name, tj in _variants(base).items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(tj), encoding="utf-8")
+        hf = tokenizers.Tokenizer.from_file(str(path))
+        assert _tool(path, "--encode-json", texts) == [hf.encode(t, add_special_tokens=False).ids for t in texts], name

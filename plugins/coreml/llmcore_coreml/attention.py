@@ -127,7 +127,7 @@ def apply(module: nn.Module, context) -> nn.Module:
     * the plain-PyTorch cache (``--transforms kv-cache-static``) is left as it is: Core ML
       converts its ``index_put_`` and masked SDPA as they are.
     """
-    from llmcore.builtins.kv_cache import CUSTOM_OPS_MODULE, CustomOpKVAttention, StaticKVAttention
+    from llmcore.builtins.kv_cache import CustomOpKVAttention, StaticKVAttention
 
     unusual = [(n, what) for n, what in unusual_attention(module) if not isinstance(module.get_submodule(n), StaticKVAttention)]
     if unusual:
@@ -146,8 +146,6 @@ def apply(module: nn.Module, context) -> nn.Module:
     if cached:
         # The program no longer calls llama::custom_sdpa (docs/pte-contract.md).
         context.use_sdpa_with_kv_cache = False
-        if CUSTOM_OPS_MODULE in context.runtime_imports:
-            context.runtime_imports.remove(CUSTOM_OPS_MODULE)
     replace_modules(
         module,
         CausalAttention,

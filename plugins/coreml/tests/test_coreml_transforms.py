@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmcore.builtins.kv_cache import CUSTOM_OPS_MODULE, CustomOpKVAttention, StaticKVAttention
+from llmcore.builtins.kv_cache import CustomOpKVAttention, StaticKVAttention
 from llmcore.modules import CausalAttention
 from llmcore.testing.conformance import tiny_model, transformed_tiny
 from llmcore.testing.equivalence import attention_diff, max_logit_diff
@@ -53,7 +53,6 @@ def test_cache_program_matches_original(family):
     module, context, applied = transformed_tiny(family, ["coreml"])
     assert applied == ["kv-cache", "coreml-attention"]
     assert context.use_kv_cache and not context.use_sdpa_with_kv_cache
-    assert CUSTOM_OPS_MODULE not in context.runtime_imports
     assert not any(isinstance(m, CustomOpKVAttention) for m in module.modules())
     assert any(isinstance(m, CoreMLKVAttention) for m in module.modules())
     loaded = tiny_model(family)

@@ -135,7 +135,7 @@ def single_head_attention(module: nn.Module, context) -> nn.Module:
     ``kv-cache-static``, becomes :class:`SingleHeadStaticKVAttention`: the program keeps
     the cached calling convention, with a plain-PyTorch cache.
     """
-    from llmcore.builtins.kv_cache import CUSTOM_OPS_MODULE, CustomOpKVAttention, StaticKVAttention
+    from llmcore.builtins.kv_cache import CustomOpKVAttention, StaticKVAttention
 
     unusual = unusual_attention(module)  # (name, what) pairs
     if unusual:
@@ -167,8 +167,6 @@ def single_head_attention(module: nn.Module, context) -> nn.Module:
         )
     if custom:
         context.use_sdpa_with_kv_cache = False
-        if CUSTOM_OPS_MODULE in context.runtime_imports:
-            context.runtime_imports.remove(CUSTOM_OPS_MODULE)
     return module
 
 
