@@ -5,8 +5,8 @@ and ``chat`` share.
 For each program: greedy decode of up to ``--new-tokens`` tokens after a short prompt,
 unconstrained (EOS ignored) and constrained to a schema whose one string field lets the
 model write on; rounds alternate, medians are printed, with the time the mask took per
-token and how much of it generation waited for (the mask of the next token is computed
-while the program runs its forward pass). Target (issue): constrained decode >= 90% of unconstrained.
+token and how many tokens needed the full mask (the others were the model's own pick,
+which the grammar allowed). Target (issue): constrained decode >= 90% of unconstrained.
 
     .venv/bin/python benchmarks/bench_constrained.py                      # tiny nanoGPT + SmolLM2
     .venv/bin/python benchmarks/bench_constrained.py --smollm2 path/to/smollm2.pte
@@ -51,7 +51,7 @@ def measure(pte: Path, prompt: str, new_tokens: int, rounds: int) -> dict:
     ids = prompt_ids_for(program, tokenizer, prompt)
     vocab = int(program.metadata.get("get_vocab_size") or tokenizer.vocab_size)
     grammar = json_schema_grammar(SCHEMA)
-    free, bound, mask_ms, wait_ms, lengths = [], [], [], [], []
+    free, bound, mask_ms, masked_pct, lengths = [], [], [], [], []
     for _ in range(rounds):
         out = generate(program, ids, new_tokens, Sampling(), stop_at_eos=False)
         free.append(out.stats.decode_tok_s)
@@ -59,10 +59,10 @@ def measure(pte: Path, prompt: str, new_tokens: int, rounds: int) -> dict:
         out = generate(program, ids, new_tokens, Sampling(), constraint=constraint)
         bound.append(out.stats.decode_tok_s)
         mask_ms.append(1000 * constraint.mask_seconds / max(1, len(out.generated_ids)))
-        wait_ms.append(1000 * constraint.wait_seconds / max(1, len(out.generated_ids)))
+        masked_pct.append(100 * constraint.masks / max(1, constraint.tokens))
         lengths.append(len(out.generated_ids))
     return {"free": statistics.median(free), "bound": statistics.median(bound),
-            "mask_ms": statistics.median(mask_ms), "wait_ms": statistics.median(wait_ms), "tokens": min(lengths),
+            "mask_ms": statistics.median(mask_ms), "masked_pct": statistics.median(masked_pct), "tokens": min(lengths),
             "vocab": vocab}
 
 
@@ -79,19 +79,22 @@ def main() -> int:
         ["--model", "llama", "--checkpoint", smollm2_path(), "--plugins", "xnnpack", "--max-seq-len", "512"],
         cache / "smollm2" / "smollm2.pte")
     print(machine_header())
-    print(f"# greedy, up to {args.new_tokens} new tokens, Python runtime, median of {args.rounds} alternating rounds; "
+    print(f"# greedy, up to {args.new_tokens} new tokens, Python runtime, median of {args.rounds} alternating rounds "
+          f"({7 * args.rounds} for the tiny model); "
           f"schema {SCHEMA}")
-    print("\n| program | vocab | decode tok/s free | with the schema | ratio | mask ms/token | of it waited for "
-          "| constrained tokens |")
+    print("\n| program | vocab | decode tok/s free | with the schema | ratio | grammar ms/token | tokens that "
+          "needed the mask | constrained tokens |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     ok = True
-    for name, pte, prompt in (("tiny nanoGPT", tiny, "Once upon a time"),
-                              ("SmolLM2-135M gguf", smol, "Write a short story about a cat, as JSON:")):
-        r = measure(pte, prompt, args.new_tokens, args.rounds)
+    # the tiny model decodes 96 tokens in about 10 ms: more rounds, or the median is noise
+    for name, pte, prompt, rounds in (("tiny nanoGPT", tiny, "Once upon a time", 7 * args.rounds),
+                                      ("SmolLM2-135M gguf", smol, "Write a short story about a cat, as JSON:",
+                                       args.rounds)):
+        r = measure(pte, prompt, args.new_tokens, rounds)
         ratio = r["bound"] / r["free"]
         ok &= ratio >= 0.9
         print(f"| {name} | {r['vocab']} | {r['free']:.1f} | {r['bound']:.1f} | {ratio:.2f} | {r['mask_ms']:.3f} | "
-              f"{r['wait_ms']:.3f} | {r['tokens']} |")
+              f"{r['masked_pct']:.0f}% | {r['tokens']} |")
     print("\n" + ("constrained decode >= 90% of free decode" if ok else "BELOW TARGET: constrained < 90% of free"))
     return 0
 

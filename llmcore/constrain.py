@@ -24,9 +24,7 @@ arguments constrained to the chosen tool's ``parameters`` schema.
 from __future__ import annotations
 
 import json
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional, Sequence
@@ -48,74 +46,91 @@ def _grammar_tokenizer(tokenizer_json: str, eos_ids: tuple, n_vocab: int):
     return llguidance.LLTokenizer(tokenizer_json, n_vocab=n_vocab, eos_token=list(eos_ids) or None)
 
 
-_mask_worker: Optional[ThreadPoolExecutor] = None
-_mask_worker_lock = threading.Lock()
+@lru_cache(maxsize=16)
+def _prototype(grammar: str, tokenizer_json: str, eos_ids: tuple, n_vocab: int):
+    """A matcher of ``grammar`` that each generation copies. llguidance builds its lexer
+    lazily, state by state, as generation reaches them; copies share what any of them has
+    built, so the second request with a schema does not pay for it again (about 0.7 ms
+    over the first hundred tokens of a JSON object, as much as the decode time of a tiny
+    model)."""
+    import llguidance
 
-
-def _worker() -> ThreadPoolExecutor:
-    """The thread that computes masks while the program runs its forward pass."""
-    global _mask_worker
-    with _mask_worker_lock:
-        if _mask_worker is None:
-            _mask_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmcore-mask")
-        return _mask_worker
+    matcher = llguidance.LLMatcher(_grammar_tokenizer(tokenizer_json, eos_ids, n_vocab), grammar)
+    if matcher.is_error():
+        raise GrammarError(matcher.get_error())
+    return matcher
 
 
 class Constraint:
-    """One generation's grammar state: :meth:`filter` the logits, :meth:`consume` the token.
+    """One generation's grammar state: :meth:`sample` the next token (which the grammar
+    then consumes), or :meth:`filter` logits and :meth:`consume` a token yourself.
 
-    The mask for the next token depends only on the tokens consumed so far, so it is
-    computed on a worker thread as soon as the previous token is consumed (and when the
-    constraint is made), while the program runs the forward pass that produces the logits
-    it will filter: both release the GIL, so on a small model, whose forward pass takes
-    about as long as the mask, the mask costs little more than the wait for it."""
+    A full token mask costs from microseconds to a millisecond or more (a 49k vocabulary
+    inside a JSON string), which is as long as a small model's whole forward pass. Most
+    tokens a model picks are allowed anyway, so :meth:`sample` first draws from the
+    unmasked logits and asks the grammar about that one token; only when the grammar
+    refuses it is the mask computed and the token drawn again from the masked logits, as
+    llama.cpp's sampler does. For greedy decoding and plain temperature sampling the
+    result is exactly mask-then-sample: an allowed argmax is the masked argmax, and a draw
+    kept only when allowed, else redrawn from the masked distribution, has the masked
+    distribution. top-k and top-p cut the distribution before the grammar does, so with
+    them the mask comes first. Where the mask allows a single token (the punctuation of a
+    JSON object), that token is the answer without sampling."""
 
     def __init__(self, grammar: str, tokenizer_json: str, eos_ids: Sequence[int], n_vocab: int):
-        import llguidance
 
-        self._tokenizer = _grammar_tokenizer(tokenizer_json, tuple(eos_ids), n_vocab)
-        self._matcher = llguidance.LLMatcher(self._tokenizer, grammar)
-        if self._matcher.is_error():
-            raise GrammarError(self._matcher.get_error())
+        self._matcher = _prototype(grammar, tokenizer_json, tuple(eos_ids), n_vocab).deep_copy()
         self._mask = torch.zeros((1, (n_vocab + 31) // 32), dtype=torch.int32)
         self._mask_bytes = self._mask.numpy().view(np.uint8)  # the same memory, as bytes
         # (what llguidance.torch.fill_next_token_bitmask does, without its per-call checks)
         self._mask_at = (self._mask.data_ptr(), self._mask.numel() * self._mask.element_size())
         self.n_vocab = n_vocab
-        self.mask_seconds = 0.0  # time spent computing and applying masks, for the benchmark
-        self.wait_seconds = 0.0  # of which generation waited for (the rest overlapped a forward pass)
-        self._next: Optional[Future] = None
-        self._start_mask()
+        self.mask_seconds = 0.0  # time spent on the grammar per token, for the benchmark
+        self.masks = 0  # tokens that needed the full mask
+        self.tokens = 0  # tokens sampled
 
-    def _compute_mask(self) -> float:
+    def sample(self, logits: torch.Tensor, sampling) -> int:
+        """The next token, consumed by the grammar: ``sampling``
+        (:class:`llmcore.generate.Sampling`) of the logits with every token the grammar
+        forbids here removed."""
+        self.tokens += 1
+        if sampling.temperature == 0 or (sampling.top_k == 0 and sampling.top_p >= 1.0):
+            token = sampling(logits)
+            start = time.perf_counter()
+            taken = token < self.n_vocab and self._matcher.try_consume_tokens([token]) == 1
+            self.mask_seconds += time.perf_counter() - start
+            if taken:
+                return token
         start = time.perf_counter()
-        self._matcher.unsafe_compute_mask_ptr(*self._mask_at)
-        return time.perf_counter() - start
-
-    def _start_mask(self) -> None:
-        self._next = _worker().submit(self._compute_mask)
+        self._compute_mask()
+        allowed = int.from_bytes(self._mask_bytes, "little")
+        if allowed and not allowed & (allowed - 1):  # one token allowed (JSON's punctuation): no need to sample
+            token = allowed.bit_length() - 1
+        else:
+            token = sampling(self._apply_mask(logits))
+        self.consume(token)
+        self.mask_seconds += time.perf_counter() - start
+        return token
 
     def filter(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` with every token the grammar forbids at this point set to -inf."""
         start = time.perf_counter()
-        computed = self._next.result() if self._next is not None else self._compute_mask()
-        self._next = None
-        applying = time.perf_counter()
-        forbidden = np.unpackbits(self._mask_bytes, bitorder="little", count=self.n_vocab) == 0
-        out = logits.float().reshape(-1)[: self.n_vocab].masked_fill(torch.from_numpy(forbidden), float("-inf"))
-        end = time.perf_counter()
-        self.mask_seconds += computed + (end - applying)
-        self.wait_seconds += end - start
+        self._compute_mask()
+        out = self._apply_mask(logits)
+        self.mask_seconds += time.perf_counter() - start
         return out
 
+    def _compute_mask(self) -> None:
+        self._matcher.unsafe_compute_mask_ptr(*self._mask_at)
+        self.masks += 1
+
+    def _apply_mask(self, logits: torch.Tensor) -> torch.Tensor:
+        forbidden = np.unpackbits(self._mask_bytes, bitorder="little", count=self.n_vocab) == 0
+        return logits.float().reshape(-1)[: self.n_vocab].masked_fill(torch.from_numpy(forbidden), float("-inf"))
+
     def consume(self, token: int) -> None:
-        if self._next is not None:  # consumed without filtering: the pending mask is stale
-            self._next.result()
-            self._next = None
         if not self._matcher.consume_token(token):
             raise GrammarError(self._matcher.get_error() or f"token {token} was not allowed by the grammar")
-        if not self._matcher.is_stopped():
-            self._start_mask()
 
     def finished(self) -> bool:
         """The grammar accepts no more tokens (other than EOS)."""

@@ -189,7 +189,7 @@ def generate(
                 logits = program.logits(tokens[-1:], len(tokens) - 1)
         else:
             logits = program.logits(tokens[-program.max_seq_len :])
-        token = sampling(logits if constraint is None else constraint.filter(logits))
+        token = sampling(logits) if constraint is None else constraint.sample(logits, sampling)
         if step == 0:
             first_token_at = time.perf_counter()
         generated.append(token)
@@ -198,10 +198,8 @@ def generate(
             on_token(token)
         if token in eos and (stop_at_eos or constraint is not None):  # a grammar ends at EOS too
             break
-        if constraint is not None:
-            constraint.consume(token)
-            if constraint.finished():
-                break
+        if constraint is not None and constraint.finished():
+            break
     end = time.perf_counter()
     prefill_s = max(first_token_at - start, 1e-9)
     decode_steps = len(generated) - 1

@@ -346,13 +346,11 @@ def run(engine: Engine, req: Request, emit: Callable[[str], None], cancelled: th
 
     logits, cached = engine.prefill(req.prompt_ids)
     while not cancelled.is_set():
-        token = sampling(logits if constraint is None else constraint.filter(logits))
+        token = sampling(logits) if constraint is None else constraint.sample(logits, sampling)
         if token in eos:
             finish = "stop"
             break
         generated.append(token)
-        if constraint is not None:
-            constraint.consume(token)
         decoded = engine.tokenizer.decode(generated, skip_special_tokens=True)
         if not decoded.endswith("\ufffd"):  # not in the middle of a multi-byte character
             text = decoded

@@ -211,3 +211,46 @@ def test_tool_arguments_take_only_the_listed_properties_unless_the_schema_says_o
             c.consume(byte)
         allowed = c.filter(torch.zeros(257)) > float("-inf")
         assert bool(allowed[ord("}")]) and bool(allowed[ord(",")]) is comma_allowed
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_sampling_the_models_pick_first_gives_the_masked_distribution(served, temperature):
+    """``Constraint.sample`` asks the grammar about the model's own pick before computing a
+    mask. Greedy: every step equals the argmax of the masked logits. Temperature 1: the
+    frequencies of a step with a few allowed tokens match the masked softmax."""
+    import torch
+
+    from llmcore.constrain import Constraint, json_schema_grammar
+    from llmcore.generate import Sampling
+
+    tokenizer = served[1].with_name("tokenizer.json").read_text()  # byte-level: token id = byte value
+    grammar = json_schema_grammar({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    gen = torch.Generator().manual_seed(0)
+    if temperature == 0:
+        fast, slow = (Constraint(grammar, tokenizer, [256], 257) for _ in range(2))
+        for step in range(12):
+            logits = torch.randn(257, generator=gen) * 4
+            expected = int(torch.argmax(slow.filter(logits)))
+            if step % 2:  # the model favours an allowed token: no mask needed
+                logits[expected] += 100.0
+            token = fast.sample(logits, Sampling())  # consumed by fast's grammar
+            assert token == expected
+            slow.consume(token)
+        assert fast.masks == 6 and fast.tokens == 12
+        return
+    # after '{"n": ' the grammar allows a digit or '-': favour a forbidden token heavily
+    logits = torch.full((257,), -2.0)
+    logits[ord("x")] = 3.0
+    logits[ord("1")], logits[ord("2")] = 1.0, 0.0
+    allowed = [ord(c) for c in "-0123456789"]
+    expected = torch.softmax(logits[allowed], 0)
+    counts = dict.fromkeys(allowed, 0)
+    sampling = Sampling(temperature=1.0, seed=1)
+    n = 4000
+    for _ in range(n):
+        c = Constraint(grammar, tokenizer, [256], 257)
+        for byte in b'{"n": ':
+            c.consume(byte)
+        counts[c.sample(logits, sampling)] += 1
+    got = torch.tensor([counts[t] / n for t in allowed])
+    assert float((got - expected).abs().max()) < 0.03, (got, expected)
