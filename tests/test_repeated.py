@@ -81,7 +81,7 @@ def test_two_block_program_computes_the_first_two_blocks():
     model = Stack(n=5).eval()
     x = torch.randn(6, 8)
     ep = _export(model, x)
-    template = repeated.first_two_blocks(ep, repeated.find_blocks(ep))
+    template = repeated.first_blocks(ep, repeated.find_blocks(ep))
     two = Stack(n=5).eval()
     two.layers = nn.ModuleList(list(model.layers)[:2])
     torch.testing.assert_close(template.module()(x), two(x), rtol=0, atol=0)

@@ -1,21 +1,26 @@
-"""Lowering a model of N identical blocks by converting two of them.
+"""Lowering a model of N repeated blocks by converting the first few.
 
-An LLM's graph is N copies of one decoder layer. ``to_edge`` (decompositions, then eight
-or so edge passes, each a whole-graph fake-tensor retrace) costs the same for every copy:
-on SmolLM2-135M's 30 layers, about 120 s of a 175 s lowering. Its rewrites are local to
-the nodes they touch, so layer k comes out of it as layer 1 does, with layer k's weights.
+An LLM's graph is N copies of one decoder layer, or of a short cycle of layer kinds (Gemma
+2's sliding and global layers take turns; Gemma 3 has five sliding layers per global one).
+``to_edge`` (decompositions, then eight or so edge passes, each a whole-graph fake-tensor
+retrace) costs the same for every copy: on SmolLM2-135M's 30 layers, about 120 s of a 175 s
+lowering. Its rewrites are local to the nodes they touch, so layer k comes out of it as an
+earlier layer of its kind does, with layer k's weights.
 
 So :func:`lower_repeated` does this:
 
 1. finds the repeated blocks in the ATen program (``nn_module_stack`` paths ``<list>.<i>``,
-   e.g. ``layers.7``) and checks that blocks 1..N-1 are the same graph: the same
-   operators, shapes and wiring, each reading its own weights and the block before it
-   (:func:`find_blocks`); the first block reads the prelude instead, which is why two
-   blocks are converted, not one;
-2. cuts the program down to its prelude, blocks 0 and 1 and its postlude
-   (:func:`first_two_blocks`), and runs ExecuTorch's ``to_edge`` on that;
-3. copies block 1's edge nodes N-2 times, each copy reading block k's weights and the copy
-   before it (:func:`expand`), which gives the edge program of the whole model;
+   e.g. ``layers.7``) and the shortest period p with which blocks 1..N-1 repeat: block i is
+   the same graph as block i - p (the same operators, shapes and wiring, each reading its
+   own weights and the block before it) (:func:`find_blocks`); the first block reads the
+   prelude instead, which is why block 0 is not a template;
+2. cuts the program down to its prelude, blocks 0 to :attr:`Blocks.kept` (one full period
+   after block 0, ending on the kind of the last block) and its postlude
+   (:func:`first_blocks`), and runs ExecuTorch's ``to_edge`` on that: blocks 0 and 1 when
+   every block is the same;
+3. copies each later block from the kept block of its kind, each copy reading its own
+   weights and the copy before it (:func:`expand`), which gives the edge program of the
+   whole model;
 4. lets the partitioners lower that program as ``to_edge_transform_and_lower`` would.
 
 When a program does not have that shape (no repeated blocks, blocks that differ, weights
@@ -58,14 +63,29 @@ class Blocks:
     its call_function nodes in graph order and its local tensors: the targets of the
     parameters, buffers and constants that only it reads and whose names do not say whose
     they are (pt2e's ``_scale_12``, ``_zero_point_12``), in the order the block first reads
-    them. Block ``k``'s ``j``-th local tensor is block 1's ``j``-th, with block ``k``'s values."""
+    them. Block ``k``'s ``j``-th local tensor is its template's ``j``-th (:meth:`template_of`),
+    with block ``k``'s values."""
 
     prefix: str
     nodes: list[list[Node]]
     local: list[list[str]] = dataclasses.field(default_factory=list)
+    period: int = 1
+    """Blocks ``i`` and ``i + period`` are the same graph (from block 1 on): 1 when every
+    block is, 2 for Gemma 2's sliding and global layers taking turns, 6 for Gemma 3's."""
 
     def fqn_prefix(self, i: int) -> str:
         return f"{self.prefix}.{i}."
+
+    @property
+    def kept(self) -> int:
+        """The last block the cut-down program keeps: at least one full period after block
+        0, and the same graph as the last block, which the postlude reads."""
+        last = len(self.nodes) - 1
+        return self.period + (last - self.period) % self.period
+
+    def template_of(self, k: int) -> int:
+        """The kept block that block ``k`` (> :attr:`kept`) is a copy of."""
+        return k - self.period * -(-(k - self.kept) // self.period)
 
     def local_of(self, target: str) -> Optional[tuple[int, int]]:
         """``(block, position)`` of a local tensor, or None."""
@@ -158,8 +178,8 @@ def _owners(ep) -> dict[str, str]:
 
 
 def find_blocks(ep, min_blocks: int = 3) -> Blocks:
-    """The repeated blocks of ``ep``, checked to be copies of each other (see the module
-    docstring); raises :class:`NotRepeated` otherwise."""
+    """The repeated blocks of ``ep``, checked to be copies of each other, or of the block
+    one period before (see the module docstring); raises :class:`NotRepeated` otherwise."""
     groups: dict[tuple[str, int], list[Node]] = {}
     order: list[tuple[str, int]] = []
     for node in ep.graph.nodes:
@@ -188,10 +208,17 @@ def find_blocks(ep, min_blocks: int = 3) -> Blocks:
             raise NotRepeated(f"{prefix}.{i} is interleaved with other nodes")
     owners = _owners(ep)
     blocks.local = [_local_tensors(ep, blocks, owners, i) for i in range(len(blocks.nodes))]
-    reference = _structure(blocks, owners, 1)
-    for i in range(2, len(blocks.nodes)):
-        if _structure(blocks, owners, i) != reference:
-            raise NotRepeated(f"{prefix}.{i} is not the same graph as {prefix}.1")
+    structures = [None] + [_structure(blocks, owners, i) for i in range(1, len(blocks.nodes))]
+    n = len(blocks.nodes)
+    for period in range(1, n):
+        # worth it only if the cut-down program (blocks 0..kept) leaves some to copy
+        if period + (n - 1 - period) % period >= n - 1:
+            differs = next(i for i in range(2, n) if structures[i] != structures[1])
+            raise NotRepeated(f"{prefix}.{differs} is not the same graph as {prefix}.1, and the blocks do not "
+                              "repeat with a longer period either")
+        if all(structures[i] == structures[i - period] for i in range(period + 1, n)):
+            blocks.period = period
+            break
     _check_outside_uses(ep, blocks)
     return blocks
 
@@ -281,17 +308,19 @@ def _check_outside_uses(ep, blocks: Blocks) -> None:
 # ---- step 2: the program cut down to two blocks ------------------------------------------
 
 
-def first_two_blocks(ep, blocks: Blocks):
-    """``ep`` with blocks 2..N-1 removed and the postlude reading block 1 instead."""
+def first_blocks(ep, blocks: Blocks):
+    """``ep`` with the blocks after :attr:`Blocks.kept` removed and the postlude reading
+    that block instead of the last (blocks 0 and 1 when every block is the same)."""
     from torch.export import ExportedProgram
     from torch.export.graph_signature import ExportGraphSignature
 
+    kept = blocks.kept
     gm = copy.deepcopy(ep.graph_module)
     old_nodes = list(ep.graph.nodes)
     new_of = dict(zip(old_nodes, gm.graph.nodes))
     last = blocks.nodes[-1]
-    reroute = {new_of[a]: new_of[b] for a, b in zip(last, blocks.nodes[1])}
-    dropped = {new_of[n] for nodes in blocks.nodes[2:] for n in nodes}
+    reroute = {new_of[a]: new_of[b] for a, b in zip(last, blocks.nodes[kept])}
+    dropped = {new_of[n] for nodes in blocks.nodes[kept + 1:] for n in nodes}
     for node in gm.graph.nodes:
         if node not in dropped and node not in reroute:
             node.args = torch.fx.map_arg(node.args, lambda a: reroute.get(a, a))
@@ -300,10 +329,10 @@ def first_two_blocks(ep, blocks: Blocks):
         if node in dropped:
             gm.graph.erase_node(node)
 
-    later = tuple(blocks.fqn_prefix(i) for i in range(2, len(blocks.nodes)))
-    later_local = {fqn for targets in blocks.local[2:] for fqn in targets}
+    later = tuple(blocks.fqn_prefix(i) for i in range(kept + 1, len(blocks.nodes)))
+    later_local = {fqn for targets in blocks.local[kept + 1:] for fqn in targets}
     owners = _owners(ep)
-    # Their weights and local tensors go too; a tensor they share with blocks 0 and 1 stays.
+    # Their weights and local tensors go too; a tensor they share with the kept blocks stays.
     gone = set()
     for node in list(gm.graph.nodes):
         fqn = owners.get(node.name, "")
@@ -365,8 +394,11 @@ def _tensor(ep, fqn: str):
 
 
 def expand(edge_ep, aten_ep, blocks: Blocks):
-    """The edge program of all N blocks, from ``edge_ep`` (the two-block program after
-    ``to_edge``), with each copy's weights taken from ``aten_ep`` (the whole program)."""
+    """The edge program of all N blocks, from ``edge_ep`` (the cut-down program after
+    ``to_edge``: blocks 0 to :attr:`Blocks.kept`), with each copy's weights taken from
+    ``aten_ep`` (the whole program). Block k > kept is a copy of block
+    :meth:`Blocks.template_of` (k), reading the copy before it where its template reads the
+    block before that."""
     from torch.export import ExportedProgram
     from torch.export.graph_signature import (
         ExportGraphSignature,
@@ -377,72 +409,79 @@ def expand(edge_ep, aten_ep, blocks: Blocks):
         TensorArgument,
     )
 
-    prefix, n_blocks = blocks.prefix, len(blocks.nodes)
+    prefix, n_blocks, kept, period = blocks.prefix, len(blocks.nodes), blocks.kept, blocks.period
     gm = edge_ep.graph_module
     graph = gm.graph
-    region0 = _edge_region(edge_ep, prefix, 0)
-    region1 = _edge_region(edge_ep, prefix, 1)
-    if [str(n.target) for n in region0] != [str(n.target) for n in region1]:
-        raise NotRepeated(f"to_edge made {prefix}.0 and {prefix}.1 different graphs")
-    pos0 = {n: j for j, n in enumerate(region0)}
-    pos1 = {n: j for j, n in enumerate(region1)}
+    regions = [_edge_region(edge_ep, prefix, i) for i in range(kept + 1)]
+    for i in range(period, kept + 1):
+        if [str(n.target) for n in regions[i]] != [str(n.target) for n in regions[i - period]]:
+            raise NotRepeated(f"to_edge made {prefix}.{i - period} and {prefix}.{i} different graphs")
+    positions = [{n: j for j, n in enumerate(region)} for region in regions]
+    templates = range(kept - period + 1, kept + 1)  # the blocks that later ones copy
 
-    # Block 1's weights and buffers: the placeholders, their specs, their tensors.
-    first = blocks.fqn_prefix(1)
     specs = list(edge_ep.graph_signature.input_specs)
     placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
-    local1 = set(blocks.local[1]) if blocks.local else set()
-    own_specs = [
-        s for s in specs
-        if ((s.target or "").startswith(first) or s.target in local1)
-        and all(u in pos1 for u in placeholders[s.arg.name].users)
-    ]
     aten_names = {s.target: s.arg.name for s in aten_ep.graph_signature.input_specs if s.target}
-    for spec in own_specs:
-        template, whole = _tensor(edge_ep, spec.target), _tensor(aten_ep, spec.target)
-        if template is None or whole is None:
-            raise NotRepeated(f"{spec.target} is not a tensor of both programs")
-        if template is not whole and not (
-            template.shape == whole.shape and template.dtype == whole.dtype and torch.equal(template, whole)
-        ):
-            raise NotRepeated(f"to_edge rewrote {spec.target}")
-    # Constants that to_edge lifted out of block 1 (a norm's epsilon): each copy gets its
-    # own, as each block of a whole program does.
-    local_constants = {
-        s.arg.name for s in specs
-        if s.kind in (InputKind.CONSTANT_TENSOR, InputKind.BUFFER) and _tensor(aten_ep, s.target) is None
-        and _tensor(edge_ep, s.target) is not None
-        and placeholders[s.arg.name].users and all(u in pos1 for u in placeholders[s.arg.name].users)
-    }
-    own_specs = [s for s in specs if s in own_specs or s.arg.name in local_constants]
-    mutations = [
-        (j, s) for j, s in enumerate(edge_ep.graph_signature.output_specs)
-        if s.kind == OutputKind.BUFFER_MUTATION and (s.target or "").startswith(first)
-    ]
     outputs = list(graph.output_node().args[0])
-    if any(outputs[j] not in pos1 for j, _ in mutations):
-        raise NotRepeated(f"a buffer of {prefix}.1 is written outside the block")
+    own_specs: dict[int, list] = {}  # template block -> its weights', buffers' and lifted constants' specs
+    local_constants: set[str] = set()
+    mutations: dict[int, list] = {}  # template block -> (output index, spec) of its buffer writes
+    for t in templates:
+        mine, pos = blocks.fqn_prefix(t), positions[t]
+        local_t = set(blocks.local[t]) if blocks.local else set()
+        own = [
+            s for s in specs
+            if ((s.target or "").startswith(mine) or s.target in local_t)
+            and all(u in pos for u in placeholders[s.arg.name].users)
+        ]
+        for spec in own:
+            template, whole = _tensor(edge_ep, spec.target), _tensor(aten_ep, spec.target)
+            if template is None or whole is None:
+                raise NotRepeated(f"{spec.target} is not a tensor of both programs")
+            if template is not whole and not (
+                template.shape == whole.shape and template.dtype == whole.dtype and torch.equal(template, whole)
+            ):
+                raise NotRepeated(f"to_edge rewrote {spec.target}")
+        # Constants that to_edge lifted out of the block (a norm's epsilon): each copy gets
+        # its own, as each block of a whole program does.
+        lifted = {
+            s.arg.name for s in specs
+            if s.kind in (InputKind.CONSTANT_TENSOR, InputKind.BUFFER) and _tensor(aten_ep, s.target) is None
+            and _tensor(edge_ep, s.target) is not None
+            and placeholders[s.arg.name].users and all(u in pos for u in placeholders[s.arg.name].users)
+        }
+        local_constants |= lifted
+        own_specs[t] = [s for s in specs if s in own or s.arg.name in lifted]
+        mutations[t] = [
+            (j, s) for j, s in enumerate(edge_ep.graph_signature.output_specs)
+            if s.kind == OutputKind.BUFFER_MUTATION and (s.target or "").startswith(mine)
+        ]
+        if any(outputs[j] not in pos for j, _ in mutations[t]):
+            raise NotRepeated(f"a buffer of {prefix}.{t} is written outside the block")
+    all_own = {s.arg.name for t in templates for s in own_specs[t]}
 
     copy_of: dict[Node, int] = {}  # node -> the block it copies (for debug handles)
     sanitized = prefix.replace(".", "_")
     state_dict, constants = dict(edge_ep.state_dict), dict(edge_ep.constants)
-    added_specs: dict[int, list] = {}  # index of block 1's spec -> the copies' specs
+    added_specs: list[tuple[int, int, Any]] = []  # (block, index of its template's spec, the copy's spec)
     output_node = graph.output_node()
     added_outputs: list[tuple[Node, Any]] = []  # the copies' buffer mutations
     taken = set(placeholders)
-    previous = region1
-    postlude = region1[-1].next  # every copy goes before it, in order
-    for k in range(2, n_blocks):
-        mine = blocks.fqn_prefix(k)
+    previous = regions[kept]
+    postlude = regions[kept][-1].next  # every copy goes before it, in order
+    for k in range(kept + 1, n_blocks):
+        t = blocks.template_of(k)
+        first, mine = blocks.fqn_prefix(t), blocks.fqn_prefix(k)
+        own_pos, before_pos = positions[t], positions[t - 1]
         weights = {}
-        for spec in own_specs:
+        for spec in own_specs[t]:
             old = placeholders[spec.arg.name]
             if spec.arg.name in local_constants:
                 fqn = name = f"{spec.target}_{sanitized}_{k}"
                 tensor = _tensor(edge_ep, spec.target)
                 persistent = spec.target in edge_ep.state_dict
-            elif spec.target in local1:  # block k's tensor in the same place, under its own name
-                fqn = blocks.local[k][blocks.local[1].index(spec.target)]
+            elif blocks.local and spec.target in blocks.local[t]:  # block k's tensor in the same place
+                fqn = blocks.local[k][blocks.local[t].index(spec.target)]
                 tensor = _tensor(aten_ep, fqn)
                 persistent = fqn in aten_ep.state_dict
                 name = aten_names[fqn]
@@ -450,7 +489,7 @@ def expand(edge_ep, aten_ep, blocks: Blocks):
                 fqn = mine + spec.target[len(first):]
                 tensor = _tensor(aten_ep, fqn)
                 persistent = fqn in aten_ep.state_dict
-                name = old.name.replace(f"{sanitized}_1_", f"{sanitized}_{k}_", 1)
+                name = old.name.replace(f"{sanitized}_{t}_", f"{sanitized}_{k}_", 1)
             if tensor is None:
                 raise NotRepeated(f"{fqn} is missing from the program")
             while name in taken:  # a tensor that export lifted once for all blocks keeps its name
@@ -458,46 +497,45 @@ def expand(edge_ep, aten_ep, blocks: Blocks):
             taken.add(name)
             with graph.inserting_before(old):
                 new = graph.placeholder(name)
-            new.meta = _renamed_stack(copy.copy(old.meta), f"{prefix}.1", f"{prefix}.{k}")
+            new.meta = _renamed_stack(copy.copy(old.meta), f"{prefix}.{t}", f"{prefix}.{k}")
             weights[old] = new
             (state_dict if persistent else constants)[fqn] = tensor
-            added_specs.setdefault(specs.index(spec), []).append(
-                InputSpec(kind=spec.kind, arg=TensorArgument(name=new.name), target=fqn, persistent=spec.persistent)
-            )
+            added_specs.append((k, specs.index(spec), InputSpec(
+                kind=spec.kind, arg=TensorArgument(name=new.name), target=fqn, persistent=spec.persistent)))
 
         copies: dict[Node, Node] = {}
 
-        def source(a, copies=copies, weights=weights, previous=previous):
-            if a in pos1:
+        def source(a, copies=copies, weights=weights, previous=previous, own_pos=own_pos, before_pos=before_pos):
+            if a in own_pos:
                 return copies[a]
-            if a in pos0:
-                return previous[pos0[a]]
+            if a in before_pos:
+                return previous[before_pos[a]]
             return weights.get(a, a)
 
         with graph.inserting_before(postlude):
-            for node in region1:
+            for node in regions[t]:
                 new = graph.node_copy(node, source)
-                new.meta = _renamed_stack(new.meta, f"{prefix}.1", f"{prefix}.{k}")
+                new.meta = _renamed_stack(new.meta, f"{prefix}.{t}", f"{prefix}.{k}")
                 copies[node] = new
                 copy_of[new] = k
-        for j, spec in mutations:
+        for j, spec in mutations[t]:
             value = copies[outputs[j]]
             added_outputs.append((value, OutputSpec(
                 kind=OutputKind.BUFFER_MUTATION, arg=TensorArgument(name=value.name),
                 target=mine + spec.target[len(first):],
             )))
-        previous = [copies[n] for n in region1]
+        previous = [copies[n] for n in regions[t]]
 
-    # The postlude reads the last copy.
-    last = {n: previous[j] for n, j in pos1.items()}
-    mutation_values = {outputs[j] for j, _ in mutations}
-    for node in region1:
+    # The postlude reads the last copy (a copy of the last kept block).
+    last = {n: previous[j] for n, j in positions[kept].items()}
+    mutation_values = {outputs[j] for t in templates for j, _ in mutations[t]}
+    for node in regions[kept]:
         for user in list(node.users):
-            if user not in pos1 and user not in copy_of and user.op != "output":
+            if user not in positions[kept] and user not in copy_of and user.op != "output":
                 user.replace_input_with(node, last[node])
-    # Mutations come first in a program's outputs: the copies' follow block 1's.
+    # Mutations come first in a program's outputs: the copies' follow the kept blocks'.
     values, output_specs = [], []
-    after = mutations[-1][0] if mutations else -1
+    after = max((j for t in templates for j, _ in mutations[t]), default=-1)
     for j, (value, spec) in enumerate(zip(outputs, edge_ep.graph_signature.output_specs)):
         if value not in mutation_values:
             value = last.get(value, value)
@@ -509,17 +547,20 @@ def expand(edge_ep, aten_ep, blocks: Blocks):
             output_specs.extend(s for _, s in added_outputs)
     output_node.args = (tuple(values),)
 
-    # The copies' inputs follow block 1's last input of their group (parameters, buffers,
-    # lifted constants), in block order: where a whole export puts them.
+    # The copies' inputs follow the kept blocks' last input of their group (parameters,
+    # buffers, lifted constants), in block order: where a whole export puts them.
     def group(spec) -> tuple:
         return spec.kind, spec.arg.name in local_constants
 
     ordered = []
     for j, spec in enumerate(specs):
         ordered.append(spec)
-        if j in added_specs and not any(group(s) == group(spec) and s in own_specs for s in specs[j + 1:]):
-            same = [i for i in sorted(added_specs) if group(specs[i]) == group(spec)]
-            ordered.extend(added_specs[i][k] for k in range(n_blocks - 2) for i in same)
+        if spec.arg.name in all_own and not any(
+            group(s) == group(spec) and s.arg.name in all_own for s in specs[j + 1:]
+        ):
+            ordered.extend(new for _, _, new in sorted(
+                (entry for entry in added_specs if group(specs[entry[1]]) == group(spec)),
+                key=lambda entry: (entry[0], entry[1])))
     # The inputs the whole program has keep its order among themselves (pt2e's scales,
     # zero points and frozen weights are numbered across blocks, each kind after the other);
     # the others (constants to_edge lifted) keep the places given above.
@@ -565,7 +606,7 @@ def lower_repeated(exported, partitioners: list, config, constant_methods):
     ``to_edge`` run on two blocks only; raises :class:`NotRepeated` (before any long work)
     when the program is not made of identical blocks."""
     blocks = find_blocks(exported)
-    template = first_two_blocks(exported, blocks)
+    template = first_blocks(exported, blocks)
     return to_edge_transform_and_lower(exported, template, blocks, partitioners, config, constant_methods)
 
 
@@ -579,8 +620,8 @@ def to_edge_transform_and_lower(exported, template, blocks: Blocks, partitioners
 
     edge = _gen_edge_manager_for_partitioners({"forward": partitioners}, {"forward": template}, config, None)
     whole = expand(edge.exported_program("forward"), exported, blocks)
-    log.info("to_edge ran on 2 of %d %s blocks; the other %d are copies of the second",
-             len(blocks.nodes), blocks.prefix, len(blocks.nodes) - 2)
+    log.info("to_edge ran on %d of %d %s blocks (period %d); the other %d are copies",
+             blocks.kept + 1, len(blocks.nodes), blocks.prefix, blocks.period, len(blocks.nodes) - blocks.kept - 1)
     manager = EdgeProgramManager(
         {"forward": whole},
         constant_methods,

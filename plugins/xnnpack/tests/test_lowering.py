@@ -21,19 +21,33 @@ from llmcore.pipeline import delegates, lower
 from llmcore.testing.conformance import export_tiny
 from llmcore_xnnpack import lowering
 
-# (family, recipe, layers, whether to_edge runs on two blocks and copies the rest)
+# (family, recipe, layers, how many blocks to_edge runs on before the rest are copied; 0: none)
 CASES = [
-    ("llama", "8da4w", 4, True),
-    ("llama", None, 3, True),
-    ("nanogpt", None, 4, True),
+    ("llama", "8da4w", 4, 2),
+    ("llama", None, 3, 2),
+    ("nanogpt", None, 4, 2),
     # pt2e's quantize/dequantize nodes belong to no module: gathered into their blocks first
-    ("nanogpt", "int8-dynamic", 4, True),
+    ("nanogpt", "int8-dynamic", 4, 2),
+    # layers of two kinds taking turns (Gemma 2: sliding, global, ...): blocks 0-3, then copies
+    ("gemma2", "8da4w", 6, 4),
+    # Gemma 3's pattern with a period of 3 (sliding, sliding, global): blocks 0-4, then copies
+    ("gemma3", None, 8, 5),
 ]
 
 
 def _deeper_tiny(monkeypatch, family: str, layers: int) -> None:
-    """The tiny config with ``layers`` layers: two give no partition that repeats."""
-    if family == "llama":
+    """The tiny config with ``layers`` layers: two give no partition that repeats. The Gemma
+    cases are the llama family's tiny config with the Gemma plugin's switches (the same
+    decoder), every third layer global for Gemma 3."""
+    if family in ("gemma2", "gemma3"):
+        from llmcore_gemma import _configs
+        from llmcore_llama import config
+
+        period = 2 if family == "gemma2" else 3
+        sliding = tuple(i for i in range(layers) if (i + 1) % period)
+        gemma = dataclasses.replace(_configs()[f"{family}-tiny"], n_layers=layers, sliding_layers=sliding)
+        monkeypatch.setitem(config.CONFIGS, "tiny", gemma)
+    elif family == "llama":
         from llmcore_llama import config
 
         monkeypatch.setitem(config.CONFIGS, "tiny", dataclasses.replace(config.CONFIGS["tiny"], n_layers=layers))
@@ -46,6 +60,7 @@ def _deeper_tiny(monkeypatch, family: str, layers: int) -> None:
 def _export(tmp_path, name: str, family: str, quantize):
     out = tmp_path / name / f"{family}.pte"
     out.parent.mkdir()
+    family = "llama" if family.startswith("gemma") else family
     return export_tiny("xnnpack", family, quantize=quantize, cache=False, output=out)
 
 
@@ -67,8 +82,8 @@ def _trace_every_delegate(lowered_module, args):
     raise delegates._Unrecorded("the reference traces every delegate call, as ExecuTorch does")
 
 
-@pytest.mark.parametrize("family,quantize,layers,by_blocks", CASES)
-def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, family, quantize, layers, by_blocks):
+@pytest.mark.parametrize("family,quantize,layers,converted", CASES)
+def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, family, quantize, layers, converted):
     _deeper_tiny(monkeypatch, family, layers)
     with caplog.at_level(logging.INFO):
         fast = _export(tmp_path, "fast", family, quantize)
@@ -78,9 +93,9 @@ def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, fami
     skipped = int(summary[0].split("; ")[1].split()[0])
     assert skipped > 0, summary[0]
     transplanted = int(summary[0].split("; ")[2].split()[0])  # partitions given a passed graph
-    assert transplanted > 0 or not by_blocks, summary[0]
-    copied = [m for m in messages if m.startswith(f"to_edge ran on 2 of {layers} ")]
-    assert bool(copied) == by_blocks, [m for m in messages if "whole graph" in m]
+    assert transplanted > 0 or not converted, summary[0]
+    copied = [m for m in messages if m.startswith(f"to_edge ran on {converted} of {layers} ")]
+    assert bool(copied) == bool(converted), [m for m in messages if "whole graph" in m or "to_edge ran" in m]
 
     with monkeypatch.context() as m:
         m.setattr(lowering, "ops_to_not_decompose", _ops_to_not_decompose_unchanged)
