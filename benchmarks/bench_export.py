@@ -182,7 +182,7 @@ def stage_table(name: str, description: str, runs: list[dict]) -> str:
     totals = [r["process_s"] for r in runs]
     spread = f" (min {min(totals):.1f} s, median of {len(runs)})" if len(runs) > 1 else ""
     lines.append(f"process wall {run['process_s']:.1f} s{spread}, .pte {run['pte_mib']:.1f} MiB")
-    lines.append(f"| stage | wall s | cpu s | peak RSS MiB |")
+    lines.append("| stage | wall s | cpu s | peak RSS MiB |")
     lines.append("|---|---:|---:|---:|")
     for stage in STAGES:
         s = run["stages"].get(stage)

@@ -471,7 +471,7 @@ SP_TEXTS = TEXTS + ["<s> hi there", "x</s>y", "  two  spaces  ", "\u2581already 
 
 def _sp_trained_json():
     """A Llama-2-style tokenizer.json trained with `tokenizers` (byte tokens are plain vocab)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from tokenizers import Tokenizer, decoders, models, normalizers
 
     corpus = [
         "Hello world, this is a small corpus for a SentencePiece-style tokenizer.",

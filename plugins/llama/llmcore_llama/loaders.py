@@ -912,7 +912,7 @@ def _gguf_tensor(entry, name: str) -> torch.Tensor:
     t, shape = entry
     try:
         return quants.dequantize(t.data, int(t.tensor_type), shape)
-    except NotImplementedError as e:
+    except NotImplementedError:
         raise load_error(
             f"tensor {name!r} is stored as {quants.type_name(int(t.tensor_type))}, which the llama plugin "
             f"cannot dequantize (it reads {', '.join(quants.SUPPORTED)}, and what gguf.quants reads).",
