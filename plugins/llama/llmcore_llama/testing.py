@@ -214,7 +214,6 @@ def write_gguf(
     ``quantize`` maps a layer suffix (``attn_q.weight``) or top-level name to a
     GGMLQuantizationType for 2-D weights. Returns {gguf name: (type, stored array)}."""
     import gguf
-    from gguf import quants as gq
     from safetensors.torch import load_file
 
     cfg = json.loads((folder / "config.json").read_text())
@@ -243,18 +242,53 @@ def write_gguf(
         base, _, kind = hf_name.rpartition(".")
         tensors[f"{names.get_name(base)}.{kind}"] = (convert(hf_name, t) if convert else t).float().numpy()
     tensors.update(extra_tensors or {})
+    quantize = quantize or {}
+    return finish_gguf(w, {name: (quantize.get(name.split(".", 2)[-1] if name.startswith("blk.") else name)
+                                  if arr.ndim == 2 else None, arr) for name, arr in tensors.items()})
+
+
+def finish_gguf(writer, tensors: dict) -> dict:
+    """Add ``tensors`` ({gguf name: (GGMLQuantizationType or None for F32, float32 array)};
+    F16 is cast, other types quantized by the gguf package, a uint8 array of a quantized
+    type taken as its ready-made blocks) and write the file. Returns {name: (type, stored
+    array)}."""
+    import gguf
+    import numpy as np
+    from gguf import quants as gq
+
+    Q = gguf.GGMLQuantizationType
     stored = {}
-    for name, arr in tensors.items():
-        qt = (quantize or {}).get(name.split(".", 2)[-1] if name.startswith("blk.") else name)
-        if qt is None or arr.ndim != 2:
-            qt, data = gguf.GGMLQuantizationType.F32, arr
-            w.add_tensor(name, data)
+    for name, (qt, arr) in tensors.items():
+        qt = Q.F32 if qt is None else qt
+        if qt == Q.F32:
+            data = arr
+            writer.add_tensor(name, data)
+        elif qt == Q.F16:
+            data = arr.astype(np.float16)
+            writer.add_tensor(name, data)
         else:
-            data = gq.quantize(arr, qt)
-            w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qt)
+            data = arr if arr.dtype == np.uint8 else gq.quantize(arr, qt)
+            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qt)
         stored[name] = (qt, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     return stored
+
+
+# The matrices of a decoder layer as llama.cpp names them (for quantizing a test GGUF).
+GGUF_LAYER_MATRICES = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
+                       "ffn_up.weight", "ffn_down.weight")
+
+
+def gguf_recipe_export(path: Path, tokenizer: Path, out: Path, *flags: str) -> dict:
+    """``llmcore export --checkpoint GGUF --plugins xnnpack --quantize gguf`` as a user runs
+    it (no --model: the family comes from the file); checks the program agrees with its
+    eager model on the next token everywhere; returns the report."""
+    run = llmcore_cli("export", "--checkpoint", str(path), "--tokenizer", str(tokenizer), *flags, "--plugins",
+                      "xnnpack", "--quantize", "gguf", "--quiet", "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.with_suffix(".report.json").read_text())
+    assert report["parity"]["top1_agreement"] == 1.0, report["parity"]
+    return report

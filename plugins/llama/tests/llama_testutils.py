@@ -13,6 +13,7 @@ import torch
 
 from llmcore_llama.config import LlamaConfig
 from llmcore_llama.model import Transformer
+from llmcore_llama.testing import finish_gguf
 
 TINY = LlamaConfig(
     dim=64,
@@ -277,7 +278,6 @@ def write_gguf(path: Path, sd: dict, c: LlamaConfig, *, types: Optional[dict] = 
     (uint8 arrays) with their type; `metadata(writer)` adds more keys. Returns
     {gguf name: (ggml type, stored array)}."""
     import gguf
-    from gguf import quants as gq
 
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(c.n_layers)
@@ -309,33 +309,12 @@ def write_gguf(path: Path, sd: dict, c: LlamaConfig, *, types: Optional[dict] = 
             w.add_chat_template(tokenizer["chat_template"])
     if metadata is not None:
         metadata(w)
-    stored = {}
-    types = types or {}
-    raw = raw or {}
+    types, raw = types or {}, raw or {}
+    tensors = {}
     for name, t in sd.items():
-        gname = gguf_name(name)
-        arr = t.detach().float().numpy()
-        if name in raw:
-            qt, blocks = raw[name]
-            w.add_tensor(gname, blocks, raw_shape=blocks.shape, raw_dtype=qt)
-            stored[gname] = (qt, blocks)
-            continue
-        qt = types.get(name, gguf.GGMLQuantizationType.F32)
-        if qt == gguf.GGMLQuantizationType.F32:
-            data = arr
-            w.add_tensor(gname, data)
-        elif qt == gguf.GGMLQuantizationType.F16:
-            data = arr.astype(np.float16)
-            w.add_tensor(gname, data)
-        else:
-            data = gq.quantize(arr, qt)
-            w.add_tensor(gname, data, raw_shape=data.shape, raw_dtype=qt)
-        stored[gname] = (qt, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return stored
+        qt, arr = raw[name] if name in raw else (types.get(name), t.detach().float().numpy())
+        tensors[gguf_name(name)] = (qt, arr)
+    return finish_gguf(w, tensors)
 
 
 def random_k_blocks(qt, rows: int, cols: int, seed: int = 0) -> np.ndarray:

@@ -7,7 +7,6 @@ exports run the CLI as a user does, without ``--model`` (the family comes from c
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -202,18 +201,12 @@ def test_gguf_recipe_export_of_a_qwen2_q4_0_file(tmp_path):
     """A Q4_0 Qwen2 GGUF (biased q/k/v) through ``--quantize gguf`` on XNNPACK, family read
     from the file: the program runs and agrees with its eager model."""
     import gguf
+    from llmcore_llama.testing import GGUF_LAYER_MATRICES, gguf_recipe_export
     from qwen_testutils import write_gguf
 
     folder = hf_checkpoint(tmp_path / "q2", "qwen2")
     path = tmp_path / "q2.gguf"
-    Q = gguf.GGMLQuantizationType
-    write_gguf(folder, path, {s: Q.Q4_0 for s in ("attn_q.weight", "attn_k.weight", "attn_v.weight",
-                                                 "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
-                                                 "ffn_down.weight")})
-    out = tmp_path / "out.pte"
-    run = llmcore_cli("export", "--checkpoint", str(path), "--tokenizer", str(folder / "tokenizer.json"),
-                      "--plugins", "xnnpack", "--quantize", "gguf", "--quiet", "-o", str(out))
-    assert run.returncode == 0, run.stderr
-    report = json.loads(out.with_suffix(".report.json").read_text())
+    write_gguf(folder, path, dict.fromkeys(GGUF_LAYER_MATRICES, gguf.GGMLQuantizationType.Q4_0))
+    report = gguf_recipe_export(path, folder / "tokenizer.json", tmp_path / "out.pte")
     assert report["model"]["family"] == "qwen"
     assert report["parity"]["top1_agreement"] == 1.0 and report["parity"]["max_abs_diff"] < 1e-2, report["parity"]
