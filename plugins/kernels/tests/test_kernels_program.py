@@ -32,15 +32,20 @@ def test_the_program_names_its_runtime_library(fused_export):
     assert "llmcore::rms_norm.out" in ops
     assert "aten::mean.out" not in ops  # the norm's mean was the one op XNNPACK left out
     assert libraries.declared_libraries(data) == ["llmcore_kernels"]
-    entry = fused_export.report["runtime_libraries"]
-    assert [e["name"] for e in entry] == ["llmcore_kernels"]
-    assert entry[0]["ops"] == ["llmcore::rms_norm.out"] and entry[0]["python_module"] == "llmcore_kernels.ops"
-    assert entry[0]["shared_library"].endswith("libllmcore_kernels.so")
+    # the report lists every library the graph calls: ExecuTorch's LLM ops (the KV cache) too,
+    # which the program does not name (every runtime has them)
+    entries = fused_export.report["runtime_libraries"]
+    assert sorted(e["name"] for e in entries) == ["executorch_llm_custom_ops", "llmcore_kernels"]
+    (entry,) = [e for e in entries if e["name"] == "llmcore_kernels"]
+    assert entry["ops"] == ["llmcore::rms_norm.out"] and entry["python_module"] == "llmcore_kernels.ops"
+    assert entry["shared_library"].endswith("libllmcore_kernels.so")
     assert "fused-rmsnorm" in fused_export.report["transforms"]
     on_disk = json.loads(fused_export.report_path.read_text())
-    assert on_disk["runtime_libraries"] == entry
-    (row,) = libraries.runtime_library_requirements(data)
+    assert on_disk["runtime_libraries"] == entries
+    rows = {row["name"]: row for row in libraries.runtime_library_requirements(data)}
+    row = rows["llmcore_kernels"]
     assert row["declared"] and row["plugin"].startswith("llmcore-kernels") and row["error"] is None
+    assert not rows["executorch_llm_custom_ops"]["declared"] and rows["executorch_llm_custom_ops"]["error"] is None
 
 
 def test_the_program_matches_the_original_eager_model(fused_export):
