@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "unicode.h"
+
 namespace llmcore {
 namespace json {
 
@@ -229,24 +231,6 @@ class Parser {
     return v;
   }
 
-  static void append_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out.push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-  }
-
   void parse_string(std::string& out) {
     ++pos_;  // opening quote
     while (true) {
@@ -285,7 +269,7 @@ class Parser {
           } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
             cp = 0xFFFD;
           }
-          append_utf8(out, cp);
+          unicode::append_utf8(out, static_cast<char32_t>(cp));
           break;
         }
         default:
