@@ -41,7 +41,7 @@ def test_answers_paris(smollm2, cli):
 def test_report_and_program(smollm2):
     report = json.loads(smollm2.with_name("smollm2.report.json").read_text())
     assert report["quantization"]["recipe"] == "8da4w"
-    assert report["transforms"] == ["kv-cache"]
+    assert report["transforms"] == ["xnnpack-norms", "kv-cache"]  # xnnpack-norms: XNNPACK comes first
     assert report["parity"]["top1_agreement"] == 1.0
     assert report["model"]["metadata"]["chat_template"] is True
     # 4-bit weights: far below the 538 MB of fp32 weights.
