@@ -78,7 +78,6 @@ class Constraint:
     JSON object), that token is the answer without sampling."""
 
     def __init__(self, grammar: str, tokenizer_json: str, eos_ids: Sequence[int], n_vocab: int):
-
         self._matcher = _prototype(grammar, tokenizer_json, tuple(eos_ids), n_vocab).deep_copy()
         self._mask = torch.zeros((1, (n_vocab + 31) // 32), dtype=torch.int32)
         self._mask_bytes = self._mask.numpy().view(np.uint8)  # the same memory, as bytes

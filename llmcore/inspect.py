@@ -206,10 +206,9 @@ def check_runtime(inspection: Inspection) -> Inspection:
     """Mark each backend and operator as available (or not) in this process's runtime."""
     from executorch.extension.pybindings import portable_lib
 
-    from llmcore.libraries import load_libraries_for
+    from llmcore.libraries import load_libraries_for, unregistered
 
-    have = set(portable_lib._get_operator_names())
-    libraries = load_libraries_for([op.name for op in inspection.operators if op.name not in have], stage="inspect",
+    libraries = load_libraries_for(unregistered([op.name for op in inspection.operators]), stage="inspect",
                                    skip_failures=True)
     backends = set(portable_lib._get_registered_backend_names())
     operators = set(portable_lib._get_operator_names())

@@ -55,7 +55,8 @@ def _read(data: Any) -> tuple[list[str], list[str]]:
     return program_operators(data), declared_libraries(data)
 
 
-def _missing(ops: list[str]) -> list[str]:
+def unregistered(ops: list[str]) -> list[str]:
+    """Those of ``ops`` this process's ExecuTorch runtime has no kernel for."""
     from executorch.extension.pybindings import portable_lib
 
     have = set(portable_lib._get_operator_names())
@@ -64,7 +65,7 @@ def _missing(ops: list[str]) -> list[str]:
 
 def missing_operators(data: Any) -> list[str]:
     """The program's operators that this process's ExecuTorch runtime has no kernel for."""
-    return _missing(program_operators(data))
+    return unregistered(program_operators(data))
 
 
 def graph_operators(exported: Any) -> set[str]:
@@ -163,10 +164,10 @@ def load_program_libraries(data: Any, registry: Optional[Any] = None) -> list[st
         ops, declared = _read(data)
     except Exception:  # not a readable program: loading it reports that
         return []
-    missing = _missing(ops)
+    missing = unregistered(ops)
     loaded = _load_from_env(declared)
     if loaded:
-        missing = _missing(ops)
+        missing = unregistered(ops)
     if not missing:
         return loaded
     return loaded + load_libraries_for(missing, registry)
@@ -222,7 +223,7 @@ def runtime_library_requirements(data: Any, registry: Optional[Any] = None) -> l
     declares or whose operators it calls, with the plugin that provides it here (``None``
     when none does), its Python module, and its native library (``None`` with ``error``
     when it is not built)."""
-    if registry is None:
+    if registry is None:  # discovered now: inspect reports what is installed at this moment
         from llmcore.plugins import load_registry
 
         registry = load_registry()

@@ -44,9 +44,11 @@ from torch import nn
 
 from llmcore import hookimpl
 from llmcore.modules import CausalAttention, attention_mask, explicit_attention, repeat_kv, replace_modules
+from llmcore.builtins.executorch_kernels import LLM_CUSTOM_OPS_MODULE
 from llmcore.records import SourceTransform, TransformContext
 
-CUSTOM_OPS_MODULE = "executorch.extension.llm.custom_ops.custom_ops"
+# the module whose import registers torch.ops.llama.* (and their runtime kernels)
+CUSTOM_OPS_MODULE = LLM_CUSTOM_OPS_MODULE
 
 
 def _start(input_pos: torch.Tensor, seq_len: int, capacity: int) -> int:

@@ -939,13 +939,14 @@ def load_gguf(path: Path, options: LoadOptions, arch: GGUFArchitecture = LLAMA_G
         tensors[t.name] = (t, shape)
     config = gguf_config(g, tensors, arch, options.max_seq_len)
     names = {}  # GGUF name -> the decoder's name, or for a fused matrix the layer's prefix
+    fused = {}  # GGUF name of a fused matrix -> its rows (GGUFArchitecture.fused)
     unknown = []
     for name in tensors:
         m = _GGUF_LAYER.match(name)
         if name in _GGUF_TOP:
             names[name] = _GGUF_TOP[name]
         elif m and m.group(2) in arch.fused:
-            names[name] = f"layers.{m.group(1)}."
+            names[name], fused[name] = f"layers.{m.group(1)}.", arch.fused[m.group(2)]
         elif m and m.group(2) in arch.layer_names:
             names[name] = f"layers.{m.group(1)}.{arch.layer_names[m.group(2)]}"
         elif name not in arch.metadata_tensors:
@@ -974,9 +975,8 @@ def load_gguf(path: Path, options: LoadOptions, arch: GGUFArchitecture = LLAMA_G
             form = None
             if options.stored_integers and len(shape) == 2 and int(t.tensor_type) not in quants.FLOAT_TYPES:
                 form = quants.integer_weight(t.data, int(t.tensor_type), shape, name)
-            suffix = _GGUF_LAYER.match(name).group(2) if name not in _GGUF_TOP else None
-            if suffix in arch.fused:
-                pieces = _split_fused(name, weight, form, arch.fused[suffix](config), names[name], plugin)
+            if name in fused:
+                pieces = _split_fused(name, weight, form, fused[name](config), names[name], plugin)
             else:
                 pieces = [(names[name], weight, form)]
             for meta, weight, form in pieces:
@@ -984,7 +984,7 @@ def load_gguf(path: Path, options: LoadOptions, arch: GGUFArchitecture = LLAMA_G
                     heads = _rotary_heads(meta, config)
                     if heads and weight.shape[0] == heads * config.resolved_head_dim:
                         weight = unpermute_hf_rotary(weight, heads, config.rotary_dim)
-                        form = _unpermute_stored(form, heads, config.rotary_dim) if form is not None else None
+                        form = _map_stored_rows(form, lambda t: unpermute_hf_rotary(t, heads, config.rotary_dim))
                 sd[meta] = weight
                 if form is not None:
                     stored[meta] = form
@@ -1008,9 +1008,7 @@ def _split_fused(name: str, weight: torch.Tensor, form, parts, prefix: str, plug
         )
     out, start = [], 0
     for (suffix, rows), piece in zip(parts, weight.split(sizes)):
-        part_form = None
-        if form is not None:
-            part_form = _stored_rows(form, start, start + rows)
+        part_form = _map_stored_rows(form, lambda t, a=start, b=start + rows: t[a:b].contiguous())
         out.append((prefix + suffix, piece.contiguous(), part_form))
         start += rows
     return out
@@ -1020,15 +1018,17 @@ def _module_of(suffix: str) -> str:
     return suffix.rsplit(".", 2)[-2]
 
 
-def _stored_rows(form, start: int, stop: int):
-    """Rows ``start:stop`` of a stored quantized matrix (its blocks run along a row)."""
-    if not hasattr(form, "q"):  # StoredFormat: only the type's name
+def _map_stored_rows(form, rows: Callable[[torch.Tensor], torch.Tensor]):
+    """A stored quantized matrix with ``rows`` applied to its integers, scales and offsets
+    alike: its blocks run along a row, so a row keeps them wherever it goes (a split, a
+    permutation)."""
+    if form is None or not hasattr(form, "q"):  # StoredFormat: only the type's name
         return form
     return replace(
         form,
-        q=form.q[start:stop].contiguous(),
-        scales=form.scales[start:stop].contiguous(),
-        offsets=form.offsets[start:stop].contiguous() if form.offsets is not None else None,
+        q=rows(form.q),
+        scales=rows(form.scales),
+        offsets=rows(form.offsets) if form.offsets is not None else None,
     )
 
 
@@ -1039,19 +1039,6 @@ def _rotary_heads(meta_name: str, config: LlamaConfig) -> Optional[int]:
         return 1
     module = re.sub(r"^layers\.\d+\.", "", meta_name).rpartition(".")[0]
     return getattr(config, _ROTARY_ROWS[module]) if module in _ROTARY_ROWS else None
-
-
-def _unpermute_stored(form, heads: int, rotary_dim: Optional[int]):
-    """A stored quantized matrix with its rows in the decoder's rotary order: a row keeps its
-    integers, scales and offsets (the blocks run along a row), only the row order changes."""
-    if not hasattr(form, "q"):  # StoredFormat: only the type's name
-        return form
-    return replace(
-        form,
-        q=unpermute_hf_rotary(form.q, heads, rotary_dim),
-        scales=unpermute_hf_rotary(form.scales, heads, rotary_dim),
-        offsets=unpermute_hf_rotary(form.offsets, heads, rotary_dim) if form.offsets is not None else None,
-    )
 
 
 def gguf_name(meta_name: str, arch: Optional[GGUFArchitecture] = None) -> str:
