@@ -75,9 +75,16 @@ class Constraint:
     kept only when allowed, else redrawn from the masked distribution, has the masked
     distribution. top-k and top-p cut the distribution before the grammar does, so with
     them the mask comes first. Where the mask allows a single token (the punctuation of a
-    JSON object), that token is the answer without sampling."""
+    JSON object), that token is the answer without sampling.
 
-    def __init__(self, grammar: str, tokenizer_json: str, eos_ids: Sequence[int], n_vocab: int):
+    Where the grammar allows only one continuation for several tokens (a schema's keys,
+    ``{"name": "`` of a tool call), :meth:`forced` hands them over at once and the loops
+    feed them to the program in one call with the sampled token ("fast-forward"): one
+    forward pass instead of one per token, and no mask. ``fast_forward=False`` turns it off
+    (the benchmark measures both)."""
+
+    def __init__(self, grammar: str, tokenizer_json: str, eos_ids: Sequence[int], n_vocab: int,
+                 fast_forward: bool = True):
         self._matcher = _prototype(grammar, tokenizer_json, tuple(eos_ids), n_vocab).deep_copy()
         self._mask = torch.zeros((1, (n_vocab + 31) // 32), dtype=torch.int32)
         self._mask_bytes = self._mask.numpy().view(np.uint8)  # the same memory, as bytes
@@ -87,6 +94,8 @@ class Constraint:
         self.mask_seconds = 0.0  # time spent on the grammar per token, for the benchmark
         self.masks = 0  # tokens that needed the full mask
         self.tokens = 0  # tokens sampled
+        self.fast_forward = fast_forward
+        self.forced_tokens = 0  # tokens taken from the grammar without a forward pass of their own
 
     def sample(self, logits: torch.Tensor, sampling) -> int:
         """The next token, consumed by the grammar: ``sampling``
@@ -110,6 +119,25 @@ class Constraint:
         self.consume(token)
         self.mask_seconds += time.perf_counter() - start
         return token
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar allows no alternative to from here, already consumed; empty
+        without ``fast_forward`` or once the grammar has ended. llguidance stops short of a
+        token a longer one could still replace, so these are the tokens the model would be
+        made to write one by one."""
+        if not self.fast_forward:
+            return []
+        start = time.perf_counter()
+        tokens = []
+        # the forced bytes cost a tenth of the forced tokens (0.2 against 4 us on a 49k
+        # vocabulary, measured here) and are mostly none: ask for tokens only when there are some
+        if not self._matcher.is_stopped() and self._matcher.compute_ff_bytes():
+            tokens = self._matcher.compute_ff_tokens()
+        if tokens and not self._matcher.consume_tokens(tokens):
+            raise GrammarError(self._matcher.get_error() or f"the grammar refused its own forced tokens {tokens}")
+        self.mask_seconds += time.perf_counter() - start
+        self.forced_tokens += len(tokens)
+        return tokens
 
     def filter(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` with every token the grammar forbids at this point set to -inf."""

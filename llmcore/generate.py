@@ -2,7 +2,8 @@
 
 The loop follows the program's calling convention (``docs/pte-contract.md``): without a
 KV cache it feeds the last ``max_seq_len`` tokens every step; with one it prefills the
-prompt once and then feeds one token at a time.
+prompt once and then feeds the tokens each step yields (one, or more when a grammar forces
+some).
 """
 
 from __future__ import annotations
@@ -151,6 +152,17 @@ class Generation:
     stats: GenerationStats
 
 
+def next_tokens(logits: torch.Tensor, sampling: Sampling, constraint=None, room: int = 1) -> list[int]:
+    """What one forward pass yields: the sampled token and, under a grammar, the tokens the
+    grammar forces after it (:meth:`llmcore.constrain.Constraint.forced`), at most ``room``
+    in all. The decode loops of ``generate`` and ``serve`` feed them to the program
+    together in the next call."""
+    if constraint is None:
+        return [sampling(logits)]
+    token = constraint.sample(logits, sampling)
+    return [token, *constraint.forced()][: max(1, room)]
+
+
 def generate(
     program,
     prompt_ids: list[int],
@@ -162,8 +174,9 @@ def generate(
 ) -> Generation:
     """Generate up to ``max_new_tokens`` after the prompt; stops at an EOS id unless told
     not to (benchmarks decode a fixed number of tokens). With ``constraint``
-    (:class:`llmcore.constrain.Constraint`) only tokens its grammar allows are sampled, and
-    generation ends where the grammar does."""
+    (:class:`llmcore.constrain.Constraint`) only tokens its grammar allows are sampled, the
+    tokens it forces are fed without a forward pass each (its opening ones with the
+    prompt), and generation ends where the grammar does."""
     if not prompt_ids:
         raise LlmcoreError("the prompt is empty after tokenization.", stage="run", fix="pass a non-empty --prompt.")
     limit = program.max_context_len if program.use_kv_cache else None
@@ -177,32 +190,41 @@ def generate(
     eos = set(program.eos_ids)
     tokens = list(prompt_ids)
     generated: list[int] = []
+
+    def room() -> int:  # tokens that may still be generated (and, with a cache, fed)
+        return min(max_new_tokens - len(generated), limit - len(tokens) if limit else max_new_tokens)
+
+    def accept(new: list[int]) -> None:
+        for token in new:
+            generated.append(token)
+            tokens.append(token)
+            if on_token is not None:
+                on_token(token)
+
     start = time.perf_counter()
-    first_token_at = start
-    for step in range(max_new_tokens):
+    first_token_at, first_tokens = start, 0
+    fed = 0  # tokens the KV cache holds
+    if constraint is not None and max_new_tokens > 0:
+        accept(constraint.forced()[: room()])  # the grammar's opening goes in with the prompt
+    while len(generated) < max_new_tokens:
         if program.use_kv_cache:
-            if len(tokens) >= limit:
+            if fed and len(tokens) >= limit:
                 break
-            if step == 0:
-                logits = program.logits(tokens, 0)
-            else:
-                logits = program.logits(tokens[-1:], len(tokens) - 1)
+            logits = program.logits(tokens[fed:], fed)
+            fed = len(tokens)
         else:
             logits = program.logits(tokens[-program.max_seq_len :])
-        token = sampling(logits) if constraint is None else constraint.sample(logits, sampling)
-        if step == 0:
-            first_token_at = time.perf_counter()
-        generated.append(token)
-        tokens.append(token)
-        if on_token is not None:
-            on_token(token)
-        if token in eos and (stop_at_eos or constraint is not None):  # a grammar ends at EOS too
+        new = next_tokens(logits, sampling, constraint, room())
+        accept(new)
+        if first_token_at == start:  # decode is timed from here; forced opening tokens count as prompt time
+            first_token_at, first_tokens = time.perf_counter(), len(generated)
+        if new[0] in eos and (stop_at_eos or constraint is not None):  # a grammar ends at EOS too
             break
         if constraint is not None and constraint.finished():
             break
     end = time.perf_counter()
     prefill_s = max(first_token_at - start, 1e-9)
-    decode_steps = len(generated) - 1
+    decode_steps = len(generated) - first_tokens
     stats = GenerationStats(
         prompt_tokens=len(prompt_ids),
         generated_tokens=len(generated),

@@ -297,9 +297,10 @@ class Engine:
         self.cached = list(ids)
         return logits, keep
 
-    def step(self, token: int):
-        logits = self.program.logits([token], len(self.cached))
-        self.cached.append(token)
+    def step(self, tokens: list[int]):
+        """Logits after feeding ``tokens`` (one sampled token, and any a grammar forced after it)."""
+        logits = self.program.logits(tokens, len(self.cached))
+        self.cached.extend(tokens)
         return logits
 
 
@@ -326,11 +327,13 @@ def _held_back(text: str, stops: list[str]) -> int:
 def run(engine: Engine, req: Request, emit: Callable[[str], None], cancelled: threading.Event) -> Outcome:
     """Generate for ``req`` on ``engine`` (in a worker thread): text deltas go to ``emit``
     as they become final (stop strings never reach it), until EOS, a stop string,
-    ``max_tokens``, the end of the context, or ``cancelled``."""
-    from llmcore.generate import Sampling
+    ``max_tokens``, the end of the context, or ``cancelled``. Under a grammar, the tokens
+    it forces go to the program together (its opening ones with the prompt)."""
+    from llmcore.generate import Sampling, next_tokens
 
     sampling = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed)
     eos = set(engine.program.eos_ids)
+    context = engine.program.max_context_len
     constraint = None
     if req.grammar is not None:
         from llmcore.constrain import Constraint
@@ -338,38 +341,48 @@ def run(engine: Engine, req: Request, emit: Callable[[str], None], cancelled: th
         constraint = Constraint(req.grammar, engine.tokenizer.json_text, engine.program.eos_ids, engine.vocab)
     generated: list[int] = []
     text, sent = "", 0
-    finish = "length"
 
     def first_stop(text: str) -> int:
         hits = [i for i in (text.find(s, max(0, sent - len(s))) for s in req.stop) if i >= 0]
         return min(hits) if hits else -1
 
-    logits, cached = engine.prefill(req.prompt_ids)
-    while not cancelled.is_set():
-        token = sampling(logits) if constraint is None else constraint.sample(logits, sampling)
-        if token in eos:
-            finish = "stop"
-            break
-        generated.append(token)
-        decoded = engine.tokenizer.decode(generated, skip_special_tokens=True)
-        if not decoded.endswith("\ufffd"):  # not in the middle of a multi-byte character
+    def room(fed: int) -> int:  # tokens that may still be generated; the cache keeps one slot free
+        return min(req.max_tokens - len(generated), context - 1 - fed)
+
+    def take(new: list[int]) -> Optional[str]:
+        """Add ``new`` to the reply; "stop" when it ends the reply."""
+        nonlocal text, sent
+        for token in new:
+            if token in eos:
+                return "stop"
+            generated.append(token)
+            decoded = engine.tokenizer.decode(generated, skip_special_tokens=True)
+            if decoded.endswith("\ufffd"):  # in the middle of a multi-byte character
+                continue
             text = decoded
             cut = first_stop(text)
             if cut >= 0:
-                text, finish = text[:cut], "stop"
-                break
+                text = text[:cut]
+                return "stop"
             final = len(text) - _held_back(text, req.stop)
             if final > sent:
                 emit(text[sent:final])
                 sent = final
-        if constraint is not None and constraint.finished():
-            finish = "stop"
+        return "stop" if constraint is not None and constraint.finished() else None
+
+    opening = constraint.forced()[: max(0, room(len(req.prompt_ids)))] if constraint is not None else []
+    logits, cached = engine.prefill(req.prompt_ids + opening)
+    finish = take(opening)
+    while finish is None:
+        if cancelled.is_set():
+            finish = "cancelled"
             break
-        if len(generated) >= req.max_tokens or len(engine.cached) + 1 >= engine.program.max_context_len:
-            break
-        logits = engine.step(token)
-    else:
-        finish = "cancelled"
+        new = next_tokens(logits, sampling, constraint, room(len(engine.cached)))
+        finish = take(new)
+        if finish is None and (len(generated) >= req.max_tokens or len(engine.cached) + len(new) >= context):
+            finish = "length"
+        if finish is None:
+            logits = engine.step(new)
     if finish != "stop" or not req.stop:  # the whole text: nothing more will complete a character
         text = engine.tokenizer.decode(generated, skip_special_tokens=True)
         cut = first_stop(text)
@@ -377,7 +390,8 @@ def run(engine: Engine, req: Request, emit: Callable[[str], None], cancelled: th
             text, finish = text[:cut], "stop"
     if len(text) > sent and finish != "cancelled":
         emit(text[sent:])
-    return Outcome(text, "length" if finish == "cancelled" else finish, len(req.prompt_ids), len(generated), cached)
+    return Outcome(text, "length" if finish == "cancelled" else finish, len(req.prompt_ids), len(generated),
+                   min(cached, len(req.prompt_ids)))
 
 
 # ---- the server ---------------------------------------------------------------------------------

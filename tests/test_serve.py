@@ -224,7 +224,7 @@ def test_reused_cache_gives_the_fresh_programs_logits(engine, served):
     first = list(b"The cat sat on the mat.")
     engine.prefill(first)
     for t in b" Then":
-        engine.step(t)
+        engine.step([t])
     second = first + list(b" Then it slept")
     logits, kept = engine.prefill(second)
     assert kept == len(first) + len(b" Then")

@@ -254,3 +254,34 @@ def test_sampling_the_models_pick_first_gives_the_masked_distribution(served, te
         counts[c.sample(logits, sampling)] += 1
     got = torch.tensor([counts[t] / n for t in allowed])
     assert float((got - expected).abs().max()) < 0.03, (got, expected)
+
+
+def test_forced_tokens_go_to_the_program_together_and_change_nothing(served):
+    """What the grammar forces (the opening of a tool call, the next key of a schema) is fed
+    in one call with the sampled token: greedy generation writes the same tokens as one
+    forward pass per token, in fewer calls."""
+    from llmcore.constrain import Constraint, Tool, tool_call_grammar
+    from llmcore.generate import Sampling, generate
+    from llmcore.runtime import Program
+
+    pte = served[1]
+    tokenizer = pte.with_name("tokenizer.json").read_text()  # byte-level: token id = byte value
+    grammar = tool_call_grammar([Tool("wx", WEATHER["function"]["parameters"])], tagged=True, optional=False)
+    opening = Constraint(grammar, tokenizer, [256], 257).forced()
+    assert bytes(opening).decode() == '<tool_call>\n{"name": "wx", "arguments": {"city": "'
+
+    program = Program.load(pte)
+    calls = []
+    logits = program.logits
+    program.logits = lambda tokens, pos=None: calls.append(len(tokens)) or logits(tokens, pos)
+    runs = {}
+    for fast_forward in (False, True):
+        calls.clear()
+        constraint = Constraint(grammar, tokenizer, [256], 257, fast_forward=fast_forward)
+        out = generate(program, list(b"rain? [user]\n>"), 80, Sampling(), constraint=constraint)
+        runs[fast_forward] = (out.generated_ids, len(calls), constraint.forced_tokens)
+    (slow_ids, slow_calls, none_forced), (fast_ids, fast_calls, forced) = runs[False], runs[True]
+    assert fast_ids == slow_ids and none_forced == 0
+    assert bytes(fast_ids).decode().endswith('"}}\n</tool_call>')
+    assert forced >= len(opening) + len('"}}\n</tool_call>') - 1
+    assert fast_calls == slow_calls - forced
