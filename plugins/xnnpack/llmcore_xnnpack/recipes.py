@@ -12,7 +12,8 @@ recipe; with ``outlier_split`` (its default) the activations too lose almost not
 per-block offset term. A matrix whose format no kernel here takes unchanged (Q8_0, whose
 scales are per 32 where XNNPACK's int8 GEMM wants one per channel; Q5/Q6 types) is rounded to
 int8 per channel from its exact values, and the export says so with the weight error it
-measured. Nothing is changed silently.
+measured. Nothing is changed silently. An embedding table stored as Q8_0 keeps its integers
+too (:class:`.torchao_quant.StoredByteEmbedding`), a quarter of its fp32 size.
 
 Both print one line per recipe run: what each group of layers became and the weight error
 (``||W_program - W_source|| / ||W_source||``) it cost.
@@ -32,6 +33,7 @@ from llmcore.stored import IntegerWeight, stored_form
 from llmcore_xnnpack import qlinear
 from llmcore_xnnpack.torchao_quant import (
     XNNPACK_GROUP_MULTIPLE,
+    StoredByteEmbedding,
     check_embedding_options,
     check_options,
     linear_group,
@@ -189,6 +191,11 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
             summary.add("float kept")
             continue
         _replace(module, name, new)
+    for name, table in [(n, m) for n, m in module.named_modules() if type(m) is nn.Embedding]:
+        form = stored_form(table.weight)
+        if isinstance(form, IntegerWeight) and form.bits == 8 and form.offsets is None and table.max_norm is None:
+            _replace(module, name, StoredByteEmbedding(form.q, form.scales, table.padding_idx))
+            summary.add(f"embedding {form.format} kept")
     line = summary.line()
     if scale_rounding:
         line += f"; 4-bit scales fp16 -> bf16 (XNNPACK's scale type): at most {100 * scale_rounding:.3g}% per scale"

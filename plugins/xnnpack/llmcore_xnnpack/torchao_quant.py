@@ -144,3 +144,34 @@ def quantize_embeddings(module: nn.Module, bits: int, group_size: int, algorithm
         setattr(parent, attr, QuantizedLookupEmbedding(child, config))
         done += 1
     return done
+
+
+class StoredByteEmbedding(nn.Module):
+    """An embedding table kept as the checkpoint stores it: int8 rows with one scale per
+    ``block`` columns (a GGUF's Q8_0, often its token embedding). The program looks rows up
+    with ``quantized_decomposed::embedding_byte`` (ExecuTorch's quantized kernels), so the
+    table stays a quarter of its fp32 size in the program and in memory while exporting,
+    and every value equals the file's ``scale * q`` exactly (fp16 scales are exact in fp32).
+
+    Eager calls (the parity reference) gather the rows first and dequantize only those:
+    the same products, without a full fp32 copy of the table per call."""
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, padding_idx: Optional[int] = None):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = q.shape
+        self.block = self.embedding_dim // scales.shape[1]
+        self.padding_idx = padding_idx
+        self.register_buffer("q", q.contiguous())
+        self.register_buffer("scales", scales.float().contiguous())
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_exporting():
+            import executorch.exir.passes._quant_patterns_and_replacements  # noqa: F401  (defines the op)
+
+            return torch.ops.quantized_decomposed.embedding_byte.dtype(
+                self.q, self.scales, None, -128, 127, indices, dtype=torch.float32)
+        rows = self.q[indices].float().unflatten(-1, (-1, self.block)) * self.scales[indices].unsqueeze(-1)
+        return rows.flatten(-2)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8 per {self.block} columns"
