@@ -256,6 +256,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 # ---- parser --------------------------------------------------------------------------------
 
 
+RUNTIME_COMMANDS = ("run", "chat", "serve", "eval", "profile")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmcore", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks and library logs")
@@ -314,6 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_parser(sub)
     serve.add_parser(sub)
     chat.add_parser(sub)
+    for name in RUNTIME_COMMANDS:  # the commands that run a program: one thread-pool option for all
+        sub.choices[name].add_argument(
+            "--threads", type=int, metavar="N",
+            help="CPU threads of the ExecuTorch runtime (XNNPACK and the LLM ops); default: one per core, "
+                 "as llmcore_runner --threads")
     return parser
 
 
@@ -328,6 +336,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command in ("export", "run", "inspect", "profile", "eval"):
             _quiet_torch(debug)
+        if getattr(args, "threads", None) is not None:
+            from llmcore.runtime import use_threads
+
+            use_threads(args.threads)
         return args.func(args)
     except LlmcoreError as exc:
         if debug:

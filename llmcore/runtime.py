@@ -146,6 +146,23 @@ class Program:
         return self._module
 
 
+def use_threads(count: int) -> None:
+    """Give the runtime's CPU thread pool ``count`` threads (ExecuTorch's pool, which
+    XNNPACK's delegates and the LLM custom ops share), before any program runs. The
+    default, one thread per core, is not always the fastest: on a 2-core VM the Python
+    runtime prefilled SmolLM2 faster with one thread (docs/performance.md)."""
+    if count < 1:
+        raise LlmcoreError(f"--threads {count} is not a thread count.", stage="run", fix="pass --threads 1 or more.")
+    from executorch.extension.pybindings import portable_lib
+
+    reset = getattr(portable_lib, "_unsafe_reset_threadpool", None)
+    if reset is None:
+        raise LlmcoreError("this ExecuTorch runtime cannot set its thread count.", stage="run",
+                           fix="leave out --threads (the runtime uses one thread per core).")
+    with captured_stderr():  # cpuinfo and the pool log their work on fd 2
+        reset(count)
+
+
 def feed_in_chunks(
     forward: Callable[[Sequence[int], int], torch.Tensor], tokens: Sequence[int], start: int, chunk: int
 ) -> torch.Tensor:

@@ -166,3 +166,29 @@ def test_output_folder_that_does_not_exist(cli, tmp_path):
     result = cli(*TINY, "-o", str(tmp_path / "no" / "such" / "x.pte"))
     assert result.returncode == 2 and "does not exist" in result.stderr
     assert not (tmp_path / "no").exists()
+
+
+def test_threads_sets_the_runtime_pool_and_changes_no_token(int8_export, cli):
+    """``--threads N`` (every command that runs a program) sizes ExecuTorch's thread pool:
+    greedy tokens are those of the default pool; 0 is refused in one line."""
+    from executorch.extension.pybindings import portable_lib
+
+    from llmcore.runtime import use_threads
+
+    out, _ = int8_export
+    args = ["run", str(out), "--prompt", "Hi there", "--max-new-tokens", "6", "--json"]
+    default, one = (json.loads(cli(*args, *extra).stdout)["generated_ids"] for extra in ([], ["--threads", "1"]))
+    assert one == default
+    refused = cli(*args, "--threads", "0")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "llmcore: error: [run] --threads 0 is not a thread count. Fix: pass --threads 1 or more."]
+    for command in ("chat", "serve", "eval", "profile"):
+        assert "--threads" in cli(command, "--help").stdout
+
+    before = portable_lib._threadpool_get_thread_count()
+    try:
+        use_threads(1)
+        assert portable_lib._threadpool_get_thread_count() == 1
+    finally:
+        use_threads(before)
+    assert portable_lib._threadpool_get_thread_count() == before

@@ -30,7 +30,6 @@ and provenance that passes rewrite anyway), or any constant tensor.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import importlib
 import logging
@@ -301,49 +300,3 @@ def remembered_passes() -> Iterator[type]:
                 manager.transplanted,
             )
 
-
-# ---- the copies preprocess works on ------------------------------------------------------
-
-
-@contextmanager
-def shared_constant_copies() -> Iterator[None]:
-    """While lowering, the copy of each partition that XNNPACK's preprocess works on shares
-    the partition's constant tensors instead of duplicating them.
-
-    ExecuTorch copies every partition before it preprocesses any
-    (``lower_all_submodules_to_backend``), so copies of all the weights were resident at
-    once: 160 MiB of SmolLM2's int4 layers at the top of its export's memory. The copy
-    exists so that preprocess cannot change the caller's program; sharing the tensors keeps
-    that true because XNNPACK's preprocess never writes into a constant: its passes put a
-    new tensor under a name (the copied dictionaries keep such changes to themselves), as
-    the remembered pass manager above also relies on. ExecuTorch's CUDA backend makes the
-    same copy for the same reason (``CudaBackend.copy_exported_program_for_preprocess``).
-    """
-    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
-
-    if not hasattr(XnnpackBackend, "copy_exported_program_for_preprocess"):  # another ExecuTorch
-        yield
-        return
-    had_own = "copy_exported_program_for_preprocess" in vars(XnnpackBackend)
-    original = vars(XnnpackBackend).get("copy_exported_program_for_preprocess")
-
-    def copy_sharing_constants(cls, program, compile_specs):
-        shared = {id(t): t for store in (program.state_dict, program.constants) for t in store.values()
-                  if isinstance(t, torch.Tensor)}
-        return copy.deepcopy(program, shared)
-
-    XnnpackBackend.copy_exported_program_for_preprocess = classmethod(copy_sharing_constants)
-    try:
-        yield
-    finally:
-        if had_own:
-            XnnpackBackend.copy_exported_program_for_preprocess = original
-        else:
-            del XnnpackBackend.copy_exported_program_for_preprocess
-
-
-@contextmanager
-def while_lowering() -> Iterator[Any]:
-    """What the XNNPACK backend enters around lowering (``Backend.while_lowering``)."""
-    with remembered_passes() as manager, shared_constant_copies():
-        yield manager

@@ -3,7 +3,7 @@ program ExecuTorch would.
 
 Authority: the same export with every shortcut turned off, i.e. ExecuTorch's own
 ``to_edge_transform_and_lower`` on the whole graph, its own decomposition path, every
-XNNPACK preprocess pass on every partition (each on a full copy of its partition), and every delegate's graph traced again by the
+XNNPACK preprocess pass on every partition, and every delegate's graph traced again by the
 post-passes and ``to_executorch`` (llmcore.pipeline.delegates). The `.pte` files must be identical byte for
 byte, so every delegate, every constant and the graph around them are what they were.
 """
@@ -100,7 +100,6 @@ def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, fami
     with monkeypatch.context() as m:
         m.setattr(lowering, "ops_to_not_decompose", _ops_to_not_decompose_unchanged)
         m.setattr(lowering, "remembered_passes", contextlib.nullcontext)
-        m.setattr(lowering, "shared_constant_copies", contextlib.nullcontext)
         m.setattr(lower, "lower", _whole_graph(lower.lower))
         m.setattr(delegates, "recorded_outputs", _trace_every_delegate)
         reference = _export(tmp_path, "reference", family, quantize)
@@ -110,35 +109,3 @@ def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, fami
     assert len(fast_bytes) == len(reference_bytes)
     assert fast_bytes == reference_bytes
 
-
-def test_preprocess_copies_share_the_constants_and_leave_them_unchanged():
-    """Under ``shared_constant_copies`` each partition's copy holds the very tensors of the
-    partition (no second copy of the weights), and lowering leaves every one of them as it
-    was: preprocess replaces constants, it never writes into them."""
-    import torch
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
-    from executorch.exir import to_edge_transform_and_lower
-
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16)).eval()
-    ep = torch.export.export(model, (torch.randn(2, 32),))
-    before = {name: t.clone() for name, t in ep.state_dict.items()}
-    copies = []
-    with lowering.shared_constant_copies():
-        share = XnnpackBackend.copy_exported_program_for_preprocess
-
-        def spy(program, specs):
-            copied = share(program, specs)
-            copies.append((program, copied))
-            return copied
-
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(XnnpackBackend, "copy_exported_program_for_preprocess", spy)
-            lowered = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
-    assert copies and all(
-        copied.state_dict[name] is t for program, copied in copies for name, t in program.state_dict.items())
-    assert all(copied.graph_module is not program.graph_module for program, copied in copies)
-    assert all(torch.equal(ep.state_dict[name], t) for name, t in before.items())
-    assert "copy_exported_program_for_preprocess" not in vars(XnnpackBackend)  # restored
-    x = torch.randn(2, 32)
-    assert torch.allclose(lowered.exported_program().module()(x), model(x), atol=1e-5)
