@@ -149,8 +149,9 @@ class Program:
 def use_threads(count: int) -> None:
     """Give the runtime's CPU thread pool ``count`` threads (ExecuTorch's pool, which
     XNNPACK's delegates and the LLM custom ops share), before any program runs. The
-    default, one thread per core, is not always the fastest: on a 2-core VM the Python
-    runtime prefilled SmolLM2 faster with one thread (docs/performance.md)."""
+    default, one thread per core, is not always the fastest: on a 2-core VM the tiny test
+    model decoded 1.3x faster with one thread, while SmolLM2 prefilled faster with two
+    (docs/performance.md)."""
     if count < 1:
         raise LlmcoreError(f"--threads {count} is not a thread count.", stage="run", fix="pass --threads 1 or more.")
     from executorch.extension.pybindings import portable_lib
