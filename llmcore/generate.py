@@ -216,7 +216,7 @@ def generate(
             logits = program.logits(tokens[-program.max_seq_len :])
         new = next_tokens(logits, sampling, constraint, room())
         accept(new)
-        if first_token_at == start:  # decode is timed from here; forced opening tokens count as prompt time
+        if not first_tokens:  # decode is timed from here; forced opening tokens count as prompt time
             first_token_at, first_tokens = time.perf_counter(), len(generated)
         if new[0] in eos and (stop_at_eos or constraint is not None):  # a grammar ends at EOS too
             break

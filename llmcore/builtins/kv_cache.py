@@ -46,8 +46,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmcore import hookimpl
-from llmcore.modules import CausalAttention, attention_mask, explicit_attention, repeat_kv, replace_modules
 from llmcore.builtins.executorch_kernels import LLM_CUSTOM_OPS_MODULE
+from llmcore.modules import CausalAttention, attention_mask, explicit_attention, repeat_kv, replace_modules
 from llmcore.records import SourceTransform, TransformContext
 
 # the module whose import registers torch.ops.llama.* (and their runtime kernels)

@@ -299,4 +299,3 @@ def remembered_passes() -> Iterator[type]:
                 manager.passes_skipped,
                 manager.transplanted,
             )
-

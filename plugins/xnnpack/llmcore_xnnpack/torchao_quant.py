@@ -14,7 +14,9 @@ scale per ``embedding_group_size`` columns (torchao's ``IntxWeightOnlyConfig``).
 lookup exports as ``dequantize_affine + embedding``, which ExecuTorch's quant-fusion pass
 (run by ``to_executorch``) turns into ``quantized_decomposed::embedding_byte`` or
 ``embedding_4bit``: kernels of ``executorch.kernels.quantized``, run by the portable
-runtime (XNNPACK has no gather).
+runtime (XNNPACK has no gather). :class:`StoredByteEmbedding` reaches the same
+``embedding_byte`` kernel from a table the checkpoint already stores as int8 rows (the
+``gguf`` recipe), without quantizing anything again.
 """
 
 from __future__ import annotations
