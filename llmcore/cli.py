@@ -1,4 +1,4 @@
-"""The ``llmcore`` command: export, plugins, run, inspect, profile, eval, serve, chat.
+"""The ``llmcore`` command: export, plugins, run, inspect, profile, eval, serve, chat, matrix.
 
 Errors the user can act on are printed as one line (``llmcore: error: [stage/plugin] ...
 Fix: ...``) with exit code 2; ``--debug`` adds the traceback. Unexpected exceptions exit
@@ -312,9 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
     from llmcore import inspect as inspect_command, profile as profile_command
     inspect_command.add_parser(sub), profile_command.add_parser(sub)
-    from llmcore import chat, evaluate, serve
+    from llmcore import chat, evaluate, matrix, serve
 
     evaluate.add_parser(sub)
+    matrix.add_parser(sub)
     serve.add_parser(sub)
     chat.add_parser(sub)
     for name in RUNTIME_COMMANDS:  # the commands that run a program: one thread-pool option for all

@@ -104,6 +104,17 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+def reset_peak_rss() -> None:
+    """Start the peak (``VmHWM``) afresh from the current RSS, so that a long-lived process
+    running one job after another (a Ray worker of ``llmcore matrix``) reports each job's
+    own peak. Linux only; elsewhere the peak stays the process's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 @dataclass
 class StageRecord:
     name: str
