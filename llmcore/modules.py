@@ -180,6 +180,22 @@ def unusual_attention(module: nn.Module) -> list[tuple[str, str]]:
     return found
 
 
+def refuse_unusual_attention(module: nn.Module, *, plugin: str, form: str, fix: str, allowed=()) -> None:
+    """Refuse, by the first layer's name, a model whose attention does more than ``form``
+    (a backend's own attention, e.g. "the Vulkan attention forms") implements
+    (:func:`unusual_attention`); attention modules of the types in ``allowed`` are left to
+    the backend as they are. One message for every backend, so that a user meets the same
+    words whichever one refuses."""
+    from llmcore.errors import LlmcoreError
+
+    unusual = [(n, what) for n, what in unusual_attention(module)
+               if not isinstance(module.get_submodule(n), tuple(allowed))]
+    if unusual:
+        name, what = unusual[0]
+        raise LlmcoreError(f"{name} uses {what}, which {form} does not implement.",
+                           stage="transform", plugin=plugin, fix=fix)
+
+
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GELU with the tanh approximation (``F.gelu(x, approximate="tanh")``: Gemma's GeGLU),
     written out with muls, adds and a tanh. XNNPACK's GELU operator takes that call but

@@ -58,3 +58,25 @@ def test_none_keeps_a_module_and_its_children_are_searched():
 def test_the_root_is_never_replaced():
     root = nn.Linear(2, 2)
     assert replace_modules(root, nn.Linear, lambda m: nn.Identity()) == 0
+
+
+def test_unusual_attention_is_refused_by_layer_name_unless_the_backend_takes_its_type():
+    import pytest
+
+    from llmcore.errors import LlmcoreError
+    from llmcore.modules import refuse_unusual_attention
+
+    class Windowed(CausalAttention):
+        pass
+
+    model = nn.ModuleDict({"plain": CausalAttention(2, 2, 4), "local": Windowed(2, 2, 4, window=8),
+                           "capped": CausalAttention(2, 2, 4, softcap=30.0)})
+    with pytest.raises(LlmcoreError) as err:
+        refuse_unusual_attention(model, plugin="somebackend", form="its attention form", fix="do X.")
+    assert err.value.one_line() == ("[transform/somebackend] local uses sliding-window attention, which its "
+                                    "attention form does not implement. Fix: do X.")
+    with pytest.raises(LlmcoreError, match="capped uses soft-capped attention scores"):
+        refuse_unusual_attention(model, plugin="somebackend", form="its attention form", fix="do X.",
+                                 allowed=(Windowed,))
+    del model["capped"]
+    refuse_unusual_attention(model, plugin="somebackend", form="its attention form", fix="do X.", allowed=(Windowed,))

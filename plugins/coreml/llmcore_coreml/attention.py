@@ -30,8 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmcore.errors import LlmcoreError
-from llmcore.modules import CausalAttention, repeat_kv, replace_modules, unusual_attention
+from llmcore.modules import CausalAttention, repeat_kv, replace_modules, refuse_unusual_attention
 
 MASK_VALUE = -30000.0
 SDPA_OP = "coreml::sdpa"
@@ -129,15 +128,11 @@ def apply(module: nn.Module, context) -> nn.Module:
     """
     from llmcore.builtins.kv_cache import CustomOpKVAttention, StaticKVAttention
 
-    unusual = [(n, what) for n, what in unusual_attention(module) if not isinstance(module.get_submodule(n), StaticKVAttention)]
-    if unusual:
-        raise LlmcoreError(
-            f"{unusual[0][0]} uses {unusual[0][1]}, which the Core ML attention forms do not implement.",
-            stage="transform",
-            plugin="coreml",
-            fix="pass --transforms kv-cache-static: Core ML converts its plain-PyTorch attention as it is, windows, "
-            "scales and soft-capping included.",
-        )
+    refuse_unusual_attention(
+        module, plugin="coreml", form="the Core ML attention forms", allowed=(StaticKVAttention,),
+        fix="pass --transforms kv-cache-static: Core ML converts its plain-PyTorch attention as it is, windows, "
+        "scales and soft-capping included.",
+    )
     cached = replace_modules(
         module,
         CustomOpKVAttention,

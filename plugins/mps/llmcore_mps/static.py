@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmcore.errors import LlmcoreError
-from llmcore.modules import CausalAttention, repeat_kv, replace_modules, unusual_attention
+from llmcore.modules import CausalAttention, repeat_kv, replace_modules, refuse_unusual_attention
 
 MASK_VALUE = -30000.0
 
@@ -128,15 +128,11 @@ def static_length(module: nn.Module, family: str, length: int) -> StaticLength:
             stage="transform",
             plugin="mps",
         )
-    unusual = unusual_attention(module)  # (name, what) pairs
-    if unusual:
-        raise LlmcoreError(
-            f"{unusual[0][0]} uses {unusual[0][1]}, which the MPS static-length form does not implement.",
-            stage="transform",
-            plugin="mps",
-            fix="export this model for coreml or xnnpack, or pass --max-seq-len no longer than the window if the "
-            "model family allows it.",
-        )
+    refuse_unusual_attention(
+        module, plugin="mps", form="the MPS static-length form",
+        fix="export this model for coreml or xnnpack, or pass --max-seq-len no longer than the window if the "
+        "model family allows it.",
+    )
 
     def static_mask(a: CausalAttention) -> nn.Module:
         return StaticMaskAttention(a.n_heads, a.n_kv_heads, a.head_dim, length)

@@ -32,8 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmcore.errors import LlmcoreError
-from llmcore.modules import CausalAttention, replace_modules, unusual_attention
+from llmcore.modules import CausalAttention, replace_modules, refuse_unusual_attention
 
 MASK_VALUE = -30000.0
 
@@ -137,15 +136,11 @@ def single_head_attention(module: nn.Module, context) -> nn.Module:
     """
     from llmcore.builtins.kv_cache import CustomOpKVAttention, StaticKVAttention
 
-    unusual = unusual_attention(module)  # (name, what) pairs
-    if unusual:
-        raise LlmcoreError(
-            f"{unusual[0][0]} uses {unusual[0][1]}, which the QNN single-head attention does not implement.",
-            stage="transform",
-            plugin="qnn",
-            fix="export this model for xnnpack (its attention and KV cache implement these), or, for a window, "
-            "pass --max-seq-len no longer than the window if the model family allows it.",
-        )
+    refuse_unusual_attention(
+        module, plugin="qnn", form="the QNN single-head attention",
+        fix="export this model for xnnpack (its attention and KV cache implement these), or, for a window, "
+        "pass --max-seq-len no longer than the window if the model family allows it.",
+    )
 
     def cached(a) -> nn.Module:
         new = SingleHeadStaticKVAttention(a.n_heads, a.n_kv_heads, a.head_dim, a.capacity)

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from llmcore.errors import LlmcoreError
-from llmcore.modules import CausalAttention, repeat_kv, replace_modules, unusual_attention
+from llmcore.modules import CausalAttention, repeat_kv, replace_modules, refuse_unusual_attention
 
 # Finite "minus infinity": fits fp16 (max 65504) even after adding a score to it.
 MASK_VALUE = -30000.0
@@ -93,15 +93,11 @@ def apply(module: nn.Module, context) -> nn.Module:
             fix="drop --transforms kv-cache-static: Vulkan runs the default kv-cache (its custom ops are "
             "Vulkan operators), or pass --skip-transforms kv-cache for a program without a cache.",
         )
-    unusual = unusual_attention(module)  # (name, what) pairs
-    if unusual:
-        raise LlmcoreError(
-            f"{unusual[0][0]} uses {unusual[0][1]}, which the Vulkan attention forms do not implement.",
-            stage="transform",
-            plugin="vulkan",
-            fix="export this model for xnnpack (its attention and KV cache implement these), or, for a window, "
-            "pass --max-seq-len no longer than the window if the model family allows it.",
-        )
+    refuse_unusual_attention(
+        module, plugin="vulkan", form="the Vulkan attention forms",
+        fix="export this model for xnnpack (its attention and KV cache implement these), or, for a window, "
+        "pass --max-seq-len no longer than the window if the model family allows it.",
+    )
     replace_modules(
         module,
         CausalAttention,
