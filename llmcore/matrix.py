@@ -416,8 +416,11 @@ def export_cell(options: dict[str, Any], perplexity_text: Optional[str], tracker
         if perplexity_text:
             from llmcore.evaluate import evaluate
 
-            scored = evaluate(str(local.output), perplexity_text, None, None, with_eager=False)
-            result["perplexity"] = scored["program"]["perplexity"]
+            try:
+                scored = evaluate(str(local.output), perplexity_text, None, None, with_eager=False)
+                result["perplexity"] = scored["program"]["perplexity"]
+            except LlmcoreError as exc:  # the program stands; only its score is missing, and says why
+                result["error"] = f"perplexity not scored: {exc.one_line()}"
         result["report"] = exported.report
         result["files"] = {p.name: p.read_bytes() for p in scratch.iterdir() if p.is_file()}
         result["status"] = "ok"
@@ -632,6 +635,9 @@ def _collect(ray, ref, cell: Cell, tracker, text_digest: Optional[str]) -> CellR
     attempts = ray.get(tracker.state.remote()).get(cell.options.output, 0)
     try:
         result = ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:  # export_cell returns its errors: this is a bug in it
+        return CellResult(cell=cell.name, status="failed", output=cell.options.output, key=cell.key, attempts=attempts,
+                          error=f"[matrix] internal error: {describe(exc.cause or exc, 200)} (report it)")
     except Exception as exc:  # the worker died more often than --retries allows
         return CellResult(cell=cell.name, status="failed", output=cell.options.output, key=cell.key, attempts=attempts,
                           error=f"[matrix] the worker exporting it died ({describe(exc, 160)}). "
@@ -647,7 +653,8 @@ def _collect(ray, ref, cell: Cell, tracker, text_digest: Optional[str]) -> CellR
     except LlmcoreError as exc:
         return CellResult(cell=cell.name, status="failed", output=cell.options.output, key=cell.key,
                           attempts=attempts, error=exc.one_line())
-    return CellResult.from_report(cell, "ok", result["report"], attempts=attempts, pid=result["pid"], host=result["host"])
+    return CellResult.from_report(cell, "ok", result["report"], attempts=attempts, pid=result["pid"], host=result["host"],
+                                  error=result.get("error"))
 
 
 # ---- the command -------------------------------------------------------------------------
