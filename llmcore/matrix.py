@@ -61,7 +61,8 @@ PORTABLE_LABEL = "portable"
 # flight (measured: a tiny model's export peaks at 500-560 MiB), and how many bytes per
 # fp32 weight byte it holds at its peak, for the hungriest recipe measured (SmolLM2-135M,
 # 513 MiB of fp32 weights: gguf 1138 MiB, 8da4w 1118 MiB, int8-dynamic 2848 MiB;
-# benchmarks/bench_matrix.py --smollm2).
+# benchmarks/bench_matrix.py --smollm2). int8-dynamic has since dropped to about 1.8 GB
+# (docs/matrix.md): the factor errs on the safe side.
 BASE_MEMORY = 768 * 2**20
 MEMORY_PER_WEIGHT_BYTE = 4.5
 TASK_PREFIX = "llmcore-export:"

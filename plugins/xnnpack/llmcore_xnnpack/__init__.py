@@ -69,9 +69,9 @@ def _duplicate_dynamic_quant_chain(graph_module) -> None:
 
 
 def _per_token_reference(converted):
-    from llmcore_xnnpack.dynamic_quant import per_token_activations
+    from llmcore_xnnpack.dynamic_quant import lean_weight_dequantize, per_token_activations
 
-    return per_token_activations(converted)
+    return lean_weight_dequantize(per_token_activations(converted))
 
 
 def _convert_to_linear():

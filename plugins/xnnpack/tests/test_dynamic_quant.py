@@ -90,3 +90,36 @@ def test_other_users_of_a_dynamic_scale_are_refused():
     graph.output_node().args = (odd,)
     with pytest.raises(ValueError, match="reads a dynamic scale"):
         per_token_activations(gm)
+
+
+@pytest.mark.parametrize("axis, with_zero_points", [(0, True), (0, False), (1, True)])
+def test_lean_dequantize_gives_the_decomposed_ops_values_bit_for_bit(axis, with_zero_points):
+    from llmcore_xnnpack.dynamic_quant import dequantize_per_channel_lean
+
+    qd = torch.ops.quantized_decomposed
+    gen = torch.Generator().manual_seed(axis)
+    q = torch.randint(-127, 128, (96, 40), dtype=torch.int8, generator=gen)
+    channels = q.shape[axis]
+    scales = torch.rand(channels, generator=gen) * 0.05 + 1e-4
+    zero_points = torch.randint(-3, 4, (channels,), generator=gen) if with_zero_points else None
+    want = qd.dequantize_per_channel.default(q, scales, zero_points, axis, -127, 127, torch.int8)
+    got = dequantize_per_channel_lean(q, scales, zero_points, axis, -127, 127, torch.int8)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got, want)
+
+
+def test_the_int8_dynamic_reference_dequantizes_weights_leanly_with_the_same_output():
+    from llmcore_xnnpack import _per_token_reference
+    from llmcore_xnnpack.dynamic_quant import dequantize_per_channel_lean
+
+    provided = registry().get("quantizers", "int8-dynamic", stage="test")
+    inputs = _inputs()
+    exported = torch.export.export(TwoLinears().eval(), inputs)
+    converted = quantize.quantize_graph(exported, provided, {"per_channel": True}, [inputs])
+    plain = per_token_activations(copy.deepcopy(converted))
+    lean = _per_token_reference(converted)
+    targets = [n.target for n in lean.graph.nodes]
+    assert dequantize_per_channel_lean in targets
+    assert torch.ops.quantized_decomposed.dequantize_per_channel.default not in targets
+    with torch.no_grad():
+        assert torch.equal(lean(*inputs), plain(*inputs))
