@@ -33,6 +33,7 @@ The file (keys of ``llmcore export``'s recipe files wherever export options go):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -85,16 +86,24 @@ class Cell:
 
     @property
     def backends_label(self) -> str:
-        return "+".join(self.backends) or PORTABLE_LABEL
+        return backends_label(self.backends)
 
     @property
     def name(self) -> str:
-        return f"{self.model}/{self.backends_label}/{self.recipe}"
+        return cell_name(self.model, self.backends, self.recipe)
 
     @property
     def report_path(self) -> Path:
         output = Path(self.options.output)
         return output.with_name(output.stem + ".report.json")
+
+
+def backends_label(order: tuple[str, ...]) -> str:
+    return "+".join(order) or PORTABLE_LABEL
+
+
+def cell_name(model: str, order: tuple[str, ...], recipe: str) -> str:
+    return f"{model}/{backends_label(order)}/{recipe}"
 
 
 @dataclass
@@ -192,9 +201,10 @@ def expand(data: Any, source: str = "matrix", root: Optional[str] = None) -> Mat
     unknown = [k for k in data if k not in MATRIX_KEYS]
     if unknown:
         raise _matrix_error(f"unknown key {short_repr(unknown[0])} in {source}.", fix=f"use one of: {', '.join(MATRIX_KEYS)}.")
-    root_path = Path(root or data.get("output") or "")
-    if not str(root or data.get("output") or ""):
+    root_text = root or data.get("output")
+    if not root_text:
         raise _matrix_error(f"{source} names no output folder.", fix="add `output: FOLDER`, or pass --output.")
+    root_path = Path(str(root_text))
     layout = _layout(data.get("layout", DEFAULT_LAYOUT), source)
     common = data.get("common") or {}
     if not isinstance(common, dict):
@@ -231,18 +241,18 @@ def expand(data: Any, source: str = "matrix", root: Optional[str] = None) -> Mat
                     raise _matrix_error(
                         f"{source}: model {model_label!r} and recipe {recipe_label!r} both set {both[0]!r}.",
                         fix="set it in one of them, or in `common`.")
-                label = "+".join(order) or PORTABLE_LABEL
-                relative = layout.format(model=model_label, backends=label, recipe=recipe_label)
+                name = cell_name(model_label, order, recipe_label)
+                relative = layout.format(model=model_label, backends=backends_label(order), recipe=recipe_label)
                 output = root_path / relative
                 if output in outputs:
-                    raise _matrix_error(f"{source}: cells {outputs[output]} and {model_label}/{label}/{recipe_label} "
-                                        f"both write {relative}.", fix="give the models or recipes distinct names.")
-                outputs[output] = f"{model_label}/{label}/{recipe_label}"
+                    raise _matrix_error(f"{source}: cells {outputs[output]} and {name} both write {relative}.",
+                                        fix="give the models or recipes distinct names.")
+                outputs[output] = name
                 merged = {**common, **model_options, **recipe_options, "plugins": list(order), "quiet": True}
                 try:
                     options = build_options(merged, {"output": str(output)})
                 except LlmcoreError as exc:
-                    raise _matrix_error(f"{source}, cell {outputs[output]}: {exc.message}", fix=exc.fix) from None
+                    raise _matrix_error(f"{source}, cell {name}: {exc.message}", fix=exc.fix) from None
                 cells.append(Cell(model_label, order, recipe_label, options, estimate_memory(options)))
     return Matrix(root_path, cells)
 
@@ -263,11 +273,13 @@ def load_matrix(path: str, root: Optional[str] = None) -> Matrix:
 # ---- memory estimate and content hash ----------------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)
 def fp32_weight_bytes(checkpoint: Optional[str]) -> int:
     """Bytes the checkpoint's weights take as fp32, which is what the export holds.
 
     A GGUF's tensors are counted from its header; other files are taken as 16-bit weights
-    (a file of fp32 weights is over-estimated 2x, which errs on the safe side)."""
+    (a file of fp32 weights is over-estimated 2x, which errs on the safe side). Cached: every
+    backend order and recipe of a model asks for the same checkpoint."""
     if not checkpoint:
         return 0  # random initialisation from a named config: small by design
     path = Path(checkpoint)
@@ -353,6 +365,22 @@ def completed_report(cell: Cell, perplexity_text: Optional[str] = None) -> Optio
     return report
 
 
+def text_digest(perplexity_text: Optional[str]) -> Optional[str]:
+    """The content hash of a ``--perplexity`` text, which a complete cell's report must match."""
+    return _file_digest(Path(perplexity_text), {}) if perplexity_text else None
+
+
+def plan(matrix: Matrix, registry, digest: Optional[str]) -> list[tuple[Cell, Optional[dict], Optional[str]]]:
+    """For each cell (with its content key): its report when it is complete (skipped), else
+    the error it would stop with at once, else neither (to export). The dry run prints
+    this; the run acts on it."""
+    planned = []
+    for cell in with_keys(matrix).cells:
+        report = completed_report(cell, digest)
+        planned.append((cell, report, None if report is not None else check_cell(cell, registry)))
+    return planned
+
+
 def check_cell(cell: Cell, registry) -> Optional[str]:
     """The one-line error ``llmcore export`` would stop with before loading anything (an
     unknown family, backend or recipe; a recipe not meant for the backends), or None.
@@ -392,7 +420,7 @@ def export_cell(options: dict[str, Any], perplexity_text: Optional[str], tracker
     from llmcore.progress import peak_rss_mib, reset_peak_rss, return_free_memory
 
     if tracker is not None:
-        tracker.started.remote(options["output"], os.getpid())
+        tracker.started.remote(options["output"])
     _remove_stale_scratch()
     return_free_memory()  # what the worker's previous cell freed
     reset_peak_rss()  # this cell's peak, not the worker's
@@ -438,7 +466,6 @@ def write_cell(cell: Cell, result: dict[str, Any], matrix_record: dict[str, Any]
 
     output = Path(cell.options.output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    files = dict(result["files"])
     report = result["report"]
     report["options"]["output"] = str(output)
     report["outputs"].update(pte=str(output), report=str(cell.report_path),
@@ -446,7 +473,7 @@ def write_cell(cell: Cell, result: dict[str, Any], matrix_record: dict[str, Any]
     report["matrix"] = matrix_record
     bundle = OutputBundle()
     try:
-        for name, data in files.items():
+        for name, data in result["files"].items():
             if name.endswith(".report.json"):
                 continue
             bundle.stage(output if name.endswith(".pte") else output.with_name(name), data)
@@ -480,11 +507,19 @@ class CellResult:
     key: str = ""
 
     @classmethod
+    def of(cls, cell: Cell, status: str, **extra) -> "CellResult":
+        return cls(cell=cell.name, status=status, output=cell.options.output, key=cell.key, **extra)
+
+    @classmethod
+    def failed(cls, cell: Cell, error: str, **extra) -> "CellResult":
+        return cls.of(cell, "failed", error=error, **extra)
+
+    @classmethod
     def from_report(cls, cell: Cell, status: str, report: dict, **extra) -> "CellResult":
         parity = report.get("parity", {})
         matrix = report.get("matrix", {})
-        return cls(
-            cell=cell.name, status=status, output=cell.options.output, key=cell.key,
+        return cls.of(
+            cell, status,
             wall_s=matrix.get("wall_s"), peak_rss_mib=matrix.get("peak_rss_mib"),
             pte_mib=report["outputs"]["pte_bytes"] / 2**20,
             parity_max_abs_diff=parity.get("max_abs_diff"), parity_top1=parity.get("top1_agreement"),
@@ -547,17 +582,17 @@ def _tracker_class(ray):
         """Which cells a worker has started, and how often (a retry starts one again)."""
 
         def __init__(self):
-            self.starts: dict[str, list[int]] = {}
+            self.starts: dict[str, int] = {}
             self.finished: set[str] = set()
 
-        def started(self, output: str, pid: int) -> None:
-            self.starts.setdefault(output, []).append(pid)
+        def started(self, output: str) -> None:
+            self.starts[output] = self.starts.get(output, 0) + 1
 
         def finish(self, output: str) -> None:
             self.finished.add(output)
 
-        def state(self) -> dict[str, int]:
-            return {k: len(v) for k, v in self.starts.items()}
+        def attempts(self, output: str) -> int:
+            return self.starts.get(output, 0)
 
         def running(self) -> int:
             return len(set(self.starts) - self.finished)
@@ -570,28 +605,25 @@ def run_matrix(matrix: Matrix, *, address: Optional[str] = None, workers: Option
     """Export every cell that is not complete yet, on Ray; returns one result per cell."""
     from llmcore.plugins import load_registry
 
-    text_digest = _file_digest(Path(perplexity_text), {}) if perplexity_text else None
-    matrix = with_keys(matrix)
-    progress = Progress(total=len(matrix.cells))
-    registry = load_registry()
+    digest = text_digest(perplexity_text)
+    planned = plan(matrix, load_registry(), digest)
+    progress = Progress(total=len(planned))
     results: dict[str, CellResult] = {}
     todo = []
-    for cell in matrix.cells:
-        report = completed_report(cell, text_digest)
-        problem = None if report else check_cell(cell, registry)
+    for cell, report, problem in planned:
         if report is not None:
             results[cell.name] = CellResult.from_report(cell, "skipped", report)
             progress.skipped += 1
         elif problem:
-            results[cell.name] = CellResult(cell=cell.name, status="failed", output=cell.options.output,
-                                            key=cell.key, error=problem)
+            results[cell.name] = CellResult.failed(cell, problem)
             progress.failed += 1
             say(f"[llmcore matrix] {cell.name} failed: {problem}")
         else:
             todo.append(cell)
+    cells = [cell for cell, _, _ in planned]
     if not todo:
         say(progress.line())
-        return [results[c.name] for c in matrix.cells]
+        return [results[c.name] for c in cells]
     say(progress.line())
 
     ray = _start_ray(address, workers)
@@ -610,7 +642,7 @@ def run_matrix(matrix: Matrix, *, address: Optional[str] = None, workers: Option
             done, _ = ray.wait(list(pending), num_returns=1, timeout=2.0)
             for ref in done:
                 cell = pending.pop(ref)
-                results[cell.name] = _collect(ray, ref, cell, tracker, text_digest)
+                results[cell.name] = _collect(ray, ref, cell, tracker, digest)
                 if results[cell.name].status == "ok":
                     progress.done += 1
                 else:
@@ -626,34 +658,30 @@ def run_matrix(matrix: Matrix, *, address: Optional[str] = None, workers: Option
         pass
     finally:
         ray.shutdown()
-    for cell in matrix.cells:
-        results.setdefault(cell.name, CellResult(cell=cell.name, status="interrupted", output=cell.options.output,
-                                                 key=cell.key))
-    return [results[c.name] for c in matrix.cells]
+    for cell in cells:
+        results.setdefault(cell.name, CellResult.of(cell, "interrupted"))
+    return [results[c.name] for c in cells]
 
 
-def _collect(ray, ref, cell: Cell, tracker, text_digest: Optional[str]) -> CellResult:
-    attempts = ray.get(tracker.state.remote()).get(cell.options.output, 0)
+def _collect(ray, ref, cell: Cell, tracker, digest: Optional[str]) -> CellResult:
+    attempts = ray.get(tracker.attempts.remote(cell.options.output))
     try:
         result = ray.get(ref)
     except ray.exceptions.RayTaskError as exc:  # export_cell returns its errors: this is a bug in it
-        return CellResult(cell=cell.name, status="failed", output=cell.options.output, key=cell.key, attempts=attempts,
-                          error=f"[matrix] internal error: {describe(exc.cause or exc, 200)} (report it)")
+        return CellResult.failed(cell, f"[matrix] internal error: {describe(exc.cause or exc, 200)} (report it)",
+                                 attempts=attempts)
     except Exception as exc:  # the worker died more often than --retries allows
-        return CellResult(cell=cell.name, status="failed", output=cell.options.output, key=cell.key, attempts=attempts,
-                          error=f"[matrix] the worker exporting it died ({describe(exc, 160)}). "
-                                "Fix: raise --retries, or give the cell more memory.")
+        return CellResult.failed(cell, f"[matrix] the worker exporting it died ({describe(exc, 160)}). "
+                                       "Fix: raise --retries, or give the cell more memory.", attempts=attempts)
     if result["status"] != "ok":
-        return CellResult(cell=cell.name, status="failed", output=cell.options.output, key=cell.key,
-                          attempts=attempts, wall_s=result.get("wall_s"), pid=result["pid"], host=result["host"],
-                          error=result["error"])
+        return CellResult.failed(cell, result["error"], attempts=attempts, wall_s=result.get("wall_s"),
+                                 pid=result["pid"], host=result["host"])
     record = {"key": cell.key, "cell": cell.name, "wall_s": result["wall_s"], "peak_rss_mib": result["peak_rss_mib"],
-              "perplexity": result.get("perplexity"), "perplexity_text": text_digest}
+              "perplexity": result.get("perplexity"), "perplexity_text": digest}
     try:
         write_cell(cell, result, record)
     except LlmcoreError as exc:
-        return CellResult(cell=cell.name, status="failed", output=cell.options.output, key=cell.key,
-                          attempts=attempts, error=exc.one_line())
+        return CellResult.failed(cell, exc.one_line(), attempts=attempts)
     return CellResult.from_report(cell, "ok", result["report"], attempts=attempts, pid=result["pid"], host=result["host"],
                                   error=result.get("error"))
 
@@ -666,13 +694,12 @@ def format_cells(matrix: Matrix, registry, perplexity_text: Optional[str] = None
     from tabulate import tabulate
 
     rows = []
-    for cell in matrix.cells:
+    for cell, report, problem in plan(matrix, registry, text_digest(perplexity_text)):
         o = cell.options
         source = o.checkpoint or f"{o.model} config {o.config}"
-        problem = check_cell(cell, registry)
-        plan = f"fails: {problem}" if problem else "skip (complete)" if completed_report(cell, perplexity_text) else "export"
+        action = "skip (complete)" if report is not None else f"fails: {problem}" if problem else "export"
         rows.append([cell.name, o.model or "(from checkpoint)", source, cell.backends_label, o.quantize or "-",
-                     f"{cell.memory_bytes / 2**20:.0f}", o.output, plan])
+                     f"{cell.memory_bytes / 2**20:.0f}", o.output, action])
     return tabulate(rows, headers=["cell", "family", "weights", "backends", "quantize", "memory MiB", "output", "run"])
 
 
@@ -716,9 +743,8 @@ def cmd_matrix(args) -> int:
     if args.dry_run:
         from llmcore.plugins import load_registry
 
-        text_digest = _file_digest(Path(args.perplexity), {}) if args.perplexity else None
         print(f"{len(matrix.cells)} cells under {matrix.root}:")
-        print(format_cells(with_keys(matrix), load_registry(), text_digest))
+        print(format_cells(matrix, load_registry(), args.perplexity))
         return 0
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     results = run_matrix(matrix, address=args.address, workers=args.workers, retries=args.retries,

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmcore.errors import LlmcoreError
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm over the last dim, computed in float32 (Llama's).
@@ -186,8 +188,6 @@ def refuse_unusual_attention(module: nn.Module, *, plugin: str, form: str, fix: 
     (:func:`unusual_attention`); attention modules of the types in ``allowed`` are left to
     the backend as they are. One message for every backend, so that a user meets the same
     words whichever one refuses."""
-    from llmcore.errors import LlmcoreError
-
     unusual = [(n, what) for n, what in unusual_attention(module)
                if not isinstance(module.get_submodule(n), tuple(allowed))]
     if unusual:
