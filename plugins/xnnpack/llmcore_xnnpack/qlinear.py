@@ -13,8 +13,9 @@ scales the caller chose, rather than through torchao's tensor subclasses, for tw
 
 1. A quantized checkpoint's own integers go in unchanged (the ``gguf`` recipe), and an
    asymmetric format (a GGUF's Q4_1: ``w = d*u + m``) runs on the symmetric kernel as
-   ``d*(u - 8)`` plus an offset term per block (``(m + 8d) * sum(x over the block)``): two
-   small fp32 GEMMs, ``in/32`` columns wide, beside the int4 one.
+   ``d*(u - 8)`` plus an offset term per block (``(m + 8d) * sum(x over the block)``): a
+   mean over each block, shared by the layers reading the same input, and a small fp32 GEMM
+   ``in/32`` columns wide, beside the int4 one.
 2. Lowering is faster: the ``quantized_decomposed`` ops have plain shape functions, while
    torchao's ``choose_qparams_affine`` is traced in Python on every one of the ~20 times
    lowering re-traces the graph (4-layer SmolLM2 shape, cProfile: lower 136 s -> 80 s).
@@ -40,7 +41,6 @@ like with like. :func:`bf16_scale_error` measures what that rounding costs.
 from __future__ import annotations
 
 import weakref
-from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -106,12 +106,26 @@ def int8_gemm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
     return y if bias is None else y + bias
 
 
-@lru_cache(maxsize=None)
-def block_sum_matrix(in_features: int, block: int) -> torch.Tensor:
-    """``[in/block, in]`` of 0 and 1: ``x @ M.T`` sums ``x`` over each block. One tensor per
-    shape, shared by every layer (XNNPACK stores constants by content, so once per program)."""
-    rows = torch.arange(in_features) // block
-    return (rows.unsqueeze(0) == torch.arange(in_features // block).unsqueeze(1)).float()
+# The last block means computed, with a weak reference to their input (see _last_split).
+_last_means: tuple = (lambda: None, 0, None)
+
+
+def block_means(x: torch.Tensor, block: int) -> torch.Tensor:
+    """``[..., in/block]``: the mean of ``x`` over each block of ``block`` features.
+
+    Written as XNNPACK's global average pooling (a mean over the last two dims of a 4-D view,
+    kept), one small operator, where a GEMM with a 0/1 matrix was one of the delegate's
+    largest fixed costs per token. Layers reading the same input with the same block (q, k, v;
+    gate, up) share one result, like :func:`split_outliers`."""
+    global _last_means
+    source, source_block, means = _last_means
+    if source() is x and source_block == block:
+        return means
+    blocks = x.shape[-1] // block
+    means = x.reshape(-1, blocks, 1, block).mean((2, 3), keepdim=True)
+    means = means.view(static_shape(x)[:-1] + [blocks])
+    _last_means = (weakref.ref(x), block, means)
+    return means
 
 
 class BlockInt4Linear(nn.Module):
@@ -138,16 +152,17 @@ class BlockInt4Linear(nn.Module):
         self.register_buffer("q", q.contiguous())
         self.register_buffer("scales", scales.contiguous())
         self.register_buffer("zeros", torch.zeros(scales.shape, dtype=torch.int8))
-        self.offsets = None if offsets is None else nn.Parameter(offsets.float().contiguous(), requires_grad=False)
+        # The offset term's weight, ``offsets * block``: it multiplies block means (see forward).
+        self.offset_weight = None if offsets is None else nn.Parameter(
+            (offsets.float() * self.block).contiguous(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
-        if offsets is not None:
-            self.register_buffer("block_sums", block_sum_matrix(in_features, self.block), persistent=False)
 
     def weight_values(self, rows: slice = slice(None)) -> torch.Tensor:
         """The fp32 weight this layer computes with (for measuring it); ``rows`` of it."""
         w = self._int4_values(rows)
-        if self.offsets is not None:
-            w = w.view(w.shape[0], -1, self.block).add_(self.offsets[rows].unsqueeze(-1))
+        if self.offset_weight is not None:
+            offsets = self.offset_weight[rows] / self.block
+            w = w.view(w.shape[0], -1, self.block).add_(offsets.unsqueeze(-1))
         return w.reshape(-1, self.in_features)
 
     def _int4_values(self, rows: slice = slice(None)) -> torch.Tensor:
@@ -164,12 +179,13 @@ class BlockInt4Linear(nn.Module):
         else:  # the same values, without the decomposed op's int temporaries (eager reference)
             w = self._int4_values()
         y = int8_gemm(x, w, self.bias, self.outlier_split)
-        if self.offsets is not None:
-            y = y + F.linear(F.linear(x, self.block_sums), self.offsets)
+        if self.offset_weight is not None:
+            # offsets * sum(x over the block) = (offsets * block) * mean(x over the block)
+            y = y + F.linear(block_means(x, self.block), self.offset_weight)
         return y
 
     def extra_repr(self) -> str:
-        kind = "int4 + per-block offsets" if self.offsets is not None else "int4"
+        kind = "int4 + per-block offsets" if self.offset_weight is not None else "int4"
         split = ", outlier split" if self.outlier_split else ""
         return f"{self.in_features}, {self.out_features}, {kind}, block={self.block}{split}"
 
