@@ -1,16 +1,19 @@
 """4-bit quality next to llama.cpp's: perplexity, size and speed of SmolLM2-135M, one run.
 
 From the shipped Q4_1 GGUF it makes llmcore's programs (recipes ``8da8w``, ``gguf``,
-``gguf`` with ``outlier_split=true`` and ``8da4w``) and
-llama.cpp's Q4_0 and Q8_0 (``llama-quantize --allow-requantize``), then prints for each:
+``gguf`` with ``outlier_split=true``, ``8da4w`` and its ``asymmetric`` form; ``--recipes``
+picks some) and llama.cpp's Q4_0 and Q8_0 (``llama-quantize --allow-requantize``), then
+prints for each:
 
 * perplexity by llama.cpp's ``llama-perplexity`` protocol (chunks of ``--ctx`` tokens, the
   second half of each scored): ``llmcore eval --protocol llama-perplexity`` for the
   programs, ``llama-perplexity`` itself for the GGUF files, on the same text;
 * the loss against the fp32 reference of each side (llmcore's eager model from the
-  dequantized GGUF; llama.cpp's shipped Q4_1, the file everything is made from), and for
-  llmcore's programs the mean KL divergence from that reference (``llmcore eval``'s), which
-  unlike a perplexity difference on a few hundred tokens is not moved by the rounding noise;
+  dequantized GGUF; llama.cpp's shipped Q4_1, the file everything is made from), and the
+  mean KL divergence of the next-token distributions from that reference over the scored
+  positions (``llmcore eval``'s; ``llama-perplexity --kl-divergence`` against the shipped
+  file's logits), which unlike a perplexity difference on a few hundred tokens is not moved
+  by the rounding noise;
 * file size, prefill and decode tok/s (llmcore's C++ runner and Python runtime,
   ``llama-bench``).
 
@@ -31,6 +34,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -44,6 +48,9 @@ RECIPES = {
     "gguf": ["--quantize", "gguf"],
     "gguf outlier_split": ["--quantize", "gguf", "--quantize-option", "outlier_split=true"],
     "8da4w": ["--quantize", "8da4w"],
+    "8da4w asymmetric": ["--quantize", "8da4w", "--quantize-option", "asymmetric=true"],
+    "8da4w asymmetric group 64": ["--quantize", "8da4w", "--quantize-option", "asymmetric=true",
+                                  "--quantize-option", "group_size=64"],
 }
 PEER_TYPES = ("Q4_0", "Q8_0")
 
@@ -75,14 +82,20 @@ def requantize(source: Path, kind: str, cache: Path) -> Path:
     return out
 
 
-def llama_cpp_perplexity(gguf: Path, text: Path, ctx: int) -> float:
-    out = subprocess.run([str(llama_cpp.tool_path("llama-perplexity")), "-m", str(gguf), "-f", str(text),
-                          "-c", str(ctx), "-b", str(ctx), "-t", str(os.cpu_count() or 1)],
+def llama_cpp_perplexity(gguf: Path, text: Path, ctx: int, base_logits: Path) -> tuple[float, Optional[float]]:
+    """``llama-perplexity``'s final estimate for ``gguf``, and its mean KL divergence from the
+    logits in ``base_logits`` (None: this is the base, whose logits it writes there)."""
+    command = [str(llama_cpp.tool_path("llama-perplexity")), "-m", str(gguf), "-f", str(text),
+               "-c", str(ctx), "-b", str(ctx), "-t", str(os.cpu_count() or 1), "--kl-divergence-base", str(base_logits)]
+    writes_base = not base_logits.is_file()
+    out = subprocess.run(command if writes_base else command + ["--kl-divergence"],
                          check=True, capture_output=True, text=True)
-    found = re.search(r"Final estimate: PPL = ([0-9.]+)", out.stdout + out.stderr)
+    printed = out.stdout + out.stderr
+    found = re.search(r"Final estimate: PPL = ([0-9.]+)", printed) or re.search(r"Mean PPL\(Q\)\s*:\s*([0-9.]+)", printed)
     if not found:
-        raise SystemExit(f"bench_quality: llama-perplexity printed no final estimate for {gguf}")
-    return float(found.group(1))
+        raise SystemExit(f"bench_quality: llama-perplexity printed no perplexity for {gguf}")
+    kl = None if writes_base else float(re.search(r"Mean\s+KLD:\s*([0-9.]+)", printed).group(1))
+    return float(found.group(1)), kl
 
 
 def main() -> None:
@@ -95,12 +108,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="speed rounds; the median is shown")
     parser.add_argument("--cache", default=str(ROOT / ".cache" / "bench-quality"))
     parser.add_argument("--runner", default=str(ROOT / "build" / "llmcore_runner"))
+    parser.add_argument("--recipes", default=",".join(RECIPES),
+                        help=f"llmcore's recipes to measure, comma-separated (default: all of {', '.join(RECIPES)})")
     parser.add_argument("--reuse-programs", action="store_true",
                         help="use llmcore's programs from an earlier run instead of exporting them again")
     parser.add_argument("--llama-cpp", choices=["auto", "build"], default="auto",
                         help="build = build llama.cpp's tools first (15-25 min on 2 cores)")
     args = parser.parse_args()
     cache, text = Path(args.cache), Path(args.text)
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    unknown = [r for r in recipes if r not in RECIPES]
+    if unknown:
+        raise SystemExit(f"bench_quality: unknown recipe(s) {', '.join(unknown)}; known: {', '.join(RECIPES)}")
     cache.mkdir(parents=True, exist_ok=True)
     if args.llama_cpp == "build":
         llama_cpp.build_llama_bench()
@@ -112,7 +131,7 @@ def main() -> None:
           f"tokens, {args.new_tokens} new, median of {args.repeat}")
     rows = []
     reference = None
-    for recipe in RECIPES:
+    for recipe in recipes:
         pte = export(recipe, cache, args.max_seq_len, args.reuse_programs)
         scored = llmcore_perplexity(pte, text, args.ctx)
         if reference is None:
@@ -130,12 +149,15 @@ def main() -> None:
                 "decode": statistics.median(r["decode_tok_s"] for r in runs) if runs else None,
             })
     source = Path(smollm2_path())
-    peer_reference = llama_cpp_perplexity(source, text, args.ctx)
+    base_logits = cache / f"{source.stem}.ctx{args.ctx}.{text.stem}.kld"  # the shipped file's logits
+    base_logits.unlink(missing_ok=True)  # written afresh from the shipped file, first
     for kind, gguf in [("Q4_1 (shipped)", source)] + [(k, requantize(source, k, cache)) for k in PEER_TYPES]:
-        ppl = peer_reference if gguf == source else llama_cpp_perplexity(gguf, text, args.ctx)
+        ppl, kl = llama_cpp_perplexity(gguf, text, args.ctx, base_logits)
+        if gguf == source:
+            peer_reference = ppl
         speed = llama_cpp.run_llama_bench(gguf, args.prompt_tokens, args.new_tokens, os.cpu_count() or 1,
                                           repetitions=args.repeat)
-        rows.append({"what": f"llama.cpp {kind}", "ppl": ppl, "reference": peer_reference,
+        rows.append({"what": f"llama.cpp {kind}", "ppl": ppl, "reference": peer_reference, "kl": kl,
                      "mib": gguf.stat().st_size / 2**20, "prefill": speed["prefill_tok_s"],
                      "decode": speed["decode_tok_s"]})
 

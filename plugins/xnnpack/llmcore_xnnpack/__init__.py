@@ -159,6 +159,13 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                     "choose int4 scales with HQQ's scale search (false: min/max); on SmolLM2 it cuts the "
                     "perplexity loss about in half, for ~13 s more export",
                 ),
+                "asymmetric": (
+                    bool,
+                    False,
+                    "give each int4 block a minimum as well as a scale (Q4_1's form, fitted by least squares; "
+                    "hqq applies to symmetric blocks only), run as the symmetric GEMM plus a per-block offset "
+                    "term: lower loss, slower decode (docs/quantization.md)",
+                ),
                 "output_bits": (int, 8, "bits of the output layer (tied or not): 8 (per channel) or 4"),
                 "outlier_split": _outlier_split_option(False),
             },

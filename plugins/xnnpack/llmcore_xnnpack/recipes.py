@@ -2,7 +2,9 @@
 
 ``8da4w`` (from float weights): int4 per block for every linear, the output layer at int8 per
 channel unless ``output_bits=4`` (the logits are where 4 bits hurt most; llama.cpp keeps its
-output layer at Q6_K or Q8_0 for the same reason).
+output layer at Q6_K or Q8_0 for the same reason). Symmetric blocks (HQQ scales) by default;
+``asymmetric=true`` gives each block a minimum as well (Q4_1's form, fitted by least squares),
+run like the ``gguf`` recipe's Q4_1 layers: less error, a slower decode (docs/quantization.md).
 
 ``8da8w`` (from float weights): every linear at int8 per output channel, the quality-first
 recipe; with ``outlier_split`` (its default) the activations too lose almost nothing.
@@ -131,9 +133,14 @@ def quantize_8da4w(module: nn.Module, options: dict) -> nn.Module:
             if group is None:
                 kept.append(name)
                 continue
-            q, scales = qlinear.int4_blocks(w, group or linear.in_features, options["hqq"])
-            new = qlinear.BlockInt4Linear(q, scales, bias=linear.bias, outlier_split=options["outlier_split"])
-            summary.add(f"linears int4 (block {new.block})", new, w)
+            if options["asymmetric"]:
+                q, scales, offsets = qlinear.int4_blocks_affine(w, group or linear.in_features)
+                kind = "asymmetric int4"
+            else:
+                q, scales = qlinear.int4_blocks(w, group or linear.in_features, options["hqq"])
+                offsets, kind = None, "int4" + (" (HQQ scales)" if options["hqq"] else "")
+            new = qlinear.BlockInt4Linear(q, scales, offsets, linear.bias, options["outlier_split"])
+            summary.add(f"linears {kind} (block {new.block})", new, w)
         _replace(module, name, new)
     if kept:
         log.warning(

@@ -14,6 +14,7 @@ VARIANTS = {
     "8da4w-g128": dict(plugins=["xnnpack"], quantize="8da4w", quantize_options={"group_size": 128}),
     "8da4w-emb8": dict(plugins=["xnnpack"], quantize="8da4w", quantize_options={"embedding_bits": 8}),
     "8da4w-emb4": dict(plugins=["xnnpack"], quantize="8da4w", quantize_options={"embedding_bits": 4}),
+    "8da4w-asymmetric": dict(plugins=["xnnpack"], quantize="8da4w", quantize_options={"asymmetric": True}),
     "8da8w": dict(plugins=["xnnpack"], quantize="8da8w"),
     "8da8w-one-row": dict(plugins=["xnnpack"], quantize="8da8w", quantize_options={"outlier_split": False}),
 }

@@ -230,3 +230,63 @@ def test_outlier_split_program_matches_eager_at_any_token_count(kind):
         got = method.execute([x])[0]
         worst = float((got - expected).abs().max())
         assert worst < 1e-3 * float(expected.abs().max()), f"{kind}, {rows} rows: max |diff| {worst:.3g}"
+
+
+def test_layers_reading_one_input_share_its_block_means():
+    """q, k and v (gate and up) read the same tensor: one mean per block for all of them, in
+    the traced graph as in eager runs."""
+
+    class Three(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = layer("int4-offsets", 0), layer("int4-offsets", 1), layer("int4-offsets", 2)
+
+        def forward(self, x):
+            return self.a(x) + self.b(x) + self.c(x.relu())  # c reads another tensor
+
+    x = inputs()
+    graph = torch.export.export(Three().eval(), (x,)).graph
+    means = [n for n in graph.nodes if n.op == "call_function" and "mean" in str(n.target)]
+    assert len(means) == 2
+
+
+def q4_1_grid(gen, rows=OUT, cols=IN, block=BLOCK):
+    """Weights a Q4_1 quantizer wrote: per block ``d*u + m``, u spanning [0, 15], d in bf16."""
+    u = torch.randint(0, 16, (rows, cols), generator=gen)
+    u[:, ::block], u[:, 1::block] = 0, 15  # min/max chose the grid: both ends are used
+    d = bf16_values((rows, cols // block), gen)
+    m = -torch.rand(rows, cols // block, generator=gen) * 0.1
+    return (u.view(rows, -1, block) * d.unsqueeze(-1) + m.unsqueeze(-1)).view(rows, cols)
+
+
+def test_affine_blocks_give_a_q4_1_grid_its_integers_back():
+    exact = q4_1_grid(torch.Generator().manual_seed(5))
+    q, scales, offsets = qlinear.int4_blocks_affine(exact, BLOCK)
+    assert int(q.min()) >= -8 and int(q.max()) <= 7
+    assert qlinear.relative_error(BlockInt4Linear(q, scales, offsets), exact) < 1e-6
+    # the symmetric grid cannot hold it
+    sym_q, sym_scales = qlinear.int4_blocks(exact, BLOCK, hqq=True)
+    assert qlinear.relative_error(BlockInt4Linear(sym_q, sym_scales), exact) > 0.01
+
+
+def test_affine_blocks_beat_their_min_max_start_and_the_symmetric_grid():
+    w = torch.randn(OUT, IN, generator=torch.Generator().manual_seed(6)) * 0.02
+    w[:, 9] *= 6  # an outlier column, as real layers have
+    q, scales, offsets = qlinear.int4_blocks_affine(w, BLOCK)
+    fitted = qlinear.relative_error(BlockInt4Linear(q, scales, offsets), w)
+    blocks = w.view(OUT, -1, BLOCK)
+    lo, hi = blocks.amin(-1), blocks.amax(-1)
+    d = ((hi - lo) / 15).to(torch.bfloat16).float()
+    u = torch.round((blocks - lo.unsqueeze(-1)) / d.unsqueeze(-1)).clamp(0, 15)
+    min_max = qlinear.relative_error((u * d.unsqueeze(-1) + lo.unsqueeze(-1)).view(OUT, IN), w)
+    sym_q, sym_scales = qlinear.int4_blocks(w, BLOCK, hqq=True)
+    symmetric = qlinear.relative_error(BlockInt4Linear(sym_q, sym_scales), w)
+    assert fitted < 0.95 * min_max and fitted < 0.8 * symmetric, (fitted, min_max, symmetric)
+
+
+def test_affine_constant_blocks_are_exact():
+    w = torch.zeros(4, 2 * BLOCK)
+    w[:, :BLOCK] = 0.37
+    w[1, BLOCK:] = -1.5
+    q, scales, offsets = qlinear.int4_blocks_affine(w, BLOCK)
+    assert torch.equal(BlockInt4Linear(q, scales, offsets).weight_values(), w)

@@ -29,6 +29,7 @@ BOUNDS = {
     "8da4w": (0.2, 0.02),
     "8da4w-emb8": (0.2, 0.02),
     "8da4w-emb4": (0.2, 0.02),
+    "8da4w-asymmetric": (0.2, 0.02),
 }
 PREFILL_LENGTHS = (1, 17, 64, 128)
 N_LINEAR = 13  # 2 blocks x (q, k, v after split-qkv, attn.c_proj, c_fc, mlp.c_proj) + lm_head
@@ -67,7 +68,8 @@ def worst_diffs(program: Program, references: list) -> list[float]:
 
 @pytest.mark.parametrize(
     "variant, options",
-    [("8da4w", {}), ("8da4w-emb8", {"embedding_bits": 8}), ("8da4w-emb4", {"embedding_bits": 4})],
+    [("8da4w", {}), ("8da4w-emb8", {"embedding_bits": 8}), ("8da4w-emb4", {"embedding_bits": 4}),
+     ("8da4w-asymmetric", {"asymmetric": True})],
 )
 def test_logits_within_bounds_of_fp32_and_of_quantized_eager(xnnpack_exports, recipe_defaults, variant, options):
     result = xnnpack_exports(variant)
@@ -93,6 +95,33 @@ def test_every_linear_runs_in_an_xnnpack_delegate(xnnpack_exports):
     rows = {r["op_type"]: r for r in delegation["operators"]}
     assert rows["aten_linear_default"]["not_delegated"] == 0
     assert all(r["not_delegated"] == 0 for op, r in rows.items() if op.startswith("quantized_decomposed"))
+
+
+def test_asymmetric_blocks_are_closer_to_fp32_and_all_delegated(xnnpack_exports, recipe_defaults):
+    """``asymmetric=true``: each block's minimum runs as the offset term (a mean per block and
+    a small GEMM, both in the layer's delegate); the weights are closer to the fp32 ones."""
+    from llmcore_xnnpack.qlinear import BlockInt4Linear, relative_error
+
+    def mean_error(model) -> float:
+        exact = dict(fp32_tiny().named_modules())
+        errors = [relative_error(m, exact[n].weight) for n, m in model.named_modules() if isinstance(m, BlockInt4Linear)]
+        assert errors
+        return sum(errors) / len(errors)
+
+    symmetric = mean_error(quantized_tiny(recipe_defaults, {}))
+    asymmetric = mean_error(quantized_tiny(recipe_defaults, {"asymmetric": True}))
+    assert asymmetric < 0.85 * symmetric, (asymmetric, symmetric)
+
+    delegation = xnnpack_exports("8da4w-asymmetric").report["delegation"]
+    xnn_ops = delegation["by_backend"]["XnnpackBackend"]["operators"]
+    # the int4 GEMMs, the output layer's int8 one and one offset GEMM per int4 layer
+    assert xnn_ops.get("aten_linear_default") == 2 * N_LINEAR - 1
+    # one block mean per input: (q, k, v), attention output, MLP input, MLP hidden, per block
+    # (beyond the layer norms' means, which the symmetric program has too)
+    symmetric_ops = xnnpack_exports("8da4w").report["delegation"]["by_backend"]["XnnpackBackend"]["operators"]
+    assert xnn_ops.get("aten_mean_dim") - symmetric_ops.get("aten_mean_dim", 0) == 2 * 4
+    assert all(r["not_delegated"] == 0 for r in delegation["operators"]
+               if r["op_type"] in ("aten_linear_default", "aten_mean_dim"))
 
 
 def _operators(pte_path) -> set[str]:
