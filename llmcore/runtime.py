@@ -61,6 +61,14 @@ class Program:
             else []
         )
         self._warm = False
+        # A decode step's inputs, made once and refilled through numpy views. Right after a
+        # forward call the runtime's pool threads still spin on this machine's other core,
+        # and everything the loop does between calls runs several times slower than idle
+        # (two small tensors: 65 us instead of 5 on SmolLM2, 2 cores): the less Python work
+        # per token, the closer the Python loop is to the C++ runner (docs/performance.md).
+        step_ids, step_pos = torch.zeros((1, 1), dtype=torch.long), torch.zeros(1, dtype=torch.long)
+        self._step_inputs = [step_ids, step_pos]
+        self._step_ids, self._step_pos = step_ids.numpy(), step_pos.numpy()
 
     @classmethod
     def load(cls, source: str | Path | bytes, *, enable_etdump: bool = False) -> "Program":
@@ -119,9 +127,13 @@ class Program:
         return self._call(tokens, input_pos)
 
     def _call(self, tokens: Sequence[int], input_pos: Optional[int] = None) -> torch.Tensor:
-        inputs = [torch.tensor([list(tokens)], dtype=torch.long)]
-        if self.use_kv_cache:
-            inputs.append(torch.tensor([input_pos or 0], dtype=torch.long))
+        if self.use_kv_cache and len(tokens) == 1:  # a decode step: the same two tensors, refilled
+            self._step_ids[0, 0], self._step_pos[0] = tokens[0], input_pos or 0
+            inputs = self._step_inputs
+        else:
+            inputs = [torch.tensor([list(tokens)], dtype=torch.long)]
+            if self.use_kv_cache:
+                inputs.append(torch.tensor([input_pos or 0], dtype=torch.long))
         log = None
         try:
             if self._warm:
