@@ -270,8 +270,9 @@ def int4_blocks(weight: torch.Tensor, block: int, hqq: bool = False) -> tuple[to
     return q.to(torch.int8), scale.float().reshape(w.shape[0], w.shape[1] // block)
 
 
-# Rounds of alternating "round to the grid, refit the grid" in int4_blocks_affine; the error
-# stops falling after about four on SmolLM2.
+# Rounds of "round to the grid, refit the grid" in int4_blocks_affine (the first is min/max's
+# grid). Mean weight error over 14 of SmolLM2's matrices in groups of 64, after 1, 2, 4, 6 and
+# 10 rounds: 7.88%, 7.53%, 7.27%, 7.19%, 7.18%.
 _AFFINE_REFITS = 6
 
 
