@@ -67,10 +67,21 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
 # 1/8 was the best of 1/4, 1/8 and 1/16 (KL 0.0035 / 0.0025 / 0.0035 on SmolLM2's Q4_1 GGUF).
 OUTLIER_FRACTION = 0.125
 
-# The last split made, with a weak reference to its input: q, k and v (and gate and up) read the
-# same tensor one after another, and the program computes its split once for all of them (in
-# eager runs and in the traced graph alike).
-_last_split: tuple = (lambda: None, None)
+# The last result of each computation layers share per input (split_outliers, block_means),
+# with a weak reference to that input: q, k and v (and gate and up) read the same tensor one
+# after another, and the program computes it once for all of them (in eager runs and in the
+# traced graph alike).
+_last_results: dict[str, tuple] = {}
+
+
+def _once_per_input(kind: str, x: torch.Tensor, key, compute):
+    """``compute()``, or its result for the same ``x`` and ``key`` if it was the last ``kind``."""
+    source, source_key, result = _last_results.get(kind, (lambda: None, None, None))
+    if source() is x and source_key == key:
+        return result
+    result = compute()
+    _last_results[kind] = (weakref.ref(x), key, result)
+    return result
 
 
 def split_outliers(x: torch.Tensor) -> torch.Tensor:
@@ -82,16 +93,14 @@ def split_outliers(x: torch.Tensor) -> torch.Tensor:
     The layout is XNNPACK's: it delegates a max over the last dim of a 4-D tensor (a pooling), a
     ``cat`` along a dim of static size, ``maximum``/``minimum``; it refuses slices and
     unsqueezes of a tensor whose token count is dynamic."""
-    global _last_split
-    source, rows = _last_split
-    if source() is x:
-        return rows
-    x4 = x.reshape(-1, 1, 1, x.shape[-1])
-    bound = torch.max(x4.abs(), dim=3, keepdim=True)[0] * OUTLIER_FRACTION
-    clamped = torch.minimum(torch.maximum(x4, -bound), bound)
-    rows = torch.cat([clamped, x4 - clamped], dim=1)
-    _last_split = (weakref.ref(x), rows)
-    return rows
+
+    def split() -> torch.Tensor:
+        x4 = x.reshape(-1, 1, 1, x.shape[-1])
+        bound = torch.max(x4.abs(), dim=3, keepdim=True)[0] * OUTLIER_FRACTION
+        clamped = torch.minimum(torch.maximum(x4, -bound), bound)
+        return torch.cat([clamped, x4 - clamped], dim=1)
+
+    return _once_per_input("split", x, None, split)
 
 
 def int8_gemm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], outlier_split: bool) -> torch.Tensor:
@@ -106,10 +115,6 @@ def int8_gemm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
     return y if bias is None else y + bias
 
 
-# The last block means computed, with a weak reference to their input (see _last_split).
-_last_means: tuple = (lambda: None, 0, None)
-
-
 def block_means(x: torch.Tensor, block: int) -> torch.Tensor:
     """``[..., in/block]``: the mean of ``x`` over each block of ``block`` features.
 
@@ -117,15 +122,13 @@ def block_means(x: torch.Tensor, block: int) -> torch.Tensor:
     kept), one small operator, where a GEMM with a 0/1 matrix was one of the delegate's
     largest fixed costs per token. Layers reading the same input with the same block (q, k, v;
     gate, up) share one result, like :func:`split_outliers`."""
-    global _last_means
-    source, source_block, means = _last_means
-    if source() is x and source_block == block:
-        return means
-    blocks = x.shape[-1] // block
-    means = x.reshape(-1, blocks, 1, block).mean((2, 3), keepdim=True)
-    means = means.view(static_shape(x)[:-1] + [blocks])
-    _last_means = (weakref.ref(x), block, means)
-    return means
+
+    def means() -> torch.Tensor:
+        blocks = x.shape[-1] // block
+        pooled = x.reshape(-1, blocks, 1, block).mean((2, 3), keepdim=True)
+        return pooled.view(static_shape(x)[:-1] + [blocks])
+
+    return _once_per_input("means", x, block, means)
 
 
 class BlockInt4Linear(nn.Module):
