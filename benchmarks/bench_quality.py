@@ -48,6 +48,7 @@ RECIPES = {
     "gguf": ["--quantize", "gguf"],
     "gguf outlier_split": ["--quantize", "gguf", "--quantize-option", "outlier_split=true"],
     "8da4w": ["--quantize", "8da4w"],
+    "8da4w hqq": ["--quantize", "8da4w", "--quantize-option", "activation_aware=false"],
     "8da4w asymmetric": ["--quantize", "8da4w", "--quantize-option", "asymmetric=true"],
     "8da4w asymmetric group 64": ["--quantize", "8da4w", "--quantize-option", "asymmetric=true",
                                   "--quantize-option", "group_size=64"],

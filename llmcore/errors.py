@@ -97,3 +97,16 @@ def stage_errors(
             plugin=plugin,
             fix=fix(exc) if callable(fix) else fix,
         ) from exc
+
+
+def read_text_file(path, what: str, stage: str, fix: str) -> str:
+    """A UTF-8 text file's contents, or one :class:`LlmcoreError` naming ``what`` could not
+    be read and why (missing, unreadable, not UTF-8)."""
+    from pathlib import Path
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LlmcoreError(
+            f"cannot read {what} {str(path)!r}: {getattr(exc, 'strerror', None) or exc}.", stage=stage, fix=fix
+        ) from None

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
-from llmcore.errors import LlmcoreError
+from llmcore.errors import LlmcoreError, read_text_file
 
 
 @dataclass
@@ -215,11 +215,7 @@ def evaluate(pte: str, text_path: str, max_tokens: Optional[int], window: Option
             stage="eval",
             fix="export without --skip-transforms kv-cache to evaluate it.",
         )
-    try:
-        text = Path(text_path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LlmcoreError(f"cannot read text {text_path!r}: {exc}", stage="eval",
-                           fix="pass --text with a UTF-8 text file.") from None
+    text = read_text_file(text_path, "text", "eval", "pass --text with a UTF-8 text file.")
     tokenizer = TextTokenizer.from_file(tokenizer_beside(pte))
     if max_tokens is None and protocol == "sliding":
         max_tokens = 1024

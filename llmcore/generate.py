@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from llmcore.errors import LlmcoreError
+from llmcore.errors import LlmcoreError, read_text_file
 from llmcore.progress import peak_rss_mib
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -65,15 +65,10 @@ class TextTokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "TextTokenizer":
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise LlmcoreError(
-                f"cannot read tokenizer {str(path)!r}: {getattr(exc, 'strerror', None) or exc}.",
-                stage="tokenizer",
-                fix=f"keep the {TOKENIZER_FILE} that llmcore export wrote next to the .pte, or pass --tokenizer.",
-            ) from None
+        text = read_text_file(
+            path, "tokenizer", "tokenizer",
+            f"keep the {TOKENIZER_FILE} that llmcore export wrote next to the .pte, or pass --tokenizer.",
+        )
         return cls(text, str(path))
 
     def encode(self, text: str) -> list[int]:

@@ -219,6 +219,23 @@ class SourceTransform(Record):
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """Text to run through the float model before a source recipe quantizes it.
+
+    A recipe that chooses its integers from activations (which input channels carry the
+    most energy) needs the model run on real text; the pipeline knows how to call the
+    model (chunks, positions, its KV cache), the recipe knows what to record (forward hooks
+    on the layers it will replace). ``token_ids(path)`` tokenizes a text file, or llmcore's
+    built-in calibration text when ``path`` is empty; ``run(module, ids)`` feeds the ids
+    through the module without gradients and leaves its buffers (the KV cache, which the
+    exported program takes as initial values) as they were.
+    """
+
+    token_ids: Callable[[str], list[int]]
+    run: Callable[[Any, list[int]], None]
+
+
+@dataclass(frozen=True)
 class QuantizerRecipe(Record):
     """A named quantization recipe.
 
@@ -228,7 +245,9 @@ class QuantizerRecipe(Record):
       prepare -> calibrate -> convert on the exported graph, then `after_convert`
       (in place, on the converted GraphModule), then exports again.
     * `source_quantize(module, options)` quantizes the eager module in place before
-      export (torchao's `quantize_` with a config, for instance).
+      export (torchao's `quantize_` with a config, for instance). With `calibrated`, it is
+      called as `source_quantize(module, options, calibration)`, a :class:`Calibration`
+      that runs text through the float module (for scales chosen from activations).
 
     `backends` lists the backends the recipe is meant for; empty means any.
     `options` documents the options it accepts: name -> (type, default, help).
@@ -251,6 +270,7 @@ class QuantizerRecipe(Record):
     options: Mapping[str, tuple[type, Any, str]] = field(default_factory=dict)
     for_quantized_checkpoints: bool = False
     parity_reference: Optional[Callable[[Any], Any]] = None
+    calibrated: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -108,7 +108,11 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
 
     if recipe is not None and recipe.record.source_quantize is not None:
         with log.stage("quantize"):
-            module = quantize.quantize_source(module, recipe, recipe_options)
+            calibration = quantize.calibration_for(
+                lambda text: text_ids(tokenizer, text, meta), max_seq_len, call_len, context.use_kv_cache,
+                recipe.record.name,
+            )
+            module = quantize.quantize_source(module, recipe, recipe_options, calibration)
 
     inputs = capture.example_inputs(prompt_ids, context.use_kv_cache)
     with log.stage("export"):
@@ -242,11 +246,16 @@ def _library_entry(provided) -> dict[str, Any]:
     }
 
 
-def _prompt_ids(tokenizer: TextTokenizer, prompt: str, meta: ModelMetadata, max_seq_len: int) -> list[int]:
-    ids = tokenizer.encode(prompt)
+def text_ids(tokenizer: TextTokenizer, text: str, meta: ModelMetadata) -> list[int]:
+    """The model's tokens for a text: its BOS first where it has one, ids it has no row for dropped."""
+    ids = tokenizer.encode(text)
     if meta.n_bos and meta.bos_id >= 0:
         ids = [meta.bos_id] * meta.n_bos + ids
-    ids = [i for i in ids if 0 <= i < meta.vocab_size][: max(1, min(max_seq_len, 64))]
+    return [i for i in ids if 0 <= i < meta.vocab_size]
+
+
+def _prompt_ids(tokenizer: TextTokenizer, prompt: str, meta: ModelMetadata, max_seq_len: int) -> list[int]:
+    ids = text_ids(tokenizer, prompt, meta)[: max(1, min(max_seq_len, 64))]
     if len(ids) < 2:
         ids = (ids + [0, 1])[:2]
     return ids

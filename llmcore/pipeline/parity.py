@@ -13,8 +13,9 @@ which backend is missing and where it runs. ``--strict-parity`` refuses such a s
 from __future__ import annotations
 
 import mmap
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import torch
 
@@ -70,9 +71,8 @@ def reference_logits(eager: Any, prompt_ids: list[int], use_kv_cache: bool) -> l
     Running the model writes its KV-cache buffers, which the captured program shares as
     initial values: every buffer is restored afterwards, so the program's bytes do not
     depend on this check."""
-    saved = [(b, b.clone()) for b in eager.buffers()]
     out = []
-    try:
+    with buffers_restored(eager):
         for ids, pos in parity_calls(prompt_ids, use_kv_cache):
             tokens = torch.tensor([ids], dtype=torch.long)
             with torch.no_grad(), captured_stderr():
@@ -81,11 +81,21 @@ def reference_logits(eager: Any, prompt_ids: list[int], use_kv_cache: bool) -> l
                 else:
                     expected = eager(tokens)
             out.append(ReferenceCall(ids, pos, expected.reshape(-1, expected.shape[-1])[-1].float().clone()))
+    return out
+
+
+@contextmanager
+def buffers_restored(module: Any) -> Iterator[None]:
+    """Run the model inside and get its buffers back as they were: a KV cache the calls
+    wrote is the captured (or to be captured) program's initial value, which must not
+    depend on what was run to check or calibrate it."""
+    saved = [(b, b.clone()) for b in module.buffers()]
+    try:
+        yield
     finally:
         with torch.no_grad():
             for buffer, initial in saved:
                 buffer.copy_(initial)
-    return out
 
 
 def check_parity(

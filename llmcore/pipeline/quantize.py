@@ -7,15 +7,17 @@ parity check, so a quantized export is compared with its quantized eager twin.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Callable, Optional
 
 import torch
 
-from llmcore.errors import LlmcoreError, stage_errors
+from llmcore.errors import LlmcoreError, read_text_file, stage_errors
+from llmcore.pipeline.parity import buffers_restored
 from llmcore.plugins import Provided, Registry
 from llmcore.recipe import check_plugin_options
 from llmcore.runtime import captured_stderr
-from llmcore.records import QuantizerRecipe
+from llmcore.records import Calibration, QuantizerRecipe
 
 
 def resolve_recipe(name: Optional[str], options: dict, backends: list[str], registry: Registry):
@@ -70,9 +72,52 @@ def default_for_checkpoint(stored_weights: dict, backends: list[str], registry: 
     return None, {}
 
 
-def quantize_source(module: Any, provided: Provided, options: dict) -> Any:
+def quantize_source(module: Any, provided: Provided, options: dict, calibration: Calibration) -> Any:
     recipe: QuantizerRecipe = provided.record
+    if recipe.calibrated:
+        return _run(provided, lambda: recipe.source_quantize(module, options, calibration)) or module
     return _run(provided, lambda: recipe.source_quantize(module, options)) or module
+
+
+CALIBRATION_TEXT = Path(__file__).resolve().parent.parent / "data" / "calibration.txt"
+"""llmcore's own calibration text: ~350 words written for it (narrative, dialogue, instructions,
+figures, a little code, a chat turn), so that no evaluation text is ever what a recipe was
+calibrated on."""
+
+
+def calibration_for(
+    encode: Callable[[str], list[int]], max_seq_len: int, call_len: int, use_kv_cache: bool, recipe: str
+) -> Calibration:
+    """The :class:`Calibration` a calibrated source recipe receives: ``encode`` gives the
+    model's ids for a text (BOS included), ``max_seq_len`` caps the tokens fed (the cache's
+    length), ``call_len`` is the most the model takes per call."""
+
+    def token_ids(path: str) -> list[int]:
+        source = Path(path) if path else CALIBRATION_TEXT
+        text = read_text_file(
+            source, f"the calibration text of quantizer recipe {recipe!r}", "quantize",
+            "pass a readable UTF-8 text file as calibration_text, or leave it empty for the built-in text.",
+        )
+        ids = encode(text)
+        if not ids:
+            raise LlmcoreError(
+                f"quantizer recipe {recipe!r}: the calibration text {str(source)!r} has no tokens.",
+                stage="quantize",
+                fix="pass a text file with some prose in it (a few hundred words is enough).",
+            )
+        return ids
+
+    def run(module: Any, ids: list[int]) -> None:
+        ids = ids[:max_seq_len] if use_kv_cache else ids[:call_len]  # without a cache: one call from 0
+        with buffers_restored(module), torch.no_grad(), captured_stderr():
+            for start in range(0, len(ids), call_len):
+                tokens = torch.tensor([ids[start:start + call_len]], dtype=torch.long)
+                if use_kv_cache:
+                    module(tokens, torch.tensor([start], dtype=torch.long))
+                else:
+                    module(tokens)
+
+    return Calibration(token_ids, run)
 
 
 def quantize_graph(

@@ -2,7 +2,9 @@
 
 ``8da4w`` (from float weights): int4 per block for every linear, the output layer at int8 per
 channel unless ``output_bits=4`` (the logits are where 4 bits hurt most; llama.cpp keeps its
-output layer at Q6_K or Q8_0 for the same reason). Symmetric blocks (HQQ scales) by default;
+output layer at Q6_K or Q8_0 for the same reason). Symmetric blocks by default, each block's
+scale chosen for the output error it causes on calibration text
+(:func:`.qlinear.int4_blocks_activation_aware`; ``activation_aware=false``: HQQ's scales);
 ``asymmetric=true`` gives each block a minimum as well (Q4_1's form, fitted by least squares),
 run like the ``gguf`` recipe's Q4_1 layers: less error, a slower decode (docs/quantization.md).
 
@@ -31,6 +33,7 @@ import torch
 from torch import nn
 
 from llmcore.errors import LlmcoreError
+from llmcore.records import Calibration
 from llmcore.stored import IntegerWeight, stored_form
 from llmcore_xnnpack import qlinear
 from llmcore_xnnpack.torchao_quant import (
@@ -108,7 +111,37 @@ def _int8_layer(linear: nn.Linear, exact: torch.Tensor, outlier_split: bool) -> 
     return qlinear.ChannelInt8Linear(q, scales, linear.bias, outlier_split)
 
 
-def quantize_8da4w(module: nn.Module, options: dict) -> nn.Module:
+def input_energy(module: nn.Module, names: list[str], calibration: Calibration, text: str) -> tuple[dict, int]:
+    """The mean square of every input feature of the named linears over a calibration text
+    (``text``: a path, or empty for llmcore's built-in text), and the number of tokens it
+    had. Recorded by forward pre-hooks while the float model reads the text once."""
+    sums: dict[str, torch.Tensor] = {}
+    counts: Counter = Counter()
+
+    def recorder(name: str):
+        def record(_, args):
+            x = args[0].detach().float().reshape(-1, args[0].shape[-1])
+            sums[name] = sums[name] + x.square().sum(0) if name in sums else x.square().sum(0)
+            counts[name] += x.shape[0]
+        return record
+
+    hooks = [module.get_submodule(n).register_forward_pre_hook(recorder(n)) for n in names]
+    try:
+        ids = calibration.token_ids(text)
+        calibration.run(module, ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    missing = [n for n in names if n not in sums]
+    if missing:  # e.g. experts no calibration token was routed to: their scales fall back to HQQ's
+        log.warning(
+            "8da4w: the calibration text never reached %d linear layer(s) (%s%s): they get HQQ scales",
+            len(missing), ", ".join(missing[:3]), ", ..." if len(missing) > 3 else "",
+        )
+    return {n: sums[n] / counts[n] for n in sums}, min(len(ids), max(counts.values(), default=0))
+
+
+def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calibration] = None) -> nn.Module:
     """``8da4w``: int4 linears (int8 output layer by default), optional int8/int4 embeddings."""
     check_options(options)
     if options["output_bits"] not in OUTPUT_BITS:
@@ -117,6 +150,16 @@ def quantize_8da4w(module: nn.Module, options: dict) -> nn.Module:
             fix="use output_bits=8 (the default) or 4.",
         )
     outputs = output_layer_names(module)  # before embeddings are replaced
+    energies, calibration_note = {}, ""
+    if options["activation_aware"] and not options["asymmetric"]:
+        if calibration is None:
+            raise LlmcoreError(
+                "8da4w: activation_aware scales need calibration text run through the model, and none was given.",
+                fix="call quantize_8da4w with the pipeline's Calibration, or set activation_aware=false.",
+            )
+        int4 = [n for n in _linear_names(module) if not (n in outputs and options["output_bits"] == 8)]
+        energies, tokens = input_energy(module, int4, calibration, options["calibration_text"])
+        calibration_note = f", {tokens} calibration tokens"
     if options["embedding_bits"]:
         quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"],
                             "hqq_scale_only" if options["hqq"] else "affine")
@@ -136,6 +179,9 @@ def quantize_8da4w(module: nn.Module, options: dict) -> nn.Module:
             if options["asymmetric"]:
                 q, scales, offsets = qlinear.int4_blocks_affine(w, group or linear.in_features)
                 kind = "asymmetric int4"
+            elif name in energies:
+                q, scales = qlinear.int4_blocks_activation_aware(w, group or linear.in_features, energies.pop(name))
+                offsets, kind = None, f"int4 (activation-aware scales{calibration_note})"
             else:
                 q, scales = qlinear.int4_blocks(w, group or linear.in_features, options["hqq"])
                 offsets, kind = None, "int4" + (" (HQQ scales)" if options["hqq"] else "")

@@ -290,3 +290,44 @@ def test_affine_constant_blocks_are_exact():
     w[1, BLOCK:] = -1.5
     q, scales, offsets = qlinear.int4_blocks_affine(w, BLOCK)
     assert torch.equal(BlockInt4Linear(q, scales, offsets).weight_values(), w)
+
+
+def _output_error(q, scales, w, x) -> float:
+    """||x W_q^T - x W^T|| / ||x W^T||: what a layer's rounding costs on these inputs."""
+    approx = BlockInt4Linear(q, scales).weight_values()
+    return float((x @ (approx - w).T).norm() / (x @ w.T).norm())
+
+
+def test_activation_aware_scales_cut_the_output_error_where_a_few_inputs_dominate():
+    """Inputs whose energy sits in a few features (an LLM's outlier channels): scales chosen
+    for the output error beat scales chosen for the weight error (HQQ's, min/max's) on the
+    output of held-out inputs drawn the same way, at a slightly larger weight error."""
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(OUT, IN, generator=gen) * 0.02
+    loud = torch.ones(IN)
+    loud[torch.randperm(IN, generator=gen)[:6]] = 25.0
+
+    def inputs(n: int) -> torch.Tensor:
+        return torch.randn(n, IN, generator=gen) * loud
+
+    calibration, held_out = inputs(256), inputs(256)
+    q, scales = qlinear.int4_blocks_activation_aware(w, BLOCK, calibration.square().mean(0))
+    aware = _output_error(q, scales, w, held_out)
+    hqq = _output_error(*qlinear.int4_blocks(w, BLOCK, hqq=True), w, held_out)
+    min_max = _output_error(*qlinear.int4_blocks(w, BLOCK, hqq=False), w, held_out)
+    assert aware < 0.85 * hqq and aware < 0.85 * min_max, (aware, hqq, min_max)
+
+
+def test_activation_aware_scales_are_the_programs_and_uniform_energy_is_a_weight_error_search():
+    gen = torch.Generator().manual_seed(8)
+    w = torch.randn(OUT, IN, generator=gen) * 0.02
+    w[:, 3] *= 8
+    w[2, :BLOCK] = 0  # an all-zero block stays zero
+    q, scales = qlinear.int4_blocks_activation_aware(w, BLOCK, torch.ones(IN))
+    assert int(q.min()) >= -8 and int(q.max()) <= 7 and not q[2, :BLOCK].any()
+    assert torch.equal(scales, scales.to(torch.bfloat16).float())  # what XNNPACK stores
+    assert bool((scales > 0).all())
+    # with every feature equally loud the objective is the weight error: no worse than min/max's
+    searched = qlinear.relative_error(BlockInt4Linear(q, scales), w)
+    min_max = qlinear.relative_error(BlockInt4Linear(*qlinear.int4_blocks(w, BLOCK, hqq=False)), w)
+    assert searched <= min_max, (searched, min_max)

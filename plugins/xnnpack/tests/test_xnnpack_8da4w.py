@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from llmcore.errors import LlmcoreError
+from llmcore.records import Calibration
 from llmcore.runtime import Program
 from llmcore_nanogpt.model import CONFIGS, GPT
 from llmcore_xnnpack.recipes import quantize_8da4w
@@ -39,8 +40,8 @@ def fp32_tiny() -> GPT:
     return GPT(CONFIGS["tiny"]).init_random(0).eval()
 
 
-def quantized_tiny(defaults: dict, options: dict) -> GPT:
-    return quantize_8da4w(fp32_tiny(), {**defaults, **options})
+def quantized_tiny(defaults: dict, options: dict, calibration) -> GPT:
+    return quantize_8da4w(fp32_tiny(), {**defaults, **options}, calibration)
 
 
 def worst_diffs(program: Program, references: list) -> list[float]:
@@ -71,11 +72,13 @@ def worst_diffs(program: Program, references: list) -> list[float]:
     [("8da4w", {}), ("8da4w-emb8", {"embedding_bits": 8}), ("8da4w-emb4", {"embedding_bits": 4}),
      ("8da4w-asymmetric", {"asymmetric": True})],
 )
-def test_logits_within_bounds_of_fp32_and_of_quantized_eager(xnnpack_exports, recipe_defaults, variant, options):
+def test_logits_within_bounds_of_fp32_and_of_quantized_eager(
+    xnnpack_exports, recipe_defaults, tiny_calibration, variant, options
+):
     result = xnnpack_exports(variant)
     program = Program.load(result.pte)
     assert program.use_kv_cache
-    vs_fp32, vs_quantized = worst_diffs(program, [fp32_tiny(), quantized_tiny(recipe_defaults, options)])
+    vs_fp32, vs_quantized = worst_diffs(program, [fp32_tiny(), quantized_tiny(recipe_defaults, options, tiny_calibration)])
     bound_fp32, bound_quantized = BOUNDS[variant]
     assert vs_fp32 <= bound_fp32, f"{variant}: max |diff| vs fp32 {vs_fp32:.4f}"
     assert vs_quantized <= bound_quantized, f"{variant}: max |diff| vs quantized eager {vs_quantized:.5f}"
@@ -97,7 +100,7 @@ def test_every_linear_runs_in_an_xnnpack_delegate(xnnpack_exports):
     assert all(r["not_delegated"] == 0 for op, r in rows.items() if op.startswith("quantized_decomposed"))
 
 
-def test_asymmetric_blocks_are_closer_to_fp32_and_all_delegated(xnnpack_exports, recipe_defaults):
+def test_asymmetric_blocks_are_closer_to_fp32_and_all_delegated(xnnpack_exports, recipe_defaults, tiny_calibration):
     """``asymmetric=true``: each block's minimum runs as the offset term (a mean per block and
     a small GEMM, both in the layer's delegate); the weights are closer to the fp32 ones."""
     from llmcore_xnnpack.qlinear import BlockInt4Linear, relative_error
@@ -108,8 +111,8 @@ def test_asymmetric_blocks_are_closer_to_fp32_and_all_delegated(xnnpack_exports,
         assert errors
         return sum(errors) / len(errors)
 
-    symmetric = mean_error(quantized_tiny(recipe_defaults, {}))
-    asymmetric = mean_error(quantized_tiny(recipe_defaults, {"asymmetric": True}))
+    symmetric = mean_error(quantized_tiny(recipe_defaults, {}, tiny_calibration))
+    asymmetric = mean_error(quantized_tiny(recipe_defaults, {"asymmetric": True}, tiny_calibration))
     assert asymmetric < 0.85 * symmetric, (asymmetric, symmetric)
 
     delegation = xnnpack_exports("8da4w-asymmetric").report["delegation"]
@@ -255,7 +258,8 @@ def test_layer_whose_width_is_not_a_multiple_of_32_stays_fp32_and_runs(recipe_de
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 96), nn.ReLU(), nn.Linear(96, 10)).eval()
-    quantize_8da4w(model, recipe_defaults)
+    x = torch.randn(3, 64)
+    quantize_8da4w(model, recipe_defaults, Calibration(token_ids=lambda _: [0], run=lambda module, _: module(x)))
     assert type(model[2]) is nn.Linear and model[2].weight.dtype == torch.float32
     assert type(model[0]).__name__ == "BlockInt4Linear"
     x = torch.randn(3, 64)
@@ -271,3 +275,17 @@ def test_layer_whose_width_is_not_a_multiple_of_32_stays_fp32_and_runs(recipe_de
     module = Program.load(program.buffer).module
     got = module.run_method("forward", [x])[0]
     assert (got - expected).abs().max().item() < 0.02
+
+
+def test_unreadable_calibration_text_fails_the_export_in_one_line_and_writes_nothing(tmp_path, registry):
+    from llmcore.pipeline import export
+    from llmcore.recipe import ExportOptions
+
+    out = tmp_path / "model.pte"
+    options = ExportOptions(model="nanogpt", config="tiny", output=str(out), quiet=True, plugins=["xnnpack"],
+                            quantize="8da4w", quantize_options={"calibration_text": str(tmp_path / "missing.txt")})
+    with pytest.raises(LlmcoreError) as raised:
+        export(options, registry)
+    message = str(raised.value)
+    assert "missing.txt" in message and raised.value.stage == "quantize" and raised.value.plugin
+    assert list(tmp_path.iterdir()) == []
