@@ -151,7 +151,14 @@ def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calib
         )
     outputs = output_layer_names(module)  # before embeddings are replaced
     energies, calibration_note = {}, ""
-    if options["activation_aware"] and not options["asymmetric"]:
+    calibrated = options["activation_aware"] and not options["asymmetric"]
+    if options["calibration_text"] and not calibrated:
+        raise LlmcoreError(
+            "8da4w: calibration_text is read only for activation-aware symmetric scales, and this export "
+            f"sets {'asymmetric=true' if options['asymmetric'] else 'activation_aware=false'}.",
+            fix="drop calibration_text, or keep activation_aware=true with symmetric blocks.",
+        )
+    if calibrated:
         if calibration is None:
             raise LlmcoreError(
                 "8da4w: activation_aware scales need calibration text run through the model, and none was given.",

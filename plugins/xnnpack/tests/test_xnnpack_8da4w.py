@@ -289,3 +289,11 @@ def test_unreadable_calibration_text_fails_the_export_in_one_line_and_writes_not
     message = str(raised.value)
     assert "missing.txt" in message and raised.value.stage == "quantize" and raised.value.plugin
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("other", [{"activation_aware": False}, {"asymmetric": True}])
+def test_calibration_text_that_would_not_be_read_is_refused(recipe_defaults, tmp_path, other):
+    text = tmp_path / "mine.txt"
+    text.write_text("some words", encoding="utf-8")
+    with pytest.raises(LlmcoreError, match="calibration_text"):
+        quantize_8da4w(fp32_tiny(), {**recipe_defaults, **other, "calibration_text": str(text)})
