@@ -227,12 +227,13 @@ class Calibration:
     model (chunks, positions, its KV cache), the recipe knows what to record (forward hooks
     on the layers it will replace). ``token_ids(path)`` tokenizes a text file, or llmcore's
     built-in calibration text when ``path`` is empty; ``run(module, ids)`` feeds the ids
-    through the module without gradients and leaves its buffers (the KV cache, which the
-    exported program takes as initial values) as they were.
+    (as many as the model's context takes: it returns that number) through the module
+    without gradients and leaves its buffers (the KV cache, which the exported program
+    takes as initial values) as they were.
     """
 
     token_ids: Callable[[str], list[int]]
-    run: Callable[[Any, list[int]], None]
+    run: Callable[[Any, list[int]], int]
 
 
 @dataclass(frozen=True)

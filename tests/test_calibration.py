@@ -56,13 +56,13 @@ def test_unreadable_or_empty_text_is_one_line_naming_recipe_stage_and_fix(tmp_pa
 
 def test_run_feeds_chunks_at_their_positions_up_to_the_context_and_restores_buffers():
     module = CacheWriter()
-    calibration_for(lambda t: [], 10, 4, True, "r").run(module, list(range(100, 114)))
+    assert calibration_for(lambda t: [], 10, 4, True, "r").run(module, list(range(100, 114))) == 10
     assert module.calls == [([100, 101, 102, 103], 0), ([104, 105, 106, 107], 4), ([108, 109], 8)]
     assert torch.equal(module.cache, torch.full((16,), 3.0))
 
 
 def test_run_without_a_cache_is_one_call_from_the_start():
     module = CacheWriter()
-    calibration_for(lambda t: [], 10, 10, False, "r").run(module, list(range(14)))
+    assert calibration_for(lambda t: [], 10, 10, False, "r").run(module, list(range(14))) == 10
     assert module.calls == [(list(range(10)), 0)]
     assert torch.equal(module.cache, torch.full((16,), 3.0))

@@ -107,7 +107,7 @@ def calibration_for(
             )
         return ids
 
-    def run(module: Any, ids: list[int]) -> None:
+    def run(module: Any, ids: list[int]) -> int:
         ids = ids[:max_seq_len] if use_kv_cache else ids[:call_len]  # without a cache: one call from 0
         with buffers_restored(module), torch.no_grad(), captured_stderr():
             for start in range(0, len(ids), call_len):
@@ -116,6 +116,7 @@ def calibration_for(
                     module(tokens, torch.tensor([start], dtype=torch.long))
                 else:
                     module(tokens)
+        return len(ids)
 
     return Calibration(token_ids, run)
 

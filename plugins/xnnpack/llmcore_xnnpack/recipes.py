@@ -113,8 +113,8 @@ def _int8_layer(linear: nn.Linear, exact: torch.Tensor, outlier_split: bool) -> 
 
 def input_energy(module: nn.Module, names: list[str], calibration: Calibration, text: str) -> tuple[dict, int]:
     """The mean square of every input feature of the named linears over a calibration text
-    (``text``: a path, or empty for llmcore's built-in text), and the number of tokens it
-    had. Recorded by forward pre-hooks while the float model reads the text once."""
+    (``text``: a path, or empty for llmcore's built-in text), and the number of tokens the
+    model read. Recorded by forward pre-hooks while the float model reads the text once."""
     sums: dict[str, torch.Tensor] = {}
     counts: Counter = Counter()
 
@@ -127,8 +127,7 @@ def input_energy(module: nn.Module, names: list[str], calibration: Calibration, 
 
     hooks = [module.get_submodule(n).register_forward_pre_hook(recorder(n)) for n in names]
     try:
-        ids = calibration.token_ids(text)
-        calibration.run(module, ids)
+        fed = calibration.run(module, calibration.token_ids(text))
     finally:
         for hook in hooks:
             hook.remove()
@@ -138,7 +137,7 @@ def input_energy(module: nn.Module, names: list[str], calibration: Calibration, 
             "8da4w: the calibration text never reached %d linear layer(s) (%s%s): they get HQQ scales",
             len(missing), ", ".join(missing[:3]), ", ..." if len(missing) > 3 else "",
         )
-    return {n: sums[n] / counts[n] for n in sums}, min(len(ids), max(counts.values(), default=0))
+    return {n: sums[n] / counts[n] for n in sums}, fed
 
 
 def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calibration] = None) -> nn.Module:

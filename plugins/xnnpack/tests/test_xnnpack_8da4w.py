@@ -259,7 +259,12 @@ def test_layer_whose_width_is_not_a_multiple_of_32_stays_fp32_and_runs(recipe_de
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 96), nn.ReLU(), nn.Linear(96, 10)).eval()
     x = torch.randn(3, 64)
-    quantize_8da4w(model, recipe_defaults, Calibration(token_ids=lambda _: [0], run=lambda module, _: module(x)))
+
+    def feed(module, _ids) -> int:
+        module(x)
+        return len(x)
+
+    quantize_8da4w(model, recipe_defaults, Calibration(token_ids=lambda _: [0], run=feed))
     assert type(model[2]) is nn.Linear and model[2].weight.dtype == torch.float32
     assert type(model[0]).__name__ == "BlockInt4Linear"
     x = torch.randn(3, 64)
