@@ -213,7 +213,7 @@ def _json_schema_constraint(path: str, program, tokenizer):
 def cmd_run(args: argparse.Namespace) -> int:
     from llmcore import chat
     from llmcore.generate import Sampling, TextStream, TextTokenizer, generate, prompt_ids_for, tokenizer_beside
-    from llmcore.runtime import Program
+    from llmcore.runtime import Program, runtime_threads
 
     if args.max_new_tokens < 1:
         raise LlmcoreError("--max-new-tokens must be at least 1.", stage="cli", fix="pass a positive --max-new-tokens.")
@@ -244,6 +244,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     "generated_ids": result.generated_ids,
                     "text": tokenizer.decode(result.generated_ids, skip_special_tokens=True),
                     "stats": vars(result.stats),
+                    "runtime_threads": runtime_threads(),
                 }
             )
         )
@@ -321,8 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name in RUNTIME_COMMANDS:  # the commands that run a program: one thread-pool option for all
         sub.choices[name].add_argument(
             "--threads", type=int, metavar="N",
-            help="CPU threads of the ExecuTorch runtime (XNNPACK and the LLM ops); default: one per core, "
-                 "as llmcore_runner --threads")
+            help="CPU threads of the ExecuTorch runtime (XNNPACK and the LLM ops); default: one for a "
+                 "program under 16 MiB, else one per core, as llmcore_runner --threads")
     return parser
 
 
@@ -337,10 +338,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command in ("export", "run", "inspect", "profile", "eval"):
             _quiet_torch(debug)
-        if getattr(args, "threads", None) is not None:
-            from llmcore.runtime import use_threads
+        if args.command in RUNTIME_COMMANDS:
+            from llmcore.runtime import default_threads, use_threads
 
-            use_threads(args.threads)
+            threads = args.threads if args.threads is not None else default_threads(args.pte)
+            if threads is not None:
+                use_threads(threads)
         return args.func(args)
     except LlmcoreError as exc:
         if debug:

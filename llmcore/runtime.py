@@ -158,6 +158,25 @@ class Program:
         return self._module
 
 
+# Below this size a program's operators are too small for a second thread to pay for
+# waking it. Decode tok/s with one thread against two on the 2-core EPYC (random nanoGPTs,
+# fp32, XNNPACK; docs/performance.md): 0.5 MB 1.5x faster on one, 3.5 MB 1.5x, 13 MB the
+# same, 77 MB 0.7x. ``llmcore_runner`` applies the same rule (runtime/src/main.cpp).
+ONE_THREAD_BELOW_BYTES = 16 << 20
+
+
+def default_threads(program: str | Path) -> Optional[int]:
+    """The thread count a command runs ``program`` with when ``--threads`` is not given:
+    one for a program under :data:`ONE_THREAD_BELOW_BYTES`, else ``None`` (the runtime's
+    own choice, one thread per core). A path that is not a file gives ``None``; loading it
+    reports the error."""
+    try:
+        size = Path(program).stat().st_size
+    except (OSError, ValueError):
+        return None
+    return 1 if size < ONE_THREAD_BELOW_BYTES else None
+
+
 def use_threads(count: int) -> None:
     """Give the runtime's CPU thread pool ``count`` threads (ExecuTorch's pool, which
     XNNPACK's delegates and the LLM custom ops share), before any program runs. The
@@ -174,6 +193,13 @@ def use_threads(count: int) -> None:
                            fix="leave out --threads (the runtime uses one thread per core).")
     with captured_stderr():  # cpuinfo and the pool log their work on fd 2
         reset(count)
+
+
+def runtime_threads() -> int:
+    """How many threads the runtime's CPU pool has now (what ``llmcore run --json`` reports)."""
+    from executorch.extension.pybindings import portable_lib
+
+    return int(portable_lib._threadpool_get_thread_count())
 
 
 def feed_in_chunks(

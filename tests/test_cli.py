@@ -150,6 +150,23 @@ class _Exploit:
         return (os.system, (f"touch {self.marker}",))
 
 
+def test_a_small_program_runs_on_one_thread_unless_told_otherwise(int8_export, cli, tmp_path):
+    """Without ``--threads`` a program under 16 MiB runs on one runtime thread (its
+    operators are too small for a second to pay: docs/performance.md), in ``llmcore run``
+    as in ``llmcore_runner``; a larger one keeps the runtime's one thread per core."""
+    from llmcore.runtime import ONE_THREAD_BELOW_BYTES, default_threads
+
+    out, _ = int8_export
+    assert out.stat().st_size < ONE_THREAD_BELOW_BYTES and default_threads(out) == 1
+    run = json.loads(cli("run", str(out), "--prompt", "Hi there", "--max-new-tokens", "2", "--json").stdout)
+    assert run["runtime_threads"] == 1
+    large = tmp_path / "large.pte"
+    with open(large, "wb") as f:
+        f.truncate(ONE_THREAD_BELOW_BYTES)  # sparse: the size is what counts
+    assert default_threads(large) is None
+    assert default_threads(tmp_path / "missing.pte") is None  # loading it reports the error
+
+
 def test_malicious_pickle_checkpoint_is_refused_and_never_runs(cli, tmp_path):
     marker = tmp_path / "pwned"
     ckpt = tmp_path / "ckpt.pt"
@@ -170,15 +187,16 @@ def test_output_folder_that_does_not_exist(cli, tmp_path):
 
 def test_threads_sets_the_runtime_pool_and_changes_no_token(int8_export, cli):
     """``--threads N`` (every command that runs a program) sizes ExecuTorch's thread pool:
-    greedy tokens are those of the default pool; 0 is refused in one line."""
+    greedy tokens are the same on one thread or two; 0 is refused in one line."""
     from executorch.extension.pybindings import portable_lib
 
     from llmcore.runtime import use_threads
 
     out, _ = int8_export
     args = ["run", str(out), "--prompt", "Hi there", "--max-new-tokens", "6", "--json"]
-    default, one = (json.loads(cli(*args, *extra).stdout)["generated_ids"] for extra in ([], ["--threads", "1"]))
-    assert one == default
+    one, two = (json.loads(cli(*args, "--threads", n).stdout) for n in ("1", "2"))
+    assert (one["runtime_threads"], two["runtime_threads"]) == (1, 2)
+    assert one["generated_ids"] == two["generated_ids"]
     refused = cli(*args, "--threads", "0")
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         "llmcore: error: [run] --threads 0 is not a thread count. Fix: pass --threads 1 or more."]

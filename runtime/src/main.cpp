@@ -78,7 +78,8 @@ const char* kUsage =
     "  --top-p P              nucleus sampling mass in (0, 1] (1 = off)\n"
     "  --seed S               sampling seed (default: random)\n"
     "  --print-ids            after the text print 'ids: <generated ids>'\n"
-    "  --threads N            ExecuTorch CPU threads (default: runtime's choice)\n"
+    "  --threads N            ExecuTorch CPU threads (default: 1 for a program under\n"
+    "                         16 MiB, else one per core)\n"
     "  --load-library PATH    load a custom-operator kernel library first (repeatable;\n"
     "                         also LLMCORE_RUNTIME_LIBRARIES=path:folder:...)\n"
     "  --etdump FILE          record an ETDump of the forward calls (operator and\n"
@@ -385,10 +386,21 @@ class KernelLibraries {
   std::string missing_;
 };
 
+// The thread count when --threads is not given: one for a program under 16 MiB, whose
+// operators are too small for a second thread to pay for waking it; 0 (the runtime's
+// choice, one per core) otherwise. The same rule as llmcore's Python commands
+// (llmcore/runtime.py, default_threads), where the measurements behind it are cited.
+unsigned default_threads(const std::string& pte) {
+  struct stat st {};
+  if (stat(pte.c_str(), &st) != 0) return 0;  // loading it reports the error
+  return st.st_size < (16L << 20) ? 1u : 0u;
+}
+
 int run(const Options& opt) {
   executorch::runtime::runtime_init();
   llmcore::install_executorch_logging(opt.verbose);
-  llmcore::set_executorch_threads(opt.threads);
+  unsigned threads = llmcore::set_executorch_threads(opt.threads != 0 ? opt.threads : default_threads(opt.pte));
+  if (opt.verbose) std::fprintf(stderr, "llmcore_runner: %u runtime threads\n", threads);
 
   if (!opt.etdump.empty()) {
     size_t slash = opt.etdump.find_last_of('/');

@@ -93,10 +93,11 @@ void install_executorch_logging(bool verbose) {
   et::register_pal(et::PalImpl::create(log_sink, __FILE__));
 }
 
-void set_executorch_threads(unsigned n) {
-  if (n == 0) return;
+unsigned set_executorch_threads(unsigned n) {
   auto* pool = executorch::extension::threadpool::get_threadpool();
-  if (pool != nullptr) pool->_unsafe_reset_threadpool(n);
+  if (pool == nullptr) return 0;
+  if (n != 0) pool->_unsafe_reset_threadpool(n);
+  return static_cast<unsigned>(pool->get_thread_count());
 }
 
 struct PteModule::ProgramHolder {

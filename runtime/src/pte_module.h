@@ -70,7 +70,8 @@ class PteModule {
 // Routes ExecuTorch's log messages through our filter (Info and below only with verbose).
 void install_executorch_logging(bool verbose);
 
-// Sets the ExecuTorch CPU thread pool size (0 = leave the default).
-void set_executorch_threads(unsigned n);
+// Sets the ExecuTorch CPU thread pool size (0 = leave the default); returns the pool's
+// thread count after it (0 when the runtime has no pool).
+unsigned set_executorch_threads(unsigned n);
 
 }  // namespace llmcore

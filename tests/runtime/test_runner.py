@@ -212,6 +212,26 @@ def test_sampling_is_deterministic_with_seed(binaries, programs):
     assert any(o != a for o in others)
 
 
+def test_thread_count_defaults_to_one_for_a_small_program(binaries, programs, tmp_path):
+    """Without --threads a program under 16 MiB runs on one runtime thread, as in
+    ``llmcore run`` (llmcore.runtime.default_threads); --threads overrides it and changes no
+    greedy token; a larger file keeps the runtime's one thread per core."""
+    pte = programs / "kv.pte"
+    args = ("--max-new-tokens", 12, "--print-ids", "--verbose")
+    _, out_default, err_default = run_runner(pte, "Hello the world", *args)
+    _, out_two, err_two = run_runner(pte, "Hello the world", *args, "--threads", 2)
+    assert "llmcore_runner: 1 runtime threads" in err_default
+    assert "llmcore_runner: 2 runtime threads" in err_two
+    assert parse_ids(out_default) == parse_ids(out_two)
+    large = tmp_path / "large.pte"
+    with open(large, "wb") as f:
+        f.truncate(16 << 20)  # sparse, and not a program: the pool is sized before loading fails
+    code, _, err = run_runner(large, "Hello", "--verbose", check=False)
+    assert code != 0 and "runtime threads" in err
+    if (os.cpu_count() or 1) > 1:
+        assert "llmcore_runner: 1 runtime threads" not in err
+
+
 @pytest.mark.parametrize("variant", ["nocache", "kv"])
 def test_degenerate_sampling_equals_greedy(binaries, programs, variant):
     pte = programs / f"{variant}.pte"
