@@ -137,7 +137,7 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
 
     # The eager model's logits for the parity check, now: then the eager model can go, and
     # lowering, serialisation and the parity run do not hold it beside the program.
-    expected = parity.reference_logits(reference, prompt_ids, context.use_kv_cache)
+    expected = parity.reference_logits(reference, prompt_ids, context.use_kv_cache, parity.written_buffers(exported))
     reference = module = loaded.module = converted = None
 
     # Custom-operator libraries that the graph calls: in the report, loaded here for the

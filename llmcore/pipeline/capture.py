@@ -37,11 +37,17 @@ def capture(
     family: str,
     what: str = "the model",
 ) -> torch.export.ExportedProgram:
+    from executorch.exir.passes.remove_unused_parameters_pass import remove_unused_parameters_pass
+
     failed = f"torch.export could not capture {what} with a dynamic sequence length (1..{max_seq_len})"
     with stage_errors("export", family, failed, fix=_hint), torch.no_grad():
-        return torch.export.export(
+        exported = torch.export.export(
             module, inputs, dynamic_shapes=dynamic_shapes(max_seq_len, use_kv_cache), strict=False
         )
+    # What to_edge removes first, with ExecuTorch's own pass, removed now: a parameter the
+    # graph never reads (an fp32 embedding table whose lookups read its int8 copy: 108 MiB
+    # on SmolLM2) is then not held beside the program while it is lowered.
+    return remove_unused_parameters_pass(exported)
 
 
 def _hint(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import mmap
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import torch
 
@@ -63,16 +63,19 @@ def parity_calls(prompt_ids: list[int], use_kv_cache: bool) -> list[tuple[list[i
     return [(prompt_ids[:n], 0 if use_kv_cache else None) for n in sorted({1, len(prompt_ids)})]
 
 
-def reference_logits(eager: Any, prompt_ids: list[int], use_kv_cache: bool) -> list[ReferenceCall]:
+def reference_logits(
+    eager: Any, prompt_ids: list[int], use_kv_cache: bool, written: Optional[Sequence[torch.Tensor]] = None
+) -> list[ReferenceCall]:
     """The eager model's logits for each parity call, taken before lowering so the eager
     model can be freed while the program is lowered, serialised and loaded (on a 135M
     model it is the largest thing held besides the program).
 
     Running the model writes its KV-cache buffers, which the captured program shares as
-    initial values: every buffer is restored afterwards, so the program's bytes do not
-    depend on this check."""
+    initial values: they are restored afterwards, so the program's bytes do not depend on
+    this check. ``written``: the buffers the captured program writes (:func:`written_buffers`);
+    only those are copied, see :func:`buffers_restored`."""
     out = []
-    with buffers_restored(eager):
+    with buffers_restored(eager, written):
         for ids, pos in parity_calls(prompt_ids, use_kv_cache):
             tokens = torch.tensor([ids], dtype=torch.long)
             with torch.no_grad(), captured_stderr():
@@ -84,18 +87,64 @@ def reference_logits(eager: Any, prompt_ids: list[int], use_kv_cache: bool) -> l
     return out
 
 
+def written_buffers(exported: Any) -> list[torch.Tensor]:
+    """The buffers an exported program writes (its KV caches), as the tensors it shares
+    with the eager model."""
+    tensors = {**exported.state_dict, **exported.constants}
+    return [tensors[name] for name in exported.graph_signature.buffers_to_mutate.values() if name in tensors]
+
+
 @contextmanager
-def buffers_restored(module: Any) -> Iterator[None]:
+def buffers_restored(module: Any, written: Optional[Sequence[torch.Tensor]] = None) -> Iterator[None]:
     """Run the model inside and get its buffers back as they were: a KV cache the calls
     wrote is the captured (or to be captured) program's initial value, which must not
-    depend on what was run to check or calibrate it."""
-    saved = [(b, b.clone()) for b in module.buffers()]
+    depend on what was run to check or calibrate it.
+
+    Every buffer is copied first (one whose bytes are all zero, a KV cache, is zeroed
+    afterwards instead), unless ``written`` names the ones the captured program writes:
+    then only those are, and the others (a quantized model's integer weights are buffers
+    too: copying them put SmolLM2's 8da4w export 190 MiB over its peak) are checked
+    instead, by their version counters, to have been left alone. An eager model that
+    wrote one of them would have changed the program's weights: that fails here."""
+    named = list(module.named_buffers())
+    storages = None if written is None else {t.untyped_storage().data_ptr() for t in written}
+    saved, watched = [], []
+    for name, b in named:
+        version = _version_of(b)
+        if storages is None or b.untyped_storage().data_ptr() in storages or version is None:
+            saved.append((name, b, None if _all_zero_bytes(b) else b.clone()))
+        else:
+            watched.append((name, b, version))
     try:
         yield
     finally:
         with torch.no_grad():
-            for buffer, initial in saved:
-                buffer.copy_(initial)
+            for _, buffer, initial in saved:
+                buffer.zero_() if initial is None else buffer.copy_(initial)
+    changed = [name for name, b, version in watched if b._version != version]
+    if changed:
+        raise LlmcoreError(
+            f"the eager model wrote buffer {changed[0]!r}, which the exported program does not write: "
+            "the program's copy of it changed.",
+            stage="parity",
+            fix="this is a bug in the model family plugin (its eager forward writes state its exported "
+                "graph does not): please report it.",
+        )
+
+
+def _all_zero_bytes(tensor: torch.Tensor) -> bool:
+    """Every byte of the tensor is zero (so ``zero_()`` restores it exactly, -0.0 included)."""
+    if not tensor.is_contiguous() or tensor.numel() == 0:
+        return tensor.numel() == 0
+    return not bool(tensor.detach().reshape(-1).view(torch.uint8).any())
+
+
+def _version_of(tensor: torch.Tensor) -> Optional[int]:
+    """The tensor's in-place write counter; None for an inference-mode tensor, which has none."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
 
 
 def check_parity(

@@ -26,9 +26,9 @@ def _partitioners(options: dict) -> list:
 
 
 def _while_lowering(options: dict):
-    from llmcore_xnnpack.lowering import remembered_passes
+    from llmcore_xnnpack.lowering import while_lowering
 
-    return remembered_passes()
+    return while_lowering()
 
 
 def _quantize_8da4w(module, options: dict, calibration):
@@ -106,10 +106,11 @@ def llmcore_partitioners() -> list[Backend]:
     ]
 
 
-_EMBEDDING_OPTIONS = {
-    "embedding_bits": (int, 0, "quantize embedding tables too: 8 or 4 bits (0 = keep fp32)"),
-    "embedding_group_size": (int, 32, "columns per embedding scale (0 = one per row)"),
-}
+def _embedding_options(default_bits: int) -> dict:
+    return {
+        "embedding_bits": (int, default_bits, "quantize embedding tables too: 8 or 4 bits (0 = keep fp32)"),
+        "embedding_group_size": (int, 32, "columns per embedding scale (0 = one per row)"),
+    }
 
 
 def _outlier_split_option(default: bool) -> tuple:
@@ -139,8 +140,8 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             description=(
                 "int4 weights (symmetric, per group) with int8 activations quantized per token at run time, "
                 "for every linear layer, run by XNNPACK; the output layer at int8 per channel unless "
-                "output_bits=4; embeddings stay fp32 unless --quantize-option embedding_bits=8 or 4 (int8 / "
-                "int4 rows, run by the runtime's quantized embedding kernels; GPT-2: 227 MB -> 116 / 97 MB)"
+                "output_bits=4; embedding tables as int8 rows (embedding_bits=4: int4, 0: fp32), run by the "
+                "runtime's quantized embedding kernels (GPT-2: 227 MB with fp32 tables -> 116 / 97 MB)"
             ),
             backends=(BACKEND,),
             source_quantize=_quantize_8da4w,
@@ -153,7 +154,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                     "does not divide gets the largest multiple of 32 that does, one whose in-features are "
                     "not a multiple of 32 stays fp32",
                 ),
-                **_EMBEDDING_OPTIONS,
+                **_embedding_options(8),  # int8 tables by default: 81 MiB less on SmolLM2 (docs/quantization.md)
                 "activation_aware": (
                     bool,
                     True,
@@ -195,7 +196,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             backends=(BACKEND,),
             source_quantize=_quantize_8da8w,
             options={
-                **_EMBEDDING_OPTIONS,
+                **_embedding_options(0),
                 "outlier_split": _outlier_split_option(True),
             },
         ),

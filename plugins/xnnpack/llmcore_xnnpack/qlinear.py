@@ -234,10 +234,16 @@ class ChannelInt8Linear(nn.Module):
             w = _qd.dequantize_per_channel(
                 self.q, self.scales, self.zeros, 0, -127, 127, torch.int8, out_dtype=torch.float32
             )
-        else:  # the same values; the decomposed op's int64 temporary of the 49152 x 576 output
-            # layer alone would add ~340 MB to the export's peak (eager reference logits)
-            w = self.weight_values()
-        return int8_gemm(x, w, self.bias, self.outlier_split)
+            return int8_gemm(x, w, self.bias, self.outlier_split)
+        # Eager (the parity reference): the same values, a slice of output rows at a time.
+        # The decomposed op's int64 temporary of SmolLM2's 49152 x 576 output layer would add
+        # ~340 MiB to the export's peak, and even one fp32 copy of it 108 MiB.
+        parts = []
+        for start in range(0, self.out_features, _ROWS):
+            rows = slice(start, start + _ROWS)
+            bias = None if self.bias is None else self.bias[rows]
+            parts.append(int8_gemm(x, self.weight_values(rows), bias, self.outlier_split))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     def extra_repr(self) -> str:
         split = ", outlier split" if self.outlier_split else ""

@@ -166,9 +166,6 @@ def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calib
         int4 = [n for n in _linear_names(module) if not (n in outputs and options["output_bits"] == 8)]
         energies, tokens = input_energy(module, int4, calibration, options["calibration_text"])
         calibration_note = f", {tokens} calibration tokens"
-    if options["embedding_bits"]:
-        quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"],
-                            "hqq_scale_only" if options["hqq"] else "affine")
     summary = _Summary("8da4w", options)
     kept = []
     for name in _linear_names(module):
@@ -194,6 +191,9 @@ def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calib
             new = qlinear.BlockInt4Linear(q, scales, offsets, linear.bias, options["outlier_split"])
             summary.add(f"linears {kind} (block {new.block})", new, w)
         _replace(module, name, new)
+    if options["embedding_bits"]:  # last: its int8 copy is not held beside every float linear
+        quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"],
+                            "hqq_scale_only" if options["hqq"] else "affine")
     if kept:
         log.warning(
             "8da4w: %d linear layer(s) kept in fp32, their in-features not being a multiple of %d: %s",

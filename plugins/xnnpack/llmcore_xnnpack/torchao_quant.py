@@ -9,14 +9,15 @@ the whole row included), so a layer whose in-features the requested group does n
 gets the largest multiple of 32 that does, and a layer whose in-features are not a multiple
 of 32 at all stays fp32 (XNNPACK still runs it, unquantized).
 
-Embeddings (``embedding_bits`` 8 or 4): the table gets int8 or packed int4 rows with one
-scale per ``embedding_group_size`` columns (torchao's ``IntxWeightOnlyConfig``). The
-lookup exports as ``dequantize_affine + embedding``, which ExecuTorch's quant-fusion pass
-(run by ``to_executorch``) turns into ``quantized_decomposed::embedding_byte`` or
-``embedding_4bit``: kernels of ``executorch.kernels.quantized``, run by the portable
-runtime (XNNPACK has no gather). :class:`StoredByteEmbedding` reaches the same
-``embedding_byte`` kernel from a table the checkpoint already stores as int8 rows (the
-``gguf`` recipe), without quantizing anything again.
+Embeddings (``embedding_bits`` 8, the default, or 4): the table gets int8 or packed int4
+rows with one scale per ``embedding_group_size`` columns. 8-bit tables are rounded here
+into a :class:`StoredByteEmbedding`, which exports as
+``quantized_decomposed::embedding_byte``; 4-bit ones use torchao's
+``IntxWeightOnlyConfig`` and export as ``dequantize_affine + embedding``, which
+ExecuTorch's quant-fusion pass (run by ``to_executorch``) turns into ``embedding_4bit``.
+Both are kernels of ``executorch.kernels.quantized``, run by the portable runtime (XNNPACK
+has no gather). A table the checkpoint already stores as int8 rows (the ``gguf`` recipe)
+becomes a :class:`StoredByteEmbedding` without quantizing anything again.
 """
 
 from __future__ import annotations
@@ -136,16 +137,37 @@ def quantize_embeddings(module: nn.Module, bits: int, group_size: int, algorithm
         if bits == 4 and child.embedding_dim % 2:
             log.warning("8da4w: embedding %s kept in fp32: 4-bit rows need an even width", name)
             continue
-        config = IntxWeightOnlyConfig(
-            weight_dtype=getattr(torch, f"int{bits}"),
-            granularity=_granularity(group),
-            intx_choose_qparams_algorithm=algorithm,
-        )
+        if bits == 8:
+            lookup = _int8_row_table(child, group)
+        else:
+            lookup = QuantizedLookupEmbedding(child, IntxWeightOnlyConfig(
+                weight_dtype=getattr(torch, f"int{bits}"),
+                granularity=_granularity(group),
+                intx_choose_qparams_algorithm=algorithm,
+            ))
         parent_name, _, attr = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, attr, QuantizedLookupEmbedding(child, config))
+        setattr(parent, attr, lookup)
         done += 1
     return done
+
+
+def _int8_row_table(embedding: nn.Embedding, group: int) -> "StoredByteEmbedding":
+    """8-bit rows, symmetric, one scale (``amax / 127``) per ``group`` columns (0: per row):
+    a GGUF's Q8_0 form, looked up by the same ``embedding_byte`` kernel as a table the
+    checkpoint stores that way. Rounded here, a few rows at a time, rather than by torchao's
+    ``quantize_``, whose full-size fp32 temporaries put about 300 MiB over SmolLM2's export
+    peak; the program's operator is the same."""
+    from llmcore_xnnpack.qlinear import int8_channels
+
+    rows, width = embedding.weight.shape
+    block = group or width
+    q, scales = int8_channels(embedding.weight.detach().reshape(-1, block))
+    table = StoredByteEmbedding(q.reshape(rows, width), scales.reshape(rows, width // block), embedding.padding_idx)
+    # the fp32 table stays readable for code that reads it itself (nanoGPT slices its
+    # position table); the program keeps it only where the graph reads it
+    table.weight = embedding.weight
+    return table
 
 
 class StoredByteEmbedding(nn.Module):

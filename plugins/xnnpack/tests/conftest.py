@@ -12,7 +12,7 @@ VARIANTS = {
     "fp32-duplicate": dict(plugins=["xnnpack"], backend_options={"xnnpack": {"share_tied_weights": False}}),
     "8da4w": dict(plugins=["xnnpack"], quantize="8da4w"),
     "8da4w-g128": dict(plugins=["xnnpack"], quantize="8da4w", quantize_options={"group_size": 128}),
-    "8da4w-emb8": dict(plugins=["xnnpack"], quantize="8da4w", quantize_options={"embedding_bits": 8}),
+    "8da4w-emb0": dict(plugins=["xnnpack"], quantize="8da4w", quantize_options={"embedding_bits": 0}),
     "8da4w-emb4": dict(plugins=["xnnpack"], quantize="8da4w", quantize_options={"embedding_bits": 4}),
     "8da4w-asymmetric": dict(plugins=["xnnpack"], quantize="8da4w", quantize_options={"asymmetric": True}),
     "8da8w": dict(plugins=["xnnpack"], quantize="8da8w"),

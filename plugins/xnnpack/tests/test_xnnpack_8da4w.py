@@ -28,7 +28,7 @@ from llmcore_xnnpack.torchao_quant import linear_group
 # variant -> (bound vs fp32 eager, bound vs quantized eager)
 BOUNDS = {
     "8da4w": (0.2, 0.02),
-    "8da4w-emb8": (0.2, 0.02),
+    "8da4w-emb0": (0.2, 0.02),
     "8da4w-emb4": (0.2, 0.02),
     "8da4w-asymmetric": (0.2, 0.02),
 }
@@ -69,7 +69,7 @@ def worst_diffs(program: Program, references: list) -> list[float]:
 
 @pytest.mark.parametrize(
     "variant, options",
-    [("8da4w", {}), ("8da4w-emb8", {"embedding_bits": 8}), ("8da4w-emb4", {"embedding_bits": 4}),
+    [("8da4w", {}), ("8da4w-emb0", {"embedding_bits": 0}), ("8da4w-emb4", {"embedding_bits": 4}),
      ("8da4w-asymmetric", {"asymmetric": True})],
 )
 def test_logits_within_bounds_of_fp32_and_of_quantized_eager(
@@ -138,8 +138,8 @@ def _operators(pte_path) -> set[str]:
 @pytest.mark.parametrize(
     "variant, lookup",
     [
-        ("8da4w", "aten::embedding"),
-        ("8da4w-emb8", "quantized_decomposed::embedding_byte"),
+        ("8da4w", "quantized_decomposed::embedding_byte"),  # 8-bit rows by default
+        ("8da4w-emb0", "aten::embedding"),
         ("8da4w-emb4", "quantized_decomposed::embedding_4bit"),
     ],
 )
@@ -156,9 +156,9 @@ def predicted_size(fp32_bytes: int, embedding_bits: int) -> float:
     The fp32 program (517 KB) holds the 8 block linears (98,304 weights) in its XNNPACK
     delegates and the tied 257 x 64 table once, for the embedding and the output layer.
     8da4w stores the 8 block linears as int4 with a bf16 scale per 32 (0.5625 bytes a
-    weight) and the output layer as int8 with an fp32 scale per row; the fp32 table stays
-    for the embedding, unless embedding_bits=8 / 4 swap it for int8 / packed int4 rows plus
-    an fp32 scale per 32 columns.
+    weight) and the output layer as int8 with an fp32 scale per row; the embedding reads
+    int8 (the default) or packed int4 rows with an fp32 scale per 32 columns, or with
+    embedding_bits=0 the fp32 table.
     """
     model = fp32_tiny()
     all_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
@@ -172,11 +172,11 @@ def predicted_size(fp32_bytes: int, embedding_bits: int) -> float:
 
 
 @pytest.mark.parametrize(
-    "variant, bits, ratio", [("8da4w", 0, 0.42), ("8da4w-emb8", 8, 0.33), ("8da4w-emb4", 4, 0.31)]
+    "variant, bits, ratio", [("8da4w-emb0", 0, 0.42), ("8da4w", 8, 0.33), ("8da4w-emb4", 4, 0.31)]
 )
 def test_program_size_follows_the_bits(xnnpack_exports, variant, bits, ratio):
     """Within 10% of the prediction (the delegates' per-layer overhead is the rest); the
-    ratio to fp32 stays high for so small a model (8da4w-emb8: 0.306 observed) because the
+    ratio to fp32 stays high for so small a model (8da4w, 8-bit table: 0.306 observed) because the
     fp32 position table, the norms and the int8 output layer weigh in."""
     fp32 = xnnpack_exports("fp32").report["outputs"]["pte_bytes"]
     size = xnnpack_exports(variant).report["outputs"]["pte_bytes"]
