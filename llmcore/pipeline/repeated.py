@@ -561,10 +561,10 @@ def expand(edge_ep, aten_ep, blocks: Blocks):
             ordered.extend(new for _, _, new in sorted(
                 (entry for entry in added_specs if group(specs[entry[1]]) == group(spec)),
                 key=lambda entry: (entry[0], entry[1])))
-    # The inputs the whole program has keep its order among themselves (pt2e's scales,
-    # zero points and frozen weights are numbered across blocks, each kind after the other);
-    # the others (constants to_edge lifted) keep the places given above.
-    whole_order = {s.target: j for j, s in enumerate(aten_ep.graph_signature.input_specs) if s.target}
+    # The inputs the whole program has keep the order to_edge gives them in it (pt2e's
+    # scales, zero points and frozen weights are numbered across blocks, each kind after the
+    # other); the others (constants to_edge lifted) keep the places given above.
+    whole_order = _edge_input_order(aten_ep)
     known = [j for j, spec in enumerate(ordered) if spec.target in whole_order]
     for j, spec in zip(known, sorted((ordered[j] for j in known), key=lambda s: whole_order[s.target])):
         ordered[j] = spec
@@ -586,6 +586,44 @@ def expand(edge_ep, aten_ep, blocks: Blocks):
         constants=constants,
         verifiers=edge_ep.verifiers,
     )
+
+
+def _edge_input_order(aten_ep) -> dict[str, tuple]:
+    """Where ``to_edge`` puts each parameter, buffer and constant of ``aten_ep``: a sort key.
+
+    Its decompositions re-export the program from a module rebuilt from the signature
+    (``ExportedProgram.module()``), whose tensors are attached in signature order,
+    parameters first, each creating the submodules on its path as needed. The re-export
+    lists parameters and buffers as ``named_parameters`` / ``named_buffers`` walk that
+    module: a module's own tensors, then its children in the order they were created. So a
+    submodule holding buffers only (an int8 embedding table's ``q`` and ``scales``) moves
+    behind the submodules created with parameters; other inputs keep their order."""
+    specs = [s for s in aten_ep.graph_signature.input_specs if s.target]
+    kinds: dict = {}
+    for s in specs:
+        kinds.setdefault(s.kind, len(kinds))
+    tree: dict = {}  # module path -> {child name: subtree}, children in creation order
+    own: dict[tuple, list[str]] = {}  # module path -> its own tensors, in attachment order
+    for s in specs:
+        *path, _ = s.target.split(".")
+        node = tree
+        for part in path:
+            node = node.setdefault(part, {})
+        own.setdefault(tuple(path), []).append(s.target)
+    walk: list[str] = []
+
+    def visit(path: tuple, node: dict) -> None:
+        walk.extend(own.get(path, ()))
+        for name, child in node.items():
+            visit(path + (name,), child)
+
+    visit((), tree)
+    rank = {target: i for i, target in enumerate(walk)}
+    order = {}
+    for j, s in enumerate(specs):
+        by_module = s.kind.name in ("PARAMETER", "BUFFER")
+        order[s.target] = (kinds[s.kind], rank[s.target] if by_module else j)
+    return order
 
 
 def _number_debug_handles(graph, copy_of: dict) -> None:
