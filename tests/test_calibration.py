@@ -66,3 +66,58 @@ def test_run_without_a_cache_is_one_call_from_the_start():
     assert calibration_for(lambda t: [], 10, 10, False, "r").run(module, list(range(14))) == 10
     assert module.calls == [(list(range(10)), 0)]
     assert torch.equal(module.cache, torch.full((16,), 3.0))
+
+
+def test_calibration_calls_stay_short_with_a_cache():
+    """With a KV cache, calibration feeds at most CALIBRATION_CALL_TOKENS per call (the
+    logits of one long call were the quantize stage's peak), at consecutive positions."""
+    from llmcore.pipeline.quantize import CALIBRATION_CALL_TOKENS
+
+    module = CacheWriter()
+    module.cache = torch.zeros(400)
+    ids = list(range(300))
+    assert calibration_for(lambda t: [], 400, 1024, True, "r").run(module, ids) == 300
+    assert [len(tokens) for tokens, _ in module.calls] == [CALIBRATION_CALL_TOKENS, CALIBRATION_CALL_TOKENS, 44]
+    assert [pos for _, pos in module.calls] == [0, CALIBRATION_CALL_TOKENS, 2 * CALIBRATION_CALL_TOKENS]
+    assert not module.cache.any()  # zeroed again, as it started
+
+
+class WeightsAndCaches(nn.Module):
+    """Integer weights (buffers, as a quantized layer's), a float scale, a zero KV cache and
+    a non-zero float state; ``write_weights`` makes forward write the integer buffer."""
+
+    def __init__(self, write_weights=False):
+        super().__init__()
+        self.register_buffer("q", torch.arange(1, 9, dtype=torch.int8))
+        self.register_buffer("scales", torch.full((2,), 0.5))
+        self.register_buffer("k_cache", torch.zeros(8))
+        self.register_buffer("state", torch.full((4,), -0.0))
+        self.write_weights = write_weights
+
+    def forward(self, x):
+        self.k_cache[:2] = x
+        self.state.add_(1.0)
+        if self.write_weights:
+            self.q[0] = 0
+        return x
+
+
+def test_buffers_restored_copies_only_what_it_must_and_refuses_a_written_weight():
+    from llmcore.pipeline.parity import buffers_restored
+
+    module = WeightsAndCaches()
+    with buffers_restored(module):
+        module(torch.ones(2))
+    assert not module.k_cache.any() and torch.equal(module.state, torch.full((4,), -0.0))
+    assert torch.equal(module.state.signbit(), torch.ones(4, dtype=torch.bool))  # -0.0 copied, not zeroed
+    assert torch.equal(module.q, torch.arange(1, 9, dtype=torch.int8))
+
+    module = WeightsAndCaches(write_weights=True)
+    with pytest.raises(LlmcoreError, match="integer buffer 'q'") as raised:
+        with buffers_restored(module):
+            module(torch.ones(2))
+    assert raised.value.stage == "parity"
+    module = WeightsAndCaches(write_weights=True)
+    with buffers_restored(module, written=[module.q]):  # a buffer the program writes is saved
+        module(torch.ones(2))
+    assert torch.equal(module.q, torch.arange(1, 9, dtype=torch.int8))

@@ -100,35 +100,36 @@ def buffers_restored(module: Any, written: Optional[Sequence[torch.Tensor]] = No
     wrote is the captured (or to be captured) program's initial value, which must not
     depend on what was run to check or calibrate it.
 
-    Every buffer is copied first (one whose bytes are all zero, a KV cache, is zeroed
-    afterwards instead), unless ``written`` names the ones the captured program writes:
-    then only those are, and the others (a quantized model's integer weights are buffers
-    too: copying them put SmolLM2's 8da4w export 190 MiB over its peak) are checked
-    instead, by their version counters, to have been left alone. An eager model that
-    wrote one of them would have changed the program's weights: that fails here."""
-    named = list(module.named_buffers())
-    storages = None if written is None else {t.untyped_storage().data_ptr() for t in written}
+    A buffer whose bytes are all zero (a KV cache) is zeroed afterwards; a floating-point
+    one, or one of ``written`` (the buffers the captured program writes), is copied first.
+    The others, a quantized model's integer weights, are not copied (copying them put
+    SmolLM2's 8da4w export 190 MiB over its peak): their version counters are checked
+    instead, and an eager model that wrote one, which would have changed the program's
+    weights, fails here."""
+    storages = {t.untyped_storage().data_ptr() for t in written or ()}
     saved, watched = [], []
-    for name, b in named:
+    for name, b in module.named_buffers():
         version = _version_of(b)
-        if storages is None or b.untyped_storage().data_ptr() in storages or version is None:
-            saved.append((name, b, None if _all_zero_bytes(b) else b.clone()))
+        if _all_zero_bytes(b):
+            saved.append((b, None))
+        elif b.is_floating_point() or b.untyped_storage().data_ptr() in storages or version is None:
+            saved.append((b, b.clone()))
         else:
             watched.append((name, b, version))
     try:
         yield
     finally:
         with torch.no_grad():
-            for _, buffer, initial in saved:
+            for buffer, initial in saved:
                 buffer.zero_() if initial is None else buffer.copy_(initial)
     changed = [name for name, b, version in watched if b._version != version]
     if changed:
         raise LlmcoreError(
-            f"the eager model wrote buffer {changed[0]!r}, which the exported program does not write: "
-            "the program's copy of it changed.",
+            f"the eager model wrote integer buffer {changed[0]!r} in place, and it was not saved: the "
+            "exported program's copy of it may have changed.",
             stage="parity",
-            fix="this is a bug in the model family plugin (its eager forward writes state its exported "
-                "graph does not): please report it.",
+            fix="this is a bug in the model family plugin (its eager forward writes an integer buffer its "
+                "exported graph does not declare as written): please report it.",
         )
 
 

@@ -97,6 +97,9 @@ def test_every_linear_runs_in_an_xnnpack_delegate(xnnpack_exports):
     assert xnn_ops.get("quantized_decomposed_dequantize_per_channel_default") == 1
     rows = {r["op_type"]: r for r in delegation["operators"]}
     assert rows["aten_linear_default"]["not_delegated"] == 0
+    # the int8 table's lookup runs in the portable runtime (XNNPACK has no gather); the rest is delegated
+    lookup = rows.pop("quantized_decomposed_embedding_byte_dtype")
+    assert (lookup["delegated"], lookup["not_delegated"]) == (0, 1)
     assert all(r["not_delegated"] == 0 for op, r in rows.items() if op.startswith("quantized_decomposed"))
 
 
