@@ -49,6 +49,7 @@ RECIPES = {
     "gguf outlier_split": ["--quantize", "gguf", "--quantize-option", "outlier_split=true"],
     "8da4w": ["--quantize", "8da4w"],
     "8da4w hqq": ["--quantize", "8da4w", "--quantize-option", "activation_aware=false"],
+    "8da4w fp32 embedding": ["--quantize", "8da4w", "--quantize-option", "embedding_bits=0"],
     "8da4w asymmetric": ["--quantize", "8da4w", "--quantize-option", "asymmetric=true"],
     "8da4w asymmetric group 64": ["--quantize", "8da4w", "--quantize-option", "asymmetric=true",
                                   "--quantize-option", "group_size=64"],
