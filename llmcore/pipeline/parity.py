@@ -72,8 +72,8 @@ def reference_logits(
 
     Running the model writes its KV-cache buffers, which the captured program shares as
     initial values: they are restored afterwards, so the program's bytes do not depend on
-    this check. ``written``: the buffers the captured program writes (:func:`written_buffers`);
-    only those are copied, see :func:`buffers_restored`."""
+    this check. ``written``: the buffers the captured program writes (:func:`written_buffers`),
+    restored whatever their type (:func:`buffers_restored`)."""
     out = []
     with buffers_restored(eager, written):
         for ids, pos in parity_calls(prompt_ids, use_kv_cache):

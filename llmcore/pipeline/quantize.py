@@ -87,7 +87,6 @@ CALIBRATION_CALL_TOKENS = 128
 """Tokens per forward call while calibrating a model with a KV cache."""
 
 
-
 def calibration_for(
     encode: Callable[[str], list[int]], max_seq_len: int, call_len: int, use_kv_cache: bool, recipe: str
 ) -> Calibration:

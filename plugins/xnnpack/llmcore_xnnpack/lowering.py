@@ -30,7 +30,6 @@ and provenance that passes rewrite anyway), or any constant tensor.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import importlib
 import logging
@@ -300,55 +299,3 @@ def remembered_passes() -> Iterator[type]:
                 manager.passes_skipped,
                 manager.transplanted,
             )
-
-
-@contextmanager
-def preprocess_copies_share_weights() -> Iterator[None]:
-    """While lowering, the program copy XNNPACK's preprocess gets for each partition shares
-    the partition's weight tensors instead of copying them.
-
-    ExecuTorch hands a backend's ``preprocess`` a copy of each partition's program
-    (``copy_exported_program_for_preprocess``, in case the backend changes the graph), by
-    default a deepcopy, weights included, and it makes the copies of all partitions before
-    preprocessing the first: every delegated weight was held twice at the end of lowering
-    (SmolLM2-135M ``8da4w``: +150 MiB at the export's peak). XNNPACK's passes rewrite the
-    graph and replace constants; they do not write a weight in place. So only the graph is
-    copied here, as ExecuTorch's own CUDA backend does in its low-memory mode, and each
-    shared tensor's version counter is checked when lowering ends: a preprocess that wrote
-    one fails the export instead of changing the program's weights."""
-    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
-
-    original = vars(XnnpackBackend).get("copy_exported_program_for_preprocess")
-    shared: list[tuple[torch.Tensor, int]] = []
-
-    def copy_sharing_weights(cls, edge_program, compile_specs):
-        memo: dict[int, Any] = {}
-        for values in (edge_program.state_dict, edge_program.constants):
-            for tensor in values.values():
-                if isinstance(tensor, torch.Tensor) and not tensor.is_inference():
-                    memo[id(tensor)] = tensor
-                    shared.append((tensor, tensor._version))
-        return copy.deepcopy(edge_program, memo)
-
-    XnnpackBackend.copy_exported_program_for_preprocess = classmethod(copy_sharing_weights)
-    try:
-        yield
-    finally:
-        if original is None:
-            del XnnpackBackend.copy_exported_program_for_preprocess
-        else:
-            XnnpackBackend.copy_exported_program_for_preprocess = original
-    written = sum(tensor._version != version for tensor, version in shared)
-    if written:
-        raise RuntimeError(
-            f"XNNPACK's preprocess wrote {written} weight tensor(s) in place that the program shares; "
-            "lower with a deep copy instead (this is a bug to report against llmcore-xnnpack)"
-        )
-
-
-@contextmanager
-def while_lowering() -> Iterator[type]:
-    """Everything the plugin changes in ExecuTorch's lowering, none of which changes the
-    program: :func:`remembered_passes` and :func:`preprocess_copies_share_weights`."""
-    with remembered_passes() as manager, preprocess_copies_share_weights():
-        yield manager

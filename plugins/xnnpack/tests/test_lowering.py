@@ -16,7 +16,6 @@ import functools
 import logging
 
 import pytest
-import torch
 
 from llmcore.pipeline import delegates, lower
 from llmcore.testing.conformance import export_tiny
@@ -110,22 +109,3 @@ def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, fami
     assert len(fast_bytes) == len(reference_bytes)
     assert fast_bytes == reference_bytes
 
-
-
-def test_preprocess_copies_share_weights_and_a_write_fails_the_lowering():
-    """The copy XNNPACK's preprocess gets shares the weight tensors (not a deep copy of
-    each), its graph is its own; a weight written in place meanwhile fails on exit."""
-    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
-
-    ep = torch.export.export(torch.nn.Linear(8, 4), (torch.randn(2, 8),))
-    with lowering.preprocess_copies_share_weights():
-        copy = XnnpackBackend.copy_exported_program_for_preprocess(ep, [])
-        assert all(copy.state_dict[name] is tensor for name, tensor in ep.state_dict.items())
-        assert copy.graph_module is not ep.graph_module
-    assert "copy_exported_program_for_preprocess" not in vars(XnnpackBackend)  # ExecuTorch's own again
-
-    with pytest.raises(RuntimeError, match="wrote 1 weight tensor"):
-        with lowering.preprocess_copies_share_weights():
-            copy = XnnpackBackend.copy_exported_program_for_preprocess(ep, [])
-            with torch.no_grad():
-                copy.state_dict["weight"].mul_(2)
