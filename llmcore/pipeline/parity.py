@@ -135,8 +135,10 @@ def buffers_restored(module: Any, written: Optional[Sequence[torch.Tensor]] = No
 
 def _all_zero_bytes(tensor: torch.Tensor) -> bool:
     """Every byte of the tensor is zero (so ``zero_()`` restores it exactly, -0.0 included)."""
-    if not tensor.is_contiguous() or tensor.numel() == 0:
-        return tensor.numel() == 0
+    if tensor.numel() == 0:
+        return True
+    if not tensor.is_contiguous():  # no byte view without a copy: treated as not zero, so copied
+        return False
     return not bool(tensor.detach().reshape(-1).view(torch.uint8).any())
 
 
