@@ -45,6 +45,7 @@ from bench_decode import machine_header, run_cpp_runner, run_worker, smollm2_pat
 
 RECIPES = {
     "8da8w": ["--quantize", "8da8w"],
+    "8da8w min/max": ["--quantize", "8da8w", "--quantize-option", "activation_aware=false"],
     "gguf": ["--quantize", "gguf"],
     "gguf outlier_split": ["--quantize", "gguf", "--quantize-option", "outlier_split=true"],
     "8da4w": ["--quantize", "8da4w"],

@@ -37,16 +37,24 @@ def _quantize_8da4w(module, options: dict, calibration):
     return quantize_8da4w(module, options, calibration)
 
 
-def _quantize_8da8w(module, options: dict):
+def _quantize_8da8w(module, options: dict, calibration):
     from llmcore_xnnpack.recipes import quantize_8da8w
 
-    return quantize_8da8w(module, options)
+    return quantize_8da8w(module, options, calibration)
 
 
 def _quantize_gguf(module, options: dict):
     from llmcore_xnnpack.recipes import quantize_gguf
 
     return quantize_gguf(module, options)
+
+
+_CALIBRATION_TEXT_OPTION = (
+    str,
+    "",
+    "the UTF-8 text file activation_aware reads (empty: llmcore's built-in ~350 words; a few "
+    "hundred tokens of the kind of text the model will see are enough)",
+)
 
 
 def _int8_dynamic_quantizer(options: dict):
@@ -162,12 +170,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                     "feature by its mean square on calibration text (false: hqq's choice); on SmolLM2 mean KL "
                     "from fp32 0.297 -> 0.22, below llama.cpp Q4_0's (docs/quantization.md)",
                 ),
-                "calibration_text": (
-                    str,
-                    "",
-                    "the UTF-8 text file activation_aware reads (empty: llmcore's built-in ~350 words; a few "
-                    "hundred tokens of the kind of text the model will see are enough)",
-                ),
+                "calibration_text": _CALIBRATION_TEXT_OPTION,
                 "hqq": (
                     bool,
                     True,
@@ -189,14 +192,24 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
         QuantizerRecipe(
             name="8da8w",
             description=(
-                "int8 weights (symmetric, per output channel) for every linear layer, int8 activations per "
-                "token with the outliers on a second row (outlier_split), run by XNNPACK: the quality-first "
-                "recipe (SmolLM2: +0.8% perplexity, mean KL 0.0054); embeddings stay fp32 unless embedding_bits=8 or 4"
+                "int8 weights (symmetric, per output channel, activation-aware scales) for every linear layer, "
+                "int8 activations per token with the outliers on a second row (outlier_split), run by XNNPACK: "
+                "the quality-first recipe (SmolLM2: mean KL from fp32 0.0040, below llama.cpp Q8_0's); "
+                "embeddings stay fp32 unless embedding_bits=8 or 4"
             ),
             backends=(BACKEND,),
             source_quantize=_quantize_8da8w,
+            calibrated=True,
             options={
                 **_embedding_options(0),
+                "activation_aware": (
+                    bool,
+                    True,
+                    "choose each channel's int8 scale for the output error it causes, weighting every input "
+                    "feature by its mean square on calibration text (false: min/max); on SmolLM2 mean KL from "
+                    "fp32 0.0054 -> 0.0040 (docs/quantization.md)",
+                ),
+                "calibration_text": _CALIBRATION_TEXT_OPTION,
                 "outlier_split": _outlier_split_option(True),
             },
         ),

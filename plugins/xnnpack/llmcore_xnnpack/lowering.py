@@ -16,10 +16,12 @@ fast path runs. Anything the filter declines keeps the slow path.
 
 **XNNPACK's preprocess passes.** Each delegate goes through 17 graph passes, each a
 full fake-tensor retrace (~0.1-0.2 s each on the 2-core build machine), before it is
-serialized; for a decoder layer all but two of them change nothing. The passes depend on
-the partition's structure (operators, wiring, shapes, dtypes), not on its weights, so
-:class:`RememberedPassManager` runs every pass on the first partition of each structure
-and remembers what came out. A partition that repeats the structure then gets that
+serialized; for a decoder layer all but two of them change nothing. Two of them look for a
+pattern (bilinear upsampling, decomposed attention) that cannot be there when the partition
+lacks its key operator: they are skipped on such partitions (:func:`could_match`). The
+passes depend on the partition's structure (operators, wiring, shapes, dtypes), not on its
+weights, so :class:`RememberedPassManager` runs every pass on the first partition of each
+structure and remembers what came out. A partition that repeats the structure then gets that
 graph, transplanted (:class:`PassedGraph`): the same nodes, its own weights and debug
 handles. Where the passes changed a constant tensor (they then derived it from the first
 partition's weights), or a node carries a debug handle the partition cannot map, the
@@ -231,6 +233,25 @@ class PassedGraph:
         )
 
 
+# Passes that only replace one of ExecuTorch's patterns, by class name, and an operator that
+# every one of their patterns contains (``test_lowering`` checks that against ExecuTorch's own
+# pattern graphs). A partition without that operator holds no match, and the pass would only
+# retrace it; its first call also builds the pattern graphs with ``torch.export`` (~3 s for
+# these two, once per process, on the 2-core machine).
+PATTERN_PASS_OPERATORS = {
+    "ConvertToUpsampleBilinear2d": "aten.upsample_bilinear2d.vec",
+    "ConvertToSDPAPass": "aten._softmax.default",
+}
+
+
+def could_match(pass_: type, ep) -> bool:
+    """False when ``pass_`` rewrites a pattern whose operator ``ep`` lacks (a no-op there)."""
+    needed = PATTERN_PASS_OPERATORS.get(pass_.__name__)
+    if needed is None:
+        return True
+    return any(n.op == "call_function" and getattr(n.target, "__name__", None) == needed for n in ep.graph.nodes)
+
+
 def remembered_pass_manager(base: type) -> type:
     """A drop-in for XNNPACK's ``XNNPACKPassManager`` (class ``base``) that gives a partition
     repeating an earlier one's structure that partition's passed graph (:class:`PassedGraph`)
@@ -266,6 +287,9 @@ def remembered_pass_manager(base: type) -> type:
             for pass_ in self.passes:
                 if known is not None and pass_ not in known:
                     continue
+                if not could_match(pass_, ep):
+                    cls.passes_skipped += 1
+                    continue
                 before = _state(ep) if known is None else None
                 ep = _transform(ep, pass_(ep) if issubclass(pass_, XNNPACKPass) else pass_())
                 if known is None and _state(ep) != before:
@@ -292,8 +316,9 @@ def remembered_passes() -> Iterator[type]:
         module.XNNPACKPassManager = original
         if manager.partitions:
             logger.info(
-                "xnnpack: %d partitions in %d structures; %d preprocess passes skipped as no-ops on an "
-                "identical partition; %d partitions given the passed graph of the first of their structure",
+                "xnnpack: %d partitions in %d structures; %d preprocess passes skipped (no-ops on an "
+                "identical partition, or patterns a partition lacks the operators of); %d partitions "
+                "given the passed graph of the first of their structure",
                 manager.partitions,
                 len(manager.needed),
                 manager.passes_skipped,

@@ -16,6 +16,7 @@ import functools
 import logging
 
 import pytest
+import torch
 
 from llmcore.pipeline import delegates, lower
 from llmcore.testing.conformance import export_tiny
@@ -109,3 +110,26 @@ def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, fami
     assert len(fast_bytes) == len(reference_bytes)
     assert fast_bytes == reference_bytes
 
+
+
+def test_pattern_passes_are_skipped_only_where_no_pattern_can_match():
+    """Authority: ExecuTorch's own pattern graphs, the ones its passes match with. Every
+    pattern of each skippable pass holds the operator ``could_match`` looks for, so a
+    partition without that operator holds no match and the skipped pass changed nothing."""
+    from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
+    from executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d import ConvertToUpsampleBilinear2d
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+
+    patterns = {ConvertToUpsampleBilinear2d: bilinear_2d.get_graphs(), ConvertToSDPAPass: sdpa.get_graphs()}
+    assert set(lowering.PATTERN_PASS_OPERATORS) == {p.__name__ for p in patterns}
+    for pass_, graphs in patterns.items():
+        assert graphs
+        for graph in graphs:
+            holder = type("Program", (), {"graph": graph.graph})
+            assert lowering.could_match(pass_, holder), (pass_.__name__, graph.graph)
+            ops = [n for n in graph.graph.nodes if n.op == "call_function"]
+            without = torch.fx.Graph()
+            for node in ops:
+                if getattr(node.target, "__name__", None) != lowering.PATTERN_PASS_OPERATORS[pass_.__name__]:
+                    without.call_function(node.target)
+            assert not lowering.could_match(pass_, type("Program", (), {"graph": without}))

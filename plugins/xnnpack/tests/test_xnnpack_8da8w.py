@@ -21,15 +21,16 @@ from llmcore.runtime import Program
 from llmcore_xnnpack.qlinear import ChannelInt8Linear
 from llmcore_xnnpack.recipes import quantize_8da8w
 
-DEFAULTS = {"embedding_bits": 0, "embedding_group_size": 32, "outlier_split": True}
+DEFAULTS = {"embedding_bits": 0, "embedding_group_size": 32, "outlier_split": True, "activation_aware": True,
+            "calibration_text": ""}
 
 
 @pytest.mark.parametrize("variant, split", [("8da8w", True), ("8da8w-one-row", False)])
-def test_logits_within_bounds_of_fp32_and_of_quantized_eager(xnnpack_exports, variant, split):
+def test_logits_within_bounds_of_fp32_and_of_quantized_eager(xnnpack_exports, tiny_calibration, variant, split):
     result = xnnpack_exports(variant)
     assert result.report["quantization"]["options"]["outlier_split"] is split
     linears = sum(isinstance(m, torch.nn.Linear) for m in fp32_tiny().modules())
-    quantized = quantize_8da8w(fp32_tiny(), {**DEFAULTS, "outlier_split": split})
+    quantized = quantize_8da8w(fp32_tiny(), {**DEFAULTS, "outlier_split": split}, tiny_calibration)
     layers = [m for m in quantized.modules() if isinstance(m, ChannelInt8Linear)]
     assert len(layers) == linears and all(m.outlier_split is split for m in layers)
     vs_fp32, vs_quantized = worst_diffs(Program.load(result.pte), [fp32_tiny(), quantized])
@@ -45,11 +46,45 @@ def test_two_rows_are_delegated_like_one(xnnpack_exports):
     assert portable(two) == portable(one)
 
 
+def test_defaults_are_the_recipes():
+    import llmcore_xnnpack
+
+    recipe = next(r for r in llmcore_xnnpack.llmcore_quantizers() if r.name == "8da8w")
+    assert recipe.calibrated
+    assert {key: default for key, (_, default, _) in recipe.options.items()} == DEFAULTS
+
+
+def test_activation_aware_scales_are_calibrated_and_min_max_needs_no_text(tiny_calibration):
+    """Scales chosen on the calibration text differ from min/max's on some channel; with
+    ``activation_aware=false`` they are min/max's and no calibration is needed."""
+    from llmcore_xnnpack import qlinear
+
+    aware = quantize_8da8w(fp32_tiny(), DEFAULTS, tiny_calibration)
+    plain = quantize_8da8w(fp32_tiny(), {**DEFAULTS, "activation_aware": False}, None)
+    fp32 = dict(fp32_tiny().named_modules())
+    differ = 0
+    for name, layer in plain.named_modules():
+        if isinstance(layer, ChannelInt8Linear):
+            q, scales = qlinear.int8_channels(fp32[name].weight.detach())
+            assert torch.equal(layer.scales, scales) and torch.equal(layer.q, q)
+            differ += not torch.equal(aware.get_submodule(name).scales, layer.scales)
+    assert differ > 0
+
+
+def test_refuses_calibration_text_when_nothing_reads_it():
+    from llmcore.errors import LlmcoreError
+
+    model = fp32_tiny()
+    with pytest.raises(LlmcoreError, match="8da8w: calibration_text is read only for activation-aware scales"):
+        quantize_8da8w(model, {**DEFAULTS, "activation_aware": False, "calibration_text": "notes.txt"})
+    assert not any(isinstance(m, ChannelInt8Linear) for m in model.modules())
+
+
 def test_refuses_unknown_embedding_bits_before_changing_a_layer():
     from llmcore.errors import LlmcoreError
 
     model = fp32_tiny()
     with pytest.raises(LlmcoreError, match="8da8w: embedding_bits 6"):
-        quantize_8da8w(model, {**DEFAULTS, "embedding_bits": 6})
+        quantize_8da8w(model, {**DEFAULTS, "embedding_bits": 6}, None)
     assert not any(isinstance(m, ChannelInt8Linear) for m in model.modules())
     assert all(type(m) is torch.nn.Embedding for m in model.modules() if isinstance(m, torch.nn.Embedding))
