@@ -308,35 +308,45 @@ def int4_blocks_activation_aware(
     w = weight.detach().float()
     out_features, in_features = w.shape
     blocks = in_features // block
-    energy = input_energy.detach().float().clamp(min=0)
-    energy = (energy + 0.01 * energy.mean() + torch.finfo(torch.float32).tiny).reshape(blocks, block)
+    energy = _energy_weights(input_energy).reshape(blocks, block)
     q = torch.empty(w.shape, dtype=torch.int8)
     scales = torch.empty(out_features, blocks)
     for start in range(0, out_features, _ROWS):
         wb = w[start:start + _ROWS].reshape(-1, blocks, block)
         amax = wb.abs().amax(-1).clamp(min=1e-12)
-        scaled, rounded = torch.empty_like(wb), torch.empty_like(wb)  # reused: no allocation per candidate
-
-        def output_error(d: torch.Tensor) -> torch.Tensor:
-            torch.mul(wb, d.reciprocal().unsqueeze(-1), out=scaled)
-            torch.round(scaled, out=rounded).clamp_(-8, 7)
-            return scaled.sub_(rounded).square_().mul_(energy).sum(-1) * d.square()
-
-        best_err = best_d = None
-        for fraction in _SCALE_FRACTIONS:
-            d = (amax * (fraction / 7.5)).to(torch.bfloat16).float()
-            err = output_error(d)
-            if best_err is None:
-                best_err, best_d = err, d
-            else:
-                better = err < best_err
-                best_err = torch.where(better, err, best_err)
-                best_d = torch.where(better, d, best_d)
-        torch.mul(wb, best_d.reciprocal().unsqueeze(-1), out=scaled)
+        candidates = ((amax * (fraction / 7.5)).to(torch.bfloat16).float() for fraction in _SCALE_FRACTIONS)
+        best_d = _least_output_error(wb, energy, candidates, -8, 7)
+        scaled = wb * best_d.reciprocal().unsqueeze(-1)
         rows = slice(start, start + wb.shape[0])
         q[rows] = torch.round(scaled).clamp_(-8, 7).to(torch.int8).reshape(-1, in_features)
         scales[rows] = best_d
     return q, scales
+
+
+def _energy_weights(input_energy: torch.Tensor) -> torch.Tensor:
+    """Per input feature, the weight of its rounding error in the activation-aware searches:
+    its mean square on the calibration text, plus a 1% floor (of the mean) so that features
+    the text never excited are not rounded freely."""
+    energy = input_energy.detach().float().clamp(min=0)
+    return energy + 0.01 * energy.mean() + torch.finfo(torch.float32).tiny
+
+
+def _least_output_error(wb: torch.Tensor, energy: torch.Tensor, candidates, qmin: int, qmax: int) -> torch.Tensor:
+    """For the groups of weights ``wb`` ``[rows, groups, size]``, each group's scale among
+    ``candidates`` (tensors ``[rows, groups]``) with the least ``sum_j energy_j (w_j - d*q_j)^2``,
+    ``q`` being ``w/d`` rounded into ``[qmin, qmax]`` (``energy``: ``[groups, size]``)."""
+    scaled, rounded = torch.empty_like(wb), torch.empty_like(wb)  # reused: no allocation per candidate
+    best_err = best_d = None
+    for d in candidates:
+        torch.mul(wb, d.reciprocal().unsqueeze(-1), out=scaled)
+        torch.round(scaled, out=rounded).clamp_(qmin, qmax)
+        err = scaled.sub_(rounded).square_().mul_(energy).sum(-1) * d.square()
+        if best_err is None:
+            best_err, best_d = err, d
+        else:
+            better = err < best_err
+            best_err, best_d = torch.where(better, err, best_err), torch.where(better, d, best_d)
+    return best_d
 
 
 # Rounds of "round to the grid, refit the grid" in int4_blocks_affine (the first is min/max's
@@ -438,25 +448,14 @@ def int8_channels_activation_aware(weight: torch.Tensor, input_energy: torch.Ten
     input rarely excites can buy the rest a finer step."""
     w = weight.detach()
     out_features, in_features = w.shape
-    energy = input_energy.detach().float().clamp(min=0)
-    energy = energy + 0.01 * energy.mean() + torch.finfo(torch.float32).tiny
+    energy = _energy_weights(input_energy).reshape(1, in_features)  # one group: the whole row
     q = torch.empty(w.shape, dtype=torch.int8)
     scales = torch.empty(out_features, dtype=torch.float32)
     for start in range(0, out_features, _ROWS):
         rows = w[start:start + _ROWS].float()
-        amax = rows.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny)
-        scaled, rounded = torch.empty_like(rows), torch.empty_like(rows)
-        best_err = best_d = None
-        for fraction in _INT8_SCALE_FRACTIONS:
-            d = amax * (fraction / 127.0)
-            torch.mul(rows, d.reciprocal().unsqueeze(1), out=scaled)
-            torch.round(scaled, out=rounded).clamp_(-127, 127)
-            err = scaled.sub_(rounded).square_().mul_(energy).sum(1) * d.square()
-            if best_err is None:
-                best_err, best_d = err, d
-            else:
-                better = err < best_err
-                best_err, best_d = torch.where(better, err, best_err), torch.where(better, d, best_d)
+        amax = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+        candidates = (amax * (fraction / 127.0) for fraction in _INT8_SCALE_FRACTIONS)
+        best_d = _least_output_error(rows.unsqueeze(1), energy, candidates, -127, 127).squeeze(1)
         q[start:start + _ROWS] = torch.round(rows / best_d.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
         scales[start:start + _ROWS] = best_d
     return q, scales

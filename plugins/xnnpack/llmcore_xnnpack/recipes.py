@@ -139,7 +139,7 @@ def _calibrate(recipe: str, module: nn.Module, names: list[str], options: dict, 
 
 
 def input_energy(module: nn.Module, names: list[str], calibration: Calibration, text: str,
-                 recipe: str = "8da4w") -> tuple[dict, int]:
+                 recipe: str) -> tuple[dict, int]:
     """The mean square of every input feature of the named linears over a calibration text
     (``text``: a path, or empty for llmcore's built-in text), and the number of tokens the
     model read. Recorded by forward pre-hooks while the float model reads the text once."""
