@@ -237,6 +237,28 @@ class Calibration:
 
 
 @dataclass(frozen=True)
+class ScalableChannels:
+    """Channels a quantizer may rescale without changing what the float model computes.
+
+    The output channels of ``source`` (a norm: its weight and bias; or a linear: its rows
+    and bias) reach the inputs of ``linears`` only through operations that are linear per
+    channel, so dividing channel ``j`` at the source by ``s_j`` and multiplying input
+    column ``j`` of every one of ``linears`` by ``s_j`` is an identity. A model lists these
+    in a ``scalable_channels()`` method; :mod:`llmcore.channel_scales` chooses the scales.
+
+    ``repeats`` and ``head_dim`` describe grouped-query attention, where the values reach the
+    output projection as ``[kv_heads, repeats, head_dim]``: every source channel feeds
+    ``repeats`` input columns, which share its scale. ``repeats=1``: the same channels.
+    Names are relative to the module that lists them.
+    """
+
+    source: str
+    linears: tuple[str, ...]
+    repeats: int = 1
+    head_dim: int = 0
+
+
+@dataclass(frozen=True)
 class QuantizerRecipe(Record):
     """A named quantization recipe.
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmcore.modules import CausalAttention, RMSNorm, gelu_tanh, positions_slice, static_shape
+from llmcore.records import ScalableChannels
 
 __all__ = ["RMSNorm", "Transformer", "build_model", "init_random", "rope_tables"]
 
@@ -248,6 +249,28 @@ class Transformer(nn.Module):
         cos = positions_slice(self.freqs_cos_local if local else self.freqs_cos, seq_len, input_pos)
         sin = positions_slice(self.freqs_sin_local if local else self.freqs_sin, seq_len, input_pos)
         return cos.view(1, -1, 1, cos.shape[-1]), sin.view(1, -1, 1, sin.shape[-1])
+
+    def scalable_channels(self) -> list[ScalableChannels]:
+        """Where a quantizer may fold per-channel input scales (:mod:`llmcore.channel_scales`),
+        per layer: each pre-norm into the projections it feeds; the values into the output
+        projection (attention mixes positions, never channels, and head ``h`` reads kv head
+        ``h // repeats``); the up projection into the down projection (``act(w1 x) * w3 x``
+        is linear in ``w3 x`` per channel). The post-norms of sandwich-norm layers and
+        Qwen3's q/k norms sit after these projections and are untouched by them. Layers
+        whose attention or MLP a transform replaced are left out."""
+        found = []
+        for i, layer in enumerate(self.layers):
+            p = f"layers.{i}"
+            attention, mlp = layer.attention, layer.feed_forward
+            if type(attention) is Attention:
+                found.append(ScalableChannels(f"{p}.attention_norm", tuple(
+                    f"{p}.attention.{w}" for w in ("wq", "wk", "wv"))))
+                found.append(ScalableChannels(f"{p}.attention.wv", (f"{p}.attention.wo",),
+                                              attention.n_heads // attention.n_kv_heads, attention.head_dim))
+            if type(mlp) is FeedForward:
+                found.append(ScalableChannels(f"{p}.ffn_norm", (f"{p}.feed_forward.w1", f"{p}.feed_forward.w3")))
+                found.append(ScalableChannels(f"{p}.feed_forward.w3", (f"{p}.feed_forward.w2",)))
+        return found
 
     def tie_weights(self) -> None:
         """Re-tie ``output`` to ``tok_embeddings`` (after ``load_state_dict``, ``to()``)."""

@@ -115,6 +115,14 @@ def int8_gemm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
     return y if bias is None else y + bias
 
 
+def gemm_input(x: torch.Tensor, outlier_split: bool) -> torch.Tensor:
+    """``x`` as :func:`int8_gemm`'s GEMM sees it after rounding (one row per token, or the
+    sum of the two rounded rows of :func:`split_outliers`), for searches that score roundings."""
+    if not outlier_split:
+        return quantize_activations(x)
+    return quantize_activations(split_outliers(x)).sum(1).reshape(x.shape)
+
+
 def block_means(x: torch.Tensor, block: int) -> torch.Tensor:
     """``[..., in/block]``: the mean of ``x`` over each block of ``block`` features.
 
@@ -321,6 +329,21 @@ def int4_blocks_activation_aware(
         q[rows] = torch.round(scaled).clamp_(-8, 7).to(torch.int8).reshape(-1, in_features)
         scales[rows] = best_d
     return q, scales
+
+
+def int4_rounded(weight: torch.Tensor, block: int) -> torch.Tensor:
+    """``weight`` on min/max's symmetric int4 grid per block, bf16 scales: the cheap rounding
+    the channel-scale search scores (its choices hold for the searched scales as well)."""
+    w = weight.float().reshape(weight.shape[0], -1, block)
+    d = (w.abs().amax(-1, keepdim=True) / 7.5).clamp(min=1e-12).to(torch.bfloat16).float()
+    return (torch.round(w / d).clamp_(-8, 7) * d).reshape(weight.shape)
+
+
+def int8_rounded(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` on min/max's symmetric int8 grid per output channel (see :func:`int4_rounded`)."""
+    w = weight.float()
+    d = (w.abs().amax(1, keepdim=True) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
+    return torch.round(w / d).clamp_(-127, 127) * d
 
 
 def _energy_weights(input_energy: torch.Tensor) -> torch.Tensor:

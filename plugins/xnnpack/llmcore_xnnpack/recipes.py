@@ -32,6 +32,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from llmcore import channel_scales
 from llmcore.errors import LlmcoreError
 from llmcore.records import Calibration
 from llmcore.stored import IntegerWeight, stored_form
@@ -84,6 +85,7 @@ class _Summary:
         self.outlier_split = options["outlier_split"]
         self.kinds: Counter = Counter()
         self.errors: dict[str, list[float]] = {}
+        self.notes: list[str] = []
 
     def add(self, kind: str, approx=None, exact: Optional[torch.Tensor] = None) -> Optional[float]:
         """One layer of ``kind``; with ``approx`` (the new layer, or its weight) and ``exact``
@@ -103,6 +105,7 @@ class _Summary:
             parts.append(f"{n} {kind}{err}")
         if self.outlier_split:
             parts.append("activations: int8 per token with outliers on a second row")
+        parts += self.notes
         return f"{self.recipe}: " + "; ".join(parts)
 
 
@@ -118,10 +121,12 @@ def _int8_layer(linear: nn.Linear, exact: torch.Tensor, outlier_split: bool,
 
 
 def _calibrate(recipe: str, module: nn.Module, names: list[str], options: dict, calibration: Optional[Calibration],
-               calibrated: bool, why_not: str) -> tuple[dict, str]:
+               calibrated: bool, why_not: str,
+               search: Optional[channel_scales.ScaleSearch] = None) -> tuple[dict, str]:
     """The input energies of the named linears (name -> mean squares) when ``calibrated``, and
-    a note for the summary line; ``({}, "")`` otherwise. ``why_not`` names the option that
-    turned calibration off, for the message refusing a ``calibration_text`` nothing reads."""
+    a note for the summary line; ``({}, "")`` otherwise. A channel-scale ``search`` reads the
+    same pass. ``why_not`` names the option that turned calibration off, for the message
+    refusing a ``calibration_text`` nothing reads."""
     if options["calibration_text"] and not calibrated:
         raise LlmcoreError(
             f"{recipe}: calibration_text is read only for activation-aware scales, and this export sets {why_not}.",
@@ -132,28 +137,34 @@ def _calibrate(recipe: str, module: nn.Module, names: list[str], options: dict, 
     if calibration is None:
         raise LlmcoreError(
             f"{recipe}: activation_aware scales need calibration text run through the model, and none was given.",
-            fix=f"call quantize_{recipe} with the pipeline's Calibration, or set activation_aware=false.",
+            fix=f"call quantize_{recipe} with the pipeline's Calibration, or set {why_not}.",
         )
-    energies, tokens = input_energy(module, names, calibration, options["calibration_text"], recipe)
+    energies, tokens = input_energy(module, names, calibration, options["calibration_text"], recipe, search)
     return energies, f", {tokens} calibration tokens"
 
 
 def input_energy(module: nn.Module, names: list[str], calibration: Calibration, text: str,
-                 recipe: str) -> tuple[dict, int]:
+                 recipe: str, search: Optional[channel_scales.ScaleSearch] = None) -> tuple[dict, int]:
     """The mean square of every input feature of the named linears over a calibration text
     (``text``: a path, or empty for llmcore's built-in text), and the number of tokens the
-    model read. Recorded by forward pre-hooks while the float model reads the text once."""
+    model read. Recorded by forward pre-hooks while the float model reads the text once;
+    a channel-scale ``search`` is handed the inputs it asks for in the same pass."""
     sums: dict[str, torch.Tensor] = {}
     counts: Counter = Counter()
+    searched = set(search.inputs) if search is not None else set()
+    summed = set(names)
 
     def recorder(name: str):
         def record(_, args):
             x = args[0].detach().float().reshape(-1, args[0].shape[-1])
-            sums[name] = sums[name] + x.square().sum(0) if name in sums else x.square().sum(0)
-            counts[name] += x.shape[0]
+            if name in summed:
+                sums[name] = sums[name] + x.square().sum(0) if name in sums else x.square().sum(0)
+                counts[name] += x.shape[0]
+            if name in searched:
+                search.record(name, x)
         return record
 
-    hooks = [module.get_submodule(n).register_forward_pre_hook(recorder(n)) for n in names]
+    hooks = [module.get_submodule(n).register_forward_pre_hook(recorder(n)) for n in summed | searched]
     try:
         fed = calibration.run(module, calibration.token_ids(text))
     finally:
@@ -168,6 +179,40 @@ def input_energy(module: nn.Module, names: list[str], calibration: Calibration, 
     return {n: sums[n] / counts[n] for n in sums}, fed
 
 
+def _channel_scale_search(module: nn.Module, options: dict, bits: int) -> Optional[channel_scales.ScaleSearch]:
+    """The search for the channel scales ``module`` lists (None if it lists none), scored with
+    the recipe's rounding in its cheap form (min/max's grid: int4 per block for ``bits=4``,
+    int8 per channel for 8; the activation-aware scales chosen afterwards do better still)
+    and the activations as the GEMM rounds them."""
+    groups = channel_scales.scalable_channels(module)
+    if not groups:
+        return None
+    blocks = {}
+    for group in groups:
+        for name in group.linears:
+            linear = module.get_submodule(name)
+            block = linear_group(linear.in_features, options["group_size"]) if bits == 4 else 0
+            blocks[name] = None if block is None else (block or linear.in_features)
+
+    def round_weight(name: str, w: torch.Tensor) -> torch.Tensor:
+        if blocks[name] is None:  # stays fp32
+            return w
+        return qlinear.int4_rounded(w, blocks[name]) if bits == 4 else qlinear.int8_rounded(w)
+
+    return channel_scales.ScaleSearch(
+        module, groups, round_weight, lambda x: qlinear.gemm_input(x, options["outlier_split"]))
+
+
+def _fold(search: channel_scales.ScaleSearch, energies: dict, calibration: Calibration, options: dict) -> str:
+    """Fold the searched channel scales; the recorded input energies of the layers they scaled
+    are divided accordingly (those layers now read ``x / s``). Returns the summary's note."""
+    folded = search.fold(calibration, options["calibration_text"])
+    for name, columns in folded.columns.items():
+        if name in energies:
+            energies[name] = energies[name] / columns.square()
+    return folded.summary()
+
+
 def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calibration] = None) -> nn.Module:
     """``8da4w``: int4 linears (int8 output layer by default), optional int8/int4 embeddings."""
     check_options(options)
@@ -177,13 +222,20 @@ def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calib
             fix="use output_bits=8 (the default) or 4.",
         )
     outputs = output_layer_names(module)  # before embeddings are replaced
-    calibrated = options["activation_aware"] and not options["asymmetric"]
-    why_not = "asymmetric=true" if options["asymmetric"] else "activation_aware=false"
+    calibrated = (options["activation_aware"] or options["awq"]) and not options["asymmetric"]
+    why_not = "asymmetric=true" if options["asymmetric"] else "activation_aware=false and awq=false"
     # The int8 output layer keeps min/max scales: activation-aware ones moved SmolLM2's mean KL
     # by 0.1% (0.3070 -> 0.3066), not worth the search over its 28M weights.
     int4 = [n for n in _linear_names(module) if not (n in outputs and options["output_bits"] == 8)]
-    energies, calibration_note = _calibrate("8da4w", module, int4, options, calibration, calibrated, why_not)
+    search = _channel_scale_search(module, options, 4) if calibrated and options["awq"] else None
+    energies, calibration_note = _calibrate("8da4w", module, int4, options, calibration, calibrated, why_not, search)
     summary = _Summary("8da4w", options)
+    if search is not None:
+        summary.notes.append(_fold(search, energies, calibration, options))
+    elif calibrated and options["awq"]:
+        summary.notes.append(f"no channel scales ({type(module).__name__} lists no scalable channels)")
+    if not options["activation_aware"]:
+        energies = {}
     kept = []
     for name in _linear_names(module):
         linear = module.get_submodule(name)
@@ -224,12 +276,18 @@ def quantize_8da8w(module: nn.Module, options: dict, calibration: Optional[Calib
     """``8da8w``: every linear int8 per output channel (XNNPACK's qc8w GEMM), optional
     int8/int4 embeddings."""
     check_embedding_options(options, "8da8w")
+    calibrated = options["activation_aware"] or options["awq"]
+    search = _channel_scale_search(module, options, 8) if options["awq"] else None
     energies, calibration_note = _calibrate(
-        "8da8w", module, _linear_names(module), options, calibration, options["activation_aware"],
-        "activation_aware=false")
+        "8da8w", module, _linear_names(module), options, calibration, calibrated,
+        "activation_aware=false and awq=false", search)
+    notes = [_fold(search, energies, calibration, options)] if search is not None else []
+    if not options["activation_aware"]:
+        energies = {}
     if options["embedding_bits"]:
         quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"])
     summary = _Summary("8da8w", options)
+    summary.notes += notes
     for name in _linear_names(module):
         linear = module.get_submodule(name)
         w = linear.weight.detach().float()

@@ -299,7 +299,7 @@ def test_unreadable_calibration_text_fails_the_export_in_one_line_and_writes_not
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("other", [{"activation_aware": False}, {"asymmetric": True}])
+@pytest.mark.parametrize("other", [{"activation_aware": False, "awq": False}, {"asymmetric": True}])
 def test_calibration_text_that_would_not_be_read_is_refused(recipe_defaults, tmp_path, other):
     text = tmp_path / "mine.txt"
     text.write_text("some words", encoding="utf-8")

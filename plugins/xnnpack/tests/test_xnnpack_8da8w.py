@@ -22,7 +22,7 @@ from llmcore_xnnpack.qlinear import ChannelInt8Linear
 from llmcore_xnnpack.recipes import quantize_8da8w
 
 DEFAULTS = {"embedding_bits": 0, "embedding_group_size": 32, "outlier_split": True, "activation_aware": True,
-            "calibration_text": ""}
+            "awq": True, "calibration_text": ""}
 
 
 @pytest.mark.parametrize("variant, split", [("8da8w", True), ("8da8w-one-row", False)])
@@ -60,7 +60,7 @@ def test_activation_aware_scales_are_calibrated_and_min_max_needs_no_text(tiny_c
     from llmcore_xnnpack import qlinear
 
     aware = quantize_8da8w(fp32_tiny(), DEFAULTS, tiny_calibration)
-    plain = quantize_8da8w(fp32_tiny(), {**DEFAULTS, "activation_aware": False}, None)
+    plain = quantize_8da8w(fp32_tiny(), {**DEFAULTS, "activation_aware": False, "awq": False}, None)
     fp32 = dict(fp32_tiny().named_modules())
     differ = 0
     for name, layer in plain.named_modules():
@@ -76,7 +76,7 @@ def test_refuses_calibration_text_when_nothing_reads_it():
 
     model = fp32_tiny()
     with pytest.raises(LlmcoreError, match="8da8w: calibration_text is read only for activation-aware scales"):
-        quantize_8da8w(model, {**DEFAULTS, "activation_aware": False, "calibration_text": "notes.txt"})
+        quantize_8da8w(model, {**DEFAULTS, "activation_aware": False, "awq": False, "calibration_text": "notes.txt"})
     assert not any(isinstance(m, ChannelInt8Linear) for m in model.modules())
 
 
