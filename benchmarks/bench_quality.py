@@ -45,11 +45,15 @@ from bench_decode import machine_header, run_cpp_runner, run_worker, smollm2_pat
 
 RECIPES = {
     "8da8w": ["--quantize", "8da8w"],
-    "8da8w min/max": ["--quantize", "8da8w", "--quantize-option", "activation_aware=false"],
+    "8da8w no-awq": ["--quantize", "8da8w", "--quantize-option", "awq=false"],
+    "8da8w min/max": ["--quantize", "8da8w", "--quantize-option", "activation_aware=false",
+                      "--quantize-option", "awq=false"],
     "gguf": ["--quantize", "gguf"],
     "gguf outlier_split": ["--quantize", "gguf", "--quantize-option", "outlier_split=true"],
     "8da4w": ["--quantize", "8da4w"],
-    "8da4w hqq": ["--quantize", "8da4w", "--quantize-option", "activation_aware=false"],
+    "8da4w no-awq": ["--quantize", "8da4w", "--quantize-option", "awq=false"],
+    "8da4w hqq": ["--quantize", "8da4w", "--quantize-option", "activation_aware=false",
+                  "--quantize-option", "awq=false"],
     "8da4w fp32 embedding": ["--quantize", "8da4w", "--quantize-option", "embedding_bits=0"],
     "8da4w asymmetric": ["--quantize", "8da4w", "--quantize-option", "asymmetric=true"],
     "8da4w asymmetric group 64": ["--quantize", "8da4w", "--quantize-option", "asymmetric=true",

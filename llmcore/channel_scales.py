@@ -41,9 +41,8 @@ ALPHAS = tuple(i / 10 for i in range(11))
 groups, 0-0.9 for the down and output projections."""
 
 KEPT_ROWS = 128
-"""Calibration rows (tokens) of each group's input kept for the search: SmolLM2's mean KL from
-fp32 was the same with 128 as with all 461 of the built-in text (0.127), at a quarter of the
-memory (~50 MiB for its 30 layers)."""
+"""Calibration rows (tokens) of each group's input the search scores: SmolLM2's mean KL from
+fp32 was the same with 128 as with all 461 of the built-in text (0.127 both, eager)."""
 
 ROW_STRIDE = 4
 """The search scores every 4th output row of each consumer (the error is a sum over rows)."""
@@ -116,7 +115,8 @@ def choose_scales(
     The error is summed over every :data:`ROW_STRIDE`-th output row only, and ``alphas`` are
     tried in order until the error grows: it falls and then rises with alpha (too little
     scaling leaves the large channels coarse, too much starves the rest), so the walk stops
-    one step past the least. Together about 10x less work than every row at every alpha."""
+    one step past the least (on SmolLM2 at alpha 0.4 for the median group, 5 of the 11).
+    ``alphas`` start at 0, no scaling, so the choice is never worse than none on ``x``."""
     x = x.float()
     m = source_statistic(group, x)
     weights = [w[::ROW_STRIDE] for w in weights]

@@ -129,7 +129,8 @@ def _calibrate(recipe: str, module: nn.Module, names: list[str], options: dict, 
     refusing a ``calibration_text`` nothing reads."""
     if options["calibration_text"] and not calibrated:
         raise LlmcoreError(
-            f"{recipe}: calibration_text is read only for activation-aware scales, and this export sets {why_not}.",
+            f"{recipe}: calibration_text is read only for activation-aware and channel scales, and this export "
+            f"sets {why_not}.",
             fix=f"drop calibration_text, or drop {why_not}.",
         )
     if not calibrated:
@@ -203,9 +204,12 @@ def _channel_scale_search(module: nn.Module, options: dict, bits: int) -> Option
         module, groups, round_weight, lambda x: qlinear.gemm_input(x, options["outlier_split"]))
 
 
-def _fold(search: channel_scales.ScaleSearch, energies: dict, calibration: Calibration, options: dict) -> str:
+def _fold(module: nn.Module, search: Optional[channel_scales.ScaleSearch], energies: dict,
+          calibration: Calibration, options: dict) -> str:
     """Fold the searched channel scales; the recorded input energies of the layers they scaled
     are divided accordingly (those layers now read ``x / s``). Returns the summary's note."""
+    if search is None:
+        return f"no channel scales ({type(module).__name__} lists no scalable channels)"
     folded = search.fold(calibration, options["calibration_text"])
     for name, columns in folded.columns.items():
         if name in energies:
@@ -230,10 +234,8 @@ def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calib
     search = _channel_scale_search(module, options, 4) if calibrated and options["awq"] else None
     energies, calibration_note = _calibrate("8da4w", module, int4, options, calibration, calibrated, why_not, search)
     summary = _Summary("8da4w", options)
-    if search is not None:
-        summary.notes.append(_fold(search, energies, calibration, options))
-    elif calibrated and options["awq"]:
-        summary.notes.append(f"no channel scales ({type(module).__name__} lists no scalable channels)")
+    if calibrated and options["awq"]:
+        summary.notes.append(_fold(module, search, energies, calibration, options))
     if not options["activation_aware"]:
         energies = {}
     kept = []
@@ -281,7 +283,7 @@ def quantize_8da8w(module: nn.Module, options: dict, calibration: Optional[Calib
     energies, calibration_note = _calibrate(
         "8da8w", module, _linear_names(module), options, calibration, calibrated,
         "activation_aware=false and awq=false", search)
-    notes = [_fold(search, energies, calibration, options)] if search is not None else []
+    notes = [_fold(module, search, energies, calibration, options)] if options["awq"] else []
     if not options["activation_aware"]:
         energies = {}
     if options["embedding_bits"]:

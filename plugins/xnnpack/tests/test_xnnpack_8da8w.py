@@ -75,7 +75,7 @@ def test_refuses_calibration_text_when_nothing_reads_it():
     from llmcore.errors import LlmcoreError
 
     model = fp32_tiny()
-    with pytest.raises(LlmcoreError, match="8da8w: calibration_text is read only for activation-aware scales"):
+    with pytest.raises(LlmcoreError, match="8da8w: calibration_text is read only for activation-aware and channel scales"):
         quantize_8da8w(model, {**DEFAULTS, "activation_aware": False, "awq": False, "calibration_text": "notes.txt"})
     assert not any(isinstance(m, ChannelInt8Linear) for m in model.modules())
 
