@@ -11,25 +11,8 @@ import torch
 
 from llmcore import channel_scales
 from llmcore.errors import LlmcoreError
-from llmcore.plugins import load_registry
-from llmcore.recipe import ExportOptions
 from llmcore.records import ScalableChannels
-
-
-def tiny_llama():
-    from llmcore.pipeline.load import load_model
-
-    return load_model(ExportOptions(model="llama", config="tiny", output="unused.pte"), load_registry())
-
-
-def calibration(loaded):
-    from llmcore.generate import TextTokenizer
-    from llmcore.pipeline import text_ids
-    from llmcore.pipeline.quantize import calibration_for
-
-    tokenizer, meta = TextTokenizer(loaded.tokenizer.json_text), loaded.metadata
-    return calibration_for(lambda text: text_ids(tokenizer, text, meta), meta.max_seq_len, meta.max_seq_len,
-                           False, "test")
+from llmcore.testing.conformance import calibration_of, tiny_model
 
 
 def int4_rounded(w: torch.Tensor) -> torch.Tensor:
@@ -45,7 +28,7 @@ def logits(model, tokens):
 
 
 def test_llama_lists_every_layer_and_grouped_query_attention():
-    model = tiny_llama().module
+    model = tiny_model("llama").module
     groups = channel_scales.scalable_channels(model)
     assert len(groups) == 4 * len(model.layers)
     values = [g for g in groups if g.source.endswith("attention.wv")]
@@ -55,7 +38,7 @@ def test_llama_lists_every_layer_and_grouped_query_attention():
 
 def test_listed_folds_leave_the_float_logits_unchanged():
     """Random scales (0.25x-4x) on every listed group: the same logits to float rounding."""
-    model = tiny_llama().module.eval()
+    model = tiny_model("llama").module.eval()
     tokens = torch.randint(0, 320, (1, 40), generator=torch.Generator().manual_seed(0))
     before = logits(model, tokens)
     gen = torch.Generator().manual_seed(1)
@@ -69,13 +52,13 @@ def test_listed_folds_leave_the_float_logits_unchanged():
 def test_a_fold_the_arithmetic_does_not_allow_fails_the_export_step():
     """A model listing the attention norm as feeding only wq (k and v read it too) is caught by
     the logit check after folding, in one line that names the way out."""
-    loaded = tiny_llama()
+    loaded = tiny_model("llama")
     model = loaded.module.eval()
     with torch.no_grad():
         model.layers[0].attention_norm.weight[:4] *= 30  # outlier channels: scales far from 1
     wrong = [ScalableChannels("layers.0.attention_norm", ("layers.0.attention.wq",))]
     search = channel_scales.ScaleSearch(model, wrong, lambda _, w: int4_rounded(w), lambda x: x, alphas=(1.0,))
-    cal = calibration(loaded)
+    cal = calibration_of(loaded)
     tokens = cal.token_ids("")
     hook = model.layers[0].attention.wq.register_forward_pre_hook(
         lambda _, args: search.record("layers.0.attention.wq", args[0].reshape(-1, args[0].shape[-1])))
@@ -88,7 +71,7 @@ def test_a_fold_the_arithmetic_does_not_allow_fails_the_export_step():
 
 
 def test_listed_shapes_are_checked_before_anything_is_searched():
-    model = tiny_llama().module
+    model = tiny_model("llama").module
     wrong = [ScalableChannels("layers.0.ffn_norm", ("layers.0.feed_forward.w2",))]  # w2 reads 192 channels
     with pytest.raises(LlmcoreError, match="lists layers.0.feed_forward.w2 as reading the 64 channels"):
         channel_scales.ScaleSearch(model, wrong, lambda _, w: w, lambda x: x)
@@ -131,4 +114,4 @@ def test_searched_scales_cut_the_output_error_on_held_out_inputs():
 def test_models_that_list_nothing_get_no_groups():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
     assert channel_scales.scalable_channels(model) == []
-    assert channel_scales.scalable_channels(copy.deepcopy(tiny_llama().module))
+    assert channel_scales.scalable_channels(copy.deepcopy(tiny_model("llama").module))

@@ -124,6 +124,19 @@ def tiny_model(family: str, seed: int = 0):
     return fam.build_random(TINY_CONFIG, LoadOptions(config=TINY_CONFIG, seed=seed))
 
 
+def calibration_of(loaded):
+    """The :class:`~llmcore.records.Calibration` a calibrated recipe receives for ``loaded``
+    (a model without its KV cache yet, so one call of up to ``max_seq_len`` tokens): for
+    quantizing an eager twin the way the pipeline quantizes the exported model."""
+    from llmcore.generate import TextTokenizer
+    from llmcore.pipeline import text_ids
+    from llmcore.pipeline.quantize import calibration_for
+
+    tokenizer, meta = TextTokenizer(loaded.tokenizer.json_text), loaded.metadata
+    return calibration_for(lambda text: text_ids(tokenizer, text, meta), meta.max_seq_len, meta.max_seq_len,
+                           False, "test")
+
+
 def transformed_tiny(
     family: str,
     plugins: Sequence[str],

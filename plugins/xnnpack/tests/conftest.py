@@ -54,18 +54,11 @@ def tiny_calibration(registry):
     """The calibration the tiny nanoGPT's ``8da4w`` export runs (llmcore's built-in text in
     the model's tokens, one call), for the unexported model: its eager twin then gets the
     scales the program got."""
-    from llmcore.generate import TextTokenizer
-    from llmcore.pipeline import text_ids
     from llmcore.pipeline.load import load_model
-    from llmcore.pipeline.quantize import calibration_for
     from llmcore.recipe import ExportOptions
+    from llmcore.testing.conformance import calibration_of
 
-    loaded = load_model(ExportOptions(model="nanogpt", config="tiny", output="unused.pte"), registry)
-    tokenizer = TextTokenizer(loaded.tokenizer.json_text)
-    meta = loaded.metadata
-    return calibration_for(
-        lambda text: text_ids(tokenizer, text, meta), meta.max_seq_len, meta.max_seq_len, False, "8da4w"
-    )
+    return calibration_of(load_model(ExportOptions(model="nanogpt", config="tiny", output="unused.pte"), registry))
 
 
 @pytest.fixture(scope="session")

@@ -18,23 +18,8 @@ import torch
 from llmcore.plugins import load_registry
 from llmcore.recipe import ExportOptions
 from llmcore.runtime import Program
+from llmcore.testing.conformance import calibration_of, tiny_model
 from llmcore_xnnpack.recipes import quantize_8da4w, quantize_8da8w
-
-
-def tiny_llama():
-    from llmcore.pipeline.load import load_model
-
-    return load_model(ExportOptions(model="llama", config="tiny", output="unused.pte"), load_registry())
-
-
-def calibration_of(loaded):
-    from llmcore.generate import TextTokenizer
-    from llmcore.pipeline import text_ids
-    from llmcore.pipeline.quantize import calibration_for
-
-    tokenizer, meta = TextTokenizer(loaded.tokenizer.json_text), loaded.metadata
-    return calibration_for(lambda text: text_ids(tokenizer, text, meta), meta.max_seq_len, meta.max_seq_len,
-                           False, "test")
 
 
 def defaults(recipe: str) -> dict:
@@ -80,7 +65,7 @@ def test_scales_cut_the_error_of_a_llama_with_outlier_channels(recipe, quantize,
     """Observed (held-out error with awq / without): 8da4w 0.71x; 8da8w 0.93x, whose two-row
     activations already take most of what outlier channels cost (on SmolLM2 the scales cut
     its mean KL from fp32 by a fifth: docs/quantization.md)."""
-    loaded = tiny_llama()
+    loaded = tiny_model("llama")
     fp32 = with_outlier_channels(loaded.module.eval())
     calibration = calibration_of(loaded)
     options = defaults(recipe)
@@ -107,7 +92,7 @@ def test_program_with_channel_scales_matches_its_eager_twin(tmp_path, caplog):
     assert result.report["parity"]["max_abs_diff"] <= 0.02
     # and against the fp32 model: the scales are an identity in float arithmetic
     program = Program.load(str(out))
-    fp32 = tiny_llama().module.eval()
+    fp32 = tiny_model("llama").module.eval()
     tokens = torch.randint(0, 320, (1, 20), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         expected = fp32(tokens)[0]
