@@ -203,8 +203,9 @@ class ScaleSearch:
         if name in self.chosen:
             return
         rows = self.rows.setdefault(name, [])
-        rows.append(x[:KEPT_ROWS - sum(r.shape[0] for r in rows)].detach().float().clone())
-        if sum(r.shape[0] for r in rows) >= KEPT_ROWS:
+        room = KEPT_ROWS - sum(r.shape[0] for r in rows)
+        rows.append(x[:room].detach().float().clone())
+        if x.shape[0] >= room:
             self._choose(name)
 
     def _choose(self, name: str) -> None:
@@ -222,7 +223,8 @@ class ScaleSearch:
         unseen = [n for n in self.by_input if n not in self.chosen]
         if unseen:  # e.g. a layer no calibration token reached: it keeps its channels
             log.warning("channel scales: the calibration text never reached %s; left unscaled", ", ".join(unseen))
-        before = _check_logits(self.module, calibration, text)
+        check_ids = calibration.token_ids(text)[:CHECK_TOKENS]
+        before = _check_logits(self.module, calibration, check_ids)
         columns, alphas, ratios = {}, [], []
         for name, (alpha, s, err, plain) in self.chosen.items():
             group = self.by_input[name]
@@ -231,7 +233,7 @@ class ScaleSearch:
                 columns[linear] = columns[linear] * cols if linear in columns else cols
             alphas.append(alpha)
             ratios.append(err / plain if plain else 1.0)
-        after = _check_logits(self.module, calibration, text)
+        after = _check_logits(self.module, calibration, check_ids)
         moved = float((after - before).abs().max())
         if not moved <= 1e-3 * max(1.0, float(before.abs().max())):
             raise LlmcoreError(
@@ -243,12 +245,12 @@ class ScaleSearch:
         return FoldedScales(columns, alphas, ratios)
 
 
-def _check_logits(module: Any, calibration: Calibration, text: str) -> torch.Tensor:
-    """The model's outputs for the first :data:`CHECK_TOKENS` calibration tokens."""
+def _check_logits(module: Any, calibration: Calibration, ids: list[int]) -> torch.Tensor:
+    """The model's outputs for calibration tokens ``ids``."""
     outputs = []
     hook = module.register_forward_hook(lambda _m, _a, out: outputs.append(out.detach().float().clone()))
     try:
-        calibration.run(module, calibration.token_ids(text)[:CHECK_TOKENS])
+        calibration.run(module, ids)
     finally:
         hook.remove()
     return torch.cat([o.reshape(-1) for o in outputs])

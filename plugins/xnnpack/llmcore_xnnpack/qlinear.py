@@ -339,13 +339,6 @@ def int4_rounded(weight: torch.Tensor, block: int) -> torch.Tensor:
     return (torch.round(w / d).clamp_(-8, 7) * d).reshape(weight.shape)
 
 
-def int8_rounded(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` on min/max's symmetric int8 grid per output channel (see :func:`int4_rounded`)."""
-    w = weight.float()
-    d = (w.abs().amax(1, keepdim=True) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
-    return torch.round(w / d).clamp_(-127, 127) * d
-
-
 def _energy_weights(input_energy: torch.Tensor) -> torch.Tensor:
     """Per input feature, the weight of its rounding error in the activation-aware searches:
     its mean square on the calibration text, plus a 1% floor (of the mean) so that features

@@ -180,6 +180,13 @@ def input_energy(module: nn.Module, names: list[str], calibration: Calibration, 
     return {n: sums[n] / counts[n] for n in sums}, fed
 
 
+def _int4_block(linear: nn.Linear, group_size: int) -> Optional[int]:
+    """The int4 block ``8da4w`` gives ``linear``'s in-features (the whole row for group 0), or
+    None when XNNPACK's int4 GEMM cannot take them and the layer stays fp32."""
+    group = linear_group(linear.in_features, group_size)
+    return None if group is None else (group or linear.in_features)
+
+
 def _channel_scale_search(module: nn.Module, options: dict, bits: int) -> Optional[channel_scales.ScaleSearch]:
     """The search for the channel scales ``module`` lists (None if it lists none), scored with
     the recipe's rounding in its cheap form (min/max's grid: int4 per block for ``bits=4``,
@@ -188,17 +195,13 @@ def _channel_scale_search(module: nn.Module, options: dict, bits: int) -> Option
     groups = channel_scales.scalable_channels(module)
     if not groups:
         return None
-    blocks = {}
-    for group in groups:
-        for name in group.linears:
-            linear = module.get_submodule(name)
-            block = linear_group(linear.in_features, options["group_size"]) if bits == 4 else 0
-            blocks[name] = None if block is None else (block or linear.in_features)
 
     def round_weight(name: str, w: torch.Tensor) -> torch.Tensor:
-        if blocks[name] is None:  # stays fp32
-            return w
-        return qlinear.int4_rounded(w, blocks[name]) if bits == 4 else qlinear.int8_rounded(w)
+        if bits == 8:
+            q, scales = qlinear.int8_channels(w)
+            return q.float() * scales.unsqueeze(1)
+        block = _int4_block(module.get_submodule(name), options["group_size"])
+        return w if block is None else qlinear.int4_rounded(w, block)  # None: stays fp32
 
     return channel_scales.ScaleSearch(
         module, groups, round_weight, lambda x: qlinear.gemm_input(x, options["outlier_split"]))
@@ -231,13 +234,12 @@ def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calib
     # The int8 output layer keeps min/max scales: activation-aware ones moved SmolLM2's mean KL
     # by 0.1% (0.3070 -> 0.3066), not worth the search over its 28M weights.
     int4 = [n for n in _linear_names(module) if not (n in outputs and options["output_bits"] == 8)]
+    aware = int4 if options["activation_aware"] else []  # the layers whose input energies are recorded
     search = _channel_scale_search(module, options, 4) if calibrated and options["awq"] else None
-    energies, calibration_note = _calibrate("8da4w", module, int4, options, calibration, calibrated, why_not, search)
+    energies, calibration_note = _calibrate("8da4w", module, aware, options, calibration, calibrated, why_not, search)
     summary = _Summary("8da4w", options)
     if calibrated and options["awq"]:
         summary.notes.append(_fold(module, search, energies, calibration, options))
-    if not options["activation_aware"]:
-        energies = {}
     kept = []
     for name in _linear_names(module):
         linear = module.get_submodule(name)
@@ -246,18 +248,18 @@ def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calib
             new = _int8_layer(linear, w, options["outlier_split"])
             summary.add("output layer int8 per channel", new, w)
         else:
-            group = linear_group(linear.in_features, options["group_size"])
-            if group is None:
+            block = _int4_block(linear, options["group_size"])
+            if block is None:
                 kept.append(name)
                 continue
             if options["asymmetric"]:
-                q, scales, offsets = qlinear.int4_blocks_affine(w, group or linear.in_features)
+                q, scales, offsets = qlinear.int4_blocks_affine(w, block)
                 kind = "asymmetric int4"
             elif name in energies:
-                q, scales = qlinear.int4_blocks_activation_aware(w, group or linear.in_features, energies.pop(name))
+                q, scales = qlinear.int4_blocks_activation_aware(w, block, energies.pop(name))
                 offsets, kind = None, f"int4 (activation-aware scales{calibration_note})"
             else:
-                q, scales = qlinear.int4_blocks(w, group or linear.in_features, options["hqq"])
+                q, scales = qlinear.int4_blocks(w, block, options["hqq"])
                 offsets, kind = None, "int4" + (" (HQQ scales)" if options["hqq"] else "")
             new = qlinear.BlockInt4Linear(q, scales, offsets, linear.bias, options["outlier_split"])
             summary.add(f"linears {kind} (block {new.block})", new, w)
@@ -281,11 +283,9 @@ def quantize_8da8w(module: nn.Module, options: dict, calibration: Optional[Calib
     calibrated = options["activation_aware"] or options["awq"]
     search = _channel_scale_search(module, options, 8) if options["awq"] else None
     energies, calibration_note = _calibrate(
-        "8da8w", module, _linear_names(module), options, calibration, calibrated,
-        "activation_aware=false and awq=false", search)
+        "8da8w", module, _linear_names(module) if options["activation_aware"] else [], options, calibration,
+        calibrated, "activation_aware=false and awq=false", search)
     notes = [_fold(module, search, energies, calibration, options)] if options["awq"] else []
-    if not options["activation_aware"]:
-        energies = {}
     if options["embedding_bits"]:
         quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"])
     summary = _Summary("8da8w", options)
