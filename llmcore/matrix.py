@@ -626,34 +626,12 @@ def run_matrix(matrix: Matrix, *, address: Optional[str] = None, workers: Option
         return [results[c.name] for c in cells]
     say(progress.line())
 
+    from llmcore.progress import remembered_interrupts
+
     ray = _start_ray(address, workers)
     try:
-        tracker = _tracker_class(ray).remote()
-        remote_export = ray.remote(num_cpus=1)(export_cell)
-        pending = {
-            # named after the cell: `ps` on a worker shows ray::llmcore-export:MODEL/BACKENDS/RECIPE
-            remote_export.options(name=f"{TASK_PREFIX}{cell.name}", memory=cell.memory_bytes,
-                                  max_retries=retries, retry_exceptions=False)
-            .remote(dataclasses.asdict(cell.options), perplexity_text, tracker): cell
-            for cell in todo
-        }
-        last_counts = None
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=2.0)
-            for ref in done:
-                cell = pending.pop(ref)
-                results[cell.name] = _collect(ray, ref, cell, tracker, digest)
-                if results[cell.name].status == "ok":
-                    progress.done += 1
-                else:
-                    progress.failed += 1
-                    say(f"[llmcore matrix] {cell.name} failed: {results[cell.name].error}")
-                tracker.finish.remote(cell.options.output)
-            progress.running = ray.get(tracker.running.remote())
-            counts = (progress.done, progress.failed, progress.running)
-            if counts != last_counts:  # a line when something changed, not every poll
-                say(progress.line())
-                last_counts = counts
+        with remembered_interrupts():
+            _wait_for_cells(ray, todo, results, progress, perplexity_text, digest, retries, say)
     except KeyboardInterrupt:  # cells written so far stay (a rerun resumes from them); the rest are 'interrupted'
         pass
     finally:
@@ -661,6 +639,44 @@ def run_matrix(matrix: Matrix, *, address: Optional[str] = None, workers: Option
     for cell in cells:
         results.setdefault(cell.name, CellResult.of(cell, "interrupted"))
     return [results[c.name] for c in cells]
+
+
+def _wait_for_cells(ray, todo: list[Cell], results: dict[str, CellResult], progress: Progress,
+                    perplexity_text: Optional[str], digest: Optional[str], retries: int,
+                    say: Callable[[str], None]) -> None:
+    """Submit every cell to Ray and record each result as it arrives, until all are in or
+    Ctrl-C was pressed (checked on every poll as well: Ray's calls may swallow the
+    KeyboardInterrupt itself)."""
+    from llmcore.progress import interrupt_requested
+
+    tracker = _tracker_class(ray).remote()
+    remote_export = ray.remote(num_cpus=1)(export_cell)
+    pending = {
+        # named after the cell: `ps` on a worker shows ray::llmcore-export:MODEL/BACKENDS/RECIPE
+        remote_export.options(name=f"{TASK_PREFIX}{cell.name}", memory=cell.memory_bytes,
+                              max_retries=retries, retry_exceptions=False)
+        .remote(dataclasses.asdict(cell.options), perplexity_text, tracker): cell
+        for cell in todo
+    }
+    last_counts = None
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=2.0)
+        for ref in done:
+            cell = pending.pop(ref)
+            results[cell.name] = _collect(ray, ref, cell, tracker, digest)
+            if results[cell.name].status == "ok":
+                progress.done += 1
+            else:
+                progress.failed += 1
+                say(f"[llmcore matrix] {cell.name} failed: {results[cell.name].error}")
+            tracker.finish.remote(cell.options.output)
+        progress.running = ray.get(tracker.running.remote())
+        counts = (progress.done, progress.failed, progress.running)
+        if counts != last_counts:  # a line when something changed, not every poll
+            say(progress.line())
+            last_counts = counts
+        if interrupt_requested():
+            raise KeyboardInterrupt
 
 
 def _collect(ray, ref, cell: Cell, tracker, digest: Optional[str]) -> CellResult:

@@ -21,6 +21,10 @@ _interrupted = threading.Event()
 def remembered_interrupts() -> Iterator[None]:
     """Ctrl-C raises KeyboardInterrupt as usual, and is remembered until the block ends.
 
+    The handler is installed even where SIGINT was inherited as ignored (a shell's ``cmd &``
+    or a test runner started that way): a long command that can be resumed should stop
+    when it is told to, whatever started it.
+
     Library code can swallow the exception: ExecuTorch 1.5.1's lowering has a bare
     ``except:`` (``exir/program/_program.py``, ``keep``) run for every operator, so a
     Ctrl-C early in ``lower`` could be lost and the export would finish. Each stage of a
@@ -41,6 +45,12 @@ def remembered_interrupts() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, previous)
         _interrupted.clear()
+
+
+def interrupt_requested() -> bool:
+    """Whether Ctrl-C was pressed inside :func:`remembered_interrupts`, even if library code
+    swallowed the KeyboardInterrupt it raised."""
+    return _interrupted.is_set()
 
 
 def _libc():
