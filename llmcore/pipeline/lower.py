@@ -92,6 +92,7 @@ def lower(
     with stage_errors("lower", first_plugin, f"lowering to {names} failed", fix), ExitStack() as contexts:
         contexts.enter_context(lean_dependency_viewers())
         contexts.enter_context(legalize_in_place())
+        contexts.enter_context(constant_inputs_listed_once())
         for provided, opts in backends:
             if provided.record.while_lowering is not None:
                 contexts.enter_context(provided.record.while_lowering(opts))
@@ -251,6 +252,58 @@ def lean_dependency_viewers() -> Iterator[None]:
     finally:
         for owner, name, original in reversed(swapped):
             setattr(owner, name, original)
+
+
+# ---- matching nodes to a partitioner's configs ---------------------------------------------
+
+_CONFIG_PARTITIONER = "executorch.exir.backend.canonical_partitioners.config_partitioner"
+
+
+def constant_input_names(exported) -> frozenset:
+    """The graph inputs that are parameters, buffers or lifted constants: the names for which
+    ``torch._export.utils`` ``is_param``, ``is_buffer`` or ``is_lifted_tensor_constant`` holds."""
+    from torch.export.graph_signature import InputKind, TensorArgument
+
+    kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+    return frozenset(
+        s.arg.name for s in exported.graph_signature.input_specs
+        if s.kind in kinds and isinstance(s.arg, TensorArgument) and isinstance(s.target, str)
+    )
+
+
+@contextmanager
+def constant_inputs_listed_once() -> Iterator[None]:
+    """While a config-based partitioner (XNNPACK's) matches nodes, ``is_constant_data`` looks
+    names up in one set per program: ExecuTorch's asks the graph signature, which rebuilds
+    its parameter, buffer and constant mappings on every call, and it is called for every
+    node of every candidate partition (about 1 s of SmolLM2-135M's lowering). The program
+    does not change while nodes are matched."""
+    try:
+        module = importlib.import_module(_CONFIG_PARTITIONER)
+    except ImportError:
+        yield
+        return
+    partitioner = getattr(module, "ConfigerationBasedPartitioner", None)
+    original = vars(partitioner).get("get_matched_nodes_from_configs") if isinstance(partitioner, type) else None
+    if original is None or not callable(getattr(module, "is_constant_data", None)):
+        yield
+        return
+    is_constant_data = module.is_constant_data
+
+    def get_matched_nodes_from_configs(self, ep):
+        names = constant_input_names(ep)
+        module.is_constant_data = lambda program, node: (
+            node.name in names if program is ep else is_constant_data(program, node))
+        try:
+            return original(self, ep)
+        finally:
+            module.is_constant_data = is_constant_data
+
+    partitioner.get_matched_nodes_from_configs = get_matched_nodes_from_configs
+    try:
+        yield
+    finally:
+        partitioner.get_matched_nodes_from_configs = original
 
 
 # ---- cutting delegates out of the graph ----------------------------------------------------

@@ -115,12 +115,30 @@ def int8_gemm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
     return y if bias is None else y + bias
 
 
+def rounded_per_token(x: torch.Tensor) -> torch.Tensor:
+    """:func:`quantize_activations`' values, computed in a few fp32 operations.
+
+    For searches that round the same small activations hundreds of times: the decomposed
+    operators take 0.4-3.7 ms for a [128, 576-1536] input (they quantize in float64), this
+    0.08-0.12 ms. The two differ only where ``x / scale`` lies on a rounding tie in one
+    precision and not the other (about one value in a million, by one int8 step), which
+    does not move a search's choice; ``test_qlinear`` holds them to that."""
+    lo = x.amin(-1, keepdim=True).clamp(max=0)
+    hi = x.amax(-1, keepdim=True).clamp(min=0)
+    scale = ((hi - lo) / 255.0).clamp(min=torch.finfo(torch.float32).eps)
+    low, high = lo / scale, hi / scale
+    # the zero point of the end whose rounding error is smaller (XNNPACK's choice)
+    zero = torch.where(low + high > 1.0, -128.0 - low, 127.0 - high).clamp(-128, 127).round()
+    inverse = scale.double().reciprocal().float()  # the operator takes 1/scale in float64
+    return torch.round(x * inverse + zero).clamp_(-128, 127).sub_(zero).mul_(scale)
+
+
 def gemm_input(x: torch.Tensor, outlier_split: bool) -> torch.Tensor:
     """``x`` as :func:`int8_gemm`'s GEMM sees it after rounding (one row per token, or the
     sum of the two rounded rows of :func:`split_outliers`), for searches that score roundings."""
     if not outlier_split:
-        return quantize_activations(x)
-    return quantize_activations(split_outliers(x)).sum(1).reshape(x.shape)
+        return rounded_per_token(x)
+    return rounded_per_token(split_outliers(x)).sum(1).reshape(x.shape)
 
 
 def block_means(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -479,12 +497,15 @@ def int8_channels_activation_aware(weight: torch.Tensor, input_energy: torch.Ten
 
 def relative_error(approx, exact: torch.Tensor) -> float:
     """``||approx - exact|| / ||exact||`` (Frobenius): what a re-rounding costs a weight.
-    ``approx`` is a tensor or a layer with ``weight_values(rows)``, read a few rows at a time."""
+    ``approx`` is a tensor or a layer with ``weight_values(rows)``, read a few rows at a time.
+
+    In fp32: torch sums pairwise, so the figure agrees with a float64 sum to ~1e-7
+    relative, and it is 20x faster (1.1 s of SmolLM2's export was this line of its summary)."""
     values = approx.weight_values if callable(getattr(approx, "weight_values", None)) else approx.__getitem__
     diff = norm = 0.0
     for start in range(0, exact.shape[0], _ROWS):
-        rows = exact[start:start + _ROWS].detach().double()
-        diff += float((values(slice(start, start + _ROWS)).double() - rows).square().sum())
+        rows = exact[start:start + _ROWS].detach().float()
+        diff += float((values(slice(start, start + _ROWS)).float() - rows).square().sum())
         norm += float(rows.square().sum())
     return (diff ** 0.5) / max(norm ** 0.5, 1e-30)
 
