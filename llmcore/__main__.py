@@ -1,3 +1,3 @@
-from llmcore.cli import main
+from llmcore.cli import console_main
 
-raise SystemExit(main())
+raise SystemExit(console_main())

@@ -167,3 +167,64 @@ def test_legalize_order_is_torch_legalize_graph_order():
     theirs = [n.name for n in legalize_graph(gm).graph.nodes]
     assert any("assert" in name for name in theirs)
     assert ours == theirs
+
+
+
+class AllKinds(torch.nn.Module):
+    """A parameter, a buffer, a lifted constant and a user input."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.register_buffer("offset", torch.ones(4))
+        self.table = torch.arange(4.0)  # a plain tensor attribute: a lifted constant
+
+    def forward(self, x):
+        return self.linear(x) + self.offset + self.table
+
+
+def _is_constant(ep, node) -> bool:
+    from torch._export.utils import is_buffer, is_lifted_tensor_constant, is_param
+
+    return is_param(ep, node) or is_buffer(ep, node) or is_lifted_tensor_constant(ep, node)
+
+
+def test_constant_inputs_are_torchs_parameters_buffers_and_constants():
+    """The set the config partitioner's ``is_constant_data`` reads while lowering names
+    exactly the inputs torch's own ``is_param`` / ``is_buffer`` / ``is_lifted_tensor_constant``
+    accept."""
+    from llmcore.pipeline.lower import constant_input_names
+
+    ep = torch.export.export(AllKinds(), (torch.randn(2, 4),))
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    expected = {n.name for n in placeholders if _is_constant(ep, n)}
+    assert constant_input_names(ep) == expected and len(expected) == 4 and len(placeholders) == 5
+
+
+def test_constant_inputs_are_listed_once_only_while_matching_nodes():
+    """While a config partitioner matches nodes, ``is_constant_data`` gives torch's answers
+    for its program (from the set) and for any other; ExecuTorch's function is back after."""
+    from llmcore.pipeline.lower import constant_inputs_listed_once
+
+    config = pytest.importorskip("executorch.exir.backend.canonical_partitioners.config_partitioner")
+    partitioner = config.ConfigerationBasedPartitioner
+    original, is_constant_data = partitioner.get_matched_nodes_from_configs, config.is_constant_data
+    ep = torch.export.export(AllKinds(), (torch.randn(2, 4),))
+    other = torch.export.export(AllKinds(), (torch.randn(3, 4),))
+    answers = []
+
+    def matched(self, program):
+        answers.append(config.is_constant_data is not is_constant_data)
+        for p in (program, other):
+            answers.extend(config.is_constant_data(p, n) == _is_constant(p, n) for n in p.graph.nodes)
+        return []
+
+    partitioner.get_matched_nodes_from_configs = matched
+    try:
+        with constant_inputs_listed_once():
+            partitioner.get_matched_nodes_from_configs(object(), ep)
+        assert answers and all(answers)
+        assert config.is_constant_data is is_constant_data
+        assert partitioner.get_matched_nodes_from_configs is matched
+    finally:
+        partitioner.get_matched_nodes_from_configs = original
