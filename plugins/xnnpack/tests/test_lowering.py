@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
 
 import pytest
@@ -133,3 +134,35 @@ def test_pattern_passes_are_skipped_only_where_no_pattern_can_match():
                 if getattr(node.target, "__name__", None) != lowering.PATTERN_PASS_OPERATORS[pass_.__name__]:
                     without.call_function(node.target)
             assert not lowering.could_match(pass_, type("Program", (), {"graph": without}))
+
+
+def test_node_passes_are_skipped_only_where_their_operators_are_missing():
+    """Authority: the passes themselves. Each skippable node pass is one XNNPACK runs, and
+    where a pass lists the operators it rewrites, those are the ones ``could_match`` looks
+    for. (That a skipped pass would have changed nothing is what
+    ``test_same_program_as_executorch_lowering`` shows, byte for byte, against every pass run.)"""
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
+    from executorch.backends.xnnpack._passes.decompose_batch_norm import DecomposeBatchNorm
+    from executorch.backends.xnnpack._passes.fuse_activation_pass import FuseActivationPass
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    manager = XNNPACKPassManager.__new__(XNNPACKPassManager)
+    XNNPACKPassManager.__init__(manager, exported_program=None)
+    run = {p.__name__: p for p in manager.passes}
+    assert set(lowering.NODE_PASS_OPERATORS) <= set(run)
+    for pass_, listed in ((DecomposeBatchNorm, DecomposeBatchNorm.BATCH_NORM_OPS),
+                          (FuseActivationPass, FuseActivationPass.FUSEABLE_ACTIVATIONS)):
+        assert set(lowering.NODE_PASS_OPERATORS[pass_.__name__]) == {op.__name__ for op in listed}
+    for name, operators in lowering.NODE_PASS_OPERATORS.items():
+        source = inspect.getsource(run[name])  # each operator is one the pass looks for
+        assert all(op_name in source for op_name in operators), name
+        graph = torch.fx.Graph()
+        graph.call_function(exir_ops.edge.aten.add.Tensor)
+        holder = type("Program", (), {"graph": graph})
+        assert not lowering.could_match(run[name], holder)
+        for op_name in operators:
+            packet, overload = op_name.split(".")[1:]
+            with_op = torch.fx.Graph()
+            node = with_op.call_function(getattr(getattr(exir_ops.edge.aten, packet), overload))
+            assert getattr(node.target, "__name__", None) == op_name
+            assert lowering.could_match(run[name], type("Program", (), {"graph": with_op}))
