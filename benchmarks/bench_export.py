@@ -76,6 +76,9 @@ def run_one(spec: dict) -> None:
     if spec.get("checkpoint") == "smollm2":
         spec["checkpoint"] = smollm2_path()
     export(ExportOptions(plugins=["xnnpack"], max_seq_len=1024, quiet=True, **spec))
+    from llmcore.cli import freeze_before_exit
+
+    freeze_before_exit()  # the process ends as the llmcore command's does
 
 
 def smollm2_tokenizer(folder: Path) -> str:
