@@ -49,8 +49,8 @@ def export(options: ExportOptions, registry: Optional[Registry] = None) -> Expor
 # The cycle collector's first threshold during an export (Python's default: 700). Tracing
 # and lowering allocate and drop millions of graph objects; at 700, SmolLM2-135M's 8da4w
 # export made 3,811 young, 344 middle and 18 full collections on its own, 2.9 s, besides
-# the full collection before each stage. At 50,000: 51 young ones and no full one of its
-# own, 0.8 s; the peak RSS stayed 991 MiB (what it frees is freed a little later).
+# the full collection before each stage. At 50,000: a few dozen young ones and no full one
+# of its own, under 1 s; the peak RSS stayed 991 MiB (what it frees is freed a little later).
 EXPORT_GC_THRESHOLD = 50_000
 
 
