@@ -228,3 +228,36 @@ def test_constant_inputs_are_listed_once_only_while_matching_nodes():
         assert partitioner.get_matched_nodes_from_configs is matched
     finally:
         partitioner.get_matched_nodes_from_configs = original
+
+
+def _lowered_graph_alive(monkeypatch, forget: bool) -> bool:
+    import gc
+    import weakref
+
+    from llmcore.pipeline import lower
+    from llmcore.plugins import PluginInfo, Provided
+    from llmcore.records import Backend
+
+    xnnpack = pytest.importorskip("executorch.backends.xnnpack.partition.xnnpack_partitioner")
+    if not forget:
+        monkeypatch.setattr(lower, "forget_lowered_nodes", lambda: 0)
+    backend = Backend(name="cpu", description="XNNPACK", partitioners=lambda o: [xnnpack.XnnpackPartitioner()])
+    exported = torch.export.export(Branchy(), (torch.randn(2, 8), torch.randn(2, 8)))
+    edge = lower.lower(exported, [(Provided(backend, PluginInfo("test", "test")), {})], {})
+    graph = weakref.ref(edge.exported_program().graph_module)
+    del edge, exported
+    gc.collect()
+    return graph() is not None
+
+
+def test_a_lowered_program_is_freed_once_dropped(monkeypatch):
+    """ExecuTorch's lowering remembers nodes of the graph it lowered (the last node a
+    partitioner turned down, the cache of ``is_same_node``), which kept the whole lowered
+    program, delegates and constants, alive to the end of the export. Without
+    ``forget_lowered_nodes`` the graph module outlives the program here too."""
+    from executorch.exir.backend import utils
+
+    assert _lowered_graph_alive(monkeypatch, forget=False)
+    monkeypatch.undo()
+    assert not _lowered_graph_alive(monkeypatch, forget=True)
+    assert utils.is_same_node.cache_info().currsize == 0

@@ -19,11 +19,23 @@ def select_post_passes(registry: Registry, backends: list[str]) -> list[Provided
     return sorted(chosen, key=lambda p: (p.record.order, p.record.name))
 
 
+def called_operators(edge) -> set[str]:
+    """The names (``"aten::mm"``) of the operators the program's graph calls outside its
+    delegates."""
+    return {
+        node.target.name() for node in edge.exported_program().graph.nodes
+        if node.op == "call_function" and callable(getattr(node.target, "name", None))
+    }
+
+
 def apply_post_passes(edge, passes: list[Provided]):
     """Each pass re-traces the lowered program; delegate calls answer from their records
-    (:mod:`llmcore.pipeline.delegates`) instead of running their graphs again."""
+    (:mod:`llmcore.pipeline.delegates`) instead of running their graphs again. A pass that
+    names the operators it rewrites is skipped where the graph calls none of them."""
     for provided in passes:
         post: PostPass = provided.record
+        if post.rewrites and not called_operators(edge) & set(post.rewrites):
+            continue
         fix = "report it to the plugin's authors (--debug shows the traceback)."
         with stage_errors("post-passes", provided.plugin.name, f"post-pass {post.name!r} failed", fix), \
                 recorded_delegate_outputs():

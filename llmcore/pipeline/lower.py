@@ -10,6 +10,7 @@ import collections
 import importlib
 import logging
 import operator
+import sys
 from collections import Counter
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator
@@ -93,6 +94,7 @@ def lower(
         contexts.enter_context(lean_dependency_viewers())
         contexts.enter_context(legalize_in_place())
         contexts.enter_context(constant_inputs_listed_once())
+        contexts.callback(forget_lowered_nodes)
         for provided, opts in backends:
             if provided.record.while_lowering is not None:
                 contexts.enter_context(provided.record.while_lowering(opts))
@@ -252,6 +254,34 @@ def lean_dependency_viewers() -> Iterator[None]:
     finally:
         for owner, name, original in reversed(swapped):
             setattr(owner, name, original)
+
+
+# ---- what partitioners remember ------------------------------------------------------------
+
+
+def forget_lowered_nodes() -> int:
+    """Drop the references to graph nodes that ExecuTorch's lowering keeps in module-level
+    state once it is done; returns how many it dropped.
+
+    Two such places kept the whole lowered program alive after the export had let go of
+    it (on SmolLM2-135M: the graph, the 32 lowered layers and the program's top-level
+    constants, ~76 MiB, until the process ended, with every later collection walking them):
+    the ``WhyNoPartition`` loggers of XNNPACK's GEMM and node configs, each holding the last
+    node it turned down (read only by a debug message), and the unbounded cache of
+    ``executorch.exir.backend.utils.is_same_node``, keyed by pairs of nodes of every graph
+    it compared (reading it again only saves a comparison)."""
+    from executorch.exir.backend import utils
+
+    dropped = utils.is_same_node.cache_info().currsize
+    utils.is_same_node.cache_clear()
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("executorch.") or module is None:
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, utils.WhyNoPartition) and value.node is not None:
+                value.node = None
+                dropped += 1
+    return dropped
 
 
 # ---- matching nodes to a partitioner's configs ---------------------------------------------

@@ -654,10 +654,9 @@ def to_edge_transform_and_lower(exported, template, blocks: Blocks, partitioners
     (The name matters: partitioners warn that the graph was decomposed the old way unless
     this function name is on the stack, and here it was decomposed the new way.)
     """
-    from executorch.exir.program._program import EdgeProgramManager, _gen_edge_manager_for_partitioners
+    from executorch.exir.program._program import EdgeProgramManager
 
-    edge = _gen_edge_manager_for_partitioners({"forward": partitioners}, {"forward": template}, config, None)
-    whole = expand(edge.exported_program("forward"), exported, blocks)
+    whole = expand(edge_template(template, partitioners, config), exported, blocks)
     log.info("to_edge ran on %d of %d %s blocks (period %d); the other %d are copies",
              blocks.kept + 1, len(blocks.nodes), blocks.prefix, blocks.period, len(blocks.nodes) - blocks.kept - 1)
     manager = EdgeProgramManager(
@@ -670,3 +669,32 @@ def to_edge_transform_and_lower(exported, template, blocks: Blocks, partitioners
     for partitioner in partitioners:
         manager = manager.to_backend({"forward": partitioner})
     return manager
+
+
+def edge_template(template, partitioners: list, config):
+    """``template`` in the edge dialect, as ExecuTorch's ``_gen_edge_manager_for_partitioners``
+    gives it (and ``config`` as it leaves it), with one decomposition retrace where ExecuTorch
+    makes two.
+
+    ExecuTorch first functionalizes the program (``run_decompositions({})``, a whole
+    retrace), asks the partitioner which operators to keep, then decomposes the rest (a
+    second retrace). When a single partitioner keeps its operators without a filter (the
+    path ExecuTorch takes for it without ``EDGE_DO_NOT_DECOMP``), the second retrace
+    functionalizes as it decomposes, so the first is redundant: asked before it, the
+    partitioner names the same operators, since functionalizing rewrites only mutations,
+    which no partitioner keeps. Saves ~1 s on SmolLM2-135M's two kept blocks; the programs
+    are byte-identical (``plugins/xnnpack/tests/test_lowering.py`` compares this path with
+    ExecuTorch's whole-graph lowering). Any other case takes ExecuTorch's own function."""
+    from executorch.exir.program import _program as exir
+
+    program = exir._apply_pre_decomposition_transforms(template, partitioners)
+    kept, check = partitioners[0].ops_to_not_decompose(program) if len(partitioners) == 1 else ((), True)
+    if check is not None:
+        manager = exir._gen_edge_manager_for_partitioners({"forward": partitioners}, {"forward": template}, config, None)
+        return manager.exported_program("forward")
+    table = exir._default_decomposition_table()
+    preserved = [op for op in kept if table.pop(op, None) is not None]
+    program = program.run_decompositions(table)
+    log.info("to_edge functionalized and decomposed the kept blocks in one retrace")
+    config._core_aten_ops_exception_list = list(set(config._core_aten_ops_exception_list) | set(preserved))
+    return exir._generate_edge_program(config, program, preserve_ops=preserved)

@@ -82,6 +82,12 @@ def _per_token_reference(converted):
     return lean_weight_dequantize(per_token_activations(converted))
 
 
+# ConvertToLinearPass's ``targets``: it rewrites [add]mm and bmm nodes (and the permutes
+# that feed them) into linear; tests/test_xnnpack_post_passes.py checks the names against
+# the pass.
+CONVERT_TO_LINEAR_REWRITES = ("aten::mm", "aten::addmm", "aten::bmm")
+
+
 def _convert_to_linear():
     from executorch.backends.xnnpack._passes.convert_to_linear import ConvertToLinearPass
 
@@ -253,6 +259,7 @@ def llmcore_post_passes() -> list[PostPass]:
             description="fuse permute + mm/addmm left outside delegates back into linear",
             create=_convert_to_linear,
             backends=(BACKEND,),
+            rewrites=CONVERT_TO_LINEAR_REWRITES,
         )
     ]
 

@@ -3,8 +3,9 @@ program ExecuTorch would.
 
 Authority: the same export with every shortcut turned off, i.e. ExecuTorch's own
 ``to_edge_transform_and_lower`` on the whole graph, its own decomposition path, every
-XNNPACK preprocess pass on every partition, and every delegate's graph traced again by the
-post-passes and ``to_executorch`` (llmcore.pipeline.delegates). The `.pte` files must be identical byte for
+XNNPACK preprocess pass on every partition, every post-pass run (none skipped for want of
+its operators), and every delegate's graph traced again by the post-passes and
+``to_executorch`` (llmcore.pipeline.delegates). The `.pte` files must be identical byte for
 byte, so every delegate, every constant and the graph around them are what they were.
 """
 
@@ -19,7 +20,7 @@ import logging
 import pytest
 import torch
 
-from llmcore.pipeline import delegates, lower
+from llmcore.pipeline import delegates, emit, lower
 from llmcore.testing.conformance import export_tiny
 from llmcore_xnnpack import lowering
 
@@ -80,6 +81,17 @@ def _ops_to_not_decompose_unchanged(ep, ops, keep):
     return ops, keep
 
 
+class _EveryOperator(set):
+    """Called operators that include whatever a post-pass rewrites: every post-pass runs."""
+
+    def __and__(self, other):
+        return set(other)
+
+
+def _every_operator(edge):
+    return _EveryOperator()
+
+
 def _trace_every_delegate(lowered_module, args):
     raise delegates._Unrecorded("the reference traces every delegate call, as ExecuTorch does")
 
@@ -98,12 +110,15 @@ def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, fami
     assert transplanted > 0 or not converted, summary[0]
     copied = [m for m in messages if m.startswith(f"to_edge ran on {converted} of {layers} ")]
     assert bool(copied) == bool(converted), [m for m in messages if "whole graph" in m or "to_edge ran" in m]
+    one_retrace = [m for m in messages if "decomposed the kept blocks in one retrace" in m]
+    assert bool(one_retrace) == bool(converted)
 
     with monkeypatch.context() as m:
         m.setattr(lowering, "ops_to_not_decompose", _ops_to_not_decompose_unchanged)
         m.setattr(lowering, "remembered_passes", contextlib.nullcontext)
         m.setattr(lower, "lower", _whole_graph(lower.lower))
         m.setattr(delegates, "recorded_outputs", _trace_every_delegate)
+        m.setattr(emit, "called_operators", _every_operator)
         reference = _export(tmp_path, "reference", family, quantize)
 
     fast_bytes = fast.pte.read_bytes()
