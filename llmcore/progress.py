@@ -77,9 +77,51 @@ def limit_heap_fragmentation() -> None:
     so weight-sized tensors land on the heap, and a heap with holes cannot shrink: an
     export that replaces its float weights (quantization, lowering) kept the dead ones
     resident, ~400 MB more peak memory for SmolLM2-135M."""
+    global _heap_limited
     libc = _libc()
     if libc is not None:
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        _heap_limited = True
+
+
+# Allocations a :func:`heap_for_temporaries` scope serves from the heap: up to glibc's own
+# ceiling for the threshold (32 MiB on 64-bit systems).
+TEMPORARIES_THRESHOLD = 32 * 2**20
+_temporaries_depth = 0
+_heap_limited = False  # whether limit_heap_fragmentation set the threshold in this process
+
+
+@contextmanager
+def heap_for_temporaries() -> Iterator[None]:
+    """Let a loop that makes and drops many temporaries reuse heap pages, then hand back
+    what it freed.
+
+    Under :func:`limit_heap_fragmentation` every allocation of 128 KiB or more is a fresh
+    mapping, and the kernel zero-fills each of its pages on first touch. A quantizer's
+    search allocates such temporaries thousands of times: SmolLM2-135M's ``8da4w`` quantize
+    stage took 2.5 million page faults, 6 s of system time on 2 cores. Inside this scope
+    allocations up to :data:`TEMPORARIES_THRESHOLD` come from the heap, whose freed pages
+    the next temporary reuses; when the outermost scope ends, the threshold is restored and
+    the free pages go back to the system (``malloc_trim``), so the dead temporaries stay
+    off the peak. Tensors that outlive the loop are best allocated before it: one left
+    among the temporaries only keeps its own pages. Scopes nest; a no-op where
+    :func:`limit_heap_fragmentation` has not set the threshold (glibc's own moving one then
+    serves repeated temporaries from the heap already), or without glibc."""
+    global _temporaries_depth
+    libc = _libc()
+    if libc is None or not _heap_limited:
+        yield
+        return
+    if _temporaries_depth == 0:
+        libc.mallopt(M_MMAP_THRESHOLD, TEMPORARIES_THRESHOLD)
+    _temporaries_depth += 1
+    try:
+        yield
+    finally:
+        _temporaries_depth -= 1
+        if _temporaries_depth == 0:
+            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+            libc.malloc_trim(0)
 
 
 def return_free_memory() -> None:

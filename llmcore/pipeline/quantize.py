@@ -15,6 +15,7 @@ import torch
 from llmcore.errors import LlmcoreError, read_text_file, stage_errors
 from llmcore.pipeline.parity import buffers_restored
 from llmcore.plugins import Provided, Registry
+from llmcore.progress import heap_for_temporaries
 from llmcore.recipe import check_plugin_options
 from llmcore.runtime import captured_stderr
 from llmcore.records import Calibration, QuantizerRecipe
@@ -115,7 +116,7 @@ def calibration_for(
         # over the cache), and each call's logits, [tokens, vocab], stay small: 461 tokens in
         # one call held 90 MiB of SmolLM2 logits at the quantize stage's peak.
         step = min(call_len, CALIBRATION_CALL_TOKENS) if use_kv_cache else call_len
-        with buffers_restored(module), torch.no_grad(), captured_stderr():
+        with buffers_restored(module), torch.no_grad(), captured_stderr(), heap_for_temporaries():
             for start in range(0, len(ids), step):
                 tokens = torch.tensor([ids[start:start + step]], dtype=torch.long)
                 if use_kv_cache:

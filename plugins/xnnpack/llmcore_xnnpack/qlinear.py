@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmcore.modules import static_shape
+from llmcore.progress import heap_for_temporaries
 
 # Importing this module registers the quantized_decomposed ops with torch.
 import torch.ao.quantization.fx._decomposed  # noqa: F401
@@ -337,15 +338,16 @@ def int4_blocks_activation_aware(
     energy = _energy_weights(input_energy).reshape(blocks, block)
     q = torch.empty(w.shape, dtype=torch.int8)
     scales = torch.empty(out_features, blocks)
-    for start in range(0, out_features, _ROWS):
-        wb = w[start:start + _ROWS].reshape(-1, blocks, block)
-        amax = wb.abs().amax(-1).clamp(min=1e-12)
-        candidates = ((amax * (fraction / 7.5)).to(torch.bfloat16).float() for fraction in _SCALE_FRACTIONS)
-        best_d = _least_output_error(wb, energy, candidates, -8, 7)
-        scaled = wb * best_d.reciprocal().unsqueeze(-1)
-        rows = slice(start, start + wb.shape[0])
-        q[rows] = torch.round(scaled).clamp_(-8, 7).to(torch.int8).reshape(-1, in_features)
-        scales[rows] = best_d
+    with heap_for_temporaries():
+        for start in range(0, out_features, _ROWS):
+            wb = w[start:start + _ROWS].reshape(-1, blocks, block)
+            amax = wb.abs().amax(-1).clamp(min=1e-12)
+            candidates = ((amax * (fraction / 7.5)).to(torch.bfloat16).float() for fraction in _SCALE_FRACTIONS)
+            best_d = _least_output_error(wb, energy, candidates, -8, 7)
+            scaled = wb * best_d.reciprocal().unsqueeze(-1)
+            rows = slice(start, start + wb.shape[0])
+            q[rows] = torch.round(scaled).clamp_(-8, 7).to(torch.int8).reshape(-1, in_features)
+            scales[rows] = best_d
     return q, scales
 
 
@@ -485,13 +487,14 @@ def int8_channels_activation_aware(weight: torch.Tensor, input_energy: torch.Ten
     energy = _energy_weights(input_energy).reshape(1, in_features)  # one group: the whole row
     q = torch.empty(w.shape, dtype=torch.int8)
     scales = torch.empty(out_features, dtype=torch.float32)
-    for start in range(0, out_features, _ROWS):
-        rows = w[start:start + _ROWS].float()
-        amax = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
-        candidates = (amax * (fraction / 127.0) for fraction in _INT8_SCALE_FRACTIONS)
-        best_d = _least_output_error(rows.unsqueeze(1), energy, candidates, -127, 127).squeeze(1)
-        q[start:start + _ROWS] = torch.round(rows / best_d.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
-        scales[start:start + _ROWS] = best_d
+    with heap_for_temporaries():
+        for start in range(0, out_features, _ROWS):
+            rows = w[start:start + _ROWS].float()
+            amax = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+            candidates = (amax * (fraction / 127.0) for fraction in _INT8_SCALE_FRACTIONS)
+            best_d = _least_output_error(rows.unsqueeze(1), energy, candidates, -127, 127).squeeze(1)
+            q[start:start + _ROWS] = torch.round(rows / best_d.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
+            scales[start:start + _ROWS] = best_d
     return q, scales
 
 
@@ -503,10 +506,11 @@ def relative_error(approx, exact: torch.Tensor) -> float:
     relative, and it is 20x faster (1.1 s of SmolLM2's export was this line of its summary)."""
     values = approx.weight_values if callable(getattr(approx, "weight_values", None)) else approx.__getitem__
     diff = norm = 0.0
-    for start in range(0, exact.shape[0], _ROWS):
-        rows = exact[start:start + _ROWS].detach().float()
-        diff += float((values(slice(start, start + _ROWS)).float() - rows).square().sum())
-        norm += float(rows.square().sum())
+    with heap_for_temporaries():
+        for start in range(0, exact.shape[0], _ROWS):
+            rows = exact[start:start + _ROWS].detach().float()
+            diff += float((values(slice(start, start + _ROWS)).float() - rows).square().sum())
+            norm += float(rows.square().sum())
     return (diff ** 0.5) / max(norm ** 0.5, 1e-30)
 
 
