@@ -195,6 +195,26 @@ def use_threads(count: int) -> None:
         reset(count)
 
 
+@contextmanager
+def torch_on_one_thread() -> Iterator[None]:
+    """Run PyTorch's own ops on one thread for a while (ExecuTorch's pool is not touched).
+
+    For series of small memory-bound ops (dequantizing a checkpoint, a quantizer's scale
+    searches) a second thread gains little on an idle 2-core machine, and loses badly
+    where the cores are busy (a GGUF's dequantization: 0.6 s on one thread, 6-8 s on two
+    on a loaded host) or where OpenMP has stopped spinning: once eager PyTorch has run
+    ExecuTorch's LLM custom ops (an export's calibration), their pool threads have OpenMP
+    teams of their own, libgomp manages more threads than there are cores and wakes its
+    helpers with system calls on every op. The int4 scale search then took 23 ms per
+    576x576 matrix on two threads, 7 ms on one (6 ms on two before the custom ops ran)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def runtime_threads() -> int:
     """How many threads the runtime's CPU pool has now (what ``llmcore run --json`` reports)."""
     from executorch.extension.pybindings import portable_lib

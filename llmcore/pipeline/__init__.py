@@ -132,7 +132,7 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
     context = TransformContext(
         metadata=meta, max_seq_len=max_seq_len, family=options.model, backends=tuple(options.plugins)
     )
-    with log.stage("transform"):
+    with log.stage("transform", collect=False):  # load drops no graph
         applied = transform.apply_transforms(loaded, transforms, context)
     module = loaded.module.eval()
     # tokens per call: the context, unless the cache takes fewer at once (ring buffers)
@@ -140,7 +140,7 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
     prompt_ids = prompt_ids[:call_len]
 
     if recipe is not None and recipe.record.source_quantize is not None:
-        with log.stage("quantize"):
+        with log.stage("quantize", collect=False):  # the transforms swap modules, no graph
             calibration = quantize.calibration_for(
                 lambda text: text_ids(tokenizer, text, meta), max_seq_len, call_len, context.use_kv_cache,
                 recipe.record.name,
@@ -148,7 +148,7 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
             module = quantize.quantize_source(module, recipe, recipe_options, calibration)
 
     inputs = capture.example_inputs(prompt_ids, context.use_kv_cache)
-    with log.stage("export"):
+    with log.stage("export", collect=False):  # quantize's float layers went with their last reference
         exported = capture.capture(module, inputs, call_len, context.use_kv_cache, family=options.model)
     reference, reference_name = module, "eager PyTorch"
     if recipe is not None:
@@ -252,7 +252,7 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
                 "etrecord": options.etrecord,
             },
         }
-        with log.stage("write"):
+        with log.stage("write", collect=False):  # the parity run drops no graph
             bundle.stage(tokenizer_path, tokenizer.json_text)
             bundle.stage(tokenizer_path.with_name(chat.CONFIG_FILE), _tokenizer_config(tokenizer, meta))
             data["stages"] = log.as_dicts()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 from llmcore.errors import stage_errors
 from llmcore.pipeline.delegates import recorded_delegate_outputs
@@ -59,7 +60,8 @@ def to_executorch(edge, etrecord_path: Optional[str] = None, edge_copy: Any = No
         run_reinplace_pass=True,
     )
     fix = "run with --debug for the traceback; a post-pass or backend left the graph in a state ExecuTorch cannot plan."
-    with stage_errors("emit", None, "to_executorch failed", fix), recorded_delegate_outputs():
+    with stage_errors("emit", None, "to_executorch failed", fix), recorded_delegate_outputs(), \
+            quant_fusion_only_where_quantized():
         program = edge.to_executorch(config)
     if etrecord_path and edge_copy is not None:
         from executorch.devtools import generate_etrecord
@@ -76,3 +78,50 @@ def to_executorch(edge, etrecord_path: Optional[str] = None, edge_copy: Any = No
 def copy_for_etrecord(edge):
     """ETRecord wants the edge program as it was before to_executorch mutated it."""
     return copy.deepcopy(edge)
+
+
+# Operator namespaces whose quantize / dequantize operators every pattern of ExecuTorch's
+# QuantFusionPass starts from (tests/test_post_passes.py checks its patterns).
+QUANTIZE_NAMESPACES = ("quantized_decomposed", "torchao")
+
+
+def is_quantize_operator(node) -> bool:
+    """Whether ``node`` calls a quantize or dequantize operator (``quantized_decomposed::
+    dequantize_per_tensor``, ``torchao::dequantize_affine``, ...)."""
+    name = getattr(node.target, "name", None)
+    if node.op != "call_function" or not callable(name):
+        return False
+    namespace, _, op = str(name()).partition("::")
+    return namespace in QUANTIZE_NAMESPACES and "quantize" in op
+
+
+@contextmanager
+def quant_fusion_only_where_quantized() -> Iterator[None]:
+    """``to_executorch``'s quant fusion, skipped on a graph it cannot change.
+
+    ``do_quant_fusion_and_const_prop`` first runs ExecuTorch's QuantFusionPass, which
+    matches 23 patterns, each starting from a quantize or dequantize operator, over the
+    graph outside the delegates (0.6 s on SmolLM2-135M, whose delegates hold every such
+    operator), then propagates constants. Where the graph calls no quantize or dequantize
+    operator, reads no dtype through ``getattr`` and has every node's value, the pass does
+    nothing but drop dead code: that, and the constant propagation, is what runs instead.
+    The programs are byte-identical (``plugins/xnnpack/tests/test_lowering.py`` compares
+    them with the pass run)."""
+    from executorch.exir.passes.constant_prop_pass import constant_prop_pass
+    from executorch.exir.program import _program
+
+    original = _program.quant_fusion_and_const_prop_pass
+
+    def fusion_where_quantized(program):
+        nodes = [n for n in program.graph_module.graph.nodes if n.op == "call_function"]
+        if any(is_quantize_operator(n) or n.target is getattr or "val" not in n.meta for n in nodes):
+            return original(program)
+        program.graph_module.graph.eliminate_dead_code()
+        program.graph_module.recompile()
+        return constant_prop_pass(program)
+
+    _program.quant_fusion_and_const_prop_pass = fusion_where_quantized
+    try:
+        yield
+    finally:
+        _program.quant_fusion_and_const_prop_pass = original

@@ -116,13 +116,16 @@ def calibration_for(
         # over the cache), and each call's logits, [tokens, vocab], stay small: 461 tokens in
         # one call held 90 MiB of SmolLM2 logits at the quantize stage's peak.
         step = min(call_len, CALIBRATION_CALL_TOKENS) if use_kv_cache else call_len
-        with buffers_restored(module), torch.no_grad(), captured_stderr(), heap_for_temporaries():
+        with buffers_restored(module), torch.no_grad(), captured_stderr():
             for start in range(0, len(ids), step):
                 tokens = torch.tensor([ids[start:start + step]], dtype=torch.long)
-                if use_kv_cache:
-                    module(tokens, torch.tensor([start], dtype=torch.long))
-                else:
-                    module(tokens)
+                # the hooks' and searches' temporaries reuse heap pages within a call, and
+                # what a call leaves free goes back before the next
+                with heap_for_temporaries():
+                    if use_kv_cache:
+                        module(tokens, torch.tensor([start], dtype=torch.long))
+                    else:
+                        module(tokens)
         return len(ids)
 
     return Calibration(token_ids, run)

@@ -22,6 +22,7 @@ import torch
 from llmcore.checkpoints import check_state_dict
 from llmcore.errors import LlmcoreError
 from llmcore.records import LoadedModel, LoadOptions, ModelMetadata, Tokenizer
+from llmcore.runtime import torch_on_one_thread
 
 from . import formats, keys, quants
 from .config import LlamaConfig, RopeScaling, hidden_dim_from_meta_params
@@ -966,7 +967,7 @@ def load_gguf(path: Path, options: LoadOptions, arch: GGUFArchitecture = LLAMA_G
 
     sd = {}
     stored = {}  # the quantized matrices' own integers, for recipes that keep them
-    with quants.single_threaded():
+    with torch_on_one_thread():  # small memory-bound ops
         for name, entry in tensors.items():
             if name not in names:
                 continue

@@ -26,7 +26,6 @@ Block sizes come from ``gguf.GGML_QUANT_SIZES``.
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
 from typing import Callable
 
 import gguf
@@ -301,22 +300,6 @@ def _dequantize_with_gguf(raw, qtype: int) -> torch.Tensor:
         _warned.add(qtype)
         log.warning("GGUF tensors of type %s are dequantized by gguf.quants, the slow path (numpy)", name)
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(-1))
-
-
-@contextmanager
-def single_threaded():
-    """Run torch ops on one thread for a while.
-
-    Dequantising is a series of small memory-bound ops; with intra-op threads they gain
-    little on an idle machine and lose badly on a busy one (measured: 0.6 s on one thread
-    vs 6-8 s on two for SmolLM2-135M on a loaded 2-core host).
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def type_name(qtype: int) -> str:

@@ -338,9 +338,9 @@ def int4_blocks_activation_aware(
     energy = _energy_weights(input_energy).reshape(blocks, block)
     q = torch.empty(w.shape, dtype=torch.int8)
     scales = torch.empty(out_features, blocks)
-    with heap_for_temporaries():
-        for start in range(0, out_features, _ROWS):
-            wb = w[start:start + _ROWS].reshape(-1, blocks, block)
+    with heap_for_temporaries(give_back=False):
+        for start in range(0, out_features, _SEARCH_ROWS):
+            wb = w[start:start + _SEARCH_ROWS].reshape(-1, blocks, block)
             amax = wb.abs().amax(-1).clamp(min=1e-12)
             candidates = ((amax * (fraction / 7.5)).to(torch.bfloat16).float() for fraction in _SCALE_FRACTIONS)
             best_d = _least_output_error(wb, energy, candidates, -8, 7)
@@ -455,6 +455,11 @@ def _affine_round(w: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Te
 # Rows per step of the per-channel work on a large matrix (the 49152 x 576 output layer):
 # float temporaries of a whole matrix would add several hundred MiB to the export's peak.
 _ROWS = 4096
+# Rows per step of the scale searches and the error sums, which make a dozen temporaries
+# per step: 512 rows (~1-3 MiB each) run as fast as 4096 and leave a few MiB of heap pages
+# to reuse inside ``heap_for_temporaries`` (SmolLM2's 8da4w quantize stage: 0.75 M page
+# faults fewer). The results do not depend on the step: every row is computed alone.
+_SEARCH_ROWS = 512
 
 
 def int8_channels(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -487,14 +492,14 @@ def int8_channels_activation_aware(weight: torch.Tensor, input_energy: torch.Ten
     energy = _energy_weights(input_energy).reshape(1, in_features)  # one group: the whole row
     q = torch.empty(w.shape, dtype=torch.int8)
     scales = torch.empty(out_features, dtype=torch.float32)
-    with heap_for_temporaries():
-        for start in range(0, out_features, _ROWS):
-            rows = w[start:start + _ROWS].float()
+    with heap_for_temporaries(give_back=False):
+        for start in range(0, out_features, _SEARCH_ROWS):
+            rows = w[start:start + _SEARCH_ROWS].float()
             amax = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
             candidates = (amax * (fraction / 127.0) for fraction in _INT8_SCALE_FRACTIONS)
             best_d = _least_output_error(rows.unsqueeze(1), energy, candidates, -127, 127).squeeze(1)
-            q[start:start + _ROWS] = torch.round(rows / best_d.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
-            scales[start:start + _ROWS] = best_d
+            q[start:start + _SEARCH_ROWS] = torch.round(rows / best_d.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
+            scales[start:start + _SEARCH_ROWS] = best_d
     return q, scales
 
 
@@ -506,10 +511,10 @@ def relative_error(approx, exact: torch.Tensor) -> float:
     relative, and it is 20x faster (1.1 s of SmolLM2's export was this line of its summary)."""
     values = approx.weight_values if callable(getattr(approx, "weight_values", None)) else approx.__getitem__
     diff = norm = 0.0
-    with heap_for_temporaries():
-        for start in range(0, exact.shape[0], _ROWS):
-            rows = exact[start:start + _ROWS].detach().float()
-            diff += float((values(slice(start, start + _ROWS)).float() - rows).square().sum())
+    with heap_for_temporaries(give_back=False):
+        for start in range(0, exact.shape[0], _SEARCH_ROWS):
+            rows = exact[start:start + _SEARCH_ROWS].detach().float()
+            diff += float((values(slice(start, start + _SEARCH_ROWS)).float() - rows).square().sum())
             norm += float(rows.square().sum())
     return (diff ** 0.5) / max(norm ** 0.5, 1e-30)
 

@@ -35,6 +35,7 @@ from torch import nn
 from llmcore import channel_scales
 from llmcore.errors import LlmcoreError
 from llmcore.records import Calibration
+from llmcore.runtime import torch_on_one_thread
 from llmcore.stored import IntegerWeight, stored_form
 from llmcore_xnnpack import qlinear
 from llmcore_xnnpack.torchao_quant import (
@@ -238,35 +239,38 @@ def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calib
     search = _channel_scale_search(module, options, 4) if calibrated and options["awq"] else None
     energies, calibration_note = _calibrate("8da4w", module, aware, options, calibration, calibrated, why_not, search)
     summary = _Summary("8da4w", options)
-    if calibrated and options["awq"]:
-        summary.notes.append(_fold(module, search, energies, calibration, options))
-    kept = []
-    for name in _linear_names(module):
-        linear = module.get_submodule(name)
-        w = linear.weight.detach().float()
-        if name in outputs and options["output_bits"] == 8:
-            new = _int8_layer(linear, w, options["outlier_split"])
-            summary.add("output layer int8 per channel", new, w)
-        else:
-            block = _int4_block(linear, options["group_size"])
-            if block is None:
-                kept.append(name)
-                continue
-            if options["asymmetric"]:
-                q, scales, offsets = qlinear.int4_blocks_affine(w, block)
-                kind = "asymmetric int4"
-            elif name in energies:
-                q, scales = qlinear.int4_blocks_activation_aware(w, block, energies.pop(name))
-                offsets, kind = None, f"int4 (activation-aware scales{calibration_note})"
+    # the searches after the calibration run, which left two torch threads slower than one
+    # (llmcore.runtime.torch_on_one_thread); the programs are the same on any thread count
+    with torch_on_one_thread():
+        if calibrated and options["awq"]:
+            summary.notes.append(_fold(module, search, energies, calibration, options))
+        kept = []
+        for name in _linear_names(module):
+            linear = module.get_submodule(name)
+            w = linear.weight.detach().float()
+            if name in outputs and options["output_bits"] == 8:
+                new = _int8_layer(linear, w, options["outlier_split"])
+                summary.add("output layer int8 per channel", new, w)
             else:
-                q, scales = qlinear.int4_blocks(w, block, options["hqq"])
-                offsets, kind = None, "int4" + (" (HQQ scales)" if options["hqq"] else "")
-            new = qlinear.BlockInt4Linear(q, scales, offsets, linear.bias, options["outlier_split"])
-            summary.add(f"linears {kind} (block {new.block})", new, w)
-        _replace(module, name, new)
-    if options["embedding_bits"]:  # last: its int8 copy is not held beside every float linear
-        quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"],
-                            "hqq_scale_only" if options["hqq"] else "affine")
+                block = _int4_block(linear, options["group_size"])
+                if block is None:
+                    kept.append(name)
+                    continue
+                if options["asymmetric"]:
+                    q, scales, offsets = qlinear.int4_blocks_affine(w, block)
+                    kind = "asymmetric int4"
+                elif name in energies:
+                    q, scales = qlinear.int4_blocks_activation_aware(w, block, energies.pop(name))
+                    offsets, kind = None, f"int4 (activation-aware scales{calibration_note})"
+                else:
+                    q, scales = qlinear.int4_blocks(w, block, options["hqq"])
+                    offsets, kind = None, "int4" + (" (HQQ scales)" if options["hqq"] else "")
+                new = qlinear.BlockInt4Linear(q, scales, offsets, linear.bias, options["outlier_split"])
+                summary.add(f"linears {kind} (block {new.block})", new, w)
+            _replace(module, name, new)
+        if options["embedding_bits"]:  # last: its int8 copy is not held beside every float linear
+            quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"],
+                                "hqq_scale_only" if options["hqq"] else "affine")
     if kept:
         log.warning(
             "8da4w: %d linear layer(s) kept in fp32, their in-features not being a multiple of %d: %s",
@@ -285,19 +289,19 @@ def quantize_8da8w(module: nn.Module, options: dict, calibration: Optional[Calib
     energies, calibration_note = _calibrate(
         "8da8w", module, _linear_names(module) if options["activation_aware"] else [], options, calibration,
         calibrated, "activation_aware=false and awq=false", search)
-    notes = [_fold(module, search, energies, calibration, options)] if options["awq"] else []
-    if options["embedding_bits"]:
-        quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"])
     summary = _Summary("8da8w", options)
-    summary.notes += notes
-    for name in _linear_names(module):
-        linear = module.get_submodule(name)
-        w = linear.weight.detach().float()
-        energy = energies.pop(name, None)
-        new = _int8_layer(linear, w, options["outlier_split"], energy)
-        scales = f" (activation-aware scales{calibration_note})" if energy is not None else ""
-        summary.add(f"linears int8 per channel{scales}", new, w)
-        _replace(module, name, new)
+    with torch_on_one_thread():  # as in quantize_8da4w
+        summary.notes += [_fold(module, search, energies, calibration, options)] if options["awq"] else []
+        if options["embedding_bits"]:
+            quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"])
+        for name in _linear_names(module):
+            linear = module.get_submodule(name)
+            w = linear.weight.detach().float()
+            energy = energies.pop(name, None)
+            new = _int8_layer(linear, w, options["outlier_split"], energy)
+            scales = f" (activation-aware scales{calibration_note})" if energy is not None else ""
+            summary.add(f"linears int8 per channel{scales}", new, w)
+            _replace(module, name, new)
     log.warning("%s", summary.line())
     return module
 

@@ -4,8 +4,8 @@ program ExecuTorch would.
 Authority: the same export with every shortcut turned off, i.e. ExecuTorch's own
 ``to_edge_transform_and_lower`` on the whole graph, its own decomposition path, every
 XNNPACK preprocess pass on every partition, every post-pass run (none skipped for want of
-its operators), and every delegate's graph traced again by the post-passes and
-``to_executorch`` (llmcore.pipeline.delegates). The `.pte` files must be identical byte for
+its operators), ``to_executorch``'s quant fusion pass run, and every delegate's graph traced
+again by the post-passes and ``to_executorch`` (llmcore.pipeline.delegates). The `.pte` files must be identical byte for
 byte, so every delegate, every constant and the graph around them are what they were.
 """
 
@@ -119,6 +119,7 @@ def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, fami
         m.setattr(lower, "lower", _whole_graph(lower.lower))
         m.setattr(delegates, "recorded_outputs", _trace_every_delegate)
         m.setattr(emit, "called_operators", _every_operator)
+        m.setattr(emit, "quant_fusion_only_where_quantized", contextlib.nullcontext)
         reference = _export(tmp_path, "reference", family, quantize)
 
     fast_bytes = fast.pte.read_bytes()
