@@ -202,11 +202,12 @@ def torch_on_one_thread() -> Iterator[None]:
     For series of small memory-bound ops (dequantizing a checkpoint, a quantizer's scale
     searches) a second thread gains little on an idle 2-core machine, and loses badly
     where the cores are busy (a GGUF's dequantization: 0.6 s on one thread, 6-8 s on two
-    on a loaded host) or where OpenMP has stopped spinning: once eager PyTorch has run
-    ExecuTorch's LLM custom ops (an export's calibration), their pool threads have OpenMP
-    teams of their own, libgomp manages more threads than there are cores and wakes its
-    helpers with system calls on every op. The int4 scale search then took 23 ms per
-    576x576 matrix on two threads, 7 ms on one (6 ms on two before the custom ops ran)."""
+    on a loaded host) or where OpenMP has stopped spinning. Once eager PyTorch has run
+    ExecuTorch's LLM custom ops (an export's calibration), two-thread ops wake their helper
+    with a system call each time (~375 context switches per int4 search of a 576x576
+    matrix): it took 23-25 ms on two threads, 7 ms on one, 6 ms on two before the ops ran.
+    The likely cause: the runtime pool's workers start OpenMP teams of their own for BLAS,
+    and libgomp, managing more threads than cores, stops letting idle ones spin."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
