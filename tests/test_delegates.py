@@ -24,7 +24,14 @@ def _lowered_tiny_llama(monkeypatch):
 
     lowered = []
     original = lower.lower
-    monkeypatch.setattr(lower, "lower", lambda *a, **k: lowered.append(copy.deepcopy(original(*a, **k))) or lowered[-1])
+
+    def keeping_a_copy(*args, **kwargs):
+        # a copy: to_executorch rewrites the program it is handed (out variants) in place
+        result = original(*args, **kwargs)
+        lowered.append(copy.deepcopy(result))
+        return result
+
+    monkeypatch.setattr(lower, "lower", keeping_a_copy)
     export_tiny("xnnpack", "llama", quantize="8da4w", cache=False)
     return lowered[0]
 
