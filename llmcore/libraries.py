@@ -68,9 +68,20 @@ def missing_operators(data: Any) -> list[str]:
     return unregistered(program_operators(data))
 
 
+def operator_name(target: Any) -> Optional[str]:
+    """``namespace::name`` of an ATen or edge-dialect operator (the edge dialect wraps the
+    ATen one); None for anything else a node may call."""
+    import torch
+
+    if not isinstance(target, torch._ops.OpOverload):
+        target = getattr(target, "_op", None)
+    return target._schema.name if isinstance(target, torch._ops.OpOverload) else None
+
+
 def graph_operators(exported: Any) -> set[str]:
-    """``namespace::name`` of the operators an ``ExportedProgram`` calls, including those
-    wrapped by ``auto_functionalized`` (mutating custom ops)."""
+    """``namespace::name`` of the operators an ``ExportedProgram`` calls (ATen or edge
+    dialect; a lowered program's delegates not looked into), including those wrapped by
+    ``auto_functionalized`` (mutating custom ops)."""
     import torch
 
     names: set[str] = set()
@@ -80,9 +91,7 @@ def graph_operators(exported: Any) -> set[str]:
         targets = [node.target]
         if isinstance(node.target, torch._ops.HigherOrderOperator) and node.args:
             targets.append(node.args[0])
-        for target in targets:
-            if isinstance(target, torch._ops.OpOverload):
-                names.add(target._schema.name)
+        names.update(name for name in map(operator_name, targets) if name is not None)
     return names
 
 

@@ -89,7 +89,8 @@ def limit_heap_fragmentation() -> None:
 # Allocations a :func:`heap_for_temporaries` scope serves from the heap: a search's many
 # temporaries; larger ones (a calibration call's 25 MiB of logits) keep their own mappings.
 # SmolLM2 8da4w's peak over three exports: 988-1006 MiB, against 989-997 MiB without the
-# scopes; with 32 MiB here and one scope over the whole calibration, 1005-1021 MiB.
+# calibration's scopes; with 32 MiB here and one scope over the whole calibration,
+# 1005-1021 MiB.
 TEMPORARIES_THRESHOLD = 4 * 2**20
 _temporaries_depth = 0
 _heap_limited = False  # whether limit_heap_fragmentation set the threshold in this process

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 from llmcore.errors import stage_errors
+from llmcore.libraries import graph_operators, operator_name
 from llmcore.pipeline.delegates import recorded_delegate_outputs
 from llmcore.plugins import Provided, Registry
 from llmcore.records import PostPass
@@ -23,10 +24,7 @@ def select_post_passes(registry: Registry, backends: list[str]) -> list[Provided
 def called_operators(edge) -> set[str]:
     """The names (``"aten::mm"``) of the operators the program's graph calls outside its
     delegates."""
-    return {
-        node.target.name() for node in edge.exported_program().graph.nodes
-        if node.op == "call_function" and callable(getattr(node.target, "name", None))
-    }
+    return graph_operators(edge.exported_program())
 
 
 def apply_post_passes(edge, passes: list[Provided]):
@@ -88,10 +86,10 @@ QUANTIZE_NAMESPACES = ("quantized_decomposed", "torchao")
 def is_quantize_operator(node) -> bool:
     """Whether ``node`` calls a quantize or dequantize operator (``quantized_decomposed::
     dequantize_per_tensor``, ``torchao::dequantize_affine``, ...)."""
-    name = getattr(node.target, "name", None)
-    if node.op != "call_function" or not callable(name):
+    name = operator_name(node.target) if node.op == "call_function" else None
+    if name is None:
         return False
-    namespace, _, op = str(name()).partition("::")
+    namespace, _, op = name.partition("::")
     return namespace in QUANTIZE_NAMESPACES and "quantize" in op
 
 
