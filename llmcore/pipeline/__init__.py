@@ -42,7 +42,7 @@ class ExportResult:
 
 def export(options: ExportOptions, registry: Optional[Registry] = None) -> ExportResult:
     """Run the whole pipeline; writes the `.pte`, its report and the tokenizer, or nothing."""
-    with remembered_interrupts(), _collector_for_export():
+    with remembered_interrupts(), _collector_for_export(), capture.source_lines(bool(options.etrecord)):
         return _export(options, registry)
 
 
@@ -198,9 +198,11 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
             etrecord_tmp = bundle.reserve(Path(options.etrecord))
             edge_copy = emit.copy_for_etrecord(edge)
         passes = emit.select_post_passes(registry, options.plugins)
+        lowered = edge
         with log.stage("post-passes"):
             edge = emit.apply_post_passes(edge, passes)
-        with log.stage("emit"):
+        retraced, lowered = edge is not lowered, None
+        with log.stage("emit", collect=retraced):  # a pass that ran left the old program behind
             program = emit.to_executorch(edge, str(etrecord_tmp) if etrecord_tmp else None, edge_copy)
             edge = edge_copy = None
             # Staged now (renamed into place only when everything has passed), written part

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import pickle
 import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -692,17 +693,40 @@ class GGUFView:
 LLAMA_GGUF = GGUFArchitecture(PLUGIN, ("llama",))
 
 
+class GGUFTensor(NamedTuple):
+    """A tensor of a GGUF: what ``gguf.GGUFReader``'s tensors give, the same ``data`` view
+    (``shape`` in the file's order, the row length first)."""
+
+    name: str
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    shape: tuple
+    n_elements: int
+    n_bytes: int
+    data_offset: int
+    data: Any  # numpy array over the file's pages
+
+
+# ggml types whose data are plain numbers (gguf.GGUFReader views them as such); the others
+# are blocks of bytes
+_GGUF_NUMBER_DTYPES = {"F16": "float16", "F32": "float32", "F64": "float64", "I8": "int8", "I16": "int16",
+                       "I32": "int32", "I64": "int64"}
+
+
 class GGUFFile:
-    """Metadata access over ``gguf.GGUFReader``."""
+    """A GGUF's metadata and tensors, as ``gguf.GGUFReader`` gives them, from a header read
+    by :func:`formats.read_gguf_header` (the reader itself spends over a second on a 49k-token
+    vocabulary) and numpy views of the file's pages."""
 
     def __init__(self, path: Path, plugin: str = PLUGIN):
         self.plugin = plugin  # errors name the family reading the file
         try:
             import gguf
+            from gguf.quants import quant_shape_to_byte_shape
         except ImportError as e:  # pragma: no cover
             raise self._error("reading GGUF files needs the gguf package.", fix="pip install gguf") from e
+        block_sizes = {int(k): v for k, v in gguf.GGML_QUANT_SIZES.items()}
         try:
-            formats.check_gguf_layout(path, {int(k): v for k, v in gguf.GGML_QUANT_SIZES.items()})
+            header = formats.read_gguf_header(path, block_sizes)
         except formats.GGUFLayoutError as e:
             if e.truncated:
                 raise self._error(
@@ -715,28 +739,37 @@ class GGUFFile:
             ) from None
         except OSError as e:
             raise self._error(f"could not read {path}: {e.strerror or e}.", fix="check the file's permissions.") from None
-        try:
-            self.reader = gguf.GGUFReader(str(path))
-        except Exception as e:
-            raise self._error(
-                f"could not read {path} as GGUF: {type(e).__name__}: {e}",
-                fix="download it again, or convert the model with llama.cpp's convert_hf_to_gguf.py.",
-            ) from e
         self.path = path
+        self.fields = header.fields
+        # one mapping of the file; plain ndarray views of it (a memmap subclass per view
+        # costs numpy a finalizer call each)
+        self._memmap = np.memmap(path, mode="r")
+        pages = self._memmap.view(np.ndarray)
+        self.tensors = []
+        for info in header.tensors:
+            ggml_type = gguf.GGMLQuantizationType(info.ggml_type)
+            per_block, block_bytes = block_sizes[info.ggml_type]
+            n_elements = math.prod(info.dims)
+            n_bytes = n_elements * block_bytes // per_block
+            dims = tuple(reversed(info.dims))
+            number = _GGUF_NUMBER_DTYPES.get(ggml_type.name)
+            if number is None:
+                dtype, dims = np.dtype(np.uint8), quant_shape_to_byte_shape(dims, ggml_type)
+            else:
+                dtype = np.dtype(number).newbyteorder(header.byte_order)
+            data = pages[info.data_offset : info.data_offset + n_bytes].view(dtype).reshape(dims)
+            self.tensors.append(GGUFTensor(info.name, ggml_type, info.dims, n_elements, n_bytes, info.data_offset, data))
 
     def _error(self, message: str, fix: str) -> LlmcoreError:
         return load_error(message, fix=fix, plugin=self.plugin)
 
     def get(self, key: str, default=None):
-        field = self.reader.fields.get(key)
-        if field is None:
+        """A key's value as ``gguf``'s ``ReaderField.contents()`` gives it (strings decoded)."""
+        if key not in self.fields:
             return default
         try:
-            try:
-                return field.contents()
-            except Exception:  # older gguf versions: decode by hand
-                return _field_value(field)
-        except Exception as e:
+            return _decoded(self.fields[key])
+        except UnicodeDecodeError as e:
             raise self._error(
                 f"{self.path}: metadata field {key!r} is malformed ({type(e).__name__}: {e}).",
                 fix="download the file again, or convert the model with llama.cpp's convert_hf_to_gguf.py.",
@@ -747,7 +780,7 @@ class GGUFFile:
         the process's resident memory (the size of the file, on top of the float weights)."""
         import mmap
 
-        mapping = getattr(self.reader.data, "_mmap", None)
+        mapping = getattr(self._memmap, "_mmap", None)
         if mapping is None or not hasattr(mapping, "madvise"):
             return
         page = mmap.PAGESIZE
@@ -759,8 +792,8 @@ class GGUFFile:
             pass
 
     def release_metadata(self) -> None:
-        """Forget the parsed key/values (the tensors stay readable)."""
-        self.reader.fields = type(self.reader.fields)()
+        """Forget the key/values (the tensors stay readable)."""
+        self.fields = {}
 
     def require(self, key: str, kind=int):
         """A metadata value the model cannot do without, as ``kind``; an error names the key."""
@@ -781,21 +814,13 @@ class GGUFFile:
             ) from None
 
 
-def _field_value(field):
-    import gguf
-
-    types = field.types
-    if not types:
-        return None
-    if types[0] == gguf.GGUFValueType.ARRAY:
-        vals = [field.parts[i] for i in field.data]
-        if types[-1] == gguf.GGUFValueType.STRING:
-            return [bytes(v).decode("utf-8") for v in vals]
-        return [v.tolist()[0] for v in vals]
-    v = field.parts[field.data[0]]
-    if types[0] == gguf.GGUFValueType.STRING:
-        return bytes(v).decode("utf-8")
-    return v.tolist()[0]
+def _decoded(value):
+    """A header value with its strings (``bytes``) decoded as UTF-8, strictly, as gguf does."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, list):
+        return [_decoded(v) for v in value]
+    return value
 
 
 def gguf_config(
@@ -830,7 +855,7 @@ def gguf_config(
                          plugin=plugin)
     n_kv = g.require(key("attention.head_count_kv")) if g.get(key("attention.head_count_kv")) else n_heads
     # Every `{name}.` key is implemented, harmless or refused by name (keys.gguf_keys).
-    keys.check_gguf({k: g.get(k) for k in g.reader.fields}, name, plugin, arch.keys)
+    keys.check_gguf({k: g.get(k) for k in g.fields}, name, plugin, arch.keys)
     head_dim = None
     # without attention.key_length, llama.cpp's head width is the rotated width, unless the
     # family rotates part of each head (then it is dim / heads)
@@ -935,7 +960,7 @@ def load_gguf(path: Path, options: LoadOptions, arch: GGUFArchitecture = LLAMA_G
     t0 = time.perf_counter()
     g = GGUFFile(path, plugin)
     tensors = {}
-    for t in g.reader.tensors:
+    for t in g.tensors:
         shape = tuple(int(x) for x in reversed([int(d) for d in t.shape]))
         tensors[t.name] = (t, shape)
     config = gguf_config(g, tensors, arch, options.max_seq_len)
@@ -961,8 +986,8 @@ def load_gguf(path: Path, options: LoadOptions, arch: GGUFArchitecture = LLAMA_G
     tok = resolve_tokenizer(options, lambda: _gguf_tokenizer(g))
     if tok is not None and tok.chat_template is None and g.get("tokenizer.chat_template"):
         tok = replace(tok, chat_template=str(g.get("tokenizer.chat_template")))
-    # The reader keeps a numpy view per string of the vocabulary and merges (~150 MB for a
-    # 49k-token vocabulary): drop them before the weights are dequantized next to them.
+    # The vocabulary and merges (98k strings on SmolLM2) are not needed any more: drop them
+    # before the weights are dequantized.
     g.release_metadata()
 
     sd = {}
