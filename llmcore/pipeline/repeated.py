@@ -687,6 +687,8 @@ def edge_template(template, partitioners: list, config):
     ExecuTorch's whole-graph lowering). Any other case takes ExecuTorch's own function."""
     from executorch.exir.program import _program as exir
 
+    from llmcore.pipeline import edge
+
     if len(partitioners) == 1:
         program = exir._apply_pre_decomposition_transforms(template, partitioners)
         kept, check = partitioners[0].ops_to_not_decompose(program)
@@ -696,6 +698,6 @@ def edge_template(template, partitioners: list, config):
             program = program.run_decompositions(table)
             log.info("to_edge functionalized and decomposed the kept blocks in one retrace")
             config._core_aten_ops_exception_list = list(set(config._core_aten_ops_exception_list) | set(preserved))
-            return exir._generate_edge_program(config, program, preserve_ops=preserved)
+            return edge.generate_edge_program(config, program, preserve_ops=preserved)
     manager = exir._gen_edge_manager_for_partitioners({"forward": partitioners}, {"forward": template}, config, None)
     return manager.exported_program("forward")

@@ -258,6 +258,16 @@ NODE_PASS_OPERATORS = {
     "DecomposeConcatenate": ("aten.cat.default",),
     "Conv1dUnsqueezePass": ("aten.convolution.default",),
     "PReLUReshapePass": ("aten._prelu_kernel.default",),
+    # [add]mm and bmm into linear: on a partition whose linears were kept whole, none is left
+    "ConvertToLinearPass": ("aten.mm.default", "aten.addmm.default", "aten.bmm.default"),
+    # pairs of copies that undo each other; a decoder layer has no copy at all
+    "RemoveRedundantCopyPass": ("aten._to_copy.default",),
+}
+
+# Passes that only copy one metadata key from node to node (and then retrace), by class
+# name: that key. A partition where no node carries it is left as it was.
+META_PASS_KEYS = {
+    "PropagateCustomMetaPass": "custom",  # user annotations, onto the (de)quantize nodes
 }
 
 # Every skippable pass, by class name: the operators one of which a partition must hold.
@@ -265,8 +275,11 @@ _NEEDED_OPERATORS = {**{name: (op,) for name, op in PATTERN_PASS_OPERATORS.items
 
 
 def could_match(pass_: type, ep) -> bool:
-    """False when ``pass_`` rewrites a pattern, or nodes of operators, that ``ep`` lacks (a
-    no-op there)."""
+    """False when ``pass_`` rewrites a pattern, nodes of operators or a metadata key that
+    ``ep`` lacks (a no-op there)."""
+    key = META_PASS_KEYS.get(pass_.__name__)
+    if key is not None:
+        return any(key in n.meta for n in ep.graph.nodes)
     needed = _NEEDED_OPERATORS.get(pass_.__name__)
     if needed is None:
         return True

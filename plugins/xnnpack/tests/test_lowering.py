@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import re
 import logging
 
 import pytest
@@ -158,6 +159,7 @@ def test_node_passes_are_skipped_only_where_their_operators_are_missing():
     for. (That a skipped pass would have changed nothing is what
     ``test_same_program_as_executorch_lowering`` shows, byte for byte, against every pass run.)"""
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
+    from executorch.backends.xnnpack._passes.convert_to_linear import ConvertToLinearPass
     from executorch.backends.xnnpack._passes.decompose_batch_norm import DecomposeBatchNorm
     from executorch.backends.xnnpack._passes.fuse_activation_pass import FuseActivationPass
     from executorch.exir.dialects._ops import ops as exir_ops
@@ -167,7 +169,8 @@ def test_node_passes_are_skipped_only_where_their_operators_are_missing():
     run = {p.__name__: p for p in manager.passes}
     assert set(lowering.NODE_PASS_OPERATORS) <= set(run)
     for pass_, listed in ((DecomposeBatchNorm, DecomposeBatchNorm.BATCH_NORM_OPS),
-                          (FuseActivationPass, FuseActivationPass.FUSEABLE_ACTIVATIONS)):
+                          (FuseActivationPass, FuseActivationPass.FUSEABLE_ACTIVATIONS),
+                          (ConvertToLinearPass, ConvertToLinearPass.targets)):
         assert set(lowering.NODE_PASS_OPERATORS[pass_.__name__]) == {op.__name__ for op in listed}
     for name, operators in lowering.NODE_PASS_OPERATORS.items():
         source = inspect.getsource(run[name])  # each operator is one the pass looks for
@@ -182,3 +185,24 @@ def test_node_passes_are_skipped_only_where_their_operators_are_missing():
             node = with_op.call_function(getattr(getattr(exir_ops.edge.aten, packet), overload))
             assert getattr(node.target, "__name__", None) == op_name
             assert lowering.could_match(run[name], type("Program", (), {"graph": with_op}))
+
+
+def test_metadata_passes_are_skipped_only_where_no_node_carries_their_key():
+    """Authority: the pass's source. A pass listed in ``META_PASS_KEYS`` reads only that
+    metadata key; a partition without it is skipped, one node carrying it is not."""
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    manager = XNNPACKPassManager.__new__(XNNPACKPassManager)
+    XNNPACKPassManager.__init__(manager, exported_program=None)
+    run = {p.__name__: p for p in manager.passes}
+    for name, key in lowering.META_PASS_KEYS.items():
+        source = inspect.getsource(run[name])
+        read = set(re.findall(r"meta\[['\"](\w+)['\"]\]", source)) | set(re.findall(r"['\"](\w+)['\"] in \w+\.meta", source))
+        assert read == {key}, (name, read)
+        graph = torch.fx.Graph()
+        node = graph.call_function(exir_ops.edge.aten.add.Tensor)
+        program = type("Program", (), {"graph": graph})
+        assert not lowering.could_match(run[name], program)
+        node.meta[key] = {"annotated": True}
+        assert lowering.could_match(run[name], program)
