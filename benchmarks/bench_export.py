@@ -60,10 +60,17 @@ STAGES = ("load", "transform", "quantize", "export", "lower", "post-passes", "em
 
 
 def run_one(spec: dict) -> None:
-    """In a fresh process: one export, with ``layers`` (if given) replacing the config's count."""
+    """In a fresh process: one export, with ``layers`` (if given) replacing the config's count,
+    the process set up as the ``llmcore export`` command sets up its own."""
     import dataclasses
 
+    from llmcore.cli import one_openmp_thread_per_worker, torch_on_every_core
+
+    limited = one_openmp_thread_per_worker()  # before torch is imported
     from llmcore.pipeline import export
+
+    if limited:
+        torch_on_every_core()
     from llmcore.recipe import ExportOptions
 
     layers = spec.pop("layers", None)

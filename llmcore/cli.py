@@ -180,15 +180,33 @@ def _one_aten_thread() -> None:
     torch.set_num_threads(1)
 
 
-def _one_openmp_thread_per_worker() -> None:
+def one_openmp_thread_per_worker() -> bool:
     """Before OpenMP starts: one OpenMP thread for every thread that asks, the runtime's
-    pool workers included. ``custom_sdpa`` calls BLAS from those workers, and with the
-    default (one OpenMP thread per core) each worker starts a team of its own: on 2 cores,
-    SmolLM2 8da4w decode at positions 64-192 ran at 76 tok/s instead of 150.
-    ``torch.set_num_threads`` sets it for the calling thread only. An explicit
-    ``OMP_NUM_THREADS`` is left alone."""
-    if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    pool workers included; returns whether it was set here. ``custom_sdpa`` calls BLAS from
+    those workers, and with the default (one OpenMP thread per core) each worker starts a
+    team of its own: on 2 cores, SmolLM2 8da4w decode at positions 64-192 ran at 76 tok/s
+    instead of 150, and after an export's calibration every two-thread PyTorch op ran ~4x
+    slower (``llmcore.runtime.torch_on_one_thread``). ``torch.set_num_threads`` sets it for
+    the calling thread only (:func:`torch_on_every_core`). An explicit ``OMP_NUM_THREADS``,
+    or a torch already imported, is left alone."""
+    if "torch" in sys.modules or "OMP_NUM_THREADS" in os.environ:
+        return False
+    os.environ["OMP_NUM_THREADS"] = "1"
+    return True
+
+
+def torch_on_every_core() -> None:
+    """After :func:`one_openmp_thread_per_worker`: PyTorch's own ops on the calling thread
+    use one thread per available core again, as they would have without it (an export's
+    calibration forward and quantizer searches)."""
+    import torch
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+# Commands that run ExecuTorch's LLM custom ops in this process with PyTorch beside them:
+# their runtime workers' OpenMP is kept to one thread (one_openmp_thread_per_worker).
+ONE_OPENMP_THREAD_PER_WORKER = ("run", "export")
 
 
 def _json_schema_constraint(path: str, program, tokenizer):
@@ -351,10 +369,12 @@ def freeze_before_exit() -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
-    if words[:1] == ["run"]:
-        _one_openmp_thread_per_worker()  # before the parser's imports bring in torch
+    # before the parser's imports bring in torch
+    limited = bool(words) and words[0] in ONE_OPENMP_THREAD_PER_WORKER and one_openmp_thread_per_worker()
     parser = build_parser()
     args = parser.parse_args(argv)
+    if limited and args.command == "export":
+        torch_on_every_core()
     debug = args.debug or os.environ.get("LLMCORE_DEBUG") == "1"
     _quiet_libraries(debug)
     try:

@@ -206,14 +206,33 @@ def torch_on_one_thread() -> Iterator[None]:
     ExecuTorch's LLM custom ops (an export's calibration), two-thread ops wake their helper
     with a system call each time (~375 context switches per int4 search of a 576x576
     matrix): it took 23-25 ms on two threads, 7 ms on one, 6 ms on two before the ops ran.
-    The likely cause: the runtime pool's workers start OpenMP teams of their own for BLAS,
-    and libgomp, managing more threads than cores, stops letting idle ones spin."""
+    The cause: the runtime pool's workers start OpenMP teams of their own for BLAS, and
+    libgomp, managing more threads than cores, stops letting idle ones spin; with the
+    workers' OpenMP kept to one thread the slowdown is gone (:func:`torch_threads_after_custom_ops`)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@contextmanager
+def torch_threads_after_custom_ops() -> Iterator[None]:
+    """PyTorch's ops after eager runs of ExecuTorch's LLM custom ops (an export's calibration).
+
+    Where each runtime worker's OpenMP keeps to one thread (``OMP_NUM_THREADS=1`` in the
+    environment, which ``llmcore export`` sets before torch starts:
+    ``llmcore.cli.one_openmp_thread_per_worker``), they run on the threads PyTorch has: the
+    workers started no OpenMP teams of their own, and on the 2-core machine SmolLM2-135M's
+    ``8da4w`` quantize stage took 4.9-5.3 s against 5.7-6.0 s on one thread. Elsewhere (a
+    program that imported torch first) on one thread (:func:`torch_on_one_thread`). The
+    results are the same on any thread count."""
+    if os.environ.get("OMP_NUM_THREADS") == "1":
+        yield
+        return
+    with torch_on_one_thread():
+        yield
 
 
 def runtime_threads() -> int:

@@ -35,7 +35,7 @@ from torch import nn
 from llmcore import channel_scales
 from llmcore.errors import LlmcoreError
 from llmcore.records import Calibration
-from llmcore.runtime import torch_on_one_thread
+from llmcore.runtime import torch_threads_after_custom_ops
 from llmcore.stored import IntegerWeight, stored_form
 from llmcore_xnnpack import qlinear
 from llmcore_xnnpack.torchao_quant import (
@@ -239,9 +239,9 @@ def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calib
     search = _channel_scale_search(module, options, 4) if calibrated and options["awq"] else None
     energies, calibration_note = _calibrate("8da4w", module, aware, options, calibration, calibrated, why_not, search)
     summary = _Summary("8da4w", options)
-    # the searches after the calibration run, which left two torch threads slower than one
-    # (llmcore.runtime.torch_on_one_thread); the programs are the same on any thread count
-    with torch_on_one_thread():
+    # the searches after the calibration, which ran ExecuTorch's custom ops: on one thread
+    # unless the runtime workers' OpenMP keeps to one (llmcore.runtime.torch_threads_after_custom_ops)
+    with torch_threads_after_custom_ops():
         if calibrated and options["awq"]:
             summary.notes.append(_fold(module, search, energies, calibration, options))
         kept = []
@@ -290,7 +290,7 @@ def quantize_8da8w(module: nn.Module, options: dict, calibration: Optional[Calib
         "8da8w", module, _linear_names(module) if options["activation_aware"] else [], options, calibration,
         calibrated, "activation_aware=false and awq=false", search)
     summary = _Summary("8da8w", options)
-    with torch_on_one_thread():  # as in quantize_8da4w
+    with torch_threads_after_custom_ops():  # as in quantize_8da4w
         summary.notes += [_fold(module, search, energies, calibration, options)] if options["awq"] else []
         if options["embedding_bits"]:
             quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"])
