@@ -684,7 +684,9 @@ def edge_template(template, partitioners: list, config):
     partitioner names the same operators, since functionalizing rewrites only mutations,
     which no partitioner keeps. Saves ~1 s on SmolLM2-135M's two kept blocks; the programs
     are byte-identical (``plugins/xnnpack/tests/test_lowering.py`` compares this path with
-    ExecuTorch's whole-graph lowering). Any other case takes ExecuTorch's own function."""
+    ExecuTorch's whole-graph lowering). The conversion to the edge dialect that follows runs
+    its operator-local passes fused (:mod:`llmcore.pipeline.edge`). Any other case takes
+    ExecuTorch's own function."""
     from executorch.exir.program import _program as exir
 
     from llmcore.pipeline import edge
