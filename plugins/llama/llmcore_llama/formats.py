@@ -230,8 +230,8 @@ def read_gguf_header(path: Path, block_sizes: dict) -> GGUFHeader:
     :class:`GGUFLayoutError` too.
 
     Read here rather than with ``gguf.GGUFReader``: the reader makes a numpy view of the file
-    per string of the vocabulary and merges (1-1.7 s, and ~150 MB, for SmolLM2-135M's 49k
-    tokens and 49k merges on the 2-core machine), where this walk takes ~0.1 s.
+    per string of the vocabulary and merges (1-1.7 s for SmolLM2-135M's 49k tokens and 49k
+    merges on the 2-core machine), where this walk takes ~0.1 s.
     ``plugins/llama/tests/test_gguf_header.py`` holds it to the reader's answers."""
     return _walk_gguf(path, block_sizes, keep=True)
 
