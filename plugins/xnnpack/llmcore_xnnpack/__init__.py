@@ -26,9 +26,9 @@ def _partitioners(options: dict) -> list:
 
 
 def _while_lowering(options: dict):
-    from llmcore_xnnpack.lowering import remembered_passes
+    from llmcore_xnnpack.lowering import while_lowering
 
-    return remembered_passes()
+    return while_lowering()
 
 
 def _quantize_8da4w(module, options: dict, calibration):

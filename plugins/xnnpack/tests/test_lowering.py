@@ -117,6 +117,8 @@ def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, fami
     with monkeypatch.context() as m:
         m.setattr(lowering, "ops_to_not_decompose", _ops_to_not_decompose_unchanged)
         m.setattr(lowering, "remembered_passes", contextlib.nullcontext)
+        m.setattr(lowering, "source_partitions_found_once", contextlib.nullcontext)
+        m.setattr(lower, "type_hints_read_once", contextlib.nullcontext)
         m.setattr(lower, "lower", _whole_graph(lower.lower))
         m.setattr(delegates, "recorded_outputs", _trace_every_delegate)
         m.setattr(emit, "called_operators", _every_operator)
