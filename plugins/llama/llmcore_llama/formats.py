@@ -189,19 +189,6 @@ class GGUFLayoutError(ValueError):
         self.truncated = truncated
 
 
-def check_gguf_layout(path: Path, block_sizes: Optional[dict] = None) -> None:
-    """Walk a GGUF's header (key/values, tensor infos) and check every count, length and
-    tensor extent against the file's size, building nothing.
-
-    A reader that trusts the header can loop for ever on an array length flipped to
-    2**60 or fail deep inside on a truncated file; this turns both into one clear
-    :class:`GGUFLayoutError` first. ``block_sizes`` maps ggml type ids to (values per block,
-    bytes per block); when given, tensor types must be among them and the tensor data must
-    lie inside the file.
-    """
-    _walk_gguf(path, block_sizes, keep=False)
-
-
 @dataclass
 class GGUFTensorInfo:
     """A tensor as a GGUF's header lists it: ``dims`` in the file's order (the row length
@@ -226,17 +213,19 @@ class GGUFHeader:
 
 
 def read_gguf_header(path: Path, block_sizes: dict) -> GGUFHeader:
-    """:func:`check_gguf_layout`, keeping what it walks; a duplicated key or tensor name is a
-    :class:`GGUFLayoutError` too.
+    """Walk a GGUF's header (key/values, tensor infos), checking every count, length and
+    tensor extent against the file's size, and keep what it holds.
+
+    A reader that trusts the header can loop for ever on an array length flipped to 2**60
+    or fail deep inside on a truncated file; this turns both into one clear
+    :class:`GGUFLayoutError` first, as it does a duplicated key or tensor name.
+    ``block_sizes`` maps ggml type ids to (values per block, bytes per block): tensor types
+    must be among them and the tensor data must lie inside the file.
 
     Read here rather than with ``gguf.GGUFReader``: the reader makes a numpy view of the file
     per string of the vocabulary and merges (1-1.7 s for SmolLM2-135M's 49k tokens and 49k
     merges on the 2-core machine), where this walk takes ~0.1 s.
     ``plugins/llama/tests/test_gguf_header.py`` holds it to the reader's answers."""
-    return _walk_gguf(path, block_sizes, keep=True)
-
-
-def _walk_gguf(path: Path, block_sizes: Optional[dict], keep: bool) -> Optional[GGUFHeader]:
     import mmap
 
     with open(Path(path), "rb") as f:
@@ -244,7 +233,7 @@ def _walk_gguf(path: Path, block_sizes: Optional[dict], keep: bool) -> Optional[
         if size < 24:
             raise GGUFLayoutError(f"it has {size} bytes, fewer than a GGUF header", truncated=True)
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return _GGUFWalker(data, size, keep).walk(block_sizes)
+            return _GGUFWalker(data, size, keep=True).walk(block_sizes)
 
 
 class _GGUFWalker:
@@ -296,8 +285,11 @@ class _GGUFWalker:
             return values
         smallest = 8 if itype == _GGUF_STRING else 12
         self.need(length * smallest, f"the {length} values of {key!r}")
-        values = [self.value(itype, key, depth + 1) for _ in range(length)]
-        return values if self.keep else None
+        if self.keep:
+            return [self.value(itype, key, depth + 1) for _ in range(length)]
+        for _ in range(length):
+            self.value(itype, key, depth + 1)
+        return None
 
     def header(self) -> tuple[int, int]:
         """Check the magic and version; ``(tensor_count, kv_count)``, the key/values next."""
@@ -331,7 +323,8 @@ class _GGUFWalker:
             self.value(vtype, key[:80])
         return None
 
-    def walk(self, block_sizes: Optional[dict]) -> Optional[GGUFHeader]:
+    def walk(self, block_sizes: dict) -> GGUFHeader:
+        """The whole header (the walker keeps values), its tensor extents checked."""
         tensor_count, kv_count = self.header()
         alignment = 32
         fields: dict[str, Any] = {}
@@ -343,10 +336,9 @@ class _GGUFWalker:
                 if not isinstance(value, int) or isinstance(value, bool) or value <= 0 or value & (value - 1):
                     raise GGUFLayoutError(f"general.alignment {value!r} is not a power of two")
                 alignment = value
-            if self.keep:
-                if key in fields:
-                    raise GGUFLayoutError(f"it lists the key {key[:80]!r} twice")
-                fields[key] = value
+            if key in fields:
+                raise GGUFLayoutError(f"it lists the key {key[:80]!r} twice")
+            fields[key] = value
         tensors = []
         for _ in range(tensor_count):
             name = self.string("a tensor name").decode("utf-8", "replace")
@@ -357,10 +349,7 @@ class _GGUFWalker:
             ggml_type, offset = self.read("IQ", f"the type and offset of tensor {name[:80]!r}")
             tensors.append((name, dims, ggml_type, offset))
         start = self.pos + (-self.pos) % alignment
-        if block_sizes is not None:
-            self.check_extents(tensors, start, block_sizes)
-        if not self.keep:
-            return None
+        self.check_extents(tensors, start, block_sizes)
         infos: dict[str, GGUFTensorInfo] = {}
         for name, dims, ggml_type, offset in tensors:
             if name in infos:
