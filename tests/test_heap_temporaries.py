@@ -22,11 +22,11 @@ from llmcore import progress
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
-def churn():
-    # a search's pattern: 1 MiB temporaries made, written and dropped, over and over
+def churn(mib):
+    # a search's pattern: temporaries of `mib` MiB made, written and dropped, over and over
     before = faults()
     for _ in range(200):
-        t = torch.ones(2**18)
+        t = torch.ones(mib * 2**18)
         del t
     return faults() - before
 
@@ -34,13 +34,13 @@ result = {"unlimited_scope": None}
 with progress.heap_for_temporaries():  # before limit_heap_fragmentation: changes nothing
     result["unlimited_scope"] = progress._temporaries_depth
 progress.limit_heap_fragmentation()
-result["outside"] = churn()
+result["outside"] = churn(3)
 with progress.heap_for_temporaries():
     with progress.heap_for_temporaries():
-        result["inside"] = churn()
+        result["inside"] = churn(1)
     result["depth_after_inner"] = progress._temporaries_depth
 result["depth_after"] = progress._temporaries_depth
-result["outside_again"] = churn()
+result["outside_again"] = churn(3)
 print(json.dumps(result))
 """
 
@@ -50,8 +50,13 @@ def test_temporaries_reuse_pages_only_inside_the_scope():
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["unlimited_scope"] == 0  # no threshold to lift: the scope did nothing
-    # each fresh 1 MiB mapping is 256 page faults; reused heap pages fault once
-    assert result["outside"] >= 200 * 200, result
-    assert result["inside"] < result["outside"] / 10, result
+    # each fresh 3 MiB mapping is 768 page faults; reused heap pages fault once
+    assert result["outside"] >= 200 * 600, result
+    assert result["inside"] < result["outside"] / 30, result
     assert result["depth_after_inner"] == 1 and result["depth_after"] == 0
-    assert result["outside_again"] >= 200 * 200, result  # the export's threshold is back
+    # The export's threshold is back: 3 MiB temporaries (under the scope's 4 MiB) get their
+    # own mappings again. They are larger than the 1 MiB ones inside the scope on purpose:
+    # malloc serves a request from a free heap chunk before it weighs the threshold, and a
+    # 1 MiB temporary freed below a small allocation made meanwhile leaves such a chunk
+    # behind (CI saw one serve all 200 1 MiB temporaries after the scope: 511 faults).
+    assert result["outside_again"] >= 200 * 600, result
