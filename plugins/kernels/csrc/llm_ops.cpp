@@ -12,6 +12,7 @@
 #include "llm_ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -401,7 +402,62 @@ Tensor& custom_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor
 
 }  // namespace llmcore_kernels
 
-// Run at load time of the executable that links these objects.
+#ifndef LLMCORE_LLM_OPS_KEYED
+// Run at load time of the executable that links these objects (llmcore_runner): the
+// fallback kernels of these ops, for every dtype and dim order (the kernels refuse what
+// they do not take).
 EXECUTORCH_LIBRARY(llama, "update_cache.out", llmcore_kernels::update_cache_out);
 EXECUTORCH_LIBRARY(llama, "update_cache_with_indices.out", llmcore_kernels::update_cache_with_indices_out);
 EXECUTORCH_LIBRARY(llama, "custom_sdpa.out", llmcore_kernels::custom_sdpa_out);
+#else
+// The shared library a Python process loads (libllmcore_llm_ops.so). ExecuTorch's own LLM
+// custom ops library registers llama::custom_sdpa.out there under the fallback kernel key,
+// and registering one name under one key twice aborts the process. An ExecuTorch kernel
+// key (the dtype and dim order of each tensor argument) is a different entry: the runtime
+// picks the kernel whose key matches a call's tensors exactly, and the fallback only when
+// none does. So here the attention kernel is registered for float32 contiguous tensors
+// alone, and the two libraries load in either order. The keys list the tensor arguments
+// in schema order, as a method builds them when it binds its kernels: query, key, value,
+// the mask when given (2-D), out, and the returned out (the same tensor again) in the
+// programs ExecuTorch emits; the forms without the returned value cover other emitters.
+namespace {
+constexpr const char* kSdpaFloat32Keys[] = {
+    "v1/6;0,1,2,3|6;0,1,2,3|6;0,1,2,3|6;0,1,2,3|6;0,1,2,3",
+    "v1/6;0,1,2,3|6;0,1,2,3|6;0,1,2,3|6;0,1|6;0,1,2,3|6;0,1,2,3",
+    "v1/6;0,1,2,3|6;0,1,2,3|6;0,1,2,3|6;0,1,2,3",
+    "v1/6;0,1,2,3|6;0,1,2,3|6;0,1,2,3|6;0,1|6;0,1,2,3",
+};
+
+// Calls that reached this library's kernel: how a caller (a test, a benchmark) tells that
+// the runtime picked it over the fallback.
+std::atomic<uint64_t> keyed_sdpa_calls{0};
+
+using executorch::aten::Tensor;
+
+Tensor& keyed_custom_sdpa_out(executorch::runtime::KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k,
+                              const Tensor& v, int64_t start_pos, const std::optional<Tensor>& attn_mask,
+                              double dropout_p, bool is_causal, std::optional<double> scale, Tensor& out) {
+  keyed_sdpa_calls.fetch_add(1, std::memory_order_relaxed);
+  return llmcore_kernels::custom_sdpa_out(ctx, q, k, v, start_pos, attn_mask, dropout_p, is_causal, scale, out);
+}
+
+constexpr char kSdpaName[] = "llama::custom_sdpa.out";
+
+executorch::runtime::Error register_keyed_sdpa() {
+  const executorch::runtime::Kernel boxed =
+      executorch::extension::make_boxed_kernel(kSdpaName, EXECUTORCH_FN(keyed_custom_sdpa_out, kSdpaName));
+  static executorch::runtime::Kernel kernels[sizeof kSdpaFloat32Keys / sizeof *kSdpaFloat32Keys];
+  size_t n = 0;
+  for (const char* key : kSdpaFloat32Keys) {
+    kernels[n++] = executorch::runtime::Kernel(boxed.name_, executorch::runtime::KernelKey(key), boxed.op_);
+  }
+  return executorch::runtime::register_kernels({kernels, n});
+}
+
+const executorch::runtime::Error keyed_sdpa_registered = register_keyed_sdpa();
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) uint64_t llmcore_llm_ops_sdpa_calls() {
+  return keyed_sdpa_calls.load(std::memory_order_relaxed);
+}
+#endif

@@ -6,6 +6,9 @@ Provides
   runtime headers of the executorch wheel and built by the project's CMake
   (``make runner``) into ``build/libllmcore_kernels.so`` (ExecuTorch registration) and
   ``build/libllmcore_kernels_aot.so`` (PyTorch registration);
+* the specialized runtime library ``llmcore_llm_ops``: the C++ runner's attention kernel
+  (``llama::custom_sdpa`` on float32), which Python processes then run instead of
+  ExecuTorch's own (``build/libllmcore_llm_ops.so``; see ``csrc/llm_ops.cpp``);
 * the source transform ``fused-rmsnorm`` (``--transforms fused-rmsnorm``): Llama-style
   RMSNorm modules become one call of ``llmcore::rms_norm``.
 
@@ -24,6 +27,8 @@ __version__ = "0.1.0"
 # Runtime operator names the native library registers (kept here, not in .ops, so that
 # listing plugins does not load the library).
 OPS = ("llmcore::rms_norm.out",)
+# ExecuTorch's ops whose float32 calls libllmcore_llm_ops.so takes over (kernel keys)
+LLM_OPS = ("llama::custom_sdpa.out",)
 
 
 def _apply_fused_rmsnorm(module, context):
@@ -41,7 +46,17 @@ def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
             ops=OPS,
             python_module="llmcore_kernels.ops",
             shared_library=library.runtime_library,
-        )
+        ),
+        RuntimeLibrary(
+            name="llmcore_llm_ops",
+            description="llmcore_runner's attention kernel for float32 llama::custom_sdpa, in Python "
+            "processes too: without it they run ExecuTorch's, whose decode steps spend a third of "
+            "their time in MKL's matrix-vector products at long contexts (docs/performance.md)",
+            ops=LLM_OPS,
+            shared_library=library.llm_ops_library,
+            declared=False,
+            specialized=True,
+        ),
     ]
 
 

@@ -5,7 +5,10 @@ The C++ sources (``plugins/kernels/csrc``) are built by the project's CMake
 
 * ``libllmcore_kernels.so``: the ExecuTorch kernels, registered with the runtime on load;
 * ``libllmcore_kernels_aot.so``: their PyTorch registration; it links the first, so loading
-  it in Python registers the ops with both PyTorch and the ExecuTorch runtime.
+  it in Python registers the ops with both PyTorch and the ExecuTorch runtime;
+* ``libllmcore_llm_ops.so``: ``llmcore_runner``'s attention kernel (``llama::custom_sdpa``)
+  for Python processes, registered for float32 tensors under ExecuTorch kernel keys beside
+  ExecuTorch's own kernel of that op (``csrc/llm_ops.cpp``).
 
 They are looked up in ``$LLMCORE_KERNELS_LIB_DIR`` when it is set, else in ``build/`` of the
 checkout this package is installed from (editable installs).
@@ -22,6 +25,7 @@ PLUGIN = "kernels"
 LIB_DIR_ENV = "LLMCORE_KERNELS_LIB_DIR"
 RUNTIME_LIBRARY = "libllmcore_kernels.so"
 AOT_LIBRARY = "libllmcore_kernels_aot.so"
+LLM_OPS_LIBRARY = "libllmcore_llm_ops.so"
 _SOURCE_ROOT = Path(__file__).resolve().parents[3]  # the checkout, for an editable install
 
 _loaded = False
@@ -50,6 +54,11 @@ def library_path(file_name: str = RUNTIME_LIBRARY) -> Path:
 def runtime_library() -> Path:
     """The ExecuTorch-only library (what runners without PyTorch load)."""
     return library_path(RUNTIME_LIBRARY)
+
+
+def llm_ops_library() -> Path:
+    """The runner's attention kernel, as a library a Python process loads beside ExecuTorch's."""
+    return library_path(LLM_OPS_LIBRARY)
 
 
 def load() -> None:

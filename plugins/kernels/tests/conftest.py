@@ -18,11 +18,12 @@ RUNNER = BUILD / "llmcore_runner"
 
 @pytest.fixture(scope="session")
 def kernel_library() -> Path:
-    """The folder holding libllmcore_kernels.so and libllmcore_kernels_aot.so (and, for the
-    default folder, llmcore_runner), building them into build/ when missing."""
+    """The folder holding libllmcore_kernels.so, libllmcore_kernels_aot.so and
+    libllmcore_llm_ops.so (and, for the default folder, llmcore_runner), building them into
+    build/ when missing."""
     from llmcore_kernels import library
 
-    targets = [BUILD / library.RUNTIME_LIBRARY, BUILD / library.AOT_LIBRARY, RUNNER]
+    targets = [BUILD / library.RUNTIME_LIBRARY, BUILD / library.AOT_LIBRARY, BUILD / library.LLM_OPS_LIBRARY, RUNNER]
     if os.environ.get(library.LIB_DIR_ENV):
         folder = library.library_dir()
         if not (folder / library.AOT_LIBRARY).is_file():
@@ -41,7 +42,7 @@ def kernel_library() -> Path:
         )
         subprocess.run(
             [cmake, "--build", str(BUILD), "-j2", "--target", "llmcore_kernels", "llmcore_kernels_aot",
-             "llmcore_runner"],
+             "llmcore_llm_ops_keyed", "llmcore_runner"],
             check=True, stdout=subprocess.DEVNULL,
         )
     return BUILD

@@ -1,0 +1,140 @@
+"""ISA views: run ExecuTorch and llama.cpp on this machine as on a CPU with fewer features.
+
+This project's issues name an AVX2-only x86 (AMD EPYC, AVX2 + FMA, no AVX-512, no VNNI), and
+a session may get a machine with AVX-512 VNNI instead. Which kernels run is decided at run
+time from the CPU's features, so the AVX2 code paths can be measured here by hiding the
+newer features from the code that picks kernels:
+
+- ExecuTorch: ``isa_view.c``, preloaded (``LD_PRELOAD``), clears them from cpuinfo's
+  feature table before XNNPACK reads it; the report it writes proves it took effect. In a
+  Python process ATen, MKL and oneDNN are narrowed too, by their own variables.
+  (``llmcore_runner``'s attention kernels have an AVX2 clone and a baseline one, never AVX-512.)
+- llama.cpp: its CPU backend (``libggml-cpu.so``) built for the view's instruction sets
+  (``llamacpp_peer.build_cpu_backend``), used by the same tools through ``LD_LIBRARY_PATH``.
+
+A view hides instructions, not the machine: caches, memory bandwidth and the cores' speed
+at AVX2 code stay this machine's, so its figures compare llmcore with llama.cpp in one
+run, not with figures taken on a real AVX2-only CPU.
+
+    .venv/bin/python benchmarks/isa_view.py avx2    # build the shim, show what it hides
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = Path(__file__).with_suffix(".c")
+DEFAULT_CACHE = ROOT / ".cache" / "isa-view"
+
+# view -> cpuinfo features to hide (fnmatch patterns; None: the machine as it is)
+VIEWS: dict[str, tuple[str, ...] | None] = {
+    "native": None,
+    # AVX2 + FMA + F16C: every AVX-512 and AVX10 extension, AMX, and the VEX-coded VNNI
+    # and its successors (which XNNPACK also uses for its int8 dot products).
+    "avx2": ("avx512*", "avx10*", "amx*", "avxvnni", "avx_vnni*", "avx_ne_convert"),
+}
+# The same narrowing for the libraries torch brings into a Python process (ExecuTorch's
+# custom ops reach ATen's vectorized code and MKL's BLAS): their own documented switches.
+TORCH_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+# cpuinfo's names -> the kernel's (/proc/cpuinfo), to check the table against what Linux
+# reports: a layout the shim misreads would show features the CPU lacks, or miss some.
+PROC_NAMES = {
+    "avx": "avx", "avx2": "avx2", "fma3": "fma", "f16c": "f16c", "avx512f": "avx512f",
+    "avx512bw": "avx512bw", "avx512vl": "avx512vl", "avx512vnni": "avx512_vnni", "avxvnni": "avx_vnni",
+    "avx512bf16": "avx512_bf16", "bmi2": "bmi2", "adx": "adx", "movbe": "movbe", "sha": "sha_ni",
+}
+
+
+class ViewNotApplied(RuntimeError):
+    """The process ran without the view (or with a table the shim misread)."""
+
+
+def check_view(view: str) -> None:
+    if view not in VIEWS:
+        raise SystemExit(f"isa_view: unknown view {view!r}; known: {', '.join(VIEWS)}")
+
+
+def shim(cache: Path = DEFAULT_CACHE) -> Path:
+    """The preload library, compiled here with the system's C compiler (once per source change)."""
+    out = cache / "isa_view.so"
+    if out.is_file() and out.stat().st_mtime >= SOURCE.stat().st_mtime:
+        return out
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if not compiler:
+        raise SystemExit("isa_view: no C compiler (cc) to build the preload library; install gcc or clang")
+    cache.mkdir(parents=True, exist_ok=True)
+    subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(out), str(SOURCE), "-ldl", "-lpthread"], check=True)
+    return out
+
+
+def executorch_env(view: str, report: Path, cache: Path = DEFAULT_CACHE) -> dict[str, str]:
+    """Environment additions that make an ExecuTorch process (the Python runtime or
+    ``llmcore_runner``) pick its kernels as on ``view``; empty for the native view."""
+    check_view(view)
+    if VIEWS[view] is None:
+        return {}
+    return {"LD_PRELOAD": str(shim(cache)), "ISA_VIEW_HIDE": ",".join(VIEWS[view]), "ISA_VIEW_REPORT": str(report),
+            **TORCH_ENV.get(view, {})}
+
+
+def proc_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def read_report(report: Path, view: str) -> tuple[list[str], list[str]]:
+    """(features cpuinfo saw, features hidden) from a process run under ``view``; raises
+    :class:`ViewNotApplied` when the process never went through the shim or the table it
+    read disagrees with Linux's flags."""
+    if not report.is_file():
+        raise ViewNotApplied(f"view {view}: the process never initialized cpuinfo through the shim "
+                             f"(no report at {report}): its kernels were picked for the whole CPU")
+    lines = dict(line.split(":", 1) for line in report.read_text().splitlines() if ":" in line)
+    seen, hidden = lines.get("seen", "").split(), lines.get("hidden", "").split()
+    flags = proc_flags()
+    wrong = [name for name, proc in PROC_NAMES.items() if (name in seen) != (proc in flags)]
+    if wrong:
+        raise ViewNotApplied(f"view {view}: cpuinfo's table as read disagrees with /proc/cpuinfo on "
+                             f"{', '.join(wrong)}: its layout is not the one isa_view.c knows")
+    return seen, hidden
+
+
+def run_in_view(view: str, command: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(command)`` under ``view``, checked to have taken effect."""
+    if VIEWS.get(view) is None:
+        check_view(view)
+        return subprocess.run(command, **kwargs)
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "report"
+        env = dict(kwargs.pop("env", None) or os.environ) | executorch_env(view, report)
+        done = subprocess.run(command, env=env, **kwargs)
+        if done.returncode == 0:
+            read_report(report, view)
+        return done
+
+
+def main() -> None:
+    view = sys.argv[1] if len(sys.argv) > 1 else "avx2"
+    check_view(view)
+    runner = ROOT / "build" / "llmcore_runner"
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "report"
+        # the runner's --help initializes the thread pool, which initializes cpuinfo
+        subprocess.run([str(runner), "--help"], env=dict(os.environ) | executorch_env(view, report),
+                       capture_output=True, check=True)
+        seen, hidden = read_report(report, view)
+    print(f"cpuinfo sees: {' '.join(seen)}")
+    print(f"view {view} hides: {' '.join(hidden) or 'nothing'}")
+
+
+if __name__ == "__main__":
+    main()
