@@ -470,7 +470,10 @@ def model_rows(model: str, view: str, args, bandwidth: float, runners: list, oth
         base = {"model": model, "view": view, "variant": variant,
                 "file_mib": pte.stat().st_size / 2**20 if pte else None}
         if pte is None:
-            targets.append((base, "python", lambda: run_worker("eager", model, args)))
+            # Eager PyTorch picks its kernels through its own cpuinfo, which the view does not
+            # reach: it runs on this CPU as it is, so only in the native view.
+            if view == "native":
+                targets.append((base, "python", lambda: run_worker("eager", model, args)))
             continue
         base["bandwidth_limit_tok_s"] = bandwidth * 1e9 / weight_bytes_per_token(pte, model)
         targets.append((base, "python", lambda pte=pte: run_worker(str(pte), model, args, view=view)))
