@@ -357,6 +357,7 @@ def memory_bandwidth_gbs(size_mib: int = 1024, repeats: int = 5) -> float:
 SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 15: 2}
 
 
+@functools.lru_cache(maxsize=None)  # once per program, not once per view
 def weight_bytes_per_token(pte: Path, model: str) -> int:
     """Bytes of weights a decode step reads: the whole program, except that a token
     embedding stored apart from the output layer (the quantized recipes keep their own

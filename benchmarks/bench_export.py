@@ -64,13 +64,10 @@ def run_one(spec: dict) -> None:
     the process set up as the ``llmcore export`` command sets up its own."""
     import dataclasses
 
-    from llmcore.cli import one_openmp_thread_per_worker, torch_on_every_core
+    from llmcore.cli import set_up_threads
 
-    limited = one_openmp_thread_per_worker()  # before torch is imported
+    set_up_threads("export")  # before torch is imported
     from llmcore.pipeline import export
-
-    if limited:
-        torch_on_every_core()
     from llmcore.recipe import ExportOptions
 
     layers = spec.pop("layers", None)

@@ -109,29 +109,29 @@ def read_report(report: Path, view: str) -> tuple[list[str], list[str]]:
 
 
 def run_in_view(view: str, command: list[str], **kwargs) -> subprocess.CompletedProcess:
-    """``subprocess.run(command)`` under ``view``, checked to have taken effect."""
+    """``subprocess.run(command)`` under ``view``, checked to have taken effect. The result
+    carries ``features``: (features cpuinfo saw, features hidden), None in the native view."""
     if VIEWS.get(view) is None:
         check_view(view)
-        return subprocess.run(command, **kwargs)
+        done = subprocess.run(command, **kwargs)
+        done.features = None
+        return done
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "report"
         env = dict(kwargs.pop("env", None) or os.environ) | executorch_env(view, report)
         done = subprocess.run(command, env=env, **kwargs)
-        if done.returncode == 0:
-            read_report(report, view)
+        done.features = read_report(report, view) if done.returncode == 0 else None
         return done
 
 
 def main() -> None:
     view = sys.argv[1] if len(sys.argv) > 1 else "avx2"
-    check_view(view)
-    runner = ROOT / "build" / "llmcore_runner"
-    with tempfile.TemporaryDirectory() as folder:
-        report = Path(folder) / "report"
-        # the runner's --help initializes the thread pool, which initializes cpuinfo
-        subprocess.run([str(runner), "--help"], env=dict(os.environ) | executorch_env(view, report),
-                       capture_output=True, check=True)
-        seen, hidden = read_report(report, view)
+    # the runner's --help initializes the thread pool, which initializes cpuinfo
+    done = run_in_view(view, [str(ROOT / "build" / "llmcore_runner"), "--help"], capture_output=True, check=True)
+    if done.features is None:
+        print(f"view {view} hides nothing")
+        return
+    seen, hidden = done.features
     print(f"cpuinfo sees: {' '.join(seen)}")
     print(f"view {view} hides: {' '.join(hidden) or 'nothing'}")
 

@@ -17,6 +17,7 @@ only the CPU backend, ``libggml-cpu.so``, is built again, for the view's instruc
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -87,6 +88,7 @@ def build_llama_bench(cache: Path = DEFAULT_CACHE, jobs: int | None = None) -> P
     return binary
 
 
+@functools.lru_cache(maxsize=None)  # built and checked once per process, not once per run
 def build_cpu_backend(view: str, cache: Path = DEFAULT_CACHE, jobs: int | None = None) -> Path:
     """The folder holding ``libggml-cpu.so`` built for ISA view ``view`` (the tools' own
     build must exist: it is configured from the same source). Checked: the library says

@@ -209,6 +209,15 @@ def torch_on_every_core() -> None:
 ONE_OPENMP_THREAD_PER_WORKER = ("run", "export")
 
 
+def set_up_threads(command: str) -> None:
+    """Before torch is imported, the threads ``llmcore COMMAND`` runs with: the runtime
+    workers' OpenMP kept to one thread for the commands that need it, and an export's own
+    PyTorch ops (calibration, quantizer searches) on every core. ``benchmarks/bench_export.py``
+    sets up its export processes with it too."""
+    if command in ONE_OPENMP_THREAD_PER_WORKER and one_openmp_thread_per_worker() and command == "export":
+        torch_on_every_core()
+
+
 def _json_schema_constraint(path: str, program, tokenizer):
     """``--json-schema FILE``: the reply constrained to the schema (llmcore.constrain)."""
     from llmcore.constrain import Constraint, GrammarError, json_schema_grammar
@@ -369,12 +378,10 @@ def freeze_before_exit() -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
-    # before the parser's imports bring in torch
-    limited = bool(words) and words[0] in ONE_OPENMP_THREAD_PER_WORKER and one_openmp_thread_per_worker()
+    if words:
+        set_up_threads(words[0])  # before the parser's imports bring in torch
     parser = build_parser()
     args = parser.parse_args(argv)
-    if limited and args.command == "export":
-        torch_on_every_core()
     debug = args.debug or os.environ.get("LLMCORE_DEBUG") == "1"
     _quiet_libraries(debug)
     try:

@@ -668,7 +668,7 @@ def test_tokenizer_long_runs_match_hf(binaries, programs, tmp_path):
 # --------------------------------------------------------------------------
 
 
-def test_isa_view_hides_newer_features_and_keeps_greedy_tokens(binaries, programs, hf_tok, tmp_path):
+def test_isa_view_hides_newer_features_and_keeps_greedy_tokens(binaries, programs, hf_tok):
     """The AVX2 view (which the decode benchmark measures with on AVX-512 machines) hides
     exactly the CPU's features its patterns name, shows cpuinfo's table as Linux reports it,
     and the runner, on XNNPACK's AVX2 kernels, generates what the Python reference does."""
@@ -684,11 +684,9 @@ def test_isa_view_hides_newer_features_and_keeps_greedy_tokens(binaries, program
     pte = programs / "kv.pte"
     prompt = "Hello the world"
     command = [str(RUNNER), str(pte), "--prompt", prompt, "--max-new-tokens", "20", "--temperature", "0", "--print-ids"]
-    report = tmp_path / "report"
-    done = subprocess.run(command, capture_output=True, text=True,
-                          env=dict(os.environ) | isa_view.executorch_env("avx2", report, cache=tmp_path))
+    done = isa_view.run_in_view("avx2", command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    seen, hidden = isa_view.read_report(report, "avx2")  # raises unless the table matches /proc/cpuinfo
+    seen, hidden = done.features  # read_report raised unless the table matches /proc/cpuinfo
     if "avx2" not in seen:
         pytest.skip("this CPU has no AVX2")
     assert "avx2" not in hidden and "fma3" in seen
