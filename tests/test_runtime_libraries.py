@@ -124,8 +124,8 @@ def test_a_missing_kernel_error_says_which_library_is_needed(program_with_custom
     from llmcore.runtime import Program
 
     monkeypatch.setenv("LLMCORE_LOAD_PLUGINS", "")  # no plugin provides the library
-    with pytest.raises(LlmcoreError) as info:
-        Program.load(program_with_custom_op).logits([1, 2, 3])
+    with pytest.raises(LlmcoreError) as info:  # at load: ``forward`` loads with the program
+        Program.load(program_with_custom_op)
     assert "llmcore_test::twice.out" in str(info.value) or "operator" in str(info.value)
     assert "fake_kernels" in info.value.fix and libraries.RUNTIME_LIBRARIES_ENV in info.value.fix
     rows = libraries.runtime_library_requirements(program_with_custom_op, load_registry())
