@@ -117,11 +117,25 @@ class Sampling:
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         if self.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_probs, 0) - sorted_probs < self.top_p
-            sorted_probs = sorted_probs * keep
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+            probs = nucleus(probs, self.top_p)
         return int(torch.multinomial(probs / probs.sum(), 1, generator=self._gen))
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``probs`` with everything outside the nucleus zeroed: the most likely tokens, each
+    kept while the mass of those before it is below ``top_p``. The nucleus lies among the
+    best ``k`` for the first ``k`` (64, 512, ...) whose mass reaches ``top_p``, so only those
+    are ranked: sorting all of SmolLM2's 49152 probabilities every token halved decode speed
+    at ``--top-p 0.9`` (``runtime/src/sampler.cpp`` does the same)."""
+    n = probs.numel()
+    k = min(64, n)
+    while True:
+        best, order = torch.topk(probs, k)
+        if k == n or float(best.sum()) >= top_p:
+            break
+        k = min(k * 8, n)
+    keep = torch.cumsum(best, 0) - best < top_p
+    return torch.zeros_like(probs).scatter_(0, order[keep], best[keep])
 
 
 @dataclass

@@ -27,7 +27,8 @@ class Sampler {
 
   SamplerConfig cfg_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> scratch_;
+  std::vector<std::pair<float, int32_t>> scratch_;  // (scaled logit, id), reused every token
+  std::vector<float> probs_;  // unnormalized probabilities of the kept candidates (sums in double)
 };
 
 }  // namespace llmcore
