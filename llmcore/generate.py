@@ -118,7 +118,16 @@ class Sampling:
         probs = torch.softmax(logits, dim=-1)
         if self.top_p < 1.0:
             probs = nucleus(probs, self.top_p)
-        return int(torch.multinomial(probs / probs.sum(), 1, generator=self._gen))
+        return draw(probs, self._gen)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """An id with probability ``probs[id] / probs.sum()``: one uniform number looked up in the
+    cumulative sum. ``torch.multinomial`` took 770 us for SmolLM2's 49152 probabilities on
+    one thread, most of a sampled token's Python work; this takes about a tenth."""
+    cdf = torch.cumsum(probs, 0, dtype=torch.float64)
+    u = torch.rand((), generator=generator, dtype=torch.float64) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, u, right=True)), probs.numel() - 1)
 
 
 def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
