@@ -33,11 +33,36 @@ int32_t Sampler::argmax(const float* logits, int32_t vocab) {
 int32_t Sampler::sample(const float* logits, int32_t vocab) {
   if (vocab <= 0) return 0;
   if (!(cfg_.temperature > 0.0f)) return argmax(logits, vocab);
+  const float inv_t = 1.0f / cfg_.temperature;
+  const bool nucleus = cfg_.top_p > 0.0f && cfg_.top_p < 1.0f;
+  if (cfg_.top_k <= 0 && !nucleus) {
+    // No filter: draw in id order from exp((logit - max) / T), no candidates to rank.
+    float max_raw = -std::numeric_limits<float>::infinity();
+    for (int32_t i = 0; i < vocab; ++i) max_raw = std::max(max_raw, logits[i]);  // NaN never wins
+    if (std::isfinite(max_raw)) {
+      probs_.resize(static_cast<size_t>(vocab));
+      double sum = 0.0;
+      for (int32_t i = 0; i < vocab; ++i) {
+        const float v = logits[i];
+        probs_[i] = std::isnan(v) ? 0.0f : std::exp((v - max_raw) * inv_t);
+        sum += probs_[i];
+      }
+      double r = uniform() * sum;
+      double acc = 0.0;
+      int32_t last = 0;
+      for (int32_t i = 0; i < vocab; ++i) {
+        if (probs_[i] == 0.0f) continue;
+        acc += probs_[i];
+        last = i;
+        if (r < acc) return i;
+      }
+      return last;
+    }  // every logit infinite or NaN: the general path below picks as argmax would
+  }
 
   // (scaled logit, id), NaN treated as -inf, in id order.
   scratch_.clear();
   scratch_.reserve(static_cast<size_t>(vocab));
-  const float inv_t = 1.0f / cfg_.temperature;
   float max_v = -std::numeric_limits<float>::infinity();
   for (int32_t i = 0; i < vocab; ++i) {
     float v = logits[i];
@@ -71,7 +96,7 @@ int32_t Sampler::sample(const float* logits, int32_t vocab) {
   }
   // Nucleus: the smallest set of best candidates whose mass reaches top_p. It lies among the
   // best m for the first m (64, 512, ...) whose mass reaches it: only those are sorted.
-  if (cfg_.top_p > 0.0f && cfg_.top_p < 1.0f) {
+  if (nucleus) {
     const double target = static_cast<double>(cfg_.top_p) * sum;
     size_t m = std::min<size_t>(64, keep);
     for (;;) {
