@@ -24,16 +24,14 @@ import pytest
 import torch
 from torch import nn
 
-from test_runner import BUILD, binaries, cmake_executable, parse_ids, programs, run_runner  # noqa: F401
+from test_runner import BUILD, binaries, built_tool, parse_ids, programs, run_runner  # noqa: F401
 
 CHECK = BUILD / "llmcore_llm_ops_check"
 
 
 @pytest.fixture(scope="session")
 def ops_check(binaries):  # noqa: F811
-    if not CHECK.exists():
-        subprocess.run([cmake_executable(), "--build", str(BUILD), "--target", "llmcore_llm_ops_check"], check=True)
-    return CHECK
+    return built_tool(CHECK.name)
 
 
 def reference_sdpa(q, k, v, start, causal, scale):

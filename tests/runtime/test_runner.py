@@ -64,6 +64,15 @@ def binaries():
     return RUNNER, TOKENIZE
 
 
+def built_tool(name: str) -> Path:
+    """``build/NAME``, a test tool of the runner's CMake project (after ``binaries`` configured
+    the build folder), built here when missing."""
+    tool = BUILD / name
+    if not tool.exists():
+        subprocess.run([cmake_executable(), "--build", str(BUILD), "--target", name], check=True)
+    return tool
+
+
 @pytest.fixture(scope="session")
 def programs():
     """Directory with nocache.pte, kv.pte, bare.pte and tokenizer.json (cached by script hash)."""

@@ -13,16 +13,12 @@ import pytest
 import torch
 
 from llmcore.generate import Sampling, nucleus
-from test_runner import BUILD, binaries, cmake_executable  # noqa: F401
-
-SAMPLE = BUILD / "llmcore_sample"
+from test_runner import binaries, built_tool  # noqa: F401
 
 
 @pytest.fixture(scope="module")
 def sample_tool(binaries):  # noqa: F811
-    if not SAMPLE.exists():
-        subprocess.run([cmake_executable(), "--build", str(BUILD), "--target", "llmcore_sample"], check=True)
-    return SAMPLE
+    return built_tool("llmcore_sample")
 
 
 def expected(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
