@@ -95,26 +95,21 @@ int32_t Sampler::sample(const float* logits, int32_t vocab) {
     sum += probs_[i];
   }
   // Nucleus: the smallest set of best candidates whose mass reaches top_p. It lies among the
-  // best m for the first m (64, 512, ...) whose mass reaches it: only those are sorted.
+  // best m for the first m (64, 512, ...) whose mass reaches it: only those are sorted, and
+  // the cut is found while their mass is summed.
   if (nucleus) {
     const double target = static_cast<double>(cfg_.top_p) * sum;
-    size_t m = std::min<size_t>(64, keep);
-    for (;;) {
+    size_t m = std::min<size_t>(64, keep), cut = 0;
+    while (cut == 0) {
       best_first(m, keep);
-      double mass = 0.0;
-      for (size_t i = 0; i < m; ++i) mass += std::exp(scratch_[i].first - max_v);
-      if (mass >= target || m == keep) break;
-      m = std::min(m * 8, keep);
-    }
-    double cum = 0.0;
-    size_t cut = m;
-    for (size_t i = 0; i < m; ++i) {
-      probs_[i] = std::exp(scratch_[i].first - max_v);
-      cum += probs_[i];
-      if (cum >= target) {
-        cut = i + 1;
-        break;
+      double cum = 0.0;
+      for (size_t i = 0; i < m && cut == 0; ++i) {
+        probs_[i] = std::exp(scratch_[i].first - max_v);
+        cum += probs_[i];
+        if (cum >= target) cut = i + 1;
       }
+      if (cut == 0 && m == keep) cut = keep;  // rounding left the whole set short of the target
+      m = std::min(m * 8, keep);
     }
     keep = cut;
     sum = 0.0;
