@@ -214,7 +214,10 @@ def set_up_threads(command: str) -> None:
     workers' OpenMP kept to one thread for the commands that need it, and an export's own
     PyTorch ops (calibration, quantizer searches) on every core. ``benchmarks/bench_export.py``
     sets up its export processes with it too."""
-    if command in ONE_OPENMP_THREAD_PER_WORKER and one_openmp_thread_per_worker() and command == "export":
+    if command not in ONE_OPENMP_THREAD_PER_WORKER:
+        return
+    limited = one_openmp_thread_per_worker()
+    if limited and command == "export":
         torch_on_every_core()
 
 
