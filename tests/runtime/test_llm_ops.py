@@ -93,6 +93,63 @@ def test_custom_sdpa_matches_torch(ops_check, tmp_path, batch, q_len, heads, hea
     torch.testing.assert_close(got, theirs, rtol=2e-5, atol=2e-6)
 
 
+THREADED_CASES = [
+    # batch, q_len, heads, head_dim, kv_len, kv_heads, start
+    pytest.param(1, 1, 9, 64, 1024, 3, 300, id="decode-3-kv-heads"),
+    pytest.param(1, 1, 9, 64, 1024, 3, 20, id="decode-too-short-to-slice"),
+    pytest.param(1, 1, 8, 16, 256, 1, 250, id="decode-mqa"),
+    pytest.param(2, 3, 6, 24, 200, 3, 90, id="batch2-short-chunk"),
+    pytest.param(1, 5, 4, 13, 160, 2, 100, id="odd-head-dim-causal-rows"),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+@pytest.mark.parametrize("batch,q_len,heads,head_dim,kv_len,kv_heads,start", THREADED_CASES)
+def test_custom_sdpa_split_across_threads_matches_torch(ops_check, tmp_path, threads, batch, q_len, heads, head_dim,
+                                                        kv_len, kv_heads, start):
+    """A call with fewer (batch, kv head, row block) items than fill the threads evenly
+    slices its keys and merges the slices' softmax parts; the result must not depend on
+    how many threads there are."""
+    g = torch.Generator().manual_seed(start + heads)
+    q = torch.randn(batch, q_len, heads, head_dim, generator=g) * 2
+    k = torch.randn(batch, kv_len, kv_heads, head_dim, generator=g)
+    v = torch.randn(batch, kv_len, kv_heads, head_dim, generator=g)
+    k[:, start + q_len:] = float("nan")
+    v[:, start + q_len:] = float("nan")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        (tmp_path / f"{name}.bin").write_bytes(t.contiguous().numpy().tobytes())
+    r = run_check(ops_check, tmp_path, "sdpa", batch=batch, q_len=q_len, heads=heads, head_dim=head_dim,
+                  kv_len=kv_len, kv_heads=kv_heads, start=start, causal=True, threads=threads)
+    assert r.returncode == 0, r.stderr
+    got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).view(q.shape)
+    torch.testing.assert_close(got, reference_sdpa(q, k, v, start, True, None), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_custom_sdpa_with_a_slice_of_masked_keys(ops_check, tmp_path, threads):
+    """A decode step of a sliding layer whose window covers only the cache's last rows:
+    sliced across threads, the first slices see no key at all (every score -inf) and must
+    add nothing, neither NaN nor weight."""
+    heads, kv_heads, head_dim, rows = 4, 1, 16, 192
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 1, heads, head_dim, generator=g) * 2
+    k = torch.randn(1, rows, kv_heads, head_dim, generator=g)
+    v = torch.randn(1, rows, kv_heads, head_dim, generator=g)
+    mask = torch.full((1, rows), float("-inf"))
+    mask[0, rows - 10:] = 0.0
+    for name, t in (("q", q), ("k", k), ("v", v), ("mask", mask)):
+        (tmp_path / f"{name}.bin").write_bytes(t.contiguous().numpy().tobytes())
+    r = run_check(ops_check, tmp_path, "sdpa", batch=1, q_len=1, heads=heads, head_dim=head_dim, kv_len=rows,
+                  kv_heads=kv_heads, start=0, causal=False, mask=1, threads=threads)
+    assert r.returncode == 0, r.stderr
+    got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).view(q.shape)
+    scores = q.double().transpose(1, 2) @ k.double().repeat_interleave(heads, 2).transpose(1, 2).transpose(-1, -2)
+    scores = scores / math.sqrt(head_dim) + mask.double()
+    want = (scores.softmax(-1) @ v.double().repeat_interleave(heads, 2).transpose(1, 2)).transpose(1, 2).float()
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
+
+
 def test_custom_sdpa_with_a_mask_matches_torch(ops_check, tmp_path):
     """A sliding layer's call: a ring buffer of 11 rows holding positions 9..19 out of
     order, a 4-token chunk at positions 16..19, a window of 6, a mask saying which row each

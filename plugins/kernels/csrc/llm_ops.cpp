@@ -1,14 +1,18 @@
 // llama::update_cache.out, llama::update_cache_with_indices.out and llama::custom_sdpa.out
 // for llmcore_runner (see llm_ops.h).
 //
-// Attention: each work item is one (batch, query head, block of up to kRowBlock query
-// rows). Per row it computes the scaled scores against every key the row may see (four
-// keys at a time, for instruction-level parallelism), a numerically stable softmax (max
-// subtracted, a vectorised exp), then the weighted sum of v rows (four at a time) into
-// the output row; the block's k and v rows stay in cache between its rows. Items run on ExecuTorch's thread pool
-// (parallel_for): a decode step has one item per head, a prefill chunk one per head and
-// block. The hot loops are compiled twice, for x86-64-v3 (AVX2 + FMA) and the baseline,
-// and picked at load time (target_clones) where the compiler supports it.
+// Attention: each work item is one (batch, kv head, block of up to kRowBlock query rows,
+// slice of the keys). It holds every query head that reads that kv head (grouped-query
+// attention), so each key and value row is read from memory once per item, not once per
+// query head. Keys and values go in blocks of 8 KiB that stay in L1 while each of the
+// item's query rows uses them. Per query row: the scaled scores (four keys at a time),
+// a numerically stable softmax (max subtracted, a vectorised exp), then the weighted sum
+// of value rows, the output row held in registers over a whole block. Items run on
+// ExecuTorch's thread pool (parallel_for). A decode step has one item per kv head; when
+// that does not divide among the threads (SmolLM2's 3 kv heads on 2 threads), the keys are
+// cut into slices whose softmax parts are merged after (choose_key_chunks). The hot loops
+// are compiled twice, for x86-64-v3 (AVX2 + FMA) and the baseline, and picked at load
+// time (target_clones) where the compiler supports it.
 #include "llm_ops.h"
 
 #include <algorithm>
@@ -57,7 +61,10 @@ LLMCORE_INLINE v8f load8(const float* p) {
   return v;
 }
 LLMCORE_INLINE void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
-LLMCORE_INLINE v8f splat(float x) { return v8f{x, x, x, x, x, x, x, x}; }
+// A scalar in every lane. Written as a vector-scalar sum, which GCC compiles to one
+// broadcast; the lane-by-lane initialiser became eight inserts, rebuilt inside loops.
+// (x + 0 is x for every x but -0, and a -0 here only ever multiplies.)
+LLMCORE_INLINE v8f splat(float x) { return v8f{} + x; }
 LLMCORE_INLINE float hsum(v8f v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 
 // exp(x) for x <= 0 (softmax arguments after the row's max is subtracted): x = n ln2 + r
@@ -122,8 +129,25 @@ LLMCORE_INLINE float dot1(const float* q, const float* k, int64_t d) {
   return s;
 }
 
-// Softmax numerator of one row in place: s[j] <- exp(s[j] - max); returns the sum.
-LLMCORE_INLINE float softmax_row(float* s, int64_t n) {
+// o[0 .. T*8) += sum_j p[j] * v_j[0 .. T*8) over n value rows (`stride` floats apart),
+// the output held in T registers for all n rows: stored once, not once per row.
+template <int T>
+LLMCORE_INLINE void weighted_rows(float* o, const float* v, int64_t stride, const float* p, int64_t n) {
+  v8f acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = load8(o + t * kVec);
+  for (int64_t j = 0; j < n; ++j) {
+    const v8f w = splat(p[j]);
+    const float* vj = v + j * stride;
+    for (int t = 0; t < T; ++t) acc[t] += w * load8(vj + t * kVec);
+  }
+  for (int t = 0; t < T; ++t) store8(o + t * kVec, acc[t]);
+}
+
+// Softmax numerator of one row in place: s[j] <- exp(s[j] - max); returns the sum and
+// stores the max. A row whose scores are all -inf (every key masked) becomes zeros and
+// sums to 0: that happens to a slice of the keys (below), never to a whole row the
+// model asks for.
+LLMCORE_INLINE float softmax_row(float* s, int64_t n, float* max_out) {
   float mx = s[0];
   int64_t j = 0;
   if (n >= kVec) {
@@ -135,6 +159,11 @@ LLMCORE_INLINE float softmax_row(float* s, int64_t n) {
     for (int l = 0; l < kVec; ++l) mx = m[l] > mx ? m[l] : mx;
   }
   for (; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
+  *max_out = mx;
+  if (!(mx > -INFINITY)) {
+    for (j = 0; j < n; ++j) s[j] = 0.0f;
+    return 0.0f;
+  }
   const v8f vmx = splat(mx);
   v8f part = splat(0.0f);
   for (j = 0; j + kVec <= n; j += kVec) {
@@ -166,94 +195,191 @@ struct Attention {
   bool causal;
   const float* mask;  // [q_len, kv_len] added to the scores; then every key is seen (nullptr: none)
   float scale;
+  int64_t group;       // query heads per kv head (n_heads / n_kv_heads)
   int64_t row_blocks;  // ceil(q_len / kRowBlock)
+  int64_t key_chunks;  // slices of the keys per (batch, kv head, row block); 1 but in short calls
+  int64_t chunk_keys;  // keys per slice
+  // With key_chunks > 1, each work item's rows go here instead of to out, to be merged:
+  // [key_chunks][batch * q_len * n_heads][head_dim + 2] = (unnormalised output, max, sum).
+  float* partial;
 };
 
-// One work item: batch b, head h, rows [i0, i1) of the query.
-LLMCORE_MULTIVERSION
-void attend_block(const Attention& a, int64_t b, int64_t h, int64_t i0, int64_t i1, std::vector<float>& scratch) {
-  const int64_t d = a.head_dim;
-  const int64_t g = h / (a.n_heads / a.n_kv_heads);  // the kv head this query head reads
-  const int64_t rows = i1 - i0;
-  const int64_t all_keys = a.start_pos + a.q_len;
-  // Row r sees keys [0, limit[r]).
-  int64_t limit[kRowBlock];
-  for (int64_t r = 0; r < rows; ++r) {
-    limit[r] = a.mask != nullptr ? a.kv_len : a.causal ? a.start_pos + i0 + r + 1 : all_keys;
-  }
-  const int64_t n_keys = limit[rows - 1];  // the largest
-  if (static_cast<int64_t>(scratch.size()) < rows * n_keys) scratch.resize(rows * n_keys);
-  float* scores = scratch.data();
+// Keys (or values) per block of the inner loops: 8 KiB of rows, which stay in L1 while
+// each of the item's query rows reads them.
+LLMCORE_INLINE int64_t key_block(int64_t d) { return std::max<int64_t>(4, (2048 / std::max<int64_t>(d, 1)) & ~int64_t{3}); }
 
-  const int64_t q_row_stride = a.n_heads * d;
+// One work item: batch b, kv head g with the `group` query heads that read it, query rows
+// [i0, i1), keys [chunk * chunk_keys, +chunk_keys). Query vector qv = r * group + hh is
+// row i0 + r of head g * group + hh.
+LLMCORE_MULTIVERSION
+void attend_block(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t i1, int64_t chunk,
+                  std::vector<float>& scratch) {
+  const int64_t d = a.head_dim, G = a.group;
+  const int64_t rows = i1 - i0, nq = rows * G;
+  const int64_t all_keys = a.mask != nullptr ? a.kv_len : a.start_pos + a.q_len;
+  const int64_t j0 = chunk * a.chunk_keys, j1 = std::min(all_keys, j0 + a.chunk_keys);
+  // Row r sees keys [j0, end[r]) in this item.
+  int64_t end[kRowBlock];
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t limit = a.mask != nullptr ? a.kv_len : a.causal ? a.start_pos + i0 + r + 1 : all_keys;
+    end[r] = std::max(j0, std::min(j1, limit));
+  }
+  const int64_t span = std::max<int64_t>(j1 - j0, 1);
+  if (static_cast<int64_t>(scratch.size()) < nq * (span + 2)) scratch.resize(nq * (span + 2));
+  float* scores = scratch.data();  // [nq][span], key j at column j - j0
+  float* maxes = scores + nq * span;
+  float* sums = maxes + nq;
+
   const int64_t kv_row_stride = a.n_kv_heads * d;
-  const float* q0 = a.q + ((b * a.q_len + i0) * a.n_heads + h) * d;
   const float* k0 = a.k + (b * a.kv_len * a.n_kv_heads + g) * d;
   const float* v0 = a.v + (b * a.kv_len * a.n_kv_heads + g) * d;
-  float* o0 = a.out + ((b * a.q_len + i0) * a.n_heads + h) * d;
+  auto query = [&](int64_t qv) { return a.q + ((b * a.q_len + i0 + qv / G) * a.n_heads + g * G + qv % G) * d; };
+  // Where query vector qv's output goes: out itself, or its slice's partial row.
+  const int64_t partial_row = d + 2;
+  auto output = [&](int64_t qv) {
+    const int64_t row = (b * a.q_len + i0 + qv / G) * a.n_heads + g * G + qv % G;
+    return a.key_chunks == 1 ? a.out + row * d
+                             : a.partial + (chunk * a.batch * a.q_len * a.n_heads + row) * partial_row;
+  };
+  const int64_t blk = key_block(d);
 
-  // Scores, scaled: keys in fours while all four are visible to the row.
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* qr = q0 + r * q_row_stride;
-    float* sr = scores + r * n_keys;
-    int64_t j = 0;
-    for (; j + 4 <= limit[r]; j += 4) {
-      const float* kj = k0 + j * kv_row_stride;
-      float dots[4];
-      dot4(qr, kj, kj + kv_row_stride, kj + 2 * kv_row_stride, kj + 3 * kv_row_stride, d, dots);
-      for (int t = 0; t < 4; ++t) sr[j + t] = dots[t] * a.scale;
+  // Scores, scaled. Keys in blocks, each block read by every query vector while in L1
+  // (grouped-query heads share their keys); within a block four keys at a time.
+  for (int64_t jb = j0; jb < j1; jb += blk) {
+    const int64_t je = std::min(j1, jb + blk);
+    for (int64_t qv = 0; qv < nq; ++qv) {
+      const int64_t hi = std::min(je, end[qv / G]);
+      const float* qr = query(qv);
+      float* sr = scores + qv * span;
+      int64_t j = jb;
+      for (; j + 4 <= hi; j += 4) {
+        const float* kj = k0 + j * kv_row_stride;
+        float dots[4];
+        dot4(qr, kj, kj + kv_row_stride, kj + 2 * kv_row_stride, kj + 3 * kv_row_stride, d, dots);
+        for (int t = 0; t < 4; ++t) sr[j - j0 + t] = dots[t] * a.scale;
+      }
+      for (; j < hi; ++j) sr[j - j0] = dot1(qr, k0 + j * kv_row_stride, d) * a.scale;
     }
-    for (; j < limit[r]; ++j) sr[j] = dot1(qr, k0 + j * kv_row_stride, d) * a.scale;
+  }
+  for (int64_t qv = 0; qv < nq; ++qv) {
+    const int64_t n = end[qv / G] - j0;
+    float* sr = scores + qv * span;
     if (a.mask != nullptr) {  // additive: -inf keys get exp(-87 - max) ~ 0 in softmax_row
-      const float* mr = a.mask + (i0 + r) * a.kv_len;
-      for (j = 0; j < limit[r]; ++j) sr[j] += mr[j];
+      const float* mr = a.mask + (i0 + qv / G) * a.kv_len + j0;
+      for (int64_t j = 0; j < n; ++j) sr[j] += mr[j];
+    }
+    if (n > 0) {
+      sums[qv] = softmax_row(sr, n, &maxes[qv]);
+    } else {
+      sums[qv] = 0.0f;
+      maxes[qv] = -INFINITY;
+    }
+    float* o = output(qv);
+    for (int64_t c = 0; c < d; ++c) o[c] = 0.0f;
+  }
+
+  // Weighted sum of values, blocked over keys as the scores were. Each output row is
+  // accumulated in registers, 64 channels at a time, over a whole block of keys.
+  for (int64_t jb = j0; jb < j1; jb += blk) {
+    const int64_t je = std::min(j1, jb + blk);
+    const float* vb = v0 + jb * kv_row_stride;
+    for (int64_t qv = 0; qv < nq; ++qv) {
+      const int64_t n = std::min(je, end[qv / G]) - jb;
+      if (n <= 0) continue;
+      const float* p = scores + qv * span + (jb - j0);
+      float* orow = output(qv);
+      int64_t c = 0;
+      for (; c + 8 * kVec <= d; c += 8 * kVec) weighted_rows<8>(orow + c, vb + c, kv_row_stride, p, n);
+      if (c + 4 * kVec <= d) {
+        weighted_rows<4>(orow + c, vb + c, kv_row_stride, p, n);
+        c += 4 * kVec;
+      }
+      for (; c + kVec <= d; c += kVec) weighted_rows<1>(orow + c, vb + c, kv_row_stride, p, n);
+      for (; c < d; ++c) {
+        float acc = orow[c];
+        for (int64_t j = 0; j < n; ++j) acc += p[j] * vb[j * kv_row_stride + c];
+        orow[c] = acc;
+      }
     }
   }
 
-  // Softmax and weighted sum of values, four keys per pass over the output row.
-  for (int64_t r = 0; r < rows; ++r) {
-    float* sr = scores + r * n_keys;
-    const int64_t n = limit[r];
-    const float inv_sum = 1.0f / softmax_row(sr, n);
-    float* orow = o0 + r * q_row_stride;
-    for (int64_t c = 0; c < d; ++c) orow[c] = 0.0f;
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-      const float* va = v0 + j * kv_row_stride;
-      const float* vb = va + kv_row_stride;
-      const float* vc = vb + kv_row_stride;
-      const float* vd = vc + kv_row_stride;
-      const float pa = sr[j], pb = sr[j + 1], pc = sr[j + 2], pd = sr[j + 3];
-      int64_t c = 0;
-      for (; c + kVec <= d; c += kVec) {
-        store8(orow + c, load8(orow + c) + splat(pa) * load8(va + c) + splat(pb) * load8(vb + c) +
-                             splat(pc) * load8(vc + c) + splat(pd) * load8(vd + c));
-      }
-      for (; c < d; ++c) orow[c] += pa * va[c] + pb * vb[c] + pc * vc[c] + pd * vd[c];
+  for (int64_t qv = 0; qv < nq; ++qv) {
+    float* o = output(qv);
+    if (a.key_chunks == 1) {
+      const float inv_sum = sums[qv] > 0.0f ? 1.0f / sums[qv] : 0.0f;
+      for (int64_t c = 0; c < d; ++c) o[c] *= inv_sum;
+    } else {
+      o[d] = maxes[qv];
+      o[d + 1] = sums[qv];
     }
-    for (; j < n; ++j) {
-      const float* vj = v0 + j * kv_row_stride;
-      const float p = sr[j];
-      int64_t c = 0;
-      for (; c + kVec <= d; c += kVec) store8(orow + c, load8(orow + c) + splat(p) * load8(vj + c));
-      for (; c < d; ++c) orow[c] += p * vj[c];
-    }
-    for (int64_t c = 0; c < d; ++c) orow[c] *= inv_sum;
   }
 }
 
-void attend(const Attention& a) {
-  const int64_t items = a.batch * a.n_heads * a.row_blocks;
+// How many slices to cut each item's keys into. A decode step has one item per (batch,
+// kv head): SmolLM2's 3 kv heads on 2 threads would leave one thread idle a third of the
+// time. Slicing the keys gives a count of items that divides evenly among the threads;
+// the slices' softmax parts are merged after (a few floats per output row). Prefill
+// chunks have enough row blocks, and short caches are not worth slicing.
+int64_t choose_key_chunks(int64_t items, int64_t keys, int64_t threads) {
+  constexpr int64_t kMinChunkKeys = 32;
+  if (threads <= 1 || items % threads == 0 || items >= 4 * threads) return 1;
+  int64_t chunks = threads;
+  for (int64_t c = 2; c < threads; ++c) {
+    if ((items * c) % threads == 0) {
+      chunks = c;
+      break;
+    }
+  }
+  return std::max<int64_t>(1, std::min(chunks, keys / kMinChunkKeys));
+}
+
+// out[row] = sum_c w_c o_c / sum_c w_c l_c, w_c = exp(m_c - max_c m_c): the softmax over
+// all keys from each slice's (unnormalised output o, max m, sum l).
+void merge_key_chunks(const Attention& a) {
+  const int64_t d = a.head_dim, rows = a.batch * a.q_len * a.n_heads, stride = rows * (d + 2);
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* p = a.partial + row * (d + 2);
+    float m = -INFINITY;
+    for (int64_t c = 0; c < a.key_chunks; ++c) m = std::max(m, p[c * stride + d]);
+    float* o = a.out + row * d;
+    for (int64_t x = 0; x < d; ++x) o[x] = 0.0f;
+    if (!(m > -INFINITY)) continue;
+    float total = 0.0f;
+    for (int64_t c = 0; c < a.key_chunks; ++c) {
+      const float* pc = p + c * stride;
+      const float w = std::exp(pc[d] - m);  // a slice with no key: exp(-inf) = 0
+      if (w == 0.0f) continue;
+      total += w * pc[d + 1];
+      for (int64_t x = 0; x < d; ++x) o[x] += w * pc[x];
+    }
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    for (int64_t x = 0; x < d; ++x) o[x] *= inv;
+  }
+}
+
+void attend(Attention& a) {
+  const int64_t base = a.batch * a.n_kv_heads * a.row_blocks;
+  const int64_t keys = a.mask != nullptr ? a.kv_len : a.start_pos + a.q_len;
+  a.key_chunks = choose_key_chunks(base, keys, executorch::extension::get_thread_count());
+  a.chunk_keys = (keys + a.key_chunks - 1) / a.key_chunks;
+  thread_local std::vector<float> partial;
+  if (a.key_chunks > 1) {
+    partial.resize(a.key_chunks * a.batch * a.q_len * a.n_heads * (a.head_dim + 2));
+    a.partial = partial.data();
+  }
+  const int64_t items = base * a.key_chunks;
   executorch::extension::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scratch;
     for (int64_t it = begin; it < end; ++it) {
-      const int64_t blk = it % a.row_blocks;
-      const int64_t h = (it / a.row_blocks) % a.n_heads;
-      const int64_t b = it / (a.row_blocks * a.n_heads);
+      const int64_t chunk = it % a.key_chunks;
+      const int64_t blk = (it / a.key_chunks) % a.row_blocks;
+      const int64_t g = (it / (a.key_chunks * a.row_blocks)) % a.n_kv_heads;
+      const int64_t b = it / (a.key_chunks * a.row_blocks * a.n_kv_heads);
       const int64_t i0 = blk * kRowBlock;
-      attend_block(a, b, h, i0, std::min(a.q_len, i0 + kRowBlock), scratch);
+      attend_block(a, b, g, i0, std::min(a.q_len, i0 + kRowBlock), chunk, scratch);
     }
   });
+  if (a.key_chunks > 1) merge_key_chunks(a);
 }
 
 const char* dtype_name(ScalarType t) { return executorch::runtime::toString(t); }
@@ -395,7 +521,9 @@ Tensor& custom_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor
   a.causal = is_causal;
   a.mask = attn_mask.has_value() ? attn_mask->const_data_ptr<float>() : nullptr;
   a.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim)));
+  a.group = n_heads / n_kv_heads;
   a.row_blocks = (q_len + kRowBlock - 1) / kRowBlock;
+  a.partial = nullptr;
   attend(a);
   return out;
 }

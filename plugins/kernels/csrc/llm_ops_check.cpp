@@ -11,7 +11,9 @@
 //       reads DIR/q.bin [batch,q_len,heads,head_dim], DIR/k.bin and DIR/v.bin
 //       [batch,kv_len,kv_heads,head_dim] (float32, when dtype=float), with mask=1 DIR/mask.bin
 //       [q_len,kv_len] (float32: 0 or -inf), writes DIR/out.bin;
-//       prints "us_per_call=..." (the median of `repeat` calls)
+//       prints "us_per_call=..." (the median of `repeat` calls); threads=N (default: the
+//       pool's, one per core) sizes ExecuTorch's thread pool first, which decides how the
+//       kernel splits its work
 //   llmcore_llm_ops_check update_cache DIR key=value...
 //       keys: batch seq heads head_dim capacity start dtype indices (0/1)
 //       reads DIR/value.bin and DIR/cache.bin, writes the updated cache to DIR/cache_out.bin;
@@ -33,6 +35,8 @@
 #include <executorch/runtime/kernel/kernel_runtime_context.h>
 #include <executorch/runtime/kernel/operator_registry.h>
 #include <executorch/runtime/platform/runtime.h>
+
+#include "executorch_threadpool.h"
 
 namespace et = executorch::runtime;
 using executorch::aten::ScalarType;
@@ -158,6 +162,10 @@ int run_sdpa(const Args& a) {
   et::EValue ev_out(out.tensor());
   et::EValue* stack[] = {&ev_q, &ev_k, &ev_v, &ev_start, &ev_mask, &ev_dropout, &ev_causal, &ev_scale, &ev_out};
 
+  if (a.num("threads", 0) > 0) {
+    executorch::extension::threadpool::get_threadpool()->_unsafe_reset_threadpool(
+        static_cast<uint32_t>(a.num("threads", 0)));
+  }
   et::OpFunction op = lookup("llama::custom_sdpa.out");
   const int64_t repeat = std::max<int64_t>(1, a.num("repeat", 1));
   std::vector<double> us;
