@@ -42,6 +42,7 @@
 #include "pte_module.h"
 #include "sampler.h"
 #include "tokenizer.h"
+#include "xnnpack_reshape.h"
 
 namespace {
 
@@ -571,6 +572,12 @@ int run(const Options& opt) {
                "generated_tokens=%zu load_ms=%.1f stop=%s\n",
                ttft_ms, prefill_tok_s, decode_tok_s, peak_rss_mib(), n_prompt, generated.size(),
                ms_since(t_load0, t_load1), stop_reason.c_str());
+  if (opt.verbose) {
+    const llmcore::XnnpackReshapeCounts r = llmcore::xnnpack_reshape_counts();
+    std::fprintf(stderr, "llmcore_runner: XNNPACK runtime reshapes: %llu run, %llu skipped (input shapes unchanged)%s\n",
+                 (unsigned long long)r.done, (unsigned long long)r.skipped,
+                 r.always ? "; LLMCORE_XNNPACK_RESHAPE=always" : "");
+  }
   if (!opt.etdump.empty()) {
     std::string why;
     if (!module.write_etdump(opt.etdump, &why)) throw llmcore::RuntimeError("--etdump: " + why);

@@ -241,6 +241,37 @@ def test_thread_count_defaults_to_one_for_a_small_program(binaries, programs, tm
         assert "llmcore_runner: 1 runtime threads" not in err
 
 
+RESHAPES_RE = re.compile(r"XNNPACK runtime reshapes: (\d+) run, (\d+) skipped")
+
+
+def test_xnnpack_reshapes_only_when_input_shapes_change(binaries, programs, hf_tok):
+    """The runner answers XNNPACK's whole-runtime reshape itself when a delegate's input
+    shapes are those of its last reshape (runtime/src/xnnpack_reshape.cpp). A prompt longer
+    than one call changes the shapes three times (full chunk, remainder, one token): the
+    greedy tokens must still be the Python reference loop's, and the same as with every
+    reshape passed on (LLMCORE_XNNPACK_RESHAPE=always)."""
+    from pte_reference import reference_generate
+
+    pte = programs / "kv.pte"
+    prompt = PROMPTS[2]  # longer than kv.pte's tokens per call: chunked prefill
+    ref = reference_generate(pte, hf_tok.encode(prompt, add_special_tokens=False).ids, 40)
+    cmd = [str(RUNNER), str(pte), "--prompt", prompt, "--max-new-tokens", "40", "--print-ids", "--verbose"]
+    counts = {}
+    for mode in ("", "always"):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "LLMCORE_XNNPACK_RESHAPE": mode})
+        assert r.returncode == 0, r.stderr
+        assert parse_ids(r.stdout) == ref, mode
+        m = RESHAPES_RE.search(r.stderr)
+        assert m, r.stderr
+        counts[mode] = (int(m.group(1)), int(m.group(2)))
+    run, skipped = counts[""]
+    always_run, always_skipped = counts["always"]
+    assert always_skipped == 0 and always_run == run + skipped
+    # most calls repeat their delegate's last shapes (each decode step after the first)
+    assert skipped > 2 * run and run >= 3
+
+
 @pytest.mark.parametrize("variant", ["nocache", "kv"])
 def test_degenerate_sampling_equals_greedy(binaries, programs, variant):
     pte = programs / f"{variant}.pte"
