@@ -28,6 +28,7 @@ import ctypes
 import functools
 import importlib
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -202,6 +203,31 @@ def load_specialized_kernels(ops: Iterable[str], registry: Optional[Any] = None)
     loaded = []
     for provided in libraries_for_operators(ops, registry, specialized=True):
         if provided.record.shared_library is None:
+            continue
+        try:
+            path = provided.record.shared_library()
+            load_shared_library(path)
+        except LlmcoreError:
+            continue
+        loaded.append(str(path))
+    return loaded
+
+
+BINDINGS_MODULE = "executorch.extension.pybindings._C"
+
+
+def load_preloaded_libraries(registry: Optional[Any] = None) -> list[str]:
+    """Load the built ``preload`` libraries of installed plugins, before this process
+    imports ExecuTorch's bindings (:attr:`llmcore.records.RuntimeLibrary.preload`); returns
+    their paths. After the import nothing is loaded: the bindings' libraries are bound by
+    then. One that is not built, or does not load, is passed over."""
+    if BINDINGS_MODULE in sys.modules:
+        return []
+    if registry is None:
+        registry = _installed_registry()
+    loaded = []
+    for provided in registry.all("runtime_libraries"):
+        if not provided.record.preload or provided.record.shared_library is None:
             continue
         try:
             path = provided.record.shared_library()

@@ -419,3 +419,9 @@ class RuntimeLibrary(Record):
     No program needs such a library: export does not name it, and running a program that
     calls its ops loads it, when its native library is built, besides the libraries that
     provide them (:func:`llmcore.libraries.load_specialized_kernels`)."""
+    preload: bool = False
+    """Whether it is loaded, with its symbols global, before a process imports ExecuTorch's
+    runtime bindings (:func:`llmcore.libraries.load_preloaded_libraries`). Such a library
+    registers no ops: it changes what ExecuTorch's own libraries do by defining functions
+    they call, which the dynamic linker binds to the first definition it finds when they
+    load. In a process that imported the bindings before, it is not loaded."""

@@ -21,7 +21,7 @@ import torch
 
 from llmcore import pte
 from llmcore.errors import LlmcoreError
-from llmcore.libraries import load_program_libraries, missing_library_hint
+from llmcore.libraries import load_preloaded_libraries, load_program_libraries, missing_library_hint
 
 METADATA_METHODS = {
     "get_max_seq_len": int,
@@ -95,6 +95,7 @@ class Program:
 
     @classmethod
     def _load(cls, data, label: str, enable_etdump: bool, path: Optional[Path]) -> "Program":
+        load_preloaded_libraries()  # before the bindings' libraries load: see the function
         from executorch.extension.pybindings import portable_lib
 
         pte.check_header(data, label, stage="run")

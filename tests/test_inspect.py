@@ -130,14 +130,18 @@ def test_inspect_agrees_with_the_runtimes_method_meta(programs):
     from llmcore.libraries import load_program_libraries
 
     _, data = _inspect_json(programs["int8"])
-    load_program_libraries(programs["int8"].read_bytes())
-    program = portable_lib._load_program_from_buffer(programs["int8"].read_bytes())
+    pte_bytes = programs["int8"].read_bytes()
+    load_program_libraries(pte_bytes)
+    # The program reads the buffer it was loaded from: a temporary freed after the call
+    # left method_meta reading freed memory (a segfault, depending on the heap).
+    program = portable_lib._load_program_from_buffer(pte_bytes)
     forward = next(m for m in data["methods"] if m["name"] == "forward")
     meta = program.method_meta("forward")
     assert meta.num_inputs() == len(forward["inputs"]) and meta.num_outputs() == len(forward["outputs"])
     for i, spec in enumerate(forward["inputs"]):
         assert list(meta.input_tensor_meta(i).sizes()) == spec["shape"]
     assert list(meta.output_tensor_meta(0).sizes()) == forward["outputs"][0]["shape"]
+    del program, pte_bytes  # the program first
     assert forward["inputs"][0]["dtype"] == "int64" and forward["outputs"][0]["dtype"] == "float32"
 
 

@@ -57,6 +57,16 @@ def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
             declared=False,
             specialized=True,
         ),
+        RuntimeLibrary(
+            name="llmcore_xnnpack_reshape",
+            description="XNNPACK's whole-runtime reshape only when a delegate's input shapes changed, as in "
+            "llmcore_runner: ExecuTorch's delegate asks for one on every call, ~9% of a decode step's "
+            "time on SmolLM2 (docs/performance.md); LLMCORE_XNNPACK_RESHAPE=always turns it off",
+            ops=(),
+            shared_library=library.xnnpack_reshape_library,
+            declared=False,
+            preload=True,
+        ),
     ]
 
 

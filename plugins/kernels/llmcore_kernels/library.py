@@ -8,7 +8,10 @@ The C++ sources (``plugins/kernels/csrc``) are built by the project's CMake
   it in Python registers the ops with both PyTorch and the ExecuTorch runtime;
 * ``libllmcore_llm_ops.so``: ``llmcore_runner``'s attention kernel (``llama::custom_sdpa``)
   for Python processes, registered for float32 tensors under ExecuTorch kernel keys beside
-  ExecuTorch's own kernel of that op (``csrc/llm_ops.cpp``).
+  ExecuTorch's own kernel of that op (``csrc/llm_ops.cpp``);
+* ``libllmcore_xnnpack_reshape.so``: XNNPACK's whole-runtime reshape only when a delegate's
+  input shapes change, as ``llmcore_runner`` does (``csrc/xnnpack_reshape.cpp``); loaded
+  before ExecuTorch's bindings.
 
 They are looked up in ``$LLMCORE_KERNELS_LIB_DIR`` when it is set, else in ``build/`` of the
 checkout this package is installed from (editable installs).
@@ -26,6 +29,7 @@ LIB_DIR_ENV = "LLMCORE_KERNELS_LIB_DIR"
 RUNTIME_LIBRARY = "libllmcore_kernels.so"
 AOT_LIBRARY = "libllmcore_kernels_aot.so"
 LLM_OPS_LIBRARY = "libllmcore_llm_ops.so"
+XNNPACK_RESHAPE_LIBRARY = "libllmcore_xnnpack_reshape.so"
 _SOURCE_ROOT = Path(__file__).resolve().parents[3]  # the checkout, for an editable install
 
 _loaded = False
@@ -59,6 +63,12 @@ def runtime_library() -> Path:
 def llm_ops_library() -> Path:
     """The runner's attention kernel, as a library a Python process loads beside ExecuTorch's."""
     return library_path(LLM_OPS_LIBRARY)
+
+
+def xnnpack_reshape_library() -> Path:
+    """XNNPACK's whole-runtime reshape only when a delegate's input shapes change, for a
+    Python process to load before ExecuTorch's bindings (``csrc/xnnpack_reshape.cpp``)."""
+    return library_path(XNNPACK_RESHAPE_LIBRARY)
 
 
 def load() -> None:

@@ -1,5 +1,5 @@
-"""Fixtures: the native libraries (built with CMake when missing), and one small export
-that uses the fused kernel, made once per session."""
+"""Fixtures: the native libraries (built with CMake when missing), one small export that
+uses the fused kernel and one with a KV cache, each made once per session."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ RUNNER = BUILD / "llmcore_runner"
 
 @pytest.fixture(scope="session")
 def kernel_library() -> Path:
-    """The folder holding libllmcore_kernels.so, libllmcore_kernels_aot.so and
-    libllmcore_llm_ops.so (and, for the default folder, llmcore_runner), building them into
-    build/ when missing."""
+    """The folder holding libllmcore_kernels.so, libllmcore_kernels_aot.so,
+    libllmcore_llm_ops.so and libllmcore_xnnpack_reshape.so (and, for the default folder,
+    llmcore_runner), building them into build/ when missing."""
     from llmcore_kernels import library
 
-    targets = [BUILD / library.RUNTIME_LIBRARY, BUILD / library.AOT_LIBRARY, BUILD / library.LLM_OPS_LIBRARY, RUNNER]
+    targets = [BUILD / library.RUNTIME_LIBRARY, BUILD / library.AOT_LIBRARY, BUILD / library.LLM_OPS_LIBRARY,
+               BUILD / library.XNNPACK_RESHAPE_LIBRARY, RUNNER]
     if os.environ.get(library.LIB_DIR_ENV):
         folder = library.library_dir()
         if not (folder / library.AOT_LIBRARY).is_file():
@@ -42,7 +43,7 @@ def kernel_library() -> Path:
         )
         subprocess.run(
             [cmake, "--build", str(BUILD), "-j2", "--target", "llmcore_kernels", "llmcore_kernels_aot",
-             "llmcore_llm_ops_keyed", "llmcore_runner"],
+             "llmcore_llm_ops_keyed", "llmcore_xnnpack_reshape", "llmcore_runner"],
             check=True, stdout=subprocess.DEVNULL,
         )
     return BUILD
@@ -81,3 +82,15 @@ def llmcore_cli():
         )
 
     return run
+
+
+@pytest.fixture(scope="session")
+def kv_export(kernel_library, tmp_path_factory):
+    """The tiny random Llama with its KV cache (llama::update_cache, llama::custom_sdpa), for XNNPACK."""
+    from llmcore.pipeline import export
+    from llmcore.plugins import load_registry
+    from llmcore.recipe import ExportOptions
+
+    out = tmp_path_factory.mktemp("kv") / "tiny.pte"
+    return export(ExportOptions(model="llama", config="tiny", plugins=["xnnpack"], output=str(out), quiet=True),
+                  load_registry())

@@ -34,18 +34,6 @@ print(json.dumps({"logits": rows, "calls": calls}))
 """
 
 
-@pytest.fixture(scope="session")
-def kv_export(kernel_library, tmp_path_factory):
-    """The tiny random Llama with its KV cache (llama::update_cache, llama::custom_sdpa), for XNNPACK."""
-    from llmcore.pipeline import export
-    from llmcore.plugins import load_registry
-    from llmcore.recipe import ExportOptions
-
-    out = tmp_path_factory.mktemp("kv") / "tiny.pte"
-    return export(ExportOptions(model="llama", config="tiny", plugins=["xnnpack"], output=str(out), quiet=True),
-                  load_registry())
-
-
 def _run(pte, *, specialized: bool, first: str = "program", library: str = "") -> dict:
     env = {**os.environ, "LLMCORE_SPECIALIZED_KERNELS": "1" if specialized else "0"}
     done = subprocess.run([sys.executable, "-c", _RUN, str(pte), first, library], capture_output=True, text=True,

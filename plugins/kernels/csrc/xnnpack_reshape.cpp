@@ -14,10 +14,13 @@
 // XNNPACK moves every sharing runtime's pointers (and sets up its operators again) when
 // one of them grows the workspace (initialize_workspace_values in XNNPACK's runtime.c).
 //
-// The runner interposes the three entry points: the delegate library calls them through
-// its PLT, and the executable's definitions come first in symbol lookup. Each forwards to
-// XNNPACK's own (dlsym RTLD_NEXT). A Python process cannot do this (the delegate is loaded
-// before anything of llmcore's), so `llmcore run` reshapes every call.
+// The three entry points are interposed: ExecuTorch's XNNPACK library calls them through
+// its PLT, and a definition found first in symbol lookup wins. llmcore_runner links this
+// file, so the executable's definitions come first. A Python process loads it as
+// libllmcore_xnnpack_reshape.so with RTLD_GLOBAL before it imports ExecuTorch's bindings
+// (llmcore.libraries.load_preloaded_libraries); imported later, it changes nothing, as
+// the bindings' libraries are bound when they load. Each definition forwards to
+// XNNPACK's own, looked up in the loaded libexecutorch_backend_xnnpack.so.
 //
 // LLMCORE_XNNPACK_RESHAPE=always passes every call on, as without this file.
 #include "xnnpack_reshape.h"
@@ -55,12 +58,15 @@ State& state() {
   return s;
 }
 
-// XNNPACK's definition of `name`, the next one after the executable's.
+// XNNPACK's definition of `name`: the one in ExecuTorch's XNNPACK library, which is loaded
+// by the time the delegate calls anything (a handle's lookup starts at that library, not at
+// these definitions).
 template <typename Fn>
 Fn xnnpack_function(const char* name) {
-  void* f = dlsym(RTLD_NEXT, name);
+  void* library = dlopen("libexecutorch_backend_xnnpack.so", RTLD_LAZY | RTLD_NOLOAD);
+  void* f = library != nullptr ? dlsym(library, name) : nullptr;
   if (f == nullptr) {
-    std::fprintf(stderr, "llmcore_runner: XNNPACK's %s is not loaded: %s\n", name, dlerror());
+    std::fprintf(stderr, "llmcore: XNNPACK's %s is not loaded: %s\n", name, dlerror());
     std::abort();
   }
   return reinterpret_cast<Fn>(f);
@@ -126,3 +132,12 @@ XnnpackReshapeCounts xnnpack_reshape_counts() {
 }
 
 }  // namespace llmcore
+
+// For a Python process (ctypes): the counts above; returns 1 with LLMCORE_XNNPACK_RESHAPE=always.
+extern "C" __attribute__((visibility("default"))) int llmcore_xnnpack_reshape_counts(uint64_t* done,
+                                                                                    uint64_t* skipped) {
+  const llmcore::XnnpackReshapeCounts c = llmcore::xnnpack_reshape_counts();
+  *done = c.done;
+  *skipped = c.skipped;
+  return c.always ? 1 : 0;
+}
