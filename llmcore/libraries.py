@@ -200,8 +200,14 @@ def load_specialized_kernels(ops: Iterable[str], registry: Optional[Any] = None)
         return []
     if registry is None:
         registry = _installed_registry()
+    return _load_those_built(libraries_for_operators(ops, registry, specialized=True))
+
+
+def _load_those_built(provided_libraries: Iterable[Any]) -> list[str]:
+    """Load each library's native file where it is built; the others are passed over (they
+    only speed things up). Returns the paths loaded."""
     loaded = []
-    for provided in libraries_for_operators(ops, registry, specialized=True):
+    for provided in provided_libraries:
         if provided.record.shared_library is None:
             continue
         try:
@@ -225,17 +231,7 @@ def load_preloaded_libraries(registry: Optional[Any] = None) -> list[str]:
         return []
     if registry is None:
         registry = _installed_registry()
-    loaded = []
-    for provided in registry.all("runtime_libraries"):
-        if not provided.record.preload or provided.record.shared_library is None:
-            continue
-        try:
-            path = provided.record.shared_library()
-            load_shared_library(path)
-        except LlmcoreError:
-            continue
-        loaded.append(str(path))
-    return loaded
+    return _load_those_built(p for p in registry.all("runtime_libraries") if p.record.preload)
 
 
 @functools.lru_cache(maxsize=1)

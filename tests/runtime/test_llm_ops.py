@@ -55,6 +55,25 @@ def run_check(tool, folder, command, **params):
     return subprocess.run(args, capture_output=True, text=True, timeout=120)
 
 
+def sdpa_on_random_inputs(ops_check, tmp_path, seed, batch, q_len, heads, head_dim, kv_len, kv_heads, start,
+                          **params):
+    """Random q, k, v and the kernel's output on them (run_check's "sdpa"). The cache rows
+    past the attended range are NaN: they must not matter."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, q_len, heads, head_dim, generator=g) * 2
+    k = torch.randn(batch, kv_len, kv_heads, head_dim, generator=g)
+    v = torch.randn(batch, kv_len, kv_heads, head_dim, generator=g)
+    k[:, start + q_len:] = float("nan")
+    v[:, start + q_len:] = float("nan")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        (tmp_path / f"{name}.bin").write_bytes(t.contiguous().numpy().tobytes())
+    r = run_check(ops_check, tmp_path, "sdpa", batch=batch, q_len=q_len, heads=heads, head_dim=head_dim,
+                  kv_len=kv_len, kv_heads=kv_heads, start=start, **params)
+    assert r.returncode == 0, r.stderr
+    got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).view(q.shape)
+    return q, k, v, got
+
+
 SDPA_CASES = [
     # batch, q_len, heads, head_dim, kv_len, kv_heads, start, causal, scale
     pytest.param(1, 1, 9, 64, 1024, 3, 700, True, None, id="decode-gqa-smollm2-shape"),
@@ -70,19 +89,8 @@ SDPA_CASES = [
 @pytest.mark.parametrize("batch,q_len,heads,head_dim,kv_len,kv_heads,start,causal,scale", SDPA_CASES)
 def test_custom_sdpa_matches_torch(ops_check, tmp_path, batch, q_len, heads, head_dim, kv_len, kv_heads, start,
                                    causal, scale):
-    g = torch.Generator().manual_seed(q_len * 1000 + heads)
-    q = torch.randn(batch, q_len, heads, head_dim, generator=g) * 2
-    k = torch.randn(batch, kv_len, kv_heads, head_dim, generator=g)
-    v = torch.randn(batch, kv_len, kv_heads, head_dim, generator=g)
-    # Rows past the attended range must not matter: poison them.
-    k[:, start + q_len:] = float("nan")
-    v[:, start + q_len:] = float("nan")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        (tmp_path / f"{name}.bin").write_bytes(t.contiguous().numpy().tobytes())
-    r = run_check(ops_check, tmp_path, "sdpa", batch=batch, q_len=q_len, heads=heads, head_dim=head_dim,
-                  kv_len=kv_len, kv_heads=kv_heads, start=start, causal=causal, scale=scale)
-    assert r.returncode == 0, r.stderr
-    got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).view(q.shape)
+    q, k, v, got = sdpa_on_random_inputs(ops_check, tmp_path, q_len * 1000 + heads, batch, q_len, heads, head_dim,
+                                         kv_len, kv_heads, start, causal=causal, scale=scale)
     want = reference_sdpa(q, k, v, start, causal, scale)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
 
@@ -110,18 +118,8 @@ def test_custom_sdpa_split_across_threads_matches_torch(ops_check, tmp_path, thr
     """A call with fewer (batch, kv head, row block) items than fill the threads evenly
     slices its keys and merges the slices' softmax parts; the result must not depend on
     how many threads there are."""
-    g = torch.Generator().manual_seed(start + heads)
-    q = torch.randn(batch, q_len, heads, head_dim, generator=g) * 2
-    k = torch.randn(batch, kv_len, kv_heads, head_dim, generator=g)
-    v = torch.randn(batch, kv_len, kv_heads, head_dim, generator=g)
-    k[:, start + q_len:] = float("nan")
-    v[:, start + q_len:] = float("nan")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        (tmp_path / f"{name}.bin").write_bytes(t.contiguous().numpy().tobytes())
-    r = run_check(ops_check, tmp_path, "sdpa", batch=batch, q_len=q_len, heads=heads, head_dim=head_dim,
-                  kv_len=kv_len, kv_heads=kv_heads, start=start, causal=True, threads=threads)
-    assert r.returncode == 0, r.stderr
-    got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).view(q.shape)
+    q, k, v, got = sdpa_on_random_inputs(ops_check, tmp_path, start + heads, batch, q_len, heads, head_dim, kv_len,
+                                         kv_heads, start, causal=True, threads=threads)
     torch.testing.assert_close(got, reference_sdpa(q, k, v, start, True, None), rtol=2e-5, atol=2e-6)
 
 

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 # Prefill of a prompt, then decode steps: logits of each call, and how many attention calls
 # reached libllmcore_llm_ops.so's kernel (None: the library is not loaded in this process).
