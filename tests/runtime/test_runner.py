@@ -246,10 +246,10 @@ RESHAPES_RE = re.compile(r"XNNPACK runtime reshapes: (\d+) run, (\d+) skipped")
 
 def test_xnnpack_reshapes_only_when_input_shapes_change(binaries, programs, hf_tok):
     """The runner answers XNNPACK's whole-runtime reshape itself when a delegate's input
-    shapes are those of its last reshape (runtime/src/xnnpack_reshape.cpp). A prompt longer
-    than one call changes the shapes three times (full chunk, remainder, one token): the
-    greedy tokens must still be the Python reference loop's, and the same as with every
-    reshape passed on (LLMCORE_XNNPACK_RESHAPE=always)."""
+    shapes are those of its last reshape (plugins/kernels/csrc/xnnpack_reshape.cpp). A
+    prompt longer than one call changes the shapes three times (full chunk, remainder, one
+    token): the greedy tokens must still be the Python reference loop's, and the same as
+    with every reshape passed on (LLMCORE_XNNPACK_RESHAPE=always)."""
     from pte_reference import reference_generate
 
     pte = programs / "kv.pte"

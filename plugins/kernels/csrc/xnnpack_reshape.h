@@ -11,7 +11,8 @@ struct XnnpackReshapeCounts {
   bool always = false;   // LLMCORE_XNNPACK_RESHAPE=always: every call passed on
 };
 
-// What the runner's interposed xnn_reshape_runtime has done so far in this process.
+// What the interposed xnn_reshape_runtime has done so far in this process (the runner's
+// --verbose line; llmcore_xnnpack_reshape_counts for a Python process).
 XnnpackReshapeCounts xnnpack_reshape_counts();
 
 }  // namespace llmcore
