@@ -171,15 +171,6 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
-def _one_aten_thread() -> None:
-    """The program computes on the runtime's own thread pool; ATen's OpenMP threads (the
-    LLM custom ops', the loop's tensor ops) would otherwise spin on the same cores beside
-    it. The C++ runner does the same."""
-    import torch
-
-    torch.set_num_threads(1)
-
-
 def one_openmp_thread_per_worker() -> bool:
     """Before OpenMP starts: one OpenMP thread for every thread that asks, the runtime's
     pool workers included; returns whether it was set here. ``custom_sdpa`` calls BLAS from
@@ -204,20 +195,23 @@ def torch_on_every_core() -> None:
     torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
-# Commands that run ExecuTorch's LLM custom ops in this process with PyTorch beside them:
-# their runtime workers' OpenMP is kept to one thread (one_openmp_thread_per_worker).
-ONE_OPENMP_THREAD_PER_WORKER = ("run", "export")
+# The commands that run programs: with PyTorch in the same process, their runtime workers'
+# OpenMP is kept to one thread (one_openmp_thread_per_worker), and so is the main thread's
+# unless the command runs an eager model of its own (EAGER_COMMANDS); see docs/performance.md,
+# "The Python loop beside OpenMP's threads".
+RUNTIME_COMMANDS = ("run", "chat", "serve", "eval", "profile")
+EAGER_COMMANDS = ("export", "eval")  # the calibration forward and quantizer searches; eval's reference model
 
 
 def set_up_threads(command: str) -> None:
     """Before torch is imported, the threads ``llmcore COMMAND`` runs with: the runtime
-    workers' OpenMP kept to one thread for the commands that need it, and an export's own
-    PyTorch ops (calibration, quantizer searches) on every core. ``benchmarks/bench_export.py``
+    workers' OpenMP kept to one thread for every command that runs a program, and the
+    eager PyTorch work of ``export`` and ``eval`` on every core. ``benchmarks/bench_export.py``
     sets up its export processes with it too."""
-    if command not in ONE_OPENMP_THREAD_PER_WORKER:
+    if command not in RUNTIME_COMMANDS + EAGER_COMMANDS:
         return
     limited = one_openmp_thread_per_worker()
-    if limited and command == "export":
+    if limited and command in EAGER_COMMANDS:
         torch_on_every_core()
 
 
@@ -250,7 +244,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise LlmcoreError("--max-new-tokens must be at least 1.", stage="cli", fix="pass a positive --max-new-tokens.")
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     tokenizer_path = args.tokenizer or tokenizer_beside(args.pte)
-    _one_aten_thread()
     program = Program.load(args.pte)
     tokenizer = TextTokenizer.from_file(tokenizer_path)
     prompt = args.prompt
@@ -287,8 +280,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # ---- parser --------------------------------------------------------------------------------
 
-
-RUNTIME_COMMANDS = ("run", "chat", "serve", "eval", "profile")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -197,6 +197,13 @@ def generate(
     (:class:`llmcore.constrain.Constraint`) only tokens its grammar allows are sampled, the
     tokens it forces are fed without a forward pass each (its opening ones with the
     prompt), and generation ends where the grammar does."""
+    from llmcore.runtime import torch_on_one_thread
+
+    with torch_on_one_thread():  # the loop's own tensor ops (sampling) stay off the pool's cores
+        return _generate(program, prompt_ids, max_new_tokens, sampling, on_token, stop_at_eos, constraint)
+
+
+def _generate(program, prompt_ids, max_new_tokens, sampling, on_token, stop_at_eos, constraint) -> Generation:
     if not prompt_ids:
         raise LlmcoreError("the prompt is empty after tokenization.", stage="run", fix="pass a non-empty --prompt.")
     limit = program.max_context_len if program.use_kv_cache else None

@@ -137,19 +137,38 @@ class Program:
             if self.use_kv_cache:
                 inputs.append(torch.tensor([input_pos or 0], dtype=torch.long))
         try:
-            out = self._module.run_method("forward", inputs)[0]
+            # The output aliases the method's memory, which the next call overwrites, so the
+            # row returned is copied here. The bindings' own copy (clone_outputs=True) is an
+            # ATen copy: for 49152 logits it starts OpenMP's team, whose helper thread then
+            # spins beside the runtime's pool (see _own_copy).
+            out = self._module.run_method("forward", inputs, clone_outputs=False)[0]
         except Exception as exc:
             raise LlmcoreError(
                 f"running {self.source!r} failed: {type(exc).__name__}: {exc}",
                 stage="run",
                 fix="check that the program was exported by this version of llmcore and its backends run here (llmcore inspect).",
             ) from exc
-        return out.reshape(-1, out.shape[-1])[-1]
+        return _own_copy(out.reshape(-1, out.shape[-1])[-1])
 
     @property
     def module(self) -> Any:
         """The underlying pybindings module (for ETDump access)."""
         return self._module
+
+
+def _own_copy(row: torch.Tensor) -> torch.Tensor:
+    """``row`` copied on the calling thread alone.
+
+    ATen splits a copy of more than 32768 elements between OpenMP threads. After that, the
+    OpenMP helper thread spins for a while on the other core, and a decode step runs beside
+    it: SmolLM2 decoded at 74-119 tok/s instead of 184-191 in a process that had not set
+    ``OMP_NUM_THREADS=1`` (2 cores, docs/performance.md). numpy's copy is one ``memcpy``;
+    dtypes numpy lacks (bfloat16) take ATen's copy on one thread."""
+    try:
+        return torch.from_numpy(row.numpy().copy())
+    except TypeError:
+        with torch_on_one_thread():
+            return row.clone()
 
 
 def load_method(module: Any, name: str) -> None:
@@ -211,6 +230,11 @@ def use_threads(count: int) -> None:
 @contextmanager
 def torch_on_one_thread() -> Iterator[None]:
     """Run PyTorch's own ops on one thread for a while (ExecuTorch's pool is not touched).
+
+    A decode loop's own tensor ops (sampling over 49152 logits) are too small to share, and
+    once split between OpenMP threads they leave OpenMP's helper spinning on the core the
+    runtime's pool needs for the next forward call: ``llmcore.generate.generate`` and
+    ``llmcore.serve.run`` run under this.
 
     For series of small memory-bound ops (dequantizing a checkpoint, a quantizer's scale
     searches) a second thread gains little on an idle 2-core machine, and loses badly

@@ -329,6 +329,13 @@ def run(engine: Engine, req: Request, emit: Callable[[str], None], cancelled: th
     as they become final (stop strings never reach it), until EOS, a stop string,
     ``max_tokens``, the end of the context, or ``cancelled``. Under a grammar, the tokens
     it forces go to the program together (its opening ones with the prompt)."""
+    from llmcore.runtime import torch_on_one_thread
+
+    with torch_on_one_thread():  # the loop's own tensor ops (sampling) stay off the pool's cores
+        return _run(engine, req, emit, cancelled)
+
+
+def _run(engine: Engine, req: Request, emit: Callable[[str], None], cancelled: threading.Event) -> Outcome:
     from llmcore.generate import Sampling, next_tokens
 
     sampling = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed)

@@ -1,5 +1,7 @@
-"""How ``llmcore export`` and ``llmcore run`` set up OpenMP before torch starts, each case in
-a fresh interpreter (the setting is read once, when torch loads OpenMP)."""
+"""How the commands that run programs (``export``, ``run``, ``chat``, ``serve``, ``eval``,
+``profile``) set up OpenMP before torch starts, each case in a fresh interpreter (the setting
+is read once, when torch loads OpenMP); and that a decode loop starts no OpenMP team of its
+own in a process that set nothing up."""
 
 import json
 import os
@@ -7,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 PROBE = """
 import json, os, sys
@@ -53,23 +56,121 @@ def test_an_explicit_setting_or_a_torch_already_started_is_left_alone(case):
         assert got["during"] == 1  # torch_on_one_thread: the workers may start teams of their own
 
 
-def test_the_export_command_sets_it_up(tmp_path):
-    """The command itself, as a subprocess: the workers' setting reaches the environment of
-    the process (a child inherits it), the main thread keeps every core."""
-    script = (
-        "import os, sys, json\n"
-        "import llmcore.cli as cli\n"
-        "seen = {}\n"
-        "def fake_export(args):\n"
-        "    import torch\n"
-        "    seen.update(omp=os.environ.get('OMP_NUM_THREADS'), threads=torch.get_num_threads())\n"
-        "    print(json.dumps(seen))\n"
-        "    return 0\n"
-        "cli.cmd_export = fake_export  # what build_parser binds the command to\n"
-        "sys.exit(cli.main(['export', '--model', 'nanogpt']))\n"
-    )
+COMMAND_PROBE = """
+import json, os, sys
+import llmcore.cli as cli
+
+def report(args):
+    import torch
+    print(json.dumps(dict(omp=os.environ.get("OMP_NUM_THREADS"), threads=torch.get_num_threads())))
+    return 0
+
+real_parser = cli.build_parser
+def parser_running_report():  # the command's own function replaced, after its set-up ran
+    parser = real_parser()
+    parse = parser.parse_args
+    def parse_args(argv=None):
+        args = parse(argv)
+        args.func = report
+        return args
+    parser.parse_args = parse_args
+    return parser
+cli.build_parser = parser_running_report
+sys.exit(cli.main({argv!r}))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv, main_thread_on_every_core",
+    [
+        (["export", "--model", "nanogpt"], True),  # calibration and quantizer searches
+        (["eval", "x.pte", "--text", "t.txt"], True),  # its eager reference model
+        (["run", "x.pte", "--prompt", "hi"], False),
+        (["chat", "x.pte"], False),
+        (["serve", "x.pte"], False),
+        (["profile", "x.pte"], False),
+    ],
+)
+def test_each_command_that_runs_a_program_sets_it_up(argv, main_thread_on_every_core):
+    """The command itself, in a fresh interpreter: the workers' setting reaches the
+    environment of the process (a child inherits it). The main thread keeps every core
+    where the command runs eager PyTorch, and one thread where it decodes (chat and serve
+    once kept every core: SmolLM2 decoded 1.5x slower there than in ``llmcore run``)."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", COMMAND_PROBE.format(argv=argv)], env=env, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got == {"omp": "1", "threads": len(os.sched_getaffinity(0))}
+    assert got == {"omp": "1", "threads": len(os.sched_getaffinity(0)) if main_thread_on_every_core else 1}
+
+
+COPY_PROBE = """
+import json, os
+import numpy, torch
+torch.set_num_threads(2)
+from llmcore.runtime import _own_copy
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+row = torch.from_numpy(numpy.random.default_rng(0).random(49152, dtype=numpy.float32))  # SmolLM2's logits
+before = threads()
+copy = _own_copy(row)
+after_own_copy = threads()
+row.clone()  # ATen's copy, as the bindings' clone_outputs=True makes it
+print(json.dumps(dict(before=before, after_own_copy=after_own_copy, after_aten_clone=threads(),
+                      equal=bool(torch.equal(copy, row)), shared=copy.data_ptr() == row.data_ptr())))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="OpenMP starts no team on one core")
+def test_the_logits_copy_starts_no_openmp_team():
+    """A program's logits row is copied without ATen's parallel copy, which starts OpenMP's
+    team; its helper then spins beside the runtime's pool for the next forward call (SmolLM2
+    decoded at 74-119 tok/s instead of 182-202 in a script that set no threads up). The
+    ATen clone after it shows that the probe sees a team start."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", COPY_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["equal"] and not got["shared"]
+    assert got["after_own_copy"] == got["before"]
+    assert got["after_aten_clone"] > got["before"]
+
+
+def test_logits_stay_as_returned_after_the_next_call(exports):
+    """The runtime writes every call's logits into the same memory; what ``Program.logits``
+    returned is a copy, so the next call does not change it."""
+    from llmcore.runtime import Program
+
+    program = Program.load(exports("xnnpack").pte)
+    first = program.logits([5, 6, 7], 0)
+    kept = first.clone()
+    second = program.logits([100], 3)
+    assert not torch.equal(second, kept)  # the calls' logits differ, so an alias would show
+    assert torch.equal(first, kept)
+
+
+def test_generation_runs_its_tensor_ops_on_one_thread(exports):
+    """``generate`` (and the server's loop) keep PyTorch's own ops on one thread while they
+    decode, and give the caller's setting back after."""
+    from llmcore.generate import Sampling, generate
+    from llmcore.runtime import Program
+
+    program = Program.load(exports("xnnpack").pte)
+    seen = []
+    logits = program.logits
+
+    def recording(tokens, input_pos=None):
+        seen.append(torch.get_num_threads())
+        return logits(tokens, input_pos)
+
+    program.logits = recording
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        generate(program, [5, 6, 7], 4, Sampling(temperature=0.8, seed=1), stop_at_eos=False)
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
