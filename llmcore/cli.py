@@ -281,7 +281,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 # ---- parser --------------------------------------------------------------------------------
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmcore", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks and library logs")

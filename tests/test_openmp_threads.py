@@ -174,3 +174,12 @@ def test_generation_runs_its_tensor_ops_on_one_thread(exports):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_row_numpy_cannot_hold_is_copied_by_torch():
+    """bfloat16 has no numpy dtype: its row takes ATen's copy, on one thread."""
+    from llmcore.runtime import _own_copy
+
+    row = torch.linspace(-3, 3, 40000).to(torch.bfloat16)
+    copy = _own_copy(row)
+    assert copy.dtype == torch.bfloat16 and torch.equal(copy, row) and copy.data_ptr() != row.data_ptr()
