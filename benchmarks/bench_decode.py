@@ -25,8 +25,8 @@ taken against Q4_0. ``--without-specialized`` adds a Python row with
         --isa-views native,avx2 --repeat 3 --max-seq-len 1024 --without-specialized
 ``--repeat N`` measures every row N times in alternating rounds and prints the median with
 each round's figure, and the ratio of the row's fastest decode round to Q4_0's (on a shared
-VM the fastest rounds are the least disturbed). The same programs can be run by other environments in the same run, to compare
-runtimes side by side::
+VM the fastest rounds are the least disturbed). The same programs can be run by other
+environments in the same run, to compare runtimes side by side::
 
     .venv/bin/python benchmarks/bench_decode.py --models smollm2 --variants 8da4w --repeat 3 \
         --also-python .venv-et14/bin/python --also-runner et1.4.1=/tmp/old/llmcore_runner
