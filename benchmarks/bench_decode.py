@@ -76,6 +76,8 @@ VARIANTS = {
     "fp32": ["--plugins", "xnnpack"],
     "int8": ["--plugins", "xnnpack", "--quantize", "int8-dynamic"],
     "8da4w": ["--plugins", "xnnpack", "--quantize", "8da4w"],
+    # 8da4w's integers, each SwiGLU MLP on llmcore's own int4 kernel (llmcore-kernels)
+    "8da4w-mlp": ["--plugins", "xnnpack", "--quantize", "8da4w-mlp"],
     "8da4w-gs128": ["--plugins", "xnnpack", "--quantize", "8da4w", "--quantize-option", "group_size=128"],
     "8da4w-hqq": ["--plugins", "xnnpack", "--quantize", "8da4w", "--quantize-option", "hqq=true"],
     "8da4w-emb8": ["--plugins", "xnnpack", "--quantize", "8da4w", "--quantize-option", "embedding_bits=8"],
@@ -84,7 +86,8 @@ VARIANTS = {
     "gguf": ["--plugins", "xnnpack", "--quantize", "gguf"],
 }
 # variants that apply to some models only
-VARIANT_MODELS = {v: ("smollm2",) for v in ("fp32-rmsnorm", "8da4w-hqq", "8da4w-emb8", "8da4w-emb4", "gguf")}
+VARIANT_MODELS = {v: ("smollm2",) for v in ("fp32-rmsnorm", "8da4w-hqq", "8da4w-emb8", "8da4w-emb4", "gguf",
+                                             "8da4w-mlp")}  # GPT-2's MLP is GELU, not gated
 # SmolLM2-135M's norms: 30 layers x 2 + the final one, width 576.
 SMOLLM2_NORMS, SMOLLM2_DIM = 61, 576
 

@@ -10,15 +10,20 @@ Provides
   (``llama::custom_sdpa`` on float32), which Python processes then run instead of
   ExecuTorch's own (``build/libllmcore_llm_ops.so``; see ``csrc/llm_ops.cpp``);
 * the source transform ``fused-rmsnorm`` (``--transforms fused-rmsnorm``): Llama-style
-  RMSNorm modules become one call of ``llmcore::rms_norm``.
+  RMSNorm modules become one call of ``llmcore::rms_norm``;
+* the quantizer recipe ``8da4w-mlp`` (``--quantize 8da4w-mlp``): llmcore-xnnpack's ``8da4w``,
+  with each SwiGLU MLP then run by ``llmcore::int4_mlp``, llmcore's own int4 kernel.
 
 See ``docs/custom-kernels.md`` for how this plugin is put together.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from llmcore import hookimpl
-from llmcore.records import RuntimeLibrary, SourceTransform
+from llmcore.errors import LlmcoreError
+from llmcore.records import QuantizerRecipe, RuntimeLibrary, SourceTransform
 
 from llmcore_kernels import library
 
@@ -26,7 +31,7 @@ __version__ = "0.1.0"
 
 # Runtime operator names the native library registers (kept here, not in .ops, so that
 # listing plugins does not load the library).
-OPS = ("llmcore::rms_norm.out",)
+OPS = ("llmcore::rms_norm.out", "llmcore::int4_mlp.out")
 # ExecuTorch's ops whose float32 calls libllmcore_llm_ops.so takes over (kernel keys)
 LLM_OPS = ("llama::custom_sdpa.out",)
 
@@ -42,7 +47,8 @@ def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
     return [
         RuntimeLibrary(
             name="llmcore_kernels",
-            description="fused RMSNorm (llmcore::rms_norm.out), C++ against the ExecuTorch runtime headers",
+            description="fused RMSNorm (llmcore::rms_norm.out) and the int4 SwiGLU MLP (llmcore::int4_mlp.out), "
+            "C++ against the ExecuTorch runtime headers",
             ops=OPS,
             python_module="llmcore_kernels.ops",
             shared_library=library.runtime_library,
@@ -79,5 +85,47 @@ def llmcore_source_transforms() -> list[SourceTransform]:
             "(programs then need the llmcore_kernels runtime library)",
             apply=_apply_fused_rmsnorm,
             order=60,
+        )
+    ]
+
+
+# The options 8da4w-mlp refuses: the kernel takes symmetric int4 blocks of 32, one int8 row
+# per token.
+_MLP_KERNEL_OPTIONS = {"group_size": 32, "asymmetric": False, "outlier_split": False}
+
+
+def _quantize_8da4w_mlp(module, options: dict, calibration):
+    from llmcore_xnnpack.recipes import quantize_8da4w
+
+    from llmcore_kernels import mlp
+
+    for option, value in _MLP_KERNEL_OPTIONS.items():
+        if options[option] != value:
+            raise LlmcoreError(
+                f"{mlp.RECIPE}: {option}={options[option]} gives MLPs that llmcore::int4_mlp cannot run "
+                f"(it takes {option}={value}).",
+                stage="quantize",
+                fix=f"drop {option} from --quantize-options, or use --quantize 8da4w.",
+            )
+    return mlp.apply(quantize_8da4w(module, options, calibration))
+
+
+@hookimpl
+def llmcore_quantizers() -> list[QuantizerRecipe]:
+    """``8da4w-mlp``: llmcore-xnnpack's ``8da4w`` record with its options and calibration,
+    the MLPs then handed to llmcore::int4_mlp (without llmcore-xnnpack: no recipe)."""
+    try:
+        from llmcore_xnnpack import llmcore_quantizers as xnnpack_recipes
+    except ImportError:
+        return []
+    base = next(r for r in xnnpack_recipes() if r.name == "8da4w")
+    return [
+        dataclasses.replace(
+            base,
+            name="8da4w-mlp",
+            description="8da4w (llmcore-xnnpack's recipe, the same integers), each SwiGLU MLP then run by "
+            "llmcore::int4_mlp: gate, up and down in one operator on llmcore's own int4 kernel "
+            "(vpmaddubsw on AVX2), the rest by XNNPACK; needs the llmcore_kernels runtime library",
+            source_quantize=_quantize_8da4w_mlp,
         )
     ]

@@ -5,13 +5,16 @@ It is the ``python_module`` of the plugin's ``RuntimeLibrary``: llmcore imports 
 exporting process and before it runs a program that calls ``llmcore::`` operators. The
 import raises ``LlmcoreError`` (fix: ``make runner``) when the native library is not built.
 
-Operators (schemas are defined in C++, ``csrc/rms_norm_aten.cpp``):
+Operators (schemas are defined in C++, ``csrc/rms_norm_aten.cpp`` and ``csrc/int4_mlp_aten.cpp``):
 
 ``llmcore::rms_norm(Tensor input, Tensor weight, float eps) -> Tensor``
     ``input * rsqrt(mean(input**2, -1) + eps) * weight``, computed in float32 for 16-bit
     inputs; ``input`` and ``weight`` of one floating dtype, ``weight`` 1-D.
 ``llmcore::rms_norm.out(..., *, Tensor(a!) out) -> Tensor(a!)``
     the same into ``out``: what ``to_executorch`` emits, and the ExecuTorch kernel's name.
+``llmcore::int4_mlp(Tensor x, Tensor gate_up, Tensor gate_up_scales, Tensor gate_up_sums, Tensor down, Tensor down_scales, Tensor down_sums) -> Tensor``
+    ``down(silu(gate(x)) * up(x))`` with int4 weights and int8 activations rounded per row
+    (``csrc/int4_mlp.h``; the packed layout: :mod:`llmcore_kernels.mlp`); ``.out`` as above.
 """
 
 from __future__ import annotations
@@ -34,3 +37,10 @@ def _rms_norm_fake(input: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 def rms_norm(input: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.ops.llmcore.rms_norm.default(input, weight, eps)
+
+
+@torch.library.register_fake("llmcore::int4_mlp")
+def _int4_mlp_fake(x, gate_up, gate_up_scales, gate_up_sums, down, down_scales, down_sums) -> torch.Tensor:
+    torch._check(x.shape[-1] == 2 * gate_up.shape[1])
+    torch._check(down.shape[0] == x.shape[-1])
+    return torch.empty_like(x, memory_format=torch.contiguous_format)

@@ -105,18 +105,24 @@ def test_export_sees_the_op_with_a_dynamic_length(ops):
 def test_the_executorch_runtime_has_the_kernel(ops):
     from executorch.extension.pybindings import portable_lib
 
-    assert "llmcore::rms_norm.out" in portable_lib._get_operator_names()
+    names = portable_lib._get_operator_names()
+    assert "llmcore::rms_norm.out" in names and "llmcore::int4_mlp.out" in names
 
 
-def test_hooks_declare_the_library_and_the_transform():
+def test_hooks_declare_the_library_the_transform_and_the_recipe():
     registry = load_registry()
     provided = registry.get("runtime_libraries", "llmcore_kernels", stage="test")
     record = provided.record
     assert provided.plugin.distribution == "llmcore-kernels"
-    assert record.ops == ("llmcore::rms_norm.out",)
+    assert record.ops == ("llmcore::rms_norm.out", "llmcore::int4_mlp.out")
     assert record.python_module == "llmcore_kernels.ops"
     transform = registry.get("transforms", "fused-rmsnorm", stage="test").record
     assert not transform.automatic
+    # 8da4w-mlp: llmcore-xnnpack's 8da4w record (options, calibration, backend), its own rewrite
+    recipe = registry.get("quantizers", "8da4w-mlp", stage="test").record
+    base = registry.get("quantizers", "8da4w", stage="test").record
+    assert recipe.options == base.options and recipe.calibrated and recipe.backends == ("xnnpack",)
+    assert recipe.source_quantize is not base.source_quantize
 
 
 def _needed(path) -> list[str]:

@@ -1,0 +1,228 @@
+// The int4 GEMM probe (int4_gemm.h): checks the kernel, and times it on SmolLM2-135M's
+// linear layers, for the comparison with XNNPACK's GEMMs in docs/performance.md.
+//
+//   c++ -O3 -std=c++17 -ffp-contract=off -pthread -Iplugins/kernels/csrc
+//       benchmarks/int4_gemm_probe/probe.cpp plugins/kernels/csrc/int4_gemm.cpp -o int4_probe
+//   int4_probe check
+//       the AVX2 path against the portable loops and both against a double-precision
+//       sum over the same integers; the activation rounding against its definition.
+//       Prints "ok" and exits 0, or names the first mismatch and exits 1.
+//   int4_probe time TOKENS THREADS [REPEAT] [mlp]
+//       every linear layer of SmolLM2-135M's 30 blocks (q, k, v, o, gate, up, down; with
+//       "mlp" gate, up and down only), random weights, TOKENS rows of activations: the
+//       milliseconds one forward pass spends in them, min and median over REPEAT passes.
+//       The rows of each layer's weight are split between THREADS threads, which wait
+//       for each layer at a spinning barrier (as a thread pool's workers do).
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "int4_gemm.h"
+
+using namespace llmcore_kernels::int4;
+
+namespace {
+
+struct Layer {
+  int64_t n, k;
+  std::vector<uint8_t> packed;
+  std::vector<uint16_t> scales;  // bfloat16 bits
+  std::vector<float> row_sums;
+  std::vector<float> bias;
+  std::vector<int8_t> q;  // the integers, u - 8, kept for the reference
+};
+
+float bf16_bits_to_float(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+Layer random_layer(int64_t n, int64_t k, bool with_bias, std::mt19937& rng) {
+  Layer l{n, k, std::vector<uint8_t>(n * k / 2), std::vector<uint16_t>(n * k / kBlock), std::vector<float>(n),
+          {}, std::vector<int8_t>(n * k)};
+  std::uniform_int_distribution<int> nibble(-8, 7);
+  for (auto& v : l.q) v = static_cast<int8_t>(nibble(rng));
+  // bfloat16 scales around 2^-6 .. 2^-4 (exponents 121..123), any mantissa
+  for (auto& s : l.scales) s = static_cast<uint16_t>(((121 + rng() % 3) << 7) | (rng() & 0x7fu));
+  for (int64_t r = 0; r < n; ++r) {
+    pack_row(l.q.data() + r * k, k, l.packed.data() + r * (k / 2));
+    double sum = 0.0;
+    for (int64_t i = 0; i < k; ++i) sum += static_cast<double>(bf16_bits_to_float(l.scales[r * (k / kBlock) + i / kBlock])) * l.q[r * k + i];
+    l.row_sums[r] = static_cast<float>(sum);
+  }
+  if (with_bias) {
+    l.bias.resize(n);
+    for (auto& b : l.bias) b = std::normal_distribution<float>()(rng);
+  }
+  return l;
+}
+
+PackedWeight view(const Layer& l) {
+  return {l.packed.data(), l.scales.data(), l.row_sums.data(), l.bias.empty() ? nullptr : l.bias.data(), l.n, l.k};
+}
+
+struct Activations {
+  std::vector<uint8_t> a;
+  std::vector<float> scale, zero;
+  QuantizedRows rows(int64_t m, int64_t k) const { return {a.data(), scale.data(), zero.data(), m, k}; }
+};
+
+Activations quantize(const std::vector<float>& x, int64_t m, int64_t k, bool portable) {
+  Activations q{std::vector<uint8_t>(m * k), std::vector<float>(m), std::vector<float>(m)};
+  quantize_rows(x.data(), k, 0, m, q.a.data(), q.scale.data(), q.zero.data(), portable);
+  return q;
+}
+
+int check() {
+  std::mt19937 rng(1);
+  struct Case {
+    int64_t m, n, k;
+    bool bias;
+  };
+  const Case cases[] = {{1, 576, 576, false}, {1, 7, 64, true}, {3, 192, 576, false}, {5, 33, 1536, true},
+                        {64, 576, 576, false}, {19, 1536, 576, true}, {4, 2, 32, false},
+                        {6, 10, 96, true}};  // 96: an odd number of blocks
+  for (const Case& c : cases) {
+    const Layer w = random_layer(c.n, c.k, c.bias, rng);
+    std::vector<float> x(c.m * c.k);
+    for (auto& v : x) v = std::normal_distribution<float>(0.3f, 2.0f)(rng);
+    x[0] = 40.0f;  // an outlier, as real activations have
+    const Activations fast = quantize(x, c.m, c.k, false), plain = quantize(x, c.m, c.k, true);
+    if (fast.a != plain.a || fast.scale != plain.scale || fast.zero != plain.zero) {
+      std::printf("mismatch: the AVX2 and portable activation rounding differ (m=%lld k=%lld)\n", (long long)c.m,
+                  (long long)c.k);
+      return 1;
+    }
+    for (int64_t t = 0; t < c.m; ++t) {
+      const float s = fast.scale[t], z = fast.zero[t];
+      if (z != std::nearbyint(z) || z < -128.0f || z > 127.0f || !(s > 0.0f)) {
+        std::printf("mismatch: row %lld has scale %g, zero point %g\n", (long long)t, s, z);
+        return 1;
+      }
+      for (int64_t i = 0; i < c.k; ++i) {  // each value rounded to its nearest level
+        const float back = s * (static_cast<float>(fast.a[t * c.k + i]) - 128.0f - z);
+        if (std::fabs(back - x[t * c.k + i]) > 0.5f * s * 1.001f) {
+          std::printf("mismatch: x[%lld, %lld] = %g rounds to %g (scale %g)\n", (long long)t, (long long)i,
+                      x[t * c.k + i], back, s);
+          return 1;
+        }
+      }
+    }
+    std::vector<float> y_fast(c.m * c.n), y_plain(c.m * c.n);
+    gemm_rows(fast.rows(c.m, c.k), view(w), 0, c.n, y_fast.data(), false);
+    gemm_rows(fast.rows(c.m, c.k), view(w), 0, c.n, y_plain.data(), true);
+    for (int64_t t = 0; t < c.m; ++t) {
+      for (int64_t r = 0; r < c.n; ++r) {
+        double ref = 0.0, magnitude = 0.0;
+        for (int64_t i = 0; i < c.k; ++i) {
+          const double xv = static_cast<double>(fast.scale[t]) * (fast.a[t * c.k + i] - 128.0 - fast.zero[t]);
+          const double wv = static_cast<double>(bf16_bits_to_float(w.scales[r * (c.k / kBlock) + i / kBlock])) *
+                            w.q[r * c.k + i];
+          ref += xv * wv;
+          magnitude += std::fabs(xv * wv);
+        }
+        if (c.bias) ref += w.bias[r];
+        const double tolerance = 1e-5 * magnitude + 1e-6;
+        for (const auto* y : {&y_fast, &y_plain}) {
+          const double got = (*y)[t * c.n + r];
+          if (!(std::fabs(got - ref) <= tolerance)) {
+            std::printf("mismatch: %s y[%lld, %lld] = %.7g, reference %.7g (m=%lld n=%lld k=%lld)\n",
+                        y == &y_fast ? "AVX2" : "portable", (long long)t, (long long)r, got, ref, (long long)c.m,
+                        (long long)c.n, (long long)c.k);
+            return 1;
+          }
+        }
+      }
+    }
+  }
+  std::printf("ok (%s path checked)\n", uses_avx2() ? "AVX2 and portable" : "portable");
+  return 0;
+}
+
+// SmolLM2-135M: 30 blocks of q, k, v, o (576 -> 576, 192, 192, 576), gate and up (576 -> 1536),
+// down (1536 -> 576).
+int time_layers(int64_t m, int threads, int repeat, bool mlp_only) {
+  std::mt19937 rng(0);
+  std::vector<std::pair<int64_t, int64_t>> shapes;  // (n, k)
+  if (!mlp_only) shapes = {{576, 576}, {192, 576}, {192, 576}, {576, 576}};
+  shapes.insert(shapes.end(), {{1536, 576}, {1536, 576}, {576, 1536}});
+  std::vector<Layer> layers;
+  for (int block = 0; block < 30; ++block)
+    for (auto [n, k] : shapes) layers.push_back(random_layer(n, k, false, rng));
+  std::vector<float> x(m * 1536), y(m * 1536);
+  for (auto& v : x) v = std::normal_distribution<float>()(rng);
+  Activations q{std::vector<uint8_t>(m * 1536), std::vector<float>(m), std::vector<float>(m)};
+
+  std::atomic<int> generation{0}, finished{0};
+  std::atomic<bool> stop{false};
+  const Layer* current = nullptr;
+  auto share = [&](int id) {
+    const Layer& l = *current;
+    const int64_t per = ((l.n + threads - 1) / threads + 1) & ~int64_t{1};  // even: whole row pairs
+    const int64_t begin = std::min<int64_t>(l.n, id * per), end = std::min<int64_t>(l.n, begin + per);
+    if (begin < end) gemm_rows(q.rows(m, l.k), view(l), begin, end, y.data());
+  };
+  std::vector<std::thread> workers;
+  for (int id = 1; id < threads; ++id)
+    workers.emplace_back([&, id] {
+      int seen = 0;
+      while (!stop.load(std::memory_order_acquire)) {
+        const int g = generation.load(std::memory_order_acquire);
+        if (g == seen) continue;
+        seen = g;
+        share(id);
+        finished.fetch_add(1, std::memory_order_acq_rel);
+      }
+    });
+  std::vector<double> ms;
+  for (int rep = 0; rep < repeat; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    for (const Layer& l : layers) {
+      quantize_rows(x.data(), l.k, 0, m, q.a.data(), q.scale.data(), q.zero.data());
+      current = &l;
+      finished.store(0, std::memory_order_release);
+      generation.fetch_add(1, std::memory_order_acq_rel);
+      share(0);
+      while (finished.load(std::memory_order_acquire) != threads - 1) {
+      }
+    }
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  stop.store(true, std::memory_order_release);
+  for (auto& t : workers) t.join();
+  std::sort(ms.begin(), ms.end());
+  std::printf("%zu linear layers (%s), %lld token(s), %d thread(s), %s: min %.3f ms, median %.3f ms per pass (%d passes)\n",
+              layers.size(), mlp_only ? "gate, up, down" : "all seven per block", (long long)m, threads,
+              uses_avx2() ? "AVX2" : "portable", ms.front(), ms[ms.size() / 2], repeat);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "check") return check();
+  if (mode == "time" && argc >= 4) {
+    const int64_t m = std::atoll(argv[2]);
+    const int threads = std::atoi(argv[3]);
+    const int repeat = argc > 4 ? std::atoi(argv[4]) : 15;
+    const bool mlp = argc > 5 && std::string(argv[5]) == "mlp";
+    if (m < 1 || threads < 1 || repeat < 1) {
+      std::fprintf(stderr, "int4_probe: TOKENS, THREADS and REPEAT must be positive\n");
+      return 2;
+    }
+    return time_layers(m, threads, repeat, mlp);
+  }
+  std::fprintf(stderr, "usage: int4_probe check | int4_probe time TOKENS THREADS [REPEAT] [mlp]\n");
+  return 2;
+}

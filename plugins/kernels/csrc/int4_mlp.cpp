@@ -1,0 +1,208 @@
+// llmcore::int4_mlp.out: a gated MLP (SwiGLU) with int4 weights in one operator.
+//
+// Why: XNNPACK 1.5.1's AVX2 int4 GEMM widens nibbles to 16 bits and multiplies 8 pairs an
+// instruction; int4_gemm.cpp multiplies 32 with vpmaddubsw and prefetches the weight rows.
+// On SmolLM2's shapes it takes XNNPACK's time for a decode step's projections and 0.7x
+// for a 64-token prompt's (docs/performance.md, "An int4 GEMM of our own"). One
+// operator for the whole MLP, not one per linear, because an operator outside the delegate
+// splits XNNPACK's partition where it stands: three projections and the SiLU between them
+// would cut each block's partition into four, each piece a delegate call with its fixed
+// cost. As one operator the MLP costs one cut per block.
+//
+// Registered with EXECUTORCH_LIBRARY into the runtime this library links, like
+// llmcore::rms_norm (rms_norm.cpp).
+#include "int4_mlp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
+#include <executorch/runtime/kernel/kernel_includes.h>
+#include <executorch/runtime/kernel/thread_parallel_interface.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
+namespace llmcore_kernels {
+
+const char* int4_mlp_shape_error(const Int4MlpWeights& w) {
+  const int64_t dim = w.gate_up.k, hidden = w.gate_up.n / 2;
+  if (dim <= 0 || dim % int4::kBlock != 0) return "the model dimension must be a positive multiple of 32";
+  if (w.gate_up.n % 2 != 0 || hidden % int4::kBlock != 0)
+    return "gate_up must hold gate's and up's rows, a multiple of 32 each";
+  if (w.down.k != hidden || w.down.n != dim) return "down must map the hidden size back to the model dimension";
+  return nullptr;
+}
+
+namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define LLMCORE_MLP_X86 1
+#define LLMCORE_MLP_AVX2 __attribute__((target("avx2,fma")))
+
+// exp(x) for eight floats, x clamped to [-87, 88] (silu needs no more: beyond, 1 + exp(-g)
+// is 1 or overflows the quotient to 0 either way): x = n ln2 + r, |r| <= ln2/2, exp(r) by
+// its degree-7 Taylor polynomial (relative error below 1e-7), 2^n put in the exponent.
+LLMCORE_MLP_AVX2 inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);  // ln2, high bits
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.4286068203094172e-06f), r);     // ln2, low bits
+  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  // n in [-126, 127]: 2^n is a normal float
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// h[j] = silu(gu[2j]) * gu[2j + 1] for j in [0, count): gate and up interleaved.
+LLMCORE_MLP_AVX2 void silu_times_avx2(const float* gu, int64_t count, float* h) {
+  int64_t j = 0;
+  for (; j + 8 <= count; j += 8) {
+    const __m256 a = _mm256_loadu_ps(gu + 2 * j), b = _mm256_loadu_ps(gu + 2 * j + 8);
+    // per 128-bit lane: a's and b's even (gate) / odd (up) elements, then lanes in order
+    const __m256 g = _mm256_castpd_ps(
+        _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), 0xd8));
+    const __m256 u = _mm256_castpd_ps(
+        _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))), 0xd8));
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    _mm256_storeu_ps(h + j, _mm256_mul_ps(silu, u));
+  }
+  for (; j < count; ++j) {
+    const float g = gu[2 * j];
+    h[j] = g / (1.0f + std::exp(-g)) * gu[2 * j + 1];
+  }
+}
+
+bool mlp_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+#else
+#define LLMCORE_MLP_X86 0
+#endif
+
+void silu_times(const float* gu, int64_t count, float* h) {
+#if LLMCORE_MLP_X86
+  if (mlp_avx2()) return silu_times_avx2(gu, count, h);
+#endif
+  for (int64_t j = 0; j < count; ++j) {
+    const float g = gu[2 * j];
+    h[j] = g / (1.0f + std::exp(-g)) * gu[2 * j + 1];
+  }
+}
+
+}  // namespace
+
+void int4_mlp_forward(const float* x, int64_t rows, const Int4MlpWeights& w, float* out, const ParallelFor& parallel) {
+  const int64_t dim = w.gate_up.k, hidden = w.gate_up.n / 2;
+  // Scratch of the calling thread, kept between calls (a decode step reuses it).
+  thread_local std::vector<uint8_t> a_x, a_h;
+  thread_local std::vector<float> s_x, z_x, s_h, z_h, gate_up, h;
+  a_x.resize(rows * dim);
+  a_h.resize(rows * hidden);
+  s_x.resize(rows);
+  z_x.resize(rows);
+  s_h.resize(rows);
+  z_h.resize(rows);
+  gate_up.resize(rows * 2 * hidden);
+  h.resize(rows * hidden);
+  uint8_t* ax = a_x.data();
+  uint8_t* ah = a_h.data();
+  float *sx = s_x.data(), *zx = z_x.data(), *sh = s_h.data(), *zh = z_h.data();
+  float *gu = gate_up.data(), *hv = h.data();
+
+  auto by_rows = [&](const std::function<void(int64_t, int64_t)>& body) {
+    if (rows == 1)
+      body(0, 1);  // one token: not worth waking the pool
+    else
+      parallel(0, rows, body);
+  };
+  by_rows([&](int64_t b, int64_t e) { int4::quantize_rows(x, dim, b, e, ax, sx, zx); });
+  const int4::QuantizedRows qx{ax, sx, zx, rows, dim};
+  // gate_up's rows interleave gate and up (row 2j: gate j, row 2j + 1: up j): a thread that
+  // computes the pairs [b, e) has what silu(gate) * up needs for hidden units [b, e).
+  parallel(0, hidden, [&](int64_t b, int64_t e) {
+    int4::gemm_rows(qx, w.gate_up, 2 * b, 2 * e, gu);
+    for (int64_t t = 0; t < rows; ++t) silu_times(gu + t * 2 * hidden + 2 * b, e - b, hv + t * hidden + b);
+  });
+  by_rows([&](int64_t b, int64_t e) { int4::quantize_rows(hv, hidden, b, e, ah, sh, zh); });
+  const int4::QuantizedRows qh{ah, sh, zh, rows, hidden};
+  parallel(0, (w.down.n + 1) / 2, [&](int64_t b, int64_t e) {
+    int4::gemm_rows(qh, w.down, 2 * b, std::min(2 * e, w.down.n), out);
+  });
+}
+
+using executorch::aten::ScalarType;
+using executorch::aten::Tensor;
+using executorch::runtime::Error;
+using executorch::runtime::KernelRuntimeContext;
+
+namespace {
+
+bool dense(const Tensor& t) {
+  return executorch::runtime::tensor_is_default_dim_order(t) && executorch::runtime::tensor_is_contiguous(t);
+}
+
+// A packed projection from its three tensors, or an error message.
+const char* projection(const Tensor& packed, const Tensor& scales, const Tensor& sums, int4::PackedWeight* out) {
+  if (packed.scalar_type() != ScalarType::Byte || packed.dim() != 2 || !dense(packed))
+    return "packed weights must be a contiguous 2-D uint8 tensor";
+  const int64_t n = packed.size(0), k = 2 * packed.size(1);
+  if (scales.scalar_type() != ScalarType::BFloat16 || scales.dim() != 2 || scales.size(0) != n ||
+      scales.size(1) * int4::kBlock != k || !dense(scales))
+    return "scales must be a contiguous bfloat16 [rows, in/32] tensor";
+  if (sums.scalar_type() != ScalarType::Float || sums.dim() != 1 || sums.size(0) != n || !dense(sums))
+    return "row sums must be a contiguous float32 [rows] tensor";
+  *out = {packed.const_data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.const_data_ptr()),
+          sums.const_data_ptr<float>(), nullptr, n, k};
+  return nullptr;
+}
+
+}  // namespace
+
+// llmcore::int4_mlp.out(Tensor x, Tensor gate_up, Tensor gate_up_scales, Tensor gate_up_sums,
+//     Tensor down, Tensor down_scales, Tensor down_sums, *, Tensor(a!) out) -> Tensor(a!)
+Tensor& int4_mlp_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& gate_up, const Tensor& gate_up_scales,
+                     const Tensor& gate_up_sums, const Tensor& down, const Tensor& down_scales,
+                     const Tensor& down_sums, Tensor& out) {
+  Int4MlpWeights w{};
+  const char* why = projection(gate_up, gate_up_scales, gate_up_sums, &w.gate_up);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_mlp: gate_up: %s", why);
+  why = projection(down, down_scales, down_sums, &w.down);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_mlp: down: %s", why);
+  why = int4_mlp_shape_error(w);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_mlp: %s", why);
+  ET_KERNEL_CHECK_MSG(ctx, x.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float,
+                      InvalidType, out, "llmcore::int4_mlp: x and out must be float32");
+  ET_KERNEL_CHECK_MSG(ctx, x.dim() >= 1 && x.size(x.dim() - 1) == w.gate_up.k, InvalidArgument, out,
+                      "llmcore::int4_mlp: x's last size must be the model dimension (%lld)",
+                      (long long)w.gate_up.k);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, x.sizes()) == Error::Ok, InvalidArgument, out);
+  ET_KERNEL_CHECK_MSG(ctx, dense(x) && dense(out), InvalidArgument, out,
+                      "llmcore::int4_mlp: x and out must be contiguous");
+  if (x.numel() == 0) return out;
+  // One chunk per thread: ExecuTorch's parallel_for makes one task per `grain` items, and
+  // each gemm_rows call has a set-up of its own (the rows' scales converted, scratch).
+  const ParallelFor parallel = [](int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
+    const int64_t threads = std::max<int64_t>(1, executorch::extension::get_thread_count());
+    const int64_t grain = std::max<int64_t>(1, (end - begin + threads - 1) / threads);
+    executorch::extension::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) { body(b, e); });
+  };
+  int4_mlp_forward(x.const_data_ptr<float>(), x.numel() / w.gate_up.k, w, out.mutable_data_ptr<float>(), parallel);
+  return out;
+}
+
+}  // namespace llmcore_kernels
+
+EXECUTORCH_LIBRARY(llmcore, "int4_mlp.out", llmcore_kernels::int4_mlp_out);

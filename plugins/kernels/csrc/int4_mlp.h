@@ -1,0 +1,42 @@
+// llmcore-kernels: the gated MLP of llmcore::int4_mlp on plain buffers.
+//
+//   out = down(silu(gate(x)) * up(x))
+//
+// with each projection an int4 GEMM on int8 activations (int4_gemm.h): x is rounded to
+// int8 per row once for gate and up, and silu(gate) * up once for down, as the 8da4w
+// programs' linears round their inputs. The ExecuTorch kernel (int4_mlp.cpp) and the
+// PyTorch registration (int4_mlp_aten.cpp) both call int4_mlp_forward, each with its
+// runtime's parallel_for: eager PyTorch computes what the program computes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "int4_gemm.h"
+
+#if defined(__GNUC__)
+#define LLMCORE_KERNELS_CXX_API __attribute__((visibility("default")))
+#else
+#define LLMCORE_KERNELS_CXX_API
+#endif
+
+namespace llmcore_kernels {
+
+struct Int4MlpWeights {
+  int4::PackedWeight gate_up;  // [2 * hidden, dim]: row 2j gate's row j, row 2j + 1 up's
+  int4::PackedWeight down;     // [dim, hidden]
+};
+
+// parallel(begin, end, body) calls body on disjoint subranges covering [begin, end).
+using ParallelFor =
+    std::function<void(int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body)>;
+
+// Why the shapes cannot be run, or nullptr: dim and hidden multiples of 32, gate and up of
+// one size, down back to dim.
+LLMCORE_KERNELS_CXX_API const char* int4_mlp_shape_error(const Int4MlpWeights& w);
+
+// out [rows, dim] from x [rows, dim]; the weights must pass int4_mlp_shape_error.
+LLMCORE_KERNELS_CXX_API void int4_mlp_forward(const float* x, int64_t rows, const Int4MlpWeights& w, float* out,
+                                              const ParallelFor& parallel);
+
+}  // namespace llmcore_kernels

@@ -1,0 +1,157 @@
+"""The ``8da4w-mlp`` recipe's rewrite: each gated MLP of int4 linears -> ``llmcore::int4_mlp``.
+
+The ``8da4w`` recipe (llmcore-xnnpack) gives every linear int4 blocks of 32 that XNNPACK
+runs. This recipe runs that recipe unchanged, then hands each SwiGLU MLP
+(``down(silu(gate(x)) * up(x))``, three :class:`~llmcore_xnnpack.qlinear.BlockInt4Linear`)
+to llmcore's own kernel as one operator, with the same integers and bf16 scales: its GEMM
+multiplies 32 int8 x int4 products an instruction where XNNPACK's AVX2 kernel multiplies 8
+(docs/performance.md, "An int4 GEMM of our own"). The attention projections stay in
+XNNPACK: taking them out too would cut each block's delegated graph into more pieces.
+
+A module qualifies when it has the three projections under Llama's names (``w1`` gate,
+``w3`` up, ``w2`` down) or Hugging Face's (``gate_proj``, ``up_proj``, ``down_proj``), each
+int4 with blocks of 32, no per-block offsets, no bias and no outlier split, and when on a
+random input it gives what the kernel gives (a GeGLU MLP does not, and is left alone).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from llmcore.errors import LlmcoreError
+from llmcore.modules import replace_modules
+
+RECIPE = "8da4w-mlp"
+BLOCK = 32  # the kernel's int4 block (csrc/int4_gemm.h)
+NAMES = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"))  # gate, up, down
+# ||kernel - module|| / ||module|| allowed in the swap check: both round their activations to
+# int8, and a value within float error of a rounding boundary may land on either side.
+CHECK_TOLERANCE = 2e-3
+
+
+def pack(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(packed, scales, row_sums)`` of an int4 weight ``scales[o, i // 32] * q[o, i]`` in the
+    kernel's layout: per row and block of 32, 16 bytes, byte ``j`` holding ``q[32g + j] + 8``
+    in its low nibble and ``q[32g + 16 + j] + 8`` in its high one; the scales as bfloat16
+    (exact: the modules keep them bf16-rounded); each row's sum of weights, which the kernel
+    needs for the activations' zero points."""
+    rows, cols = q.shape
+    if cols % BLOCK or scales.shape != (rows, cols // BLOCK):
+        raise ValueError(f"a [{rows}, {cols}] int4 weight needs [{rows}, {cols // BLOCK}] scales, got {tuple(scales.shape)}")
+    u = (q.to(torch.int16) + 8).to(torch.uint8).view(rows, cols // BLOCK, BLOCK)
+    packed = (u[..., :16] | (u[..., 16:] << 4)).reshape(rows, cols // 2).contiguous()
+    bf16 = scales.to(torch.bfloat16)
+    if not torch.equal(bf16.float(), scales.float()):
+        raise ValueError("int4 scales must be bfloat16 values")
+    weights = q.double().view(rows, -1, BLOCK) * scales.double().unsqueeze(-1)
+    return packed, bf16.contiguous(), weights.sum((1, 2)).float().contiguous()
+
+
+class FusedInt4MLP(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` through ``llmcore::int4_mlp``, from three int4 linears."""
+
+    def __init__(self, gate: nn.Module, up: nn.Module, down: nn.Module):
+        super().__init__()
+        self.dim, self.hidden = gate.in_features, gate.out_features
+        # row 2j gate's row j, row 2j + 1 up's: the thread that computes both has silu(gate) * up
+        interleave = lambda a, b: torch.stack([a, b], dim=1).reshape(2 * a.shape[0], a.shape[1])  # noqa: E731
+        gate_up, gate_up_scales, gate_up_sums = pack(interleave(gate.q, up.q), interleave(gate.scales, up.scales))
+        self.register_buffer("gate_up", gate_up)
+        self.register_buffer("gate_up_scales", gate_up_scales)
+        self.register_buffer("gate_up_sums", gate_up_sums)
+        down_q, down_scales, down_sums = pack(down.q, down.scales)
+        self.register_buffer("down", down_q)
+        self.register_buffer("down_scales", down_scales)
+        self.register_buffer("down_sums", down_sums)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.llmcore.int4_mlp.default(
+            x, self.gate_up, self.gate_up_scales, self.gate_up_sums, self.down, self.down_scales, self.down_sums
+        )
+
+    def extra_repr(self) -> str:
+        return f"{self.dim} -> {self.hidden} -> {self.dim}, int4 blocks of {BLOCK}"
+
+
+def _projections(module: nn.Module) -> Optional[tuple[nn.Module, nn.Module, nn.Module]]:
+    for names in NAMES:
+        parts = [getattr(module, n, None) for n in names]
+        if all(p is not None for p in parts):
+            return tuple(parts)
+    return None
+
+
+def _why_not(gate: nn.Module, up: nn.Module, down: nn.Module) -> Optional[str]:
+    """Why the kernel cannot take these projections, or None."""
+    for role, p in (("gate", gate), ("up", up), ("down", down)):
+        if not all(hasattr(p, a) for a in ("q", "scales", "block", "offset_weight", "outlier_split")):
+            return f"its {role} projection is a {type(p).__name__}, not an int4 linear"
+        if p.block != BLOCK:
+            return f"its int4 blocks are {p.block} wide (the kernel's are {BLOCK}: group_size=32)"
+        if p.offset_weight is not None:
+            return "its int4 blocks have offsets (asymmetric=true)"
+        if p.outlier_split:
+            return "its linears split outliers (outlier_split=true)"
+        if getattr(p, "bias", None) is not None:
+            return f"its {role} projection has a bias"
+    if up.in_features != gate.in_features or up.out_features != gate.out_features:
+        return "gate and up differ in shape"
+    if down.in_features != gate.out_features or down.out_features != gate.in_features:
+        return "down does not map the hidden size back"
+    if gate.in_features % BLOCK or gate.out_features % BLOCK:
+        return f"its sizes are not multiples of {BLOCK}"
+    return None
+
+
+def _same_function(module: nn.Module, fused: FusedInt4MLP) -> Optional[str]:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, fused.dim, generator=generator)
+    with torch.no_grad():
+        expected = module(x)
+        got = fused(x)
+    error = float((got - expected).norm() / expected.norm().clamp_min(1e-30))
+    return None if error <= CHECK_TOLERANCE else f"differs from the kernel by {error:.2g} (relative)"
+
+
+def swap_mlps(model: nn.Module) -> tuple[int, list[str]]:
+    """Replace qualifying MLPs in place; returns (how many, why others were kept). Loads the
+    kernel library (``LlmcoreError`` with the fix when it is not built)."""
+    from llmcore_kernels import ops  # noqa: F401  registers llmcore::int4_mlp
+
+    names = {id(m): n for n, m in model.named_modules()}
+    kept: list[str] = []
+
+    def fused_or_none(child: nn.Module) -> Optional[FusedInt4MLP]:
+        projections = _projections(child)
+        reason = _why_not(*projections)
+        fused = None if reason else FusedInt4MLP(*projections)
+        reason = reason or _same_function(child, fused)
+        if reason is not None:
+            kept.append(f"{names[id(child)]}: {reason}")
+            return None
+        return fused
+
+    swapped = replace_modules(model, lambda m: _projections(m) is not None, fused_or_none)
+    return swapped, kept
+
+
+def apply(module: nn.Module) -> nn.Module:
+    swapped, kept = swap_mlps(module)
+    if swapped == 0:
+        detail = f" Kept: {'; '.join(kept[:3])}." if kept else " It has none with gate, up and down projections."
+        raise LlmcoreError(
+            f"{RECIPE}: no MLP of the model can run on llmcore::int4_mlp.{detail}",
+            stage="quantize",
+            fix="use --quantize 8da4w; 8da4w-mlp takes SwiGLU MLPs with the recipe's defaults "
+            "(group_size=32, asymmetric=false, outlier_split=false).",
+        )
+    if kept:
+        raise LlmcoreError(
+            f"{RECIPE}: {len(kept)} MLP(s) cannot run on llmcore::int4_mlp ({'; '.join(kept[:3])}).",
+            stage="quantize",
+            fix="use --quantize 8da4w for this model.",
+        )
+    return module

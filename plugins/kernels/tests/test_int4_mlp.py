@@ -1,0 +1,179 @@
+"""llmcore::int4_mlp and the 8da4w-mlp recipe: the kernel against the three int4 linears it
+replaces (each rounding its input per token, as the 8da4w programs do), the packed layout,
+which MLPs the rewrite takes and refuses, a program that runs in Python and llmcore_runner
+alike, and the GEMM probe's own check of the kernel against a double-precision sum."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmcore.errors import LlmcoreError
+
+PROMPT = "Hello there, world"
+
+
+def int4_linear(out_features: int, in_features: int, block: int = 32, seed: int = 0, **kwargs):
+    from llmcore_xnnpack import qlinear
+
+    g = torch.Generator().manual_seed(seed)
+    q, scales = qlinear.int4_blocks(torch.randn(out_features, in_features, generator=g) * 0.05, block)
+    return qlinear.BlockInt4Linear(q, scales, **kwargs)
+
+
+class SwiGLU(nn.Module):
+    """Llama's gated MLP under its names: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden: int, activation=F.silu, **kwargs):
+        super().__init__()
+        self.w1 = int4_linear(hidden, dim, seed=1, **kwargs)
+        self.w3 = int4_linear(hidden, dim, seed=2, **kwargs)
+        self.w2 = int4_linear(dim, hidden, seed=3, **kwargs)
+        self.activation = activation
+
+    def forward(self, x):
+        return self.w2(self.activation(self.w1(x)) * self.w3(x))
+
+
+@pytest.fixture(scope="module")
+def ops(kernel_library):
+    from llmcore_kernels import ops
+
+    return ops
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_the_kernel_computes_what_the_three_linears_compute(ops, rows):
+    from llmcore_kernels.mlp import FusedInt4MLP
+
+    mlp = SwiGLU(96, 160)  # 96: an odd number of blocks of 32
+    fused = FusedInt4MLP(mlp.w1, mlp.w3, mlp.w2)
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)) * 2
+    x[0, 0] = 30.0  # an outlier sets its token's int8 scale
+    with torch.no_grad():
+        want, got = mlp(x), fused(x)
+    # The same integers, rounded the same way; a value within float error of an int8 rounding
+    # boundary of silu(gate) * up may land on the other side. Measured: ~3e-7 for one row,
+    # up to ~2e-4 at 64.
+    error = float((got - want).norm() / want.norm())
+    assert error < 1e-3
+    # batch dimensions are kept, and the program's .out variant gives the same numbers
+    out = torch.empty(0)
+    torch.ops.llmcore.int4_mlp.out(x[None], fused.gate_up, fused.gate_up_scales, fused.gate_up_sums, fused.down,
+                                   fused.down_scales, fused.down_sums, out=out)
+    assert out.shape == (1, rows, 96)
+    torch.testing.assert_close(out[0], got, rtol=0, atol=0)
+
+
+def test_the_packed_layout(ops):
+    from llmcore_kernels.mlp import pack
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(-8, 8, (3, 64), generator=g, dtype=torch.int8)
+    scales = torch.rand(3, 2, generator=g).to(torch.bfloat16).float()
+    packed, bf16, sums = pack(q, scales)
+    assert packed.dtype == torch.uint8 and packed.shape == (3, 32) and bf16.dtype == torch.bfloat16
+    # block g's 16 bytes: low nibbles its values 0..15, high nibbles 16..31, each + 8
+    blocks = packed.view(3, 2, 16).to(torch.int16)
+    unpacked = torch.cat([blocks & 0x0F, blocks >> 4], dim=2).reshape(3, 64) - 8
+    assert torch.equal(unpacked.to(torch.int8), q)
+    torch.testing.assert_close(sums, (q.float().view(3, 2, 32) * scales[..., None]).sum((1, 2)))
+    with pytest.raises(ValueError, match="bfloat16"):
+        pack(q, scales + 1e-4)
+
+
+def test_the_rewrite_takes_swiglu_and_leaves_other_mlps(ops):
+    from llmcore_kernels import mlp
+
+    model = nn.ModuleDict({"swiglu": SwiGLU(64, 96), "geglu": SwiGLU(64, 96, activation=F.gelu)})
+    swapped, kept = mlp.swap_mlps(model)
+    assert swapped == 1 and isinstance(model["swiglu"], mlp.FusedInt4MLP)
+    assert len(kept) == 1 and kept[0].startswith("geglu: differs from the kernel")
+    with pytest.raises(LlmcoreError, match="8da4w-mlp: 1 MLP"):
+        mlp.apply(nn.ModuleDict({"a": SwiGLU(64, 96), "b": SwiGLU(64, 96, activation=F.gelu)}))
+
+
+@pytest.mark.parametrize(
+    "kwargs, reason",
+    [({"block": 64}, "blocks are 64 wide"), ({"outlier_split": True}, "split outliers")],
+)
+def test_the_rewrite_refuses_what_the_kernel_cannot_run(ops, kwargs, reason):
+    from llmcore_kernels import mlp
+
+    with pytest.raises(LlmcoreError, match=reason) as caught:
+        mlp.apply(nn.Sequential(SwiGLU(64, 128, **kwargs)))
+    assert "--quantize 8da4w" in caught.value.fix
+
+
+@pytest.mark.parametrize("option, value", [("group_size", 64), ("asymmetric", True), ("outlier_split", True)])
+def test_the_recipe_refuses_options_the_kernel_cannot_run(option, value):
+    from llmcore_kernels import _quantize_8da4w_mlp
+
+    options = {"group_size": 32, "asymmetric": False, "outlier_split": False, option: value}
+    with pytest.raises(LlmcoreError, match=f"8da4w-mlp: {option}={value}"):
+        _quantize_8da4w_mlp(nn.Linear(4, 4), options, None)
+
+
+@pytest.fixture(scope="module")
+def mlp_export(kernel_library, tmp_path_factory):
+    """The tiny random Llama exported for XNNPACK with --quantize 8da4w-mlp."""
+    from llmcore.pipeline import export
+    from llmcore.plugins import load_registry
+    from llmcore.recipe import ExportOptions
+
+    out = tmp_path_factory.mktemp("mlp") / "tiny.pte"
+    options = ExportOptions(model="llama", config="tiny", plugins=["xnnpack"], quantize="8da4w-mlp",
+                            output=str(out), quiet=True)
+    return export(options, load_registry())
+
+
+def test_the_program_calls_the_kernel_and_matches_its_eager_model(mlp_export):
+    from llmcore import libraries
+
+    ops = libraries.program_operators(mlp_export.pte.read_bytes())
+    assert "llmcore::int4_mlp.out" in ops
+    assert mlp_export.report["quantization"]["recipe"] == "8da4w-mlp"
+    parity = mlp_export.report["parity"]
+    # the export's own check: the program against the quantized eager model (which runs the
+    # same kernel through its PyTorch registration)
+    assert parity["top1_agreement"] == 1.0 and parity["max_abs_diff"] < 0.05
+
+
+def test_llmcore_run_and_llmcore_runner_agree(mlp_export, runner, llmcore_cli):
+    import json
+
+    result = llmcore_cli("run", str(mlp_export.pte), "--prompt", PROMPT, "--max-new-tokens", "16", "--json")
+    assert result.returncode == 0, result.stderr
+    python_ids = json.loads(result.stdout)["generated_ids"]
+    out = subprocess.run(
+        [str(runner), str(mlp_export.pte), "--prompt", PROMPT, "--max-new-tokens", "16", "--temperature", "0",
+         "--print-ids"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    line = next(l for l in out.stdout.splitlines() if l.startswith("ids:"))
+    assert [int(i) for i in line.split()[1:]] == python_ids
+
+
+def test_the_gemm_probe_checks_the_kernel(tmp_path):
+    """benchmarks/int4_gemm_probe: the AVX2 and portable paths against a double-precision sum."""
+    root = Path(__file__).resolve().parents[3]
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    probe = tmp_path / "int4_probe"
+    subprocess.run(
+        [compiler, "-O2", "-std=c++17", "-ffp-contract=off", "-pthread", "-Wno-psabi",
+         f"-I{root / 'plugins/kernels/csrc'}", str(root / "benchmarks/int4_gemm_probe/probe.cpp"),
+         str(root / "plugins/kernels/csrc/int4_gemm.cpp"), "-o", str(probe)],
+        check=True, timeout=300,
+    )
+    out = subprocess.run([str(probe), "check"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("ok")
