@@ -11,7 +11,7 @@
 // blockwise int4 GEMM keeps its scales: the same weights as the 8da4w programs').
 //
 // Why a kernel of our own: XNNPACK 1.5.1's AVX2 int4 GEMM widens each nibble to 16 bits
-// and multiplies with vpmaddwd (8 products an instruction). Here the activations, held
+// and multiplies with vpmaddwd (16 products an instruction). Here the activations, held
 // unsigned (a = q + 128 in [0, 255]), meet the signed int4 weights in vpmaddubsw (32
 // products an instruction), the product llama.cpp's Q4_0 kernels are built on. The
 // zero point and the offset of 128 never enter the inner loop; they come out as one

@@ -1,6 +1,6 @@
 // llmcore::int4_mlp.out: a gated MLP (SwiGLU) with int4 weights in one operator.
 //
-// Why: XNNPACK 1.5.1's AVX2 int4 GEMM widens nibbles to 16 bits and multiplies 8 pairs an
+// Why: XNNPACK 1.5.1's AVX2 int4 GEMM widens nibbles to 16 bits and multiplies 16 pairs an
 // instruction; int4_gemm.cpp multiplies 32 with vpmaddubsw and prefetches the weight rows.
 // On SmolLM2's shapes it takes XNNPACK's time for a decode step's projections and 0.7x
 // for a 64-token prompt's (docs/performance.md, "An int4 GEMM of our own"). One

@@ -4,14 +4,15 @@ The ``8da4w`` recipe (llmcore-xnnpack) gives every linear int4 blocks of 32 that
 runs. This recipe runs that recipe unchanged, then hands each SwiGLU MLP
 (``down(silu(gate(x)) * up(x))``, three :class:`~llmcore_xnnpack.qlinear.BlockInt4Linear`)
 to llmcore's own kernel as one operator, with the same integers and bf16 scales: its GEMM
-multiplies 32 int8 x int4 products an instruction where XNNPACK's AVX2 kernel multiplies 8
+multiplies 32 int8 x int4 products an instruction where XNNPACK's AVX2 kernel multiplies 16
 (docs/performance.md, "An int4 GEMM of our own"). The attention projections stay in
 XNNPACK: taking them out too would cut each block's delegated graph into more pieces.
 
 A module qualifies when it has the three projections under Llama's names (``w1`` gate,
 ``w3`` up, ``w2`` down) or Hugging Face's (``gate_proj``, ``up_proj``, ``down_proj``), each
 int4 with blocks of 32, no per-block offsets, no bias and no outlier split, and when on a
-random input it gives what the kernel gives (a GeGLU MLP does not, and is left alone).
+random input it gives what the kernel gives (a GeGLU MLP does not). The recipe refuses a
+model with an MLP the kernel cannot take, rather than leave part of it to XNNPACK unsaid.
 """
 
 from __future__ import annotations
