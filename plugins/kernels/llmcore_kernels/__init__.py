@@ -113,11 +113,9 @@ def _quantize_8da4w_mlp(module, options: dict, calibration):
 @hookimpl
 def llmcore_quantizers() -> list[QuantizerRecipe]:
     """``8da4w-mlp``: llmcore-xnnpack's ``8da4w`` record with its options and calibration,
-    the MLPs then handed to llmcore::int4_mlp (without llmcore-xnnpack: no recipe)."""
-    try:
-        from llmcore_xnnpack import llmcore_quantizers as xnnpack_recipes
-    except ImportError:
-        return []
+    the MLPs then handed to llmcore::int4_mlp."""
+    from llmcore_xnnpack import llmcore_quantizers as xnnpack_recipes
+
     base = next(r for r in xnnpack_recipes() if r.name == "8da4w")
     return [
         dataclasses.replace(
