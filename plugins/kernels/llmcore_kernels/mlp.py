@@ -24,6 +24,7 @@ from torch import nn
 
 from llmcore.errors import LlmcoreError
 from llmcore.modules import replace_modules
+from llmcore_xnnpack.qlinear import BlockInt4Linear, relative_error
 
 RECIPE = "8da4w-mlp"
 BLOCK = 32  # the kernel's int4 block (csrc/int4_gemm.h)
@@ -54,7 +55,7 @@ def pack(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 class FusedInt4MLP(nn.Module):
     """``down(silu(gate(x)) * up(x))`` through ``llmcore::int4_mlp``, from three int4 linears."""
 
-    def __init__(self, gate: nn.Module, up: nn.Module, down: nn.Module):
+    def __init__(self, gate: BlockInt4Linear, up: BlockInt4Linear, down: BlockInt4Linear):
         super().__init__()
         self.dim, self.hidden = gate.in_features, gate.out_features
         # row 2j gate's row j, row 2j + 1 up's: the thread that computes both has silu(gate) * up
@@ -78,6 +79,7 @@ class FusedInt4MLP(nn.Module):
 
 
 def _projections(module: nn.Module) -> Optional[tuple[nn.Module, nn.Module, nn.Module]]:
+    """The module's gate, up and down children under one of ``NAMES``, or None."""
     for names in NAMES:
         parts = [getattr(module, n, None) for n in names]
         if all(p is not None for p in parts):
@@ -88,7 +90,7 @@ def _projections(module: nn.Module) -> Optional[tuple[nn.Module, nn.Module, nn.M
 def _why_not(gate: nn.Module, up: nn.Module, down: nn.Module) -> Optional[str]:
     """Why the kernel cannot take these projections, or None."""
     for role, p in (("gate", gate), ("up", up), ("down", down)):
-        if not all(hasattr(p, a) for a in ("q", "scales", "block", "offset_weight", "outlier_split")):
+        if not isinstance(p, BlockInt4Linear):
             return f"its {role} projection is a {type(p).__name__}, not an int4 linear"
         if p.block != BLOCK:
             return f"its int4 blocks are {p.block} wide (the kernel's are {BLOCK}: group_size=32)"
@@ -96,7 +98,7 @@ def _why_not(gate: nn.Module, up: nn.Module, down: nn.Module) -> Optional[str]:
             return "its int4 blocks have offsets (asymmetric=true)"
         if p.outlier_split:
             return "its linears split outliers (outlier_split=true)"
-        if getattr(p, "bias", None) is not None:
+        if p.bias is not None:
             return f"its {role} projection has a bias"
     if up.in_features != gate.in_features or up.out_features != gate.out_features:
         return "gate and up differ in shape"
@@ -113,7 +115,7 @@ def _same_function(module: nn.Module, fused: FusedInt4MLP) -> Optional[str]:
     with torch.no_grad():
         expected = module(x)
         got = fused(x)
-    error = float((got - expected).norm() / expected.norm().clamp_min(1e-30))
+    error = relative_error(got, expected)
     return None if error <= CHECK_TOLERANCE else f"differs from the kernel by {error:.2g} (relative)"
 
 
