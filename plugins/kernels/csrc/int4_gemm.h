@@ -70,7 +70,8 @@ void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, i
 // One row's packing, from its integers q (u - 8, in [-8, 7]) into k/2 bytes.
 void pack_row(const int8_t* q, int64_t k, uint8_t* out);
 
-// Whether gemm_rows runs the AVX2 code on this CPU (else the portable loops).
+// Whether this CPU has AVX2 and FMA: gemm_rows then runs its AVX2 code (else the portable
+// loops), and int4_mlp its vectorised SiLU.
 bool uses_avx2();
 
 }  // namespace int4

@@ -64,8 +64,8 @@ LLMCORE_MLP_AVX2 inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-// h[j] = silu(gu[2j]) * gu[2j + 1] for j in [0, count): gate and up interleaved.
-LLMCORE_MLP_AVX2 void silu_times_avx2(const float* gu, int64_t count, float* h) {
+// silu_times (below) over the whole eights of [0, count); returns where it stopped.
+LLMCORE_MLP_AVX2 int64_t silu_times_avx2(const float* gu, int64_t count, float* h) {
   int64_t j = 0;
   for (; j + 8 <= count; j += 8) {
     const __m256 a = _mm256_loadu_ps(gu + 2 * j), b = _mm256_loadu_ps(gu + 2 * j + 8);
@@ -78,25 +78,20 @@ LLMCORE_MLP_AVX2 void silu_times_avx2(const float* gu, int64_t count, float* h) 
     const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
     _mm256_storeu_ps(h + j, _mm256_mul_ps(silu, u));
   }
-  for (; j < count; ++j) {
-    const float g = gu[2 * j];
-    h[j] = g / (1.0f + std::exp(-g)) * gu[2 * j + 1];
-  }
+  return j;
 }
 
-bool mlp_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
 #else
 #define LLMCORE_MLP_X86 0
 #endif
 
+// h[j] = silu(gu[2j]) * gu[2j + 1] for j in [0, count): gate and up interleaved.
 void silu_times(const float* gu, int64_t count, float* h) {
+  int64_t j = 0;
 #if LLMCORE_MLP_X86
-  if (mlp_avx2()) return silu_times_avx2(gu, count, h);
+  if (int4::uses_avx2()) j = silu_times_avx2(gu, count, h);  // the GEMM's CPU check
 #endif
-  for (int64_t j = 0; j < count; ++j) {
+  for (; j < count; ++j) {
     const float g = gu[2 * j];
     h[j] = g / (1.0f + std::exp(-g)) * gu[2 * j + 1];
   }
