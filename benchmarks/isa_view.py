@@ -40,8 +40,10 @@ VIEWS: dict[str, tuple[str, ...] | None] = {
     "avx2": ("avx512*", "avx10*", "amx*", "avxvnni", "avx_vnni*", "avx_ne_convert"),
 }
 # The same narrowing for the libraries torch brings into a Python process (ExecuTorch's
-# custom ops reach ATen's vectorized code and MKL's BLAS): their own documented switches.
-TORCH_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+# custom ops reach ATen's vectorized code and MKL's BLAS), and for llmcore-kernels' int4
+# GEMM (which asks the CPU itself, not cpuinfo): their own switches.
+LIBRARY_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                        "LLMCORE_KERNELS_MAX_ISA": "avx2"}}
 # cpuinfo's names -> the kernel's (/proc/cpuinfo), to check the table against what Linux
 # reports: a layout the shim misreads would show features the CPU lacks, or miss some.
 PROC_NAMES = {
@@ -80,7 +82,7 @@ def executorch_env(view: str, report: Path, cache: Path = DEFAULT_CACHE) -> dict
     if VIEWS[view] is None:
         return {}
     return {"LD_PRELOAD": str(shim(cache)), "ISA_VIEW_HIDE": ",".join(VIEWS[view]), "ISA_VIEW_REPORT": str(report),
-            **TORCH_ENV.get(view, {})}
+            **LIBRARY_ENV.get(view, {})}
 
 
 def proc_flags() -> set[str]:

@@ -4,7 +4,8 @@
 //   c++ -O3 -std=c++17 -ffp-contract=off -pthread -Iplugins/kernels/csrc
 //       benchmarks/int4_gemm_probe/probe.cpp plugins/kernels/csrc/int4_gemm.cpp -o int4_probe
 //   int4_probe check
-//       the AVX2 path against the portable loops and both against a double-precision
+//       the best code this CPU runs (AVX-512 VNNI, AVX2; LLMCORE_KERNELS_MAX_ISA=avx2
+//       or =portable caps it) against the portable loops and both against a double-precision
 //       sum over the same integers; the activation rounding against its definition.
 //       Prints "ok" and exits 0, or names the first mismatch and exits 1.
 //   int4_probe time TOKENS THREADS [REPEAT] [mlp]
@@ -77,9 +78,9 @@ struct Activations {
   QuantizedRows rows(int64_t m, int64_t k) const { return {a.data(), scale.data(), zero.data(), m, k}; }
 };
 
-Activations quantize(const std::vector<float>& x, int64_t m, int64_t k, bool portable) {
+Activations quantize(const std::vector<float>& x, int64_t m, int64_t k, bool arranged, bool portable) {
   Activations q{std::vector<uint8_t>(m * k), std::vector<float>(m), std::vector<float>(m)};
-  quantize_rows(x.data(), k, 0, m, q.a.data(), q.scale.data(), q.zero.data(), portable);
+  quantize_rows(x.data(), k, 0, m, q.a.data(), q.scale.data(), q.zero.data(), arranged, portable);
   return q;
 }
 
@@ -91,15 +92,24 @@ int check() {
   };
   const Case cases[] = {{1, 576, 576, false}, {1, 7, 64, true}, {3, 192, 576, false}, {5, 33, 1536, true},
                         {64, 576, 576, false}, {19, 1536, 576, true}, {4, 2, 32, false},
-                        {6, 10, 96, true}};  // 96: an odd number of blocks
+                        {6, 10, 96, true},  // 96: an odd number of blocks
+                        {5, 9, 480, false}, {2, 6, 224, true}};  // groups of 8, 4, 2, 1; of 4, 2, 1
   for (const Case& c : cases) {
     const Layer w = random_layer(c.n, c.k, c.bias, rng);
     std::vector<float> x(c.m * c.k);
     for (auto& v : x) v = std::normal_distribution<float>(0.3f, 2.0f)(rng);
     x[0] = 40.0f;  // an outlier, as real activations have
-    const Activations fast = quantize(x, c.m, c.k, false), plain = quantize(x, c.m, c.k, true);
+    // the rounding checked in x's order; the GEMM's input arranged (int4_gemm.h)
+    const Activations fast = quantize(x, c.m, c.k, false, false), plain = quantize(x, c.m, c.k, false, true);
     if (fast.a != plain.a || fast.scale != plain.scale || fast.zero != plain.zero) {
       std::printf("mismatch: the AVX2 and portable activation rounding differ (m=%lld k=%lld)\n", (long long)c.m,
+                  (long long)c.k);
+      return 1;
+    }
+    Activations arranged = fast;
+    for (int64_t t = 0; t < c.m; ++t) arrange(fast.a.data() + t * c.k, c.k, arranged.a.data() + t * c.k);
+    if (quantize(x, c.m, c.k, true, false).a != arranged.a) {
+      std::printf("mismatch: quantize_rows' arranged rows are not arrange() of its plain ones (k=%lld)\n",
                   (long long)c.k);
       return 1;
     }
@@ -119,8 +129,8 @@ int check() {
       }
     }
     std::vector<float> y_fast(c.m * c.n), y_plain(c.m * c.n);
-    gemm_rows(fast.rows(c.m, c.k), view(w), 0, c.n, y_fast.data(), false);
-    gemm_rows(fast.rows(c.m, c.k), view(w), 0, c.n, y_plain.data(), true);
+    gemm_rows(arranged.rows(c.m, c.k), view(w), 0, c.n, y_fast.data(), false);
+    gemm_rows(arranged.rows(c.m, c.k), view(w), 0, c.n, y_plain.data(), true);
     for (int64_t t = 0; t < c.m; ++t) {
       for (int64_t r = 0; r < c.n; ++r) {
         double ref = 0.0, magnitude = 0.0;
@@ -145,7 +155,10 @@ int check() {
       }
     }
   }
-  std::printf("ok (%s path checked)\n", uses_avx2() ? "AVX2 and portable" : "portable");
+  if (uses_avx2())
+    std::printf("ok (the %s and the portable code checked)\n", gemm_isa_name());
+  else
+    std::printf("ok (the portable code checked)\n");
   return 0;
 }
 
@@ -203,7 +216,7 @@ int time_layers(int64_t m, int threads, int repeat, bool mlp_only) {
   std::sort(ms.begin(), ms.end());
   std::printf("%zu linear layers (%s), %lld token(s), %d thread(s), %s: min %.3f ms, median %.3f ms per pass (%d passes)\n",
               layers.size(), mlp_only ? "gate, up, down" : "all seven per block", (long long)m, threads,
-              uses_avx2() ? "AVX2" : "portable", ms.front(), ms[ms.size() / 2], repeat);
+              gemm_isa_name(), ms.front(), ms[ms.size() / 2], repeat);
   return 0;
 }
 

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -72,7 +74,33 @@ bool cpu_has_avx2() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
 }
+#endif
 
+// The GEMM's instruction set: the best this CPU has, capped by LLMCORE_KERNELS_MAX_ISA
+// ("portable", "avx2"; benchmarks/isa_view.py sets it, as it caps ATen and oneDNN by
+// theirs).
+enum class Isa { portable, avx2, avx512_vnni };
+
+Isa gemm_isa() {
+  static const Isa isa = [] {
+    Isa best = Isa::portable;
+#if LLMCORE_HAVE_X86
+    if (cpu_has_avx2()) best = Isa::avx2;
+    if (best == Isa::avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512vnni"))
+      best = Isa::avx512_vnni;
+#endif
+    const char* cap = std::getenv("LLMCORE_KERNELS_MAX_ISA");
+    if (cap == nullptr || *cap == '\0') return best;
+    if (std::strcmp(cap, "portable") == 0) return Isa::portable;
+    if (std::strcmp(cap, "avx2") == 0) return std::min(best, Isa::avx2);
+    std::fprintf(stderr, "llmcore-kernels: LLMCORE_KERNELS_MAX_ISA=%s is not one of portable, avx2; ignored\n", cap);
+    return best;
+  }();
+  return isa;
+}
+
+#if LLMCORE_HAVE_X86
 LLMCORE_AVX2 void min_max_avx2(const float* x, int64_t k, float* lo, float* hi) {
   __m256 a = _mm256_set1_ps(x[0]), b = a;
   int64_t i = 0;
@@ -136,69 +164,19 @@ LLMCORE_AVX2 inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// One block's 16 bytes as 32 signed bytes u - 8 in [-8, 7], the block's order.
-LLMCORE_AVX2 inline __m256i unpack_block(const uint8_t* p, __m256i low_nibbles, __m256i eight) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1);
-  return _mm256_sub_epi8(_mm256_and_si256(both, low_nibbles), eight);
-}
-
-// acc + (x . w over one block) * d, the dot in 32-bit lanes: u8 x s8 pairs summed to 16 bits
-// (|sum| <= 2 * 255 * 8: no saturation), then to 32.
-LLMCORE_AVX2 inline __m256 multiply_add(__m256 acc, __m256i xv, __m256i wv, __m256i ones, const float* d) {
-  const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(xv, wv), ones));
-  return _mm256_fmadd_ps(sums, _mm256_broadcast_ss(d), acc);
-}
-
-// How far ahead of the block being multiplied its row's weights are prefetched. The
+// How far ahead of the step being multiplied its row's weights are prefetched. The
 // hardware prefetcher alone left one decode pass of SmolLM2's 210 layers at 3.1 ms on two
 // threads; 2 KiB ahead, 2.3 ms (256 B: 2.7, 8 KiB: 2.2, 16 KiB: 2.8).
 constexpr int64_t kPrefetchBytes = 2048;
 
-// MR rows of x times NR rows of w over all blocks: MR x NR dot products (before the
-// per-row corrections), each as 8 float lanes to be summed.
-template <int MR, int NR>
-LLMCORE_AVX2 inline void tile(const QuantizedRows& x, int64_t m0, const PackedWeight& w, int64_t n0,
-                              const float* scales /* [NR][blocks] */, int64_t blocks, float* dots /* [MR][NR] */) {
-  const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
-  const __m256i eight = _mm256_set1_epi8(8);
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[MR][NR];
-  for (int t = 0; t < MR; ++t)
-    for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
-  const int64_t row_bytes = w.k / 2;
-  for (int64_t g = 0; g < blocks; ++g) {
-    // One prefetch per 64-byte line of each weight row, kPrefetchBytes ahead (past the
-    // row's end it lands in the next rows, which come next).
-    if ((g & 3) == 0)
-      for (int r = 0; r < NR; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(w.packed + (n0 + r) * row_bytes + g * 16 + kPrefetchBytes),
-                     _MM_HINT_T0);
-    __m256i wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = unpack_block(w.packed + (n0 + r) * row_bytes + g * 16, low_nibbles, eight);
-    for (int t = 0; t < MR; ++t) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.a + (m0 + t) * x.k + g * kBlock));
-      for (int r = 0; r < NR; ++r) acc[t][r] = multiply_add(acc[t][r], xv, wv[r], ones, scales + r * blocks + g);
-    }
-  }
-  for (int t = 0; t < MR; ++t)
-    for (int r = 0; r < NR; ++r) dots[t * NR + r] = hsum(acc[t][r]);
-}
-
-LLMCORE_AVX2 void convert_scales_avx2(const uint16_t* h, int64_t count, float* out) {
-  int64_t i = 0;
-  for (; i + 8 <= count; i += 8) {
-    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_slli_epi32(wide, 16));
-  }
-  for (; i < count; ++i) out[i] = bf16_to_float(h[i]);
-}
 #endif  // LLMCORE_HAVE_X86
 
-// u of value j of block g in a packed row (the layout of int4_gemm.h).
-inline int nibble(const uint8_t* row, int64_t g, int j) {
-  const uint8_t byte = row[g * 16 + (j & 15)];
-  return j < 16 ? byte & 0x0f : byte >> 4;
+// Calls visit(first block, G) for each group of a row of `blocks` blocks, in order.
+template <typename Visit>
+void for_each_group(int64_t blocks, Visit visit) {
+  int64_t g = 0;
+  for (int size = 8; size >= 1; size /= 2)
+    for (; blocks - g >= size; g += size) visit(g, size);
 }
 
 // y[t, n] from sum_g d_g D_g (`dot`): the zero point's and the offset's correction, the
@@ -209,95 +187,118 @@ inline void finish(const QuantizedRows& x, int64_t t, const PackedWeight& w, int
   y[t * w.n + n] = v;
 }
 
+// Row n's packed weights back to their integers u - 8, in the arranged order.
+void unpack_row(const uint8_t* packed, int64_t k, int8_t* values) {
+  for_each_group(k / kBlock, [&](int64_t g, int size) {
+    const int64_t half = size == 1 ? 16 : 32;  // bytes per chunk of 2 * half values
+    for (int64_t c = 0; c < size * kBlock; c += 2 * half)
+      for (int64_t b = 0; b < half; ++b) {
+        const uint8_t byte = packed[g * 16 + c / 2 + b];
+        values[g * kBlock + c + b] = static_cast<int8_t>((byte & 0x0f) - 8);
+        values[g * kBlock + c + half + b] = static_cast<int8_t>((byte >> 4) - 8);
+      }
+  });
+}
+
 void gemm_rows_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y) {
   const int64_t blocks = w.k / kBlock;
-  const int64_t row_bytes = w.k / 2;
-  thread_local std::vector<float> converted;  // the row's scales as floats
-  converted.resize(blocks);
-  float* scales = converted.data();
+  thread_local std::vector<int8_t> values;
+  thread_local std::vector<int32_t> block_dots;
+  values.resize(w.k);
+  block_dots.resize(blocks);
   for (int64_t n = n_begin; n < n_end; ++n) {
-    for (int64_t g = 0; g < blocks; ++g) scales[g] = bf16_to_float(w.scales[n * blocks + g]);
+    unpack_row(w.packed + n * (w.k / 2), w.k, values.data());
     for (int64_t t = 0; t < x.m; ++t) {
       const uint8_t* a = x.a + t * x.k;
+      std::fill(block_dots.begin(), block_dots.end(), 0);
+      // in a group of G blocks, the 4-byte lane L of each step belongs to block L / (8 / G)
+      for_each_group(blocks, [&](int64_t g, int size) {
+        for (int64_t i = 0; i < size * kBlock; ++i)
+          block_dots[g + (i % kBlock) / 4 / (8 / size)] += a[g * kBlock + i] * values[g * kBlock + i];
+      });
       float dot = 0.0f;
-      for (int64_t g = 0; g < blocks; ++g) {
-        int32_t d = 0;
-        for (int j = 0; j < kBlock; ++j) d += a[g * kBlock + j] * (nibble(w.packed + n * row_bytes, g, j) - 8);
-        dot += scales[g] * static_cast<float>(d);
-      }
+      for (int64_t b = 0; b < blocks; ++b)
+        dot += bf16_to_float(w.scales[n * blocks + b]) * static_cast<float>(block_dots[b]);
       finish(x, t, w, n, dot, y);
     }
   }
 }
 
 #if LLMCORE_HAVE_X86
-// Rows of w in fours (each x row's activations read once for four weight rows), x rows
-// in fours within them (each unpacked weight block used four times): the unpacking is
-// paid once per four rows of a prompt.
-template <int MR, int NR>
-LLMCORE_AVX2 void tiles_for_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n0, const float* scales,
-                                 int64_t blocks, float* y) {
-  float dots[MR * NR];
-  int64_t t = 0;
-  for (; t + MR <= x.m; t += MR) {
-    tile<MR, NR>(x, t, w, n0, scales, blocks, dots);
-    for (int i = 0; i < MR; ++i)
-      for (int r = 0; r < NR; ++r) finish(x, t + i, w, n0 + r, dots[i * NR + r], y);
-  }
-  for (; t < x.m; ++t) {
-    tile<1, NR>(x, t, w, n0, scales, blocks, dots);
-    for (int r = 0; r < NR; ++r) finish(x, t, w, n0 + r, dots[r], y);
-  }
-}
+// The tiles, once per instruction set (int4_gemm_tiles.inc).
+namespace avx2 {
+#define INT4_TARGET LLMCORE_AVX2
+#define INT4_VNNI 0
+#include "int4_gemm_tiles.inc"
+#undef INT4_TARGET
+#undef INT4_VNNI
+}  // namespace avx2
 
-LLMCORE_AVX2 void gemm_rows_avx2(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end,
-                                 float* y) {
-  const int64_t blocks = w.k / kBlock;
-  constexpr int NR = 2;  // 2 and 4 measured alike
-  thread_local std::vector<float> converted;  // NR rows' scales as floats
-  converted.resize(NR * blocks);
-  float* scales = converted.data();
-  int64_t n = n_begin;
-  for (; n + NR <= n_end; n += NR) {
-    convert_scales_avx2(w.scales + n * blocks, NR * blocks, scales);
-    if (x.m >= 4)
-      tiles_for_rows<4, NR>(x, w, n, scales, blocks, y);
-    else
-      tiles_for_rows<1, NR>(x, w, n, scales, blocks, y);
-  }
-  for (; n < n_end; ++n) {
-    convert_scales_avx2(w.scales + n * blocks, blocks, scales);
-    tiles_for_rows<1, 1>(x, w, n, scales, blocks, y);
-  }
-}
+namespace avx512_vnni {
+#define INT4_TARGET __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
+#define INT4_VNNI 1
+#include "int4_gemm_tiles.inc"
+#undef INT4_TARGET
+#undef INT4_VNNI
+}  // namespace avx512_vnni
 #endif
 
 }  // namespace
 
-void pack_row(const int8_t* q, int64_t k, uint8_t* out) {
-  for (int64_t g = 0; g < k / kBlock; ++g)
-    for (int j = 0; j < 16; ++j)
-      out[g * 16 + j] = static_cast<uint8_t>((q[g * kBlock + j] + 8) | ((q[g * kBlock + 16 + j] + 8) << 4));
+void arrange(const uint8_t* in, int64_t k, uint8_t* out) {
+  for_each_group(k / kBlock, [&](int64_t g, int size) {
+    const int per_block = 8 / size;  // 4-byte lanes of a step per block
+    const uint8_t* src = in + g * kBlock;
+    uint8_t* dst = out + g * kBlock;
+    for (int step = 0; step < size; ++step)
+      for (int lane = 0; lane < 8; ++lane) {
+        const int block = lane / per_block, part = step * per_block + lane % per_block;
+        std::memcpy(dst + (step * 8 + lane) * 4, src + block * kBlock + part * 4, 4);
+      }
+  });
 }
 
-bool uses_avx2() {
-#if LLMCORE_HAVE_X86
-  return cpu_has_avx2();
-#else
-  return false;
-#endif
+void pack_row(const int8_t* q, int64_t k, uint8_t* out) {
+  thread_local std::vector<uint8_t> natural, arranged;
+  natural.resize(k);
+  arranged.resize(k);
+  for (int64_t i = 0; i < k; ++i) natural[i] = static_cast<uint8_t>(q[i] + 8);
+  arrange(natural.data(), k, arranged.data());
+  const uint8_t* u = arranged.data();
+  for_each_group(k / kBlock, [&](int64_t g, int size) {
+    const int64_t half = size == 1 ? 16 : 32;  // a chunk of 2 * half values in half bytes
+    for (int64_t c = 0; c < size * kBlock; c += 2 * half)
+      for (int64_t b = 0; b < half; ++b)
+        out[g * 16 + c / 2 + b] =
+            static_cast<uint8_t>(u[g * kBlock + c + b] | (u[g * kBlock + c + half + b] << 4));
+  });
+}
+
+bool uses_avx2() { return gemm_isa() != Isa::portable; }
+
+const char* gemm_isa_name() {
+  switch (gemm_isa()) {
+    case Isa::avx512_vnni:
+      return "AVX-512 VNNI";
+    case Isa::avx2:
+      return "AVX2";
+    default:
+      return "portable";
+  }
 }
 
 void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a, float* scale,
-                   float* zero, bool portable) {
+                   float* zero, bool arranged, bool portable) {
+  thread_local std::vector<uint8_t> natural;  // a row before arrange()
+  natural.resize(k);
 #if LLMCORE_HAVE_X86
-  const bool avx2 = !portable && cpu_has_avx2();
+  const bool avx2 = !portable && gemm_isa() != Isa::portable;
 #else
   (void)portable;
 #endif
   for (int64_t t = row_begin; t < row_end; ++t) {
     const float* xr = x + t * k;
-    uint8_t* ar = a + t * k;
+    uint8_t* ar = arranged ? natural.data() : a + t * k;
     float lo, hi;
 #if LLMCORE_HAVE_X86
     if (avx2)
@@ -314,16 +315,16 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
     else
 #endif
       quantize_row_portable(xr, k, inv, zero[t], ar);
+    if (arranged) arrange(ar, k, a + t * k);
   }
 }
 
 void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y,
                bool portable) {
+  const Isa isa = portable ? Isa::portable : gemm_isa();
 #if LLMCORE_HAVE_X86
-  if (!portable && cpu_has_avx2()) {
-    gemm_rows_avx2(x, w, n_begin, n_end, y);
-    return;
-  }
+  if (isa == Isa::avx512_vnni) return avx512_vnni::gemm_rows(x, w, n_begin, n_end, y);
+  if (isa == Isa::avx2) return avx2::gemm_rows(x, w, n_begin, n_end, y);
 #endif
   gemm_rows_portable(x, w, n_begin, n_end, y);
 }

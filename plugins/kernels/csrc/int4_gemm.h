@@ -25,13 +25,31 @@
 // The activations are rounded as the 8da4w programs round them, so the arithmetic is the
 // one XNNPACK runs for those programs: a like-for-like comparison.
 //
-// Packed weight layout, per row n and block g: 16 bytes, byte j = u[32g + j] |
-// u[32g + 16 + j] << 4 (the low nibbles are the block's first 16 values). Row n's blocks
-// are contiguous: packed[n * K/2 + 16 g + j]. (Two blocks in 32 bytes, one load and two
-// masks for both, measured alike at one token and 10% slower at 64: more registers.)
+// The arranged order. A block's scale multiplies only its own products, so a kernel that
+// keeps one block in a register must convert its sums to float and multiply once per
+// block and row pair: four instructions for one vpmaddubsw. Here a register holds eight
+// blocks instead, one per 4-byte lane: a row's blocks go in groups of G = 8 (then one
+// group of 4, 2 and 1 for the rest), and a group is G steps of 32 bytes, step s's lane L
+// holding values [4 (s p + l), 4 (s p + l) + 4) of block L / p (p = 8 / G lanes a block,
+// l = L % p). The G steps' vpmaddubsw results add in 16-bit lanes (2 products of at most
+// 255 * 8 a lane: eight steps stay below 2^15); one conversion and one multiply by the
+// lanes' scales then serve G blocks. The activations are stored in this order
+// (quantize_rows, arrange), the weights packed in it:
+//
+// Packed weight layout, per row: its groups in order, each G * 16 bytes; within a group
+// of G >= 2, each 32 bytes hold two steps, byte b = u(step 2i, byte b) | u(step 2i + 1,
+// byte b) << 4 (one load and two masks give both); in a group of 1, 16 bytes, byte b =
+// u(byte b) | u(byte 16 + b) << 4. Row n starts at packed[n * K/2]; the scales stay one
+// bfloat16 per block in block order, [n, K/32].
 #pragma once
 
 #include <cstdint>
+
+#if defined(__GNUC__)
+#define LLMCORE_INT4_API __attribute__((visibility("default")))  // the PyTorch library packs with it
+#else
+#define LLMCORE_INT4_API
+#endif
 
 namespace llmcore_kernels {
 namespace int4 {
@@ -39,7 +57,7 @@ namespace int4 {
 constexpr int64_t kBlock = 32;
 
 // x quantized per row: a [m, k] = q + 128 (q the int8 value torch's quantize_per_token
-// gives), scale [m], zero [m] (whole numbers, as floats).
+// gives), each row in the arranged order; scale [m], zero [m] (whole numbers, as floats).
 struct QuantizedRows {
   const uint8_t* a;
   const float* scale;
@@ -58,21 +76,28 @@ struct PackedWeight {
 };
 
 // Quantize rows [row_begin, row_end) of x [m, k] (k a multiple of 32) into a [m, k],
-// scale [m] and zero [m].
+// scale [m] and zero [m]; a's rows in the arranged order (`arranged`) or in x's.
 // `portable`: the plain loops even where AVX2 is available (the check compares the two).
 void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a, float* scale,
-                   float* zero, bool portable = false);
+                   float* zero, bool arranged = true, bool portable = false);
+
+// One row of k bytes (k a multiple of 32), one per value, from x's order into the arranged one.
+void arrange(const uint8_t* in, int64_t k, uint8_t* out);
 
 // y[:, n_begin:n_end] for every row of x. y is [m, n] row-major.
 void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y,
                bool portable = false);
 
-// One row's packing, from its integers q (u - 8, in [-8, 7]) into k/2 bytes.
-void pack_row(const int8_t* q, int64_t k, uint8_t* out);
+// One row's packing, from its integers q (u - 8, in [-8, 7], in x's order) into k/2 bytes.
+LLMCORE_INT4_API void pack_row(const int8_t* q, int64_t k, uint8_t* out);
 
 // Whether this CPU has AVX2 and FMA: gemm_rows then runs its AVX2 code (else the portable
 // loops), and int4_mlp its vectorised SiLU.
 bool uses_avx2();
+
+// Which code gemm_rows runs here: "AVX-512 VNNI" (vpdpbusd on 256-bit registers), "AVX2" or
+// "portable"; LLMCORE_KERNELS_MAX_ISA=avx2 or =portable caps it (benchmarks/isa_view.py).
+const char* gemm_isa_name();
 
 }  // namespace int4
 }  // namespace llmcore_kernels

@@ -27,6 +27,12 @@
 
 namespace llmcore_kernels {
 
+// Programs from before the arranged order (int4_gemm.h) hold [rows, in/2] weights: their
+// bytes mean something else, so they are refused by their shape.
+const char* const kPackedShapeError =
+    "packed weights must be a contiguous [rows, in/32, 16] uint8 tensor (a program exported with an "
+    "older llmcore-kernels has [rows, in/2]: export it again)";
+
 const char* int4_mlp_shape_error(const Int4MlpWeights& w) {
   const int64_t dim = w.gate_up.k, hidden = w.gate_up.n / 2;
   if (dim <= 0 || dim % int4::kBlock != 0) return "the model dimension must be a positive multiple of 32";
@@ -151,9 +157,9 @@ bool dense(const Tensor& t) {
 
 // A packed projection from its three tensors, or an error message.
 const char* projection(const Tensor& packed, const Tensor& scales, const Tensor& sums, int4::PackedWeight* out) {
-  if (packed.scalar_type() != ScalarType::Byte || packed.dim() != 2 || !dense(packed))
-    return "packed weights must be a contiguous 2-D uint8 tensor";
-  const int64_t n = packed.size(0), k = 2 * packed.size(1);
+  if (packed.scalar_type() != ScalarType::Byte || packed.dim() != 3 || packed.size(2) != 16 || !dense(packed))
+    return kPackedShapeError;
+  const int64_t n = packed.size(0), k = int4::kBlock * packed.size(1);
   if (scales.scalar_type() != ScalarType::BFloat16 || scales.dim() != 2 || scales.size(0) != n ||
       scales.size(1) * int4::kBlock != k || !dense(scales))
     return "scales must be a contiguous bfloat16 [rows, in/32] tensor";

@@ -31,6 +31,9 @@ struct Int4MlpWeights {
 using ParallelFor =
     std::function<void(int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body)>;
 
+// The error for packed weights of another shape than [rows, in/32, 16] (both registrations).
+LLMCORE_KERNELS_CXX_API extern const char* const kPackedShapeError;
+
 // Why the shapes cannot be run, or nullptr: dim and hidden multiples of 32, gate and up of
 // one size, down back to dim.
 LLMCORE_KERNELS_CXX_API const char* int4_mlp_shape_error(const Int4MlpWeights& w);

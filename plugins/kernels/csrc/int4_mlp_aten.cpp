@@ -14,10 +14,10 @@ namespace {
 
 llmcore_kernels::int4::PackedWeight projection(const char* name, const at::Tensor& packed, const at::Tensor& scales,
                                                const at::Tensor& sums) {
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
-              "llmcore::int4_mlp: ", name, " must be a contiguous 2-D uint8 tensor, got ", packed.scalar_type(), " ",
-              packed.sizes());
-  const int64_t n = packed.size(0), k = 2 * packed.size(1);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.size(2) == 16 && packed.is_contiguous(),
+              "llmcore::int4_mlp: ", name, ": ", llmcore_kernels::kPackedShapeError, "; got ", packed.scalar_type(),
+              " ", packed.sizes());
+  const int64_t n = packed.size(0), k = llmcore_kernels::int4::kBlock * packed.size(1);
   TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.dim() == 2 && scales.size(0) == n &&
                   scales.size(1) * llmcore_kernels::int4::kBlock == k && scales.is_contiguous(),
               "llmcore::int4_mlp: ", name, "'s scales must be a contiguous bfloat16 [", n, ", ", k / 32,
@@ -63,6 +63,23 @@ at::Tensor int4_mlp(const at::Tensor& x, const at::Tensor& gate_up, const at::Te
   return int4_mlp_out(x, gate_up, gate_up_scales, gate_up_sums, down, down_scales, down_sums, out);
 }
 
+// q [rows, k] int8 in [-8, 7] (the weight's integers u - 8) -> [rows, k/32, 16] uint8 in the
+// kernel's packed layout (int4_gemm.h): the export packs with the kernel's own code, so
+// the layout is written down once.
+at::Tensor int4_pack(const at::Tensor& q) {
+  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && q.device().is_cpu(),
+              "llmcore::int4_pack: q must be a 2-D int8 CPU tensor, got ", q.scalar_type(), " ", q.sizes());
+  const int64_t rows = q.size(0), k = q.size(1);
+  TORCH_CHECK(k > 0 && k % llmcore_kernels::int4::kBlock == 0, "llmcore::int4_pack: q's rows must be a positive "
+              "multiple of 32 long, got ", k);
+  const at::Tensor qc = q.contiguous();
+  TORCH_CHECK(qc.ge(-8).all().item<bool>() && qc.le(7).all().item<bool>(), "llmcore::int4_pack: q outside [-8, 7]");
+  at::Tensor packed = at::empty({rows, k / llmcore_kernels::int4::kBlock, 16}, q.options().dtype(at::kByte));
+  for (int64_t r = 0; r < rows; ++r)
+    llmcore_kernels::int4::pack_row(qc.const_data_ptr<int8_t>() + r * k, k, packed.mutable_data_ptr<uint8_t>() + r * (k / 2));
+  return packed;
+}
+
 }  // namespace
 
 // The rest of the llmcore namespace's schemas are in rms_norm_aten.cpp (TORCH_LIBRARY).
@@ -73,9 +90,11 @@ TORCH_LIBRARY_FRAGMENT(llmcore, m) {
   m.def(
       "int4_mlp.out(Tensor x, Tensor gate_up, Tensor gate_up_scales, Tensor gate_up_sums, Tensor down, "
       "Tensor down_scales, Tensor down_sums, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def("int4_pack(Tensor q) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(llmcore, CPU, m) {
   m.impl("int4_mlp", TORCH_FN(int4_mlp));
   m.impl("int4_mlp.out", TORCH_FN(int4_mlp_out));
+  m.impl("int4_pack", TORCH_FN(int4_pack));
 }

@@ -36,15 +36,16 @@ CHECK_TOLERANCE = 2e-3
 
 def pack(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(packed, scales, row_sums)`` of an int4 weight ``scales[o, i // 32] * q[o, i]`` in the
-    kernel's layout: per row and block of 32, 16 bytes, byte ``j`` holding ``q[32g + j] + 8``
-    in its low nibble and ``q[32g + 16 + j] + 8`` in its high one; the scales as bfloat16
-    (exact: the modules keep them bf16-rounded); each row's sum of weights, which the kernel
-    needs for the activations' zero points."""
+    kernel's layout: the nibbles ``q + 8`` in the order the kernel reads them, packed by the
+    kernel's own code (``llmcore::int4_pack``; the layout: ``csrc/int4_gemm.h``); the scales
+    as bfloat16 (exact: the modules keep them bf16-rounded); each row's sum of weights, which
+    the kernel needs for the activations' zero points."""
+    from llmcore_kernels import ops  # noqa: F401  registers llmcore::int4_pack
+
     rows, cols = q.shape
     if cols % BLOCK or scales.shape != (rows, cols // BLOCK):
         raise ValueError(f"a [{rows}, {cols}] int4 weight needs [{rows}, {cols // BLOCK}] scales, got {tuple(scales.shape)}")
-    u = (q.to(torch.int16) + 8).to(torch.uint8).view(rows, cols // BLOCK, BLOCK)
-    packed = (u[..., :16] | (u[..., 16:] << 4)).reshape(rows, cols // 2).contiguous()
+    packed = torch.ops.llmcore.int4_pack.default(q.to(torch.int8).contiguous())
     bf16 = scales.to(torch.bfloat16)
     if not torch.equal(bf16.float(), scales.float()):
         raise ValueError("int4 scales must be bfloat16 values")

@@ -14,7 +14,10 @@ Operators (schemas are defined in C++, ``csrc/rms_norm_aten.cpp`` and ``csrc/int
     the same into ``out``: what ``to_executorch`` emits, and the ExecuTorch kernel's name.
 ``llmcore::int4_mlp(Tensor x, Tensor gate_up, Tensor gate_up_scales, Tensor gate_up_sums, Tensor down, Tensor down_scales, Tensor down_sums) -> Tensor``
     ``down(silu(gate(x)) * up(x))`` with int4 weights and int8 activations rounded per row
-    (``csrc/int4_mlp.h``; the packed layout: :mod:`llmcore_kernels.mlp`); ``.out`` as above.
+    (``csrc/int4_mlp.h``; the packed layout: ``csrc/int4_gemm.h``); ``.out`` as above.
+``llmcore::int4_pack(Tensor q) -> Tensor``
+    int8 integers in [-8, 7], ``[rows, k]``, packed as ``int4_mlp`` reads them, ``[rows, k/32, 16]``
+    uint8 (:func:`llmcore_kernels.mlp.pack`; the export's, not a program's, operator).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def rms_norm(input: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
 
 @torch.library.register_fake("llmcore::int4_mlp")
 def _int4_mlp_fake(x, gate_up, gate_up_scales, gate_up_sums, down, down_scales, down_sums) -> torch.Tensor:
-    torch._check(x.shape[-1] == 2 * gate_up.shape[1])
+    torch._check(gate_up.dim() == 3 and down.dim() == 3)  # [rows, in/32, 16] (csrc/int4_gemm.h)
+    torch._check(x.shape[-1] == 32 * gate_up.shape[1])
     torch._check(down.shape[0] == x.shape[-1])
     return torch.empty_like(x, memory_format=torch.contiguous_format)

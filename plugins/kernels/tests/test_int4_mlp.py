@@ -5,6 +5,7 @@ alike, and the GEMM probe's own check of the kernel against a double-precision s
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -48,13 +49,15 @@ def ops(kernel_library):
     return ops
 
 
+# blocks of 32 per row: 3 and 5 (groups 2+1 and 4+1), 15 and 9 (8+4+2+1 and 8+1)
+@pytest.mark.parametrize("dim,hidden", [(96, 160), (480, 288)])
 @pytest.mark.parametrize("rows", [1, 5, 64])
-def test_the_kernel_computes_what_the_three_linears_compute(ops, rows):
+def test_the_kernel_computes_what_the_three_linears_compute(ops, rows, dim, hidden):
     from llmcore_kernels.mlp import FusedInt4MLP
 
-    mlp = SwiGLU(96, 160)  # 96: an odd number of blocks of 32
+    mlp = SwiGLU(dim, hidden)
     fused = FusedInt4MLP(mlp.w1, mlp.w3, mlp.w2)
-    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)) * 2
+    x = torch.randn(rows, dim, generator=torch.Generator().manual_seed(rows)) * 2
     x[0, 0] = 30.0  # an outlier sets its token's int8 scale
     with torch.no_grad():
         want, got = mlp(x), fused(x)
@@ -67,25 +70,61 @@ def test_the_kernel_computes_what_the_three_linears_compute(ops, rows):
     out = torch.empty(0)
     torch.ops.llmcore.int4_mlp.out(x[None], fused.gate_up, fused.gate_up_scales, fused.gate_up_sums, fused.down,
                                    fused.down_scales, fused.down_sums, out=out)
-    assert out.shape == (1, rows, 96)
+    assert out.shape == (1, rows, dim)
     torch.testing.assert_close(out[0], got, rtol=0, atol=0)
+
+
+def test_weights_packed_by_an_older_layout_are_refused(ops):
+    from llmcore_kernels.mlp import FusedInt4MLP
+
+    mlp = SwiGLU(96, 160)
+    fused = FusedInt4MLP(mlp.w1, mlp.w3, mlp.w2)
+    old_shape = fused.gate_up.reshape(fused.gate_up.shape[0], -1)  # [rows, in/2]: before the arranged order
+    with pytest.raises(RuntimeError, match=r"gate_up: packed weights must be .*\[rows, in/32, 16\].*export it again"):
+        torch.ops.llmcore.int4_mlp(torch.randn(1, 96), old_shape, fused.gate_up_scales, fused.gate_up_sums,
+                                   fused.down, fused.down_scales, fused.down_sums)
+
+
+def unpack_documented_layout(packed: torch.Tensor, k: int) -> torch.Tensor:
+    """The integers of packed rows, read as csrc/int4_gemm.h describes the layout (written
+    from the description, not from the kernel): groups of 8, 4, 2, 1 blocks; a group of G
+    is G steps of 32 values, step s's 4-byte lane L holding values 4 (s p + l) .. + 3 of
+    block L // p (p = 8 // G, l = L % p); two steps per 32 bytes (low nibbles, then high),
+    a group of one block in 16 bytes (bytes 0-15 low, 16-31 high)."""
+    rows = packed.shape[0]
+    packed = packed.reshape(rows, k // 2)
+    out = torch.empty(rows, k, dtype=torch.int16)
+    u = packed.to(torch.int16)
+    blocks, g = k // 32, 0
+    for size in (8, 4, 2, 1):
+        while blocks - g >= size:
+            chunk = 16 if size == 1 else 32  # bytes holding two halves of values
+            raw = u[:, g * 16 : (g + size) * 16].reshape(rows, -1, chunk)
+            steps = torch.cat([raw & 0x0F, raw >> 4], dim=2).reshape(rows, size, 32)  # [rows, step, byte]
+            per = 8 // size
+            for s in range(size):
+                for lane in range(8):
+                    block, part = g + lane // per, s * per + lane % per
+                    out[:, block * 32 + 4 * part : block * 32 + 4 * part + 4] = steps[:, s, 4 * lane : 4 * lane + 4]
+            g += size
+    return out - 8
 
 
 def test_the_packed_layout(ops):
     from llmcore_kernels.mlp import pack
 
     g = torch.Generator().manual_seed(0)
-    q = torch.randint(-8, 8, (3, 64), generator=g, dtype=torch.int8)
-    scales = torch.rand(3, 2, generator=g).to(torch.bfloat16).float()
-    packed, bf16, sums = pack(q, scales)
-    assert packed.dtype == torch.uint8 and packed.shape == (3, 32) and bf16.dtype == torch.bfloat16
-    # block g's 16 bytes: low nibbles its values 0..15, high nibbles 16..31, each + 8
-    blocks = packed.view(3, 2, 16).to(torch.int16)
-    unpacked = torch.cat([blocks & 0x0F, blocks >> 4], dim=2).reshape(3, 64) - 8
-    assert torch.equal(unpacked.to(torch.int8), q)
-    torch.testing.assert_close(sums, (q.float().view(3, 2, 32) * scales[..., None]).sum((1, 2)))
+    for cols in (64, 224, 480, 576):  # groups 2; 4+2+1; 8+4+2+1; 8+8+2
+        q = torch.randint(-8, 8, (3, cols), generator=g, dtype=torch.int8)
+        scales = torch.rand(3, cols // 32, generator=g).to(torch.bfloat16).float()
+        packed, bf16, sums = pack(q, scales)
+        assert packed.dtype == torch.uint8 and packed.shape == (3, cols // 32, 16) and bf16.dtype == torch.bfloat16
+        assert torch.equal(unpack_documented_layout(packed, cols).to(torch.int8), q), cols
+        torch.testing.assert_close(sums, (q.float().view(3, -1, 32) * scales[..., None]).sum((1, 2)))
     with pytest.raises(ValueError, match="bfloat16"):
         pack(q, scales + 1e-4)
+    with pytest.raises(RuntimeError, match=r"outside \[-8, 7\]"):
+        torch.ops.llmcore.int4_pack(torch.full((1, 32), 9, dtype=torch.int8))
 
 
 def test_the_rewrite_takes_swiglu_and_leaves_other_mlps(ops):
@@ -162,7 +201,8 @@ def test_llmcore_run_and_llmcore_runner_agree(mlp_export, runner, llmcore_cli):
 
 
 def test_the_gemm_probe_checks_the_kernel(tmp_path):
-    """benchmarks/int4_gemm_probe: the AVX2 and portable paths against a double-precision sum."""
+    """benchmarks/int4_gemm_probe: each code path this CPU can run (VNNI, AVX2, portable)
+    against a double-precision sum."""
     root = Path(__file__).resolve().parents[3]
     compiler = shutil.which("c++") or shutil.which("g++")
     if compiler is None:
@@ -174,6 +214,10 @@ def test_the_gemm_probe_checks_the_kernel(tmp_path):
          str(root / "plugins/kernels/csrc/int4_gemm.cpp"), "-o", str(probe)],
         check=True, timeout=300,
     )
-    out = subprocess.run([str(probe), "check"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.startswith("ok")
+    for cap in ("", "avx2", "portable"):  # the best code here, then capped (LLMCORE_KERNELS_MAX_ISA)
+        env = {**os.environ, "LLMCORE_KERNELS_MAX_ISA": cap}
+        out = subprocess.run([str(probe), "check"], capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert out.stdout.startswith("ok"), out.stdout
+        if cap == "portable":
+            assert out.stdout.startswith("ok (the portable code checked)"), out.stdout
