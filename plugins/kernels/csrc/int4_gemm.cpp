@@ -225,21 +225,32 @@ void gemm_rows_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n
 }
 
 #if LLMCORE_HAVE_X86
-// The tiles, once per instruction set (int4_gemm_tiles.inc).
+// The tiles, once per instruction set (int4_gemm_tiles.inc). The prompt tiles' shapes were
+// chosen with benchmarks/int4_gemm_probe on SmolLM2's MLP (64 tokens): AVX2 3 x 3 (3x4, 2x4,
+// 4x2 and, before the running sum, 1x1 to 6x1 tried; 3x3 and 4x2 alike, 9% ahead of 3x4 on
+// one thread), VNNI 3 x 4 (3x3, 4x4, 6x4, 4x6, 8x2, 2x8 tried: AVX-512's 32 registers).
 namespace avx2 {
 #define INT4_TARGET LLMCORE_AVX2
 #define INT4_VNNI 0
+#define INT4_PROMPT_MR 3
+#define INT4_PROMPT_NR 3
 #include "int4_gemm_tiles.inc"
 #undef INT4_TARGET
 #undef INT4_VNNI
+#undef INT4_PROMPT_MR
+#undef INT4_PROMPT_NR
 }  // namespace avx2
 
 namespace avx512_vnni {
 #define INT4_TARGET __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
 #define INT4_VNNI 1
+#define INT4_PROMPT_MR 3
+#define INT4_PROMPT_NR 4
 #include "int4_gemm_tiles.inc"
 #undef INT4_TARGET
 #undef INT4_VNNI
+#undef INT4_PROMPT_MR
+#undef INT4_PROMPT_NR
 }  // namespace avx512_vnni
 #endif
 
