@@ -123,7 +123,8 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             name="8da4w-mlp",
             description="8da4w (llmcore-xnnpack's recipe, the same integers), each SwiGLU MLP then run by "
             "llmcore::int4_mlp: gate, up and down in one operator on llmcore's own int4 kernel "
-            "(vpmaddubsw on AVX2), the rest by XNNPACK; needs the llmcore_kernels runtime library",
+            "(vpmaddubsw on AVX2, vpdpbusd with AVX-512 VNNI), the rest by XNNPACK; for AVX2-only CPUs "
+            "(where XNNPACK has VNNI, 8da4w prefills faster); needs the llmcore_kernels runtime library",
             source_quantize=_quantize_8da4w_mlp,
         )
     ]
