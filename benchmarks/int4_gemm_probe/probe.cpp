@@ -48,11 +48,12 @@ float bf16_bits_to_float(uint16_t h) {
   return f;
 }
 
-Layer random_layer(int64_t n, int64_t k, bool with_bias, std::mt19937& rng) {
+// fill: every integer that value (-8 or 7), or 0 for random ones
+Layer random_layer(int64_t n, int64_t k, bool with_bias, std::mt19937& rng, int fill = 0) {
   Layer l{n, k, std::vector<uint8_t>(n * k / 2), std::vector<uint16_t>(n * k / kBlock), std::vector<float>(n),
           {}, std::vector<int8_t>(n * k)};
   std::uniform_int_distribution<int> nibble(-8, 7);
-  for (auto& v : l.q) v = static_cast<int8_t>(nibble(rng));
+  for (auto& v : l.q) v = static_cast<int8_t>(fill != 0 ? fill : nibble(rng));
   // bfloat16 scales around 2^-6 .. 2^-4 (exponents 121..123), any mantissa
   for (auto& s : l.scales) s = static_cast<uint16_t>(((121 + rng() % 3) << 7) | (rng() & 0x7fu));
   for (int64_t r = 0; r < n; ++r) {
@@ -89,16 +90,21 @@ int check() {
   struct Case {
     int64_t m, n, k;
     bool bias;
+    int fill = 0;  // not 0: all weights this integer, x a constant 3 (every activation 127, stored 255)
   };
   const Case cases[] = {{1, 576, 576, false}, {1, 7, 64, true}, {3, 192, 576, false}, {5, 33, 1536, true},
                         {64, 576, 576, false}, {19, 1536, 576, true}, {4, 2, 32, false},
                         {6, 10, 96, true},  // 96: an odd number of blocks
-                        {5, 9, 480, false}, {2, 6, 224, true}};  // groups of 8, 4, 2, 1; of 4, 2, 1
+                        {5, 9, 480, false}, {2, 6, 224, true},  // groups of 8, 4, 2, 1; of 4, 2, 1
+                        // the largest sums a group's 16-bit lanes hold: 8 steps x 2 x 255 x -8 (or 7)
+                        {4, 8, 512, false, -8}, {3, 5, 512, false, 7}};
   for (const Case& c : cases) {
-    const Layer w = random_layer(c.n, c.k, c.bias, rng);
-    std::vector<float> x(c.m * c.k);
-    for (auto& v : x) v = std::normal_distribution<float>(0.3f, 2.0f)(rng);
-    x[0] = 40.0f;  // an outlier, as real activations have
+    const Layer w = random_layer(c.n, c.k, c.bias, rng, c.fill);
+    std::vector<float> x(c.m * c.k, 3.0f);
+    if (c.fill == 0) {
+      for (auto& v : x) v = std::normal_distribution<float>(0.3f, 2.0f)(rng);
+      x[0] = 40.0f;  // an outlier, as real activations have
+    }
     // the rounding checked in x's order; the GEMM's input arranged (int4_gemm.h)
     const Activations fast = quantize(x, c.m, c.k, false, false), plain = quantize(x, c.m, c.k, false, true);
     if (fast.a != plain.a || fast.scale != plain.scale || fast.zero != plain.zero) {
