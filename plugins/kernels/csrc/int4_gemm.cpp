@@ -187,16 +187,23 @@ inline void finish(const QuantizedRows& x, int64_t t, const PackedWeight& w, int
   y[t * w.n + n] = v;
 }
 
-// Row n's packed weights back to their integers u - 8, in the arranged order.
-void unpack_row(const uint8_t* packed, int64_t k, int8_t* values) {
+// Calls visit(byte, low, high) for each byte of a packed row of k values: the arranged
+// values at `low` and `high` are its low and high nibbles (int4_gemm.h: a group of one
+// block packs 32 values in 16 bytes, larger groups each two steps, 64 values, in 32).
+template <typename Visit>
+void for_each_packed_byte(int64_t k, Visit visit) {
   for_each_group(k / kBlock, [&](int64_t g, int size) {
-    const int64_t half = size == 1 ? 16 : 32;  // bytes per chunk of 2 * half values
+    const int64_t half = size == 1 ? 16 : 32;  // a chunk of 2 * half values in half bytes
     for (int64_t c = 0; c < size * kBlock; c += 2 * half)
-      for (int64_t b = 0; b < half; ++b) {
-        const uint8_t byte = packed[g * 16 + c / 2 + b];
-        values[g * kBlock + c + b] = static_cast<int8_t>((byte & 0x0f) - 8);
-        values[g * kBlock + c + half + b] = static_cast<int8_t>((byte >> 4) - 8);
-      }
+      for (int64_t b = 0; b < half; ++b) visit(g * 16 + c / 2 + b, g * kBlock + c + b, g * kBlock + c + half + b);
+  });
+}
+
+// A row's packed weights back to their integers u - 8, in the arranged order.
+void unpack_row(const uint8_t* packed, int64_t k, int8_t* values) {
+  for_each_packed_byte(k, [&](int64_t byte, int64_t low, int64_t high) {
+    values[low] = static_cast<int8_t>((packed[byte] & 0x0f) - 8);
+    values[high] = static_cast<int8_t>((packed[byte] >> 4) - 8);
   });
 }
 
@@ -276,12 +283,8 @@ void pack_row(const int8_t* q, int64_t k, uint8_t* out) {
   for (int64_t i = 0; i < k; ++i) natural[i] = static_cast<uint8_t>(q[i] + 8);
   arrange(natural.data(), k, arranged.data());
   const uint8_t* u = arranged.data();
-  for_each_group(k / kBlock, [&](int64_t g, int size) {
-    const int64_t half = size == 1 ? 16 : 32;  // a chunk of 2 * half values in half bytes
-    for (int64_t c = 0; c < size * kBlock; c += 2 * half)
-      for (int64_t b = 0; b < half; ++b)
-        out[g * 16 + c / 2 + b] =
-            static_cast<uint8_t>(u[g * kBlock + c + b] | (u[g * kBlock + c + half + b] << 4));
+  for_each_packed_byte(k, [&](int64_t byte, int64_t low, int64_t high) {
+    out[byte] = static_cast<uint8_t>(u[low] | (u[high] << 4));
   });
 }
 
