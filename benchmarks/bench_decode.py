@@ -78,6 +78,8 @@ VARIANTS = {
     "8da4w": ["--plugins", "xnnpack", "--quantize", "8da4w"],
     # 8da4w's integers, each SwiGLU MLP on llmcore's own int4 kernel (llmcore-kernels)
     "8da4w-mlp": ["--plugins", "xnnpack", "--quantize", "8da4w-mlp"],
+    # 8da4w's integers, each whole layer on llmcore's int4 kernels (no XNNPACK inside a layer)
+    "8da4w-layers": ["--plugins", "xnnpack", "--quantize", "8da4w-layers"],
     "8da4w-gs128": ["--plugins", "xnnpack", "--quantize", "8da4w", "--quantize-option", "group_size=128"],
     "8da4w-hqq": ["--plugins", "xnnpack", "--quantize", "8da4w", "--quantize-option", "hqq=true"],
     "8da4w-emb8": ["--plugins", "xnnpack", "--quantize", "8da4w", "--quantize-option", "embedding_bits=8"],
@@ -87,7 +89,7 @@ VARIANTS = {
 }
 # variants that apply to some models only
 VARIANT_MODELS = {v: ("smollm2",) for v in ("fp32-rmsnorm", "8da4w-hqq", "8da4w-emb8", "8da4w-emb4", "gguf",
-                                             "8da4w-mlp")}  # GPT-2's MLP is GELU, not gated
+                                             "8da4w-mlp", "8da4w-layers")}  # GPT-2's MLP is GELU, not gated
 # SmolLM2-135M's norms: 30 layers x 2 + the final one, width 576.
 SMOLLM2_NORMS, SMOLLM2_DIM = 61, 576
 

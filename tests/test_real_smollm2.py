@@ -141,22 +141,31 @@ def test_served_json_schema_and_tool_call(smollm2, tmp_path):
         jsonschema.validate(json.loads(call.function.arguments), weather["function"]["parameters"])
 
 
-@pytest.fixture(scope="module")
-def smollm2_mlp(tmp_path_factory, cli):
-    """The same weights with --quantize 8da4w-mlp (llmcore-kernels): 8da4w's integers, the
-    MLPs on llmcore::int4_mlp."""
-    out = tmp_path_factory.mktemp("smollm2-mlp") / "smollm2.pte"
+# recipe -> the llmcore::int4_* operators its program must call
+KERNEL_RECIPES = {
+    "8da4w-mlp": ("llmcore::int4_mlp.out",),
+    "8da4w-layers": ("llmcore::int4_norm_qkv_rope.out", "llmcore::int4_linear_add.out",
+                     "llmcore::int4_norm_mlp_add.out"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(KERNEL_RECIPES))
+def smollm2_kernels(request, tmp_path_factory, cli):
+    """The same weights with --quantize 8da4w-mlp or 8da4w-layers (llmcore-kernels): 8da4w's
+    integers, the MLPs (or whole layers) on llmcore's int4 kernels."""
+    out = tmp_path_factory.mktemp(f"smollm2-{request.param}") / "smollm2.pte"
     result = cli("export", "--model", "llama", "--checkpoint", str(GGUF), "--plugins", "xnnpack",
-                 "--quantize", "8da4w-mlp", "--max-seq-len", "512", "--quiet", "-o", str(out), timeout=1800)
+                 "--quantize", request.param, "--max-seq-len", "512", "--quiet", "-o", str(out), timeout=1800)
     assert result.returncode == 0, result.stderr
-    return out
+    return request.param, out
 
 
-def test_8da4w_mlp_answers_as_8da4w_does(smollm2, smollm2_mlp, cli):
-    """The MLP kernel keeps 8da4w's integers: the program calls it, answers Paris, and its
+def test_kernel_recipes_answer_as_8da4w_does(smollm2, smollm2_kernels, cli):
+    """The kernels keep 8da4w's integers: the program calls them, answers Paris, and its
     next-token distribution after the templated question stays close to the 8da4w program's
-    (measured: KL 0.011, max |logit difference| 1.4, the same top token; both programs round
-    their activations to int8 per token, XNNPACK and the kernel each their own way)."""
+    (measured, 8da4w-mlp: KL 0.011, max |logit difference| 1.4, the same top token; both
+    programs round their activations to int8 per token, XNNPACK and the kernel each their
+    own way)."""
     import torch
 
     from llmcore import libraries
@@ -164,16 +173,17 @@ def test_8da4w_mlp_answers_as_8da4w_does(smollm2, smollm2_mlp, cli):
     from llmcore.generate import TextTokenizer
     from llmcore.runtime import Program
 
-    report = json.loads(smollm2_mlp.with_name("smollm2.report.json").read_text())
-    assert report["quantization"]["recipe"] == "8da4w-mlp" and report["parity"]["top1_agreement"] == 1.0
-    assert "llmcore::int4_mlp.out" in libraries.program_operators(smollm2_mlp.read_bytes())
-    result = cli("run", str(smollm2_mlp), "--chat", "--prompt", QUESTION, "--max-new-tokens", "32", "--json")
+    recipe, pte = smollm2_kernels
+    report = json.loads(pte.with_name("smollm2.report.json").read_text())
+    assert report["quantization"]["recipe"] == recipe and report["parity"]["top1_agreement"] == 1.0
+    assert set(KERNEL_RECIPES[recipe]) <= set(libraries.program_operators(pte.read_bytes()))
+    result = cli("run", str(pte), "--chat", "--prompt", QUESTION, "--max-new-tokens", "32", "--json")
     assert result.returncode == 0, result.stderr
     assert "Paris" in json.loads(result.stdout)["text"]
 
     tokenizer_json = smollm2.with_name("tokenizer.json")
     ids = TextTokenizer.from_file(tokenizer_json).encode(apply_template(str(tokenizer_json), QUESTION))
     base = torch.as_tensor(Program.load(smollm2).logits(ids, 0)).flatten().log_softmax(-1)
-    mlp = torch.as_tensor(Program.load(smollm2_mlp).logits(ids, 0)).flatten().log_softmax(-1)
-    assert int(base.argmax()) == int(mlp.argmax())
-    assert float((base.exp() * (base - mlp)).sum()) < 0.05
+    kernels = torch.as_tensor(Program.load(pte).logits(ids, 0)).flatten().log_softmax(-1)
+    assert int(base.argmax()) == int(kernels.argmax())
+    assert float((base.exp() * (base - kernels)).sum()) < 0.05

@@ -12,6 +12,7 @@
 // Registered with EXECUTORCH_LIBRARY into the runtime this library links, like
 // llmcore::rms_norm (rms_norm.cpp).
 #include "int4_mlp.h"
+#include "int4_executorch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -105,43 +106,41 @@ void silu_times(const float* gu, int64_t count, float* h) {
 
 }  // namespace
 
+int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, int64_t k, const ParallelFor& parallel) {
+  a.resize(rows * k);
+  scale.resize(rows);
+  zero.resize(rows);
+  uint8_t* pa = a.data();
+  float *ps = scale.data(), *pz = zero.data();
+  auto body = [&](int64_t b, int64_t e) { int4::quantize_rows(x, k, b, e, pa, ps, pz); };
+  if (rows == 1)
+    body(0, 1);  // one token: not worth waking the pool
+  else
+    parallel(0, rows, body);
+  return {pa, ps, pz, rows, k};
+}
+
+void gemm_all(const int4::QuantizedRows& x, const int4::PackedWeight& w, float* y, const ParallelFor& parallel) {
+  parallel(0, (w.n + 1) / 2, [&](int64_t b, int64_t e) { int4::gemm_rows(x, w, 2 * b, std::min(2 * e, w.n), y); });
+}
+
 void int4_mlp_forward(const float* x, int64_t rows, const Int4MlpWeights& w, float* out, const ParallelFor& parallel) {
   const int64_t dim = w.gate_up.k, hidden = w.gate_up.n / 2;
   // Scratch of the calling thread, kept between calls (a decode step reuses it).
-  thread_local std::vector<uint8_t> a_x, a_h;
-  thread_local std::vector<float> s_x, z_x, s_h, z_h, gate_up, h;
-  a_x.resize(rows * dim);
-  a_h.resize(rows * hidden);
-  s_x.resize(rows);
-  z_x.resize(rows);
-  s_h.resize(rows);
-  z_h.resize(rows);
+  thread_local RoundedRows rounded_x, rounded_h;
+  thread_local std::vector<float> gate_up, h;
   gate_up.resize(rows * 2 * hidden);
   h.resize(rows * hidden);
-  uint8_t* ax = a_x.data();
-  uint8_t* ah = a_h.data();
-  float *sx = s_x.data(), *zx = z_x.data(), *sh = s_h.data(), *zh = z_h.data();
   float *gu = gate_up.data(), *hv = h.data();
 
-  auto by_rows = [&](const std::function<void(int64_t, int64_t)>& body) {
-    if (rows == 1)
-      body(0, 1);  // one token: not worth waking the pool
-    else
-      parallel(0, rows, body);
-  };
-  by_rows([&](int64_t b, int64_t e) { int4::quantize_rows(x, dim, b, e, ax, sx, zx); });
-  const int4::QuantizedRows qx{ax, sx, zx, rows, dim};
+  const int4::QuantizedRows qx = rounded_x.round(x, rows, dim, parallel);
   // gate_up's rows interleave gate and up (row 2j: gate j, row 2j + 1: up j): a thread that
   // computes the pairs [b, e) has what silu(gate) * up needs for hidden units [b, e).
   parallel(0, hidden, [&](int64_t b, int64_t e) {
     int4::gemm_rows(qx, w.gate_up, 2 * b, 2 * e, gu);
     for (int64_t t = 0; t < rows; ++t) silu_times(gu + t * 2 * hidden + 2 * b, e - b, hv + t * hidden + b);
   });
-  by_rows([&](int64_t b, int64_t e) { int4::quantize_rows(hv, hidden, b, e, ah, sh, zh); });
-  const int4::QuantizedRows qh{ah, sh, zh, rows, hidden};
-  parallel(0, (w.down.n + 1) / 2, [&](int64_t b, int64_t e) {
-    int4::gemm_rows(qh, w.down, 2 * b, std::min(2 * e, w.down.n), out);
-  });
+  gemm_all(rounded_h.round(hv, rows, hidden, parallel), w.down, out, parallel);
 }
 
 using executorch::aten::ScalarType;
@@ -149,28 +148,6 @@ using executorch::aten::Tensor;
 using executorch::runtime::Error;
 using executorch::runtime::KernelRuntimeContext;
 
-namespace {
-
-bool dense(const Tensor& t) {
-  return executorch::runtime::tensor_is_default_dim_order(t) && executorch::runtime::tensor_is_contiguous(t);
-}
-
-// A packed projection from its three tensors, or an error message.
-const char* projection(const Tensor& packed, const Tensor& scales, const Tensor& sums, int4::PackedWeight* out) {
-  if (packed.scalar_type() != ScalarType::Byte || packed.dim() != 3 || packed.size(2) != 16 || !dense(packed))
-    return kPackedShapeError;
-  const int64_t n = packed.size(0), k = int4::kBlock * packed.size(1);
-  if (scales.scalar_type() != ScalarType::BFloat16 || scales.dim() != 2 || scales.size(0) != n ||
-      scales.size(1) * int4::kBlock != k || !dense(scales))
-    return "scales must be a contiguous bfloat16 [rows, in/32] tensor";
-  if (sums.scalar_type() != ScalarType::Float || sums.dim() != 1 || sums.size(0) != n || !dense(sums))
-    return "row sums must be a contiguous float32 [rows] tensor";
-  *out = {packed.const_data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.const_data_ptr()),
-          sums.const_data_ptr<float>(), nullptr, n, k};
-  return nullptr;
-}
-
-}  // namespace
 
 // llmcore::int4_mlp.out(Tensor x, Tensor gate_up, Tensor gate_up_scales, Tensor gate_up_sums,
 //     Tensor down, Tensor down_scales, Tensor down_sums, *, Tensor(a!) out) -> Tensor(a!)
@@ -178,9 +155,9 @@ Tensor& int4_mlp_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& g
                      const Tensor& gate_up_sums, const Tensor& down, const Tensor& down_scales,
                      const Tensor& down_sums, Tensor& out) {
   Int4MlpWeights w{};
-  const char* why = projection(gate_up, gate_up_scales, gate_up_sums, &w.gate_up);
+  const char* why = et::projection(gate_up, gate_up_scales, gate_up_sums, &w.gate_up);
   ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_mlp: gate_up: %s", why);
-  why = projection(down, down_scales, down_sums, &w.down);
+  why = et::projection(down, down_scales, down_sums, &w.down);
   ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_mlp: down: %s", why);
   why = int4_mlp_shape_error(w);
   ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_mlp: %s", why);
@@ -190,17 +167,11 @@ Tensor& int4_mlp_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& g
                       "llmcore::int4_mlp: x's last size must be the model dimension (%lld)",
                       (long long)w.gate_up.k);
   ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, x.sizes()) == Error::Ok, InvalidArgument, out);
-  ET_KERNEL_CHECK_MSG(ctx, dense(x) && dense(out), InvalidArgument, out,
+  ET_KERNEL_CHECK_MSG(ctx, et::dense(x) && et::dense(out), InvalidArgument, out,
                       "llmcore::int4_mlp: x and out must be contiguous");
   if (x.numel() == 0) return out;
-  // One chunk per thread: ExecuTorch's parallel_for makes one task per `grain` items, and
-  // each gemm_rows call has a set-up of its own (the rows' scales converted, scratch).
-  const ParallelFor parallel = [](int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
-    const int64_t threads = std::max<int64_t>(1, executorch::extension::get_thread_count());
-    const int64_t grain = std::max<int64_t>(1, (end - begin + threads - 1) / threads);
-    executorch::extension::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) { body(b, e); });
-  };
-  int4_mlp_forward(x.const_data_ptr<float>(), x.numel() / w.gate_up.k, w, out.mutable_data_ptr<float>(), parallel);
+  int4_mlp_forward(x.const_data_ptr<float>(), x.numel() / w.gate_up.k, w, out.mutable_data_ptr<float>(),
+                   et::runtime_parallel);
   return out;
 }
 

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "int4_gemm.h"
 
@@ -37,6 +38,19 @@ LLMCORE_KERNELS_CXX_API extern const char* const kPackedShapeError;
 // Why the shapes cannot be run, or nullptr: dim and hidden multiples of 32, gate and up of
 // one size, down back to dim.
 LLMCORE_KERNELS_CXX_API const char* int4_mlp_shape_error(const Int4MlpWeights& w);
+
+// Activations rounded to int8 per row (int4::quantize_rows), in storage the caller keeps
+// (thread_local in the operators: a decode step reuses it).
+struct LLMCORE_KERNELS_CXX_API RoundedRows {
+  std::vector<uint8_t> a;
+  std::vector<float> scale, zero;
+  // x [rows, k]'s rows rounded, split among the threads when there is more than one.
+  int4::QuantizedRows round(const float* x, int64_t rows, int64_t k, const ParallelFor& parallel);
+};
+
+// y [x.m, w.n] = x W^T, W's rows split among the threads in pairs.
+LLMCORE_KERNELS_CXX_API void gemm_all(const int4::QuantizedRows& x, const int4::PackedWeight& w, float* y,
+                                      const ParallelFor& parallel);
 
 // out [rows, dim] from x [rows, dim]; the weights must pass int4_mlp_shape_error.
 LLMCORE_KERNELS_CXX_API void int4_mlp_forward(const float* x, int64_t rows, const Int4MlpWeights& w, float* out,

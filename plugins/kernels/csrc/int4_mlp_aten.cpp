@@ -8,33 +8,19 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "int4_aten.h"
 #include "int4_mlp.h"
 
 namespace {
 
-llmcore_kernels::int4::PackedWeight projection(const char* name, const at::Tensor& packed, const at::Tensor& scales,
-                                               const at::Tensor& sums) {
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.size(2) == 16 && packed.is_contiguous(),
-              "llmcore::int4_mlp: ", name, ": ", llmcore_kernels::kPackedShapeError, "; got ", packed.scalar_type(),
-              " ", packed.sizes());
-  const int64_t n = packed.size(0), k = llmcore_kernels::int4::kBlock * packed.size(1);
-  TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.dim() == 2 && scales.size(0) == n &&
-                  scales.size(1) * llmcore_kernels::int4::kBlock == k && scales.is_contiguous(),
-              "llmcore::int4_mlp: ", name, "'s scales must be a contiguous bfloat16 [", n, ", ", k / 32,
-              "] tensor, got ", scales.scalar_type(), " ", scales.sizes());
-  TORCH_CHECK(sums.scalar_type() == at::kFloat && sums.dim() == 1 && sums.size(0) == n && sums.is_contiguous(),
-              "llmcore::int4_mlp: ", name, "'s row sums must be a contiguous float32 [", n, "] tensor");
-  TORCH_CHECK(packed.device().is_cpu() && scales.device().is_cpu() && sums.device().is_cpu(),
-              "llmcore::int4_mlp: CPU tensors only");
-  return {packed.const_data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.const_data_ptr()),
-          sums.const_data_ptr<float>(), nullptr, n, k};
-}
+using llmcore_kernels::aten::projection;
+constexpr const char* kOp = "llmcore::int4_mlp";
 
 at::Tensor& int4_mlp_out(const at::Tensor& x, const at::Tensor& gate_up, const at::Tensor& gate_up_scales,
                          const at::Tensor& gate_up_sums, const at::Tensor& down, const at::Tensor& down_scales,
                          const at::Tensor& down_sums, at::Tensor& out) {
-  llmcore_kernels::Int4MlpWeights w{projection("gate_up", gate_up, gate_up_scales, gate_up_sums),
-                                    projection("down", down, down_scales, down_sums)};
+  llmcore_kernels::Int4MlpWeights w{projection(kOp, "gate_up", gate_up, gate_up_scales, gate_up_sums),
+                                    projection(kOp, "down", down, down_scales, down_sums)};
   const char* why = llmcore_kernels::int4_mlp_shape_error(w);
   TORCH_CHECK(why == nullptr, "llmcore::int4_mlp: ", why ? why : "");
   TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
@@ -46,13 +32,8 @@ at::Tensor& int4_mlp_out(const at::Tensor& x, const at::Tensor& gate_up, const a
   out.resize_(xc.sizes());
   TORCH_CHECK(out.is_contiguous(), "llmcore::int4_mlp: out must be contiguous");
   if (xc.numel() == 0) return out;
-  const llmcore_kernels::ParallelFor parallel = [](int64_t begin, int64_t end,
-                                                   const std::function<void(int64_t, int64_t)>& body) {
-    const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-    at::parallel_for(begin, end, std::max<int64_t>(1, (end - begin + threads - 1) / threads), body);
-  };
   llmcore_kernels::int4_mlp_forward(xc.const_data_ptr<float>(), xc.numel() / w.gate_up.k, w,
-                                    out.mutable_data_ptr<float>(), parallel);
+                                    out.mutable_data_ptr<float>(), llmcore_kernels::aten::torch_parallel);
   return out;
 }
 

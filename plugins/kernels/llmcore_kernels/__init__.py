@@ -12,7 +12,10 @@ Provides
 * the source transform ``fused-rmsnorm`` (``--transforms fused-rmsnorm``): Llama-style
   RMSNorm modules become one call of ``llmcore::rms_norm``;
 * the quantizer recipe ``8da4w-mlp`` (``--quantize 8da4w-mlp``): llmcore-xnnpack's ``8da4w``,
-  with each SwiGLU MLP then run by ``llmcore::int4_mlp``, llmcore's own int4 kernel.
+  with each SwiGLU MLP then run by ``llmcore::int4_mlp``, llmcore's own int4 kernel;
+* the quantizer recipe ``8da4w-layers``: the same, with each whole Llama layer run by
+  ``llmcore::int4_norm_qkv_rope``, ``llmcore::int4_linear_add`` and ``llmcore::int4_norm_mlp_add``
+  (:mod:`llmcore_kernels.layers`).
 
 See ``docs/custom-kernels.md`` for how this plugin is put together.
 """
@@ -31,7 +34,8 @@ __version__ = "0.1.0"
 
 # Runtime operator names the native library registers (kept here, not in .ops, so that
 # listing plugins does not load the library).
-OPS = ("llmcore::rms_norm.out", "llmcore::int4_mlp.out")
+OPS = ("llmcore::rms_norm.out", "llmcore::int4_mlp.out", "llmcore::int4_norm_qkv_rope.out",
+       "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out")
 # ExecuTorch's ops whose float32 calls libllmcore_llm_ops.so takes over (kernel keys)
 LLM_OPS = ("llama::custom_sdpa.out",)
 
@@ -89,31 +93,47 @@ def llmcore_source_transforms() -> list[SourceTransform]:
     ]
 
 
-# The options 8da4w-mlp refuses: the kernel takes symmetric int4 blocks of 32, one int8 row
-# per token.
-_MLP_KERNEL_OPTIONS = {"group_size": 32, "asymmetric": False, "outlier_split": False}
+# The options 8da4w-mlp and 8da4w-layers refuse: the kernel takes symmetric int4 blocks of
+# 32, one int8 row per token.
+_INT4_KERNEL_OPTIONS = {"group_size": 32, "asymmetric": False, "outlier_split": False}
 
 
-def _quantize_8da4w_mlp(module, options: dict, calibration):
-    from llmcore_xnnpack.recipes import quantize_8da4w
+def _quantize_8da4w_then(recipe: str, swap):
+    """A source-quantize function: llmcore-xnnpack's 8da4w with the options the kernel takes,
+    then ``swap`` (the module, quantized) hands parts of the model to llmcore's kernels."""
 
+    def source_quantize(module, options: dict, calibration):
+        from llmcore_xnnpack.recipes import quantize_8da4w
+
+        for option, value in _INT4_KERNEL_OPTIONS.items():
+            if options[option] != value:
+                raise LlmcoreError(
+                    f"{recipe}: {option}={options[option]} gives linears that llmcore's int4 kernel cannot run "
+                    f"(it takes {option}={value}).",
+                    stage="quantize",
+                    fix=f"drop {option} from --quantize-options, or use --quantize 8da4w.",
+                )
+        return swap(quantize_8da4w(module, options, calibration))
+
+    return source_quantize
+
+
+def _swap_mlps(module):
     from llmcore_kernels import mlp
 
-    for option, value in _MLP_KERNEL_OPTIONS.items():
-        if options[option] != value:
-            raise LlmcoreError(
-                f"{mlp.RECIPE}: {option}={options[option]} gives MLPs that llmcore::int4_mlp cannot run "
-                f"(it takes {option}={value}).",
-                stage="quantize",
-                fix=f"drop {option} from --quantize-options, or use --quantize 8da4w.",
-            )
-    return mlp.apply(quantize_8da4w(module, options, calibration))
+    return mlp.apply(module)
+
+
+def _swap_layers(module):
+    from llmcore_kernels import layers
+
+    return layers.apply(module)
 
 
 @hookimpl
 def llmcore_quantizers() -> list[QuantizerRecipe]:
-    """``8da4w-mlp``: llmcore-xnnpack's ``8da4w`` record with its options and calibration,
-    the MLPs then handed to llmcore::int4_mlp."""
+    """``8da4w-mlp`` and ``8da4w-layers``: llmcore-xnnpack's ``8da4w`` record with its options
+    and calibration, the MLPs (or whole layers) then handed to llmcore's int4 kernels."""
     from llmcore_xnnpack import llmcore_quantizers as xnnpack_recipes
 
     base = next(r for r in xnnpack_recipes() if r.name == "8da4w")
@@ -125,6 +145,15 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             "llmcore::int4_mlp: gate, up and down in one operator on llmcore's own int4 kernel "
             "(vpmaddubsw on AVX2, vpdpbusd with AVX-512 VNNI), the rest by XNNPACK; for AVX2-only CPUs "
             "(where XNNPACK has VNNI, 8da4w prefills faster); needs the llmcore_kernels runtime library",
-            source_quantize=_quantize_8da4w_mlp,
-        )
+            source_quantize=_quantize_8da4w_then("8da4w-mlp", _swap_mlps),
+        ),
+        dataclasses.replace(
+            base,
+            name="8da4w-layers",
+            description="8da4w (the same integers), each Llama layer's norms, projections, RoPE, MLP and "
+            "residual adds then run by three llmcore operators on llmcore's own int4 kernel, no XNNPACK "
+            "delegate inside a layer (XNNPACK keeps the output layer); for AVX2-only CPUs; needs the "
+            "llmcore_kernels runtime library",
+            source_quantize=_quantize_8da4w_then("8da4w-layers", _swap_layers),
+        ),
     ]

@@ -79,7 +79,7 @@ class FusedInt4MLP(nn.Module):
         return f"{self.dim} -> {self.hidden} -> {self.dim}, int4 blocks of {BLOCK}"
 
 
-def _projections(module: nn.Module) -> Optional[tuple[nn.Module, nn.Module, nn.Module]]:
+def projections(module: nn.Module) -> Optional[tuple[nn.Module, nn.Module, nn.Module]]:
     """The module's gate, up and down children under one of ``NAMES``, or None."""
     for names in NAMES:
         parts = [getattr(module, n, None) for n in names]
@@ -88,7 +88,7 @@ def _projections(module: nn.Module) -> Optional[tuple[nn.Module, nn.Module, nn.M
     return None
 
 
-def _why_not(gate: nn.Module, up: nn.Module, down: nn.Module) -> Optional[str]:
+def why_not(gate: nn.Module, up: nn.Module, down: nn.Module) -> Optional[str]:
     """Why the kernel cannot take these projections, or None."""
     for role, p in (("gate", gate), ("up", up), ("down", down)):
         if not isinstance(p, BlockInt4Linear):
@@ -129,16 +129,16 @@ def swap_mlps(model: nn.Module) -> tuple[int, list[str]]:
     kept: list[str] = []
 
     def fused_or_none(child: nn.Module) -> Optional[FusedInt4MLP]:
-        projections = _projections(child)
-        reason = _why_not(*projections)
-        fused = None if reason else FusedInt4MLP(*projections)
+        parts = projections(child)
+        reason = why_not(*parts)
+        fused = None if reason else FusedInt4MLP(*parts)
         reason = reason or _same_function(child, fused)
         if reason is not None:
             kept.append(f"{names[id(child)]}: {reason}")
             return None
         return fused
 
-    swapped = replace_modules(model, lambda m: _projections(m) is not None, fused_or_none)
+    swapped = replace_modules(model, lambda m: projections(m) is not None, fused_or_none)
     return swapped, kept
 
 

@@ -48,3 +48,34 @@ def _int4_mlp_fake(x, gate_up, gate_up_scales, gate_up_sums, down, down_scales, 
     torch._check(x.shape[-1] == 32 * gate_up.shape[1])
     torch._check(down.shape[0] == x.shape[-1])
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _head_sizes(h: torch.Tensor, heads: int, head_dim: int) -> list:
+    return [*h.shape[:-1], heads, head_dim]
+
+
+@torch.library.register_fake("llmcore::int4_norm_qkv_rope")
+def _int4_norm_qkv_rope_fake(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, cos, sin, n_heads, n_kv_heads):
+    torch._check(qkv.dim() == 3)  # [rows, in/32, 16] (csrc/int4_gemm.h)
+    torch._check(h.shape[-1] == 32 * qkv.shape[1])
+    head_dim = qkv.shape[0] // (n_heads + 2 * n_kv_heads)
+    torch._check(head_dim * (n_heads + 2 * n_kv_heads) == qkv.shape[0])
+    return (h.new_empty(_head_sizes(h, n_heads, head_dim)), h.new_empty(_head_sizes(h, n_kv_heads, head_dim)),
+            h.new_empty(_head_sizes(h, n_kv_heads, head_dim)))
+
+
+@torch.library.register_fake("llmcore::int4_linear_add")
+def _int4_linear_add_fake(x, w, w_scales, w_sums, residual) -> torch.Tensor:
+    torch._check(w.dim() == 3)
+    torch._check(x.shape[-1] == 32 * w.shape[1])
+    torch._check(residual.shape[-1] == w.shape[0])
+    return torch.empty_like(residual, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("llmcore::int4_norm_mlp_add")
+def _int4_norm_mlp_add_fake(h, norm_weight, eps, gate_up, gate_up_scales, gate_up_sums, down, down_scales,
+                            down_sums) -> torch.Tensor:
+    torch._check(gate_up.dim() == 3 and down.dim() == 3)
+    torch._check(h.shape[-1] == 32 * gate_up.shape[1])
+    torch._check(down.shape[0] == h.shape[-1])
+    return torch.empty_like(h, memory_format=torch.contiguous_format)

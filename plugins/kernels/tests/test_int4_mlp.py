@@ -150,13 +150,15 @@ def test_the_rewrite_refuses_what_the_kernel_cannot_run(ops, kwargs, reason):
     assert "--quantize 8da4w" in caught.value.fix
 
 
+@pytest.mark.parametrize("recipe", ["8da4w-mlp", "8da4w-layers"])
 @pytest.mark.parametrize("option, value", [("group_size", 64), ("asymmetric", True), ("outlier_split", True)])
-def test_the_recipe_refuses_options_the_kernel_cannot_run(option, value):
-    from llmcore_kernels import _quantize_8da4w_mlp
+def test_the_recipe_refuses_options_the_kernel_cannot_run(recipe, option, value):
+    from llmcore_kernels import llmcore_quantizers
 
+    quantize = next(r for r in llmcore_quantizers() if r.name == recipe).source_quantize
     options = {"group_size": 32, "asymmetric": False, "outlier_split": False, option: value}
-    with pytest.raises(LlmcoreError, match=f"8da4w-mlp: {option}={value}"):
-        _quantize_8da4w_mlp(nn.Linear(4, 4), options, None)
+    with pytest.raises(LlmcoreError, match=f"{recipe}: {option}={value}"):
+        quantize(nn.Linear(4, 4), options, None)
 
 
 @pytest.fixture(scope="module")

@@ -106,7 +106,9 @@ def test_the_executorch_runtime_has_the_kernel(ops):
     from executorch.extension.pybindings import portable_lib
 
     names = portable_lib._get_operator_names()
-    assert "llmcore::rms_norm.out" in names and "llmcore::int4_mlp.out" in names
+    from llmcore_kernels import OPS
+
+    assert set(OPS) <= set(names)
 
 
 def test_hooks_declare_the_library_the_transform_and_the_recipe():
@@ -114,15 +116,18 @@ def test_hooks_declare_the_library_the_transform_and_the_recipe():
     provided = registry.get("runtime_libraries", "llmcore_kernels", stage="test")
     record = provided.record
     assert provided.plugin.distribution == "llmcore-kernels"
-    assert record.ops == ("llmcore::rms_norm.out", "llmcore::int4_mlp.out")
+    assert record.ops == ("llmcore::rms_norm.out", "llmcore::int4_mlp.out", "llmcore::int4_norm_qkv_rope.out",
+                          "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out")
     assert record.python_module == "llmcore_kernels.ops"
     transform = registry.get("transforms", "fused-rmsnorm", stage="test").record
     assert not transform.automatic
-    # 8da4w-mlp: llmcore-xnnpack's 8da4w record (options, calibration, backend), its own rewrite
-    recipe = registry.get("quantizers", "8da4w-mlp", stage="test").record
+    # 8da4w-mlp, 8da4w-layers: llmcore-xnnpack's 8da4w record (options, calibration, backend),
+    # each with its own rewrite
     base = registry.get("quantizers", "8da4w", stage="test").record
-    assert recipe.options == base.options and recipe.calibrated and recipe.backends == ("xnnpack",)
-    assert recipe.source_quantize is not base.source_quantize
+    for name in ("8da4w-mlp", "8da4w-layers"):
+        recipe = registry.get("quantizers", name, stage="test").record
+        assert recipe.options == base.options and recipe.calibrated and recipe.backends == ("xnnpack",)
+        assert recipe.source_quantize is not base.source_quantize
 
 
 def _needed(path) -> list[str]:

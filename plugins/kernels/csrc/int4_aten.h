@@ -1,0 +1,50 @@
+// llmcore-kernels: what the int4 operators' PyTorch registrations share (int4_mlp_aten.cpp,
+// int4_layer_aten.cpp): reading a packed projection from its tensors, and ATen's threads.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "int4_mlp.h"
+
+namespace llmcore_kernels {
+namespace aten {
+
+// A packed projection (int4_gemm.h's layout) from its three tensors; `op` and `name` say
+// whose, in the error.
+inline int4::PackedWeight projection(const char* op, const char* name, const at::Tensor& packed,
+                                     const at::Tensor& scales, const at::Tensor& sums) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.size(2) == 16 && packed.is_contiguous(),
+              op, ": ", name, ": ", kPackedShapeError, "; got ", packed.scalar_type(), " ", packed.sizes());
+  const int64_t n = packed.size(0), k = int4::kBlock * packed.size(1);
+  TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.dim() == 2 && scales.size(0) == n &&
+                  scales.size(1) * int4::kBlock == k && scales.is_contiguous(),
+              op, ": ", name, "'s scales must be a contiguous bfloat16 [", n, ", ", k / 32, "] tensor, got ",
+              scales.scalar_type(), " ", scales.sizes());
+  TORCH_CHECK(sums.scalar_type() == at::kFloat && sums.dim() == 1 && sums.size(0) == n && sums.is_contiguous(),
+              op, ": ", name, "'s row sums must be a contiguous float32 [", n, "] tensor");
+  TORCH_CHECK(packed.device().is_cpu() && scales.device().is_cpu() && sums.device().is_cpu(), op,
+              ": CPU tensors only");
+  return {packed.const_data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.const_data_ptr()),
+          sums.const_data_ptr<float>(), nullptr, n, k};
+}
+
+// ATen's threads, one chunk each (as the runtime's: int4_executorch.h).
+inline void torch_parallel(int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  at::parallel_for(begin, end, std::max<int64_t>(1, (end - begin + threads - 1) / threads), body);
+}
+
+// A float32 CPU tensor whose last size is `width`, made contiguous; `what` names it.
+inline at::Tensor float_rows(const char* op, const char* what, const at::Tensor& t, int64_t width) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.device().is_cpu(), op, ": ", what, " must be a float32 CPU tensor, got ",
+              t.scalar_type());
+  TORCH_CHECK(t.dim() >= 1 && t.size(-1) == width, op, ": ", what, "'s last size must be ", width, ", got ", t.sizes());
+  return t.contiguous();
+}
+
+}  // namespace aten
+}  // namespace llmcore_kernels

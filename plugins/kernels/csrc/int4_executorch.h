@@ -1,0 +1,48 @@
+// llmcore-kernels: what the int4 operators' ExecuTorch kernels share (int4_mlp.cpp,
+// int4_layer.cpp): reading a packed projection from its tensors, and the runtime's threads.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+
+#include <executorch/runtime/kernel/kernel_includes.h>
+#include <executorch/runtime/kernel/thread_parallel_interface.h>
+
+#include "int4_mlp.h"
+
+namespace llmcore_kernels {
+namespace et {
+
+inline bool dense(const executorch::aten::Tensor& t) {
+  return executorch::runtime::tensor_is_default_dim_order(t) && executorch::runtime::tensor_is_contiguous(t);
+}
+
+// A packed projection from its three tensors (int4_gemm.h's layout), or why not.
+inline const char* projection(const executorch::aten::Tensor& packed, const executorch::aten::Tensor& scales,
+                              const executorch::aten::Tensor& sums, int4::PackedWeight* out) {
+  using executorch::aten::ScalarType;
+  if (packed.scalar_type() != ScalarType::Byte || packed.dim() != 3 || packed.size(2) != 16 || !dense(packed))
+    return kPackedShapeError;
+  const int64_t n = packed.size(0), k = int4::kBlock * packed.size(1);
+  if (scales.scalar_type() != ScalarType::BFloat16 || scales.dim() != 2 || scales.size(0) != n ||
+      scales.size(1) * int4::kBlock != k || !dense(scales))
+    return "scales must be a contiguous bfloat16 [rows, in/32] tensor";
+  if (sums.scalar_type() != ScalarType::Float || sums.dim() != 1 || sums.size(0) != n || !dense(sums))
+    return "row sums must be a contiguous float32 [rows] tensor";
+  *out = {packed.const_data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.const_data_ptr()),
+          sums.const_data_ptr<float>(), nullptr, n, k};
+  return nullptr;
+}
+
+// The runtime's thread pool, one chunk per thread: ExecuTorch's parallel_for makes one task
+// per `grain` items, and each gemm_rows call has a set-up of its own (the rows' scales
+// converted, scratch).
+inline void runtime_parallel(int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
+  const int64_t threads = std::max<int64_t>(1, executorch::extension::get_thread_count());
+  const int64_t grain = std::max<int64_t>(1, (end - begin + threads - 1) / threads);
+  executorch::extension::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) { body(b, e); });
+}
+
+}  // namespace et
+}  // namespace llmcore_kernels

@@ -1,0 +1,243 @@
+// llmcore::int4_norm_qkv_rope.out, llmcore::int4_linear_add.out, llmcore::int4_norm_mlp_add.out:
+// a Llama layer's int4 projections, norms and residual adds (int4_layer.h says why).
+//
+// Registered with the ExecuTorch runtime this library links, like llmcore::int4_mlp.
+#include "int4_layer.h"
+
+#include <cmath>
+#include <vector>
+
+#include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
+#include <executorch/runtime/kernel/kernel_includes.h>
+#include <executorch/runtime/kernel/operator_registry.h>
+
+#include "int4_executorch.h"
+#include "rms_norm.h"
+
+namespace llmcore_kernels {
+
+namespace {
+
+constexpr int kFloat = 6;  // ScalarType::Float, as rms_norm.h takes it
+
+// out [rows, dim] = rms_norm(h) with the operator llmcore::rms_norm runs.
+void rms_norm(const float* h, int64_t rows, int64_t dim, const float* weight, double eps, float* out) {
+  const int64_t sizes[2] = {rows, dim};
+  llmcore_kernels_rms_norm(kFloat, 2, sizes, h, weight, eps, out);
+}
+
+// Rotate the interleaved channel pairs of `heads` heads of y (each head_dim wide) by one
+// token's cos and sin rows, into out.
+void rope_heads(const float* y, int64_t heads, int64_t head_dim, const float* cos, const float* sin, float* out) {
+  for (int64_t h = 0; h < heads; ++h, y += head_dim, out += head_dim) {
+    for (int64_t i = 0; i + 1 < head_dim; i += 2) {
+      const float even = y[i], odd = y[i + 1];
+      out[i] = even * cos[i] + (-odd) * sin[i];
+      out[i + 1] = odd * cos[i + 1] + even * sin[i + 1];
+    }
+  }
+}
+
+}  // namespace
+
+const char* int4_norm_qkv_rope_shape_error(const Int4NormQkvRope& a, int64_t* head_dim) {
+  if (a.qkv.k <= 0 || a.qkv.k % int4::kBlock != 0) return "the model dimension must be a positive multiple of 32";
+  if (a.n_heads <= 0 || a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
+    return "n_heads must be a positive multiple of n_kv_heads";
+  const int64_t heads = a.n_heads + 2 * a.n_kv_heads;
+  if (a.qkv.n % heads != 0 || (a.qkv.n / heads) % 2 != 0)
+    return "qkv's rows must be (n_heads + 2 n_kv_heads) heads of an even width";
+  if (!(a.eps >= 0.0) || !std::isfinite(a.eps)) return "eps must be finite and >= 0";
+  *head_dim = a.qkv.n / heads;
+  return nullptr;
+}
+
+void int4_norm_qkv_rope_forward(const float* h, int64_t rows, const Int4NormQkvRope& a, const float* cos,
+                                const float* sin, float* q, float* k, float* v, const ParallelFor& parallel) {
+  const int64_t dim = a.qkv.k, n = a.qkv.n, head_dim = n / (a.n_heads + 2 * a.n_kv_heads);
+  thread_local std::vector<float> normed, y;
+  thread_local RoundedRows rounded;
+  normed.resize(rows * dim);
+  y.resize(rows * n);
+  rms_norm(h, rows, dim, a.norm_weight, a.eps, normed.data());
+  gemm_all(rounded.round(normed.data(), rows, dim, parallel), a.qkv, y.data(), parallel);
+  const int64_t q_width = a.n_heads * head_dim, kv_width = a.n_kv_heads * head_dim;
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* yt = y.data() + t * n;
+    const float *c = cos + t * head_dim, *s = sin + t * head_dim;
+    rope_heads(yt, a.n_heads, head_dim, c, s, q + t * q_width);
+    rope_heads(yt + q_width, a.n_kv_heads, head_dim, c, s, k + t * kv_width);
+    std::copy(yt + q_width + kv_width, yt + n, v + t * kv_width);
+  }
+}
+
+void int4_linear_add_forward(const float* x, int64_t rows, const int4::PackedWeight& w, const float* residual,
+                             float* out, const ParallelFor& parallel) {
+  thread_local RoundedRows rounded;
+  thread_local std::vector<float> y;
+  y.resize(rows * w.n);
+  gemm_all(rounded.round(x, rows, w.k, parallel), w, y.data(), parallel);
+  // residual first, then the product: the order of `residual + linear(x)` in the module
+  for (int64_t i = 0; i < rows * w.n; ++i) out[i] = residual[i] + y[i];
+}
+
+void int4_norm_mlp_add_forward(const float* h, int64_t rows, const float* norm_weight, double eps,
+                               const Int4MlpWeights& w, float* out, const ParallelFor& parallel) {
+  const int64_t dim = w.gate_up.k;
+  thread_local std::vector<float> normed, y;
+  normed.resize(rows * dim);
+  y.resize(rows * dim);
+  rms_norm(h, rows, dim, norm_weight, eps, normed.data());
+  int4_mlp_forward(normed.data(), rows, w, y.data(), parallel);
+  for (int64_t i = 0; i < rows * dim; ++i) out[i] = h[i] + y[i];
+}
+
+using executorch::aten::ScalarType;
+using executorch::aten::Tensor;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+using executorch::runtime::KernelRuntimeContext;
+using executorch::runtime::Span;
+
+namespace {
+
+// A float32 vector of `size` values (a norm's weight), or why not.
+const char* float_vector(const Tensor& t, int64_t size) {
+  if (t.scalar_type() != ScalarType::Float || t.dim() != 1 || t.size(0) != size || !et::dense(t))
+    return "the norm's weight must be a contiguous float32 vector of the model dimension";
+  return nullptr;
+}
+
+// rows of `width` floats: a dense float32 tensor whose last size is width.
+bool rows_of(const Tensor& t, int64_t width) {
+  return t.scalar_type() == ScalarType::Float && t.dim() >= 1 && t.size(t.dim() - 1) == width && et::dense(t);
+}
+
+// `out` resized to `base`'s sizes with its last one replaced by the two given.
+Error resize_heads(Tensor& out, const Tensor& base, int64_t heads, int64_t head_dim) {
+  executorch::aten::SizesType sizes[executorch::runtime::kTensorDimensionLimit];
+  const int64_t d = base.dim();
+  if (d + 1 > static_cast<int64_t>(executorch::runtime::kTensorDimensionLimit)) return Error::InvalidArgument;
+  for (int64_t i = 0; i + 1 < d; ++i) sizes[i] = base.size(i);
+  sizes[d - 1] = heads;
+  sizes[d] = head_dim;
+  return executorch::runtime::resize_tensor(out, {sizes, static_cast<size_t>(d + 1)});
+}
+
+}  // namespace
+
+// llmcore::int4_norm_qkv_rope.out(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales,
+//     Tensor qkv_sums, Tensor cos, Tensor sin, int n_heads, int n_kv_heads, *, Tensor(a!) q, Tensor(b!) k,
+//     Tensor(c!) v) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+void int4_norm_qkv_rope_out(KernelRuntimeContext& ctx, const Tensor& h, const Tensor& norm_weight, double eps,
+                            const Tensor& qkv, const Tensor& qkv_scales, const Tensor& qkv_sums, const Tensor& cos,
+                            const Tensor& sin, int64_t n_heads, int64_t n_kv_heads, Tensor& q, Tensor& k, Tensor& v) {
+  Int4NormQkvRope a{};
+  const char* why = et::projection(qkv, qkv_scales, qkv_sums, &a.qkv);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "llmcore::int4_norm_qkv_rope: qkv: %s", why);
+  a.eps = eps;
+  a.n_heads = n_heads;
+  a.n_kv_heads = n_kv_heads;
+  int64_t head_dim = 0;
+  why = int4_norm_qkv_rope_shape_error(a, &head_dim);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "llmcore::int4_norm_qkv_rope: %s", why);
+  why = float_vector(norm_weight, a.qkv.k);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "llmcore::int4_norm_qkv_rope: %s", why);
+  a.norm_weight = norm_weight.const_data_ptr<float>();
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(h, a.qkv.k), InvalidArgument, ,
+                      "llmcore::int4_norm_qkv_rope: h must be contiguous float32 rows of the model dimension (%lld)",
+                      (long long)a.qkv.k);
+  const int64_t rows = h.numel() / a.qkv.k;
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(cos, head_dim) && rows_of(sin, head_dim) && cos.numel() == rows * head_dim &&
+                               sin.numel() == rows * head_dim,
+                      InvalidArgument, , "llmcore::int4_norm_qkv_rope: cos and sin must hold one float32 row of "
+                      "head_dim (%lld) per token", (long long)head_dim);
+  ET_KERNEL_CHECK(ctx, resize_heads(q, h, n_heads, head_dim) == Error::Ok, InvalidArgument, );
+  ET_KERNEL_CHECK(ctx, resize_heads(k, h, n_kv_heads, head_dim) == Error::Ok, InvalidArgument, );
+  ET_KERNEL_CHECK(ctx, resize_heads(v, h, n_kv_heads, head_dim) == Error::Ok, InvalidArgument, );
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(q, head_dim) && rows_of(k, head_dim) && rows_of(v, head_dim), InvalidArgument, ,
+                      "llmcore::int4_norm_qkv_rope: q, k and v must be contiguous float32");
+  if (rows == 0) return;
+  int4_norm_qkv_rope_forward(h.const_data_ptr<float>(), rows, a, cos.const_data_ptr<float>(),
+                             sin.const_data_ptr<float>(), q.mutable_data_ptr<float>(), k.mutable_data_ptr<float>(),
+                             v.mutable_data_ptr<float>(), et::runtime_parallel);
+}
+
+// llmcore::int4_linear_add.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor residual, *,
+//     Tensor(a!) out) -> Tensor(a!)
+Tensor& int4_linear_add_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& w, const Tensor& w_scales,
+                            const Tensor& w_sums, const Tensor& residual, Tensor& out) {
+  int4::PackedWeight pw{};
+  const char* why = et::projection(w, w_scales, w_sums, &pw);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_linear_add: w: %s", why);
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(x, pw.k), InvalidArgument, out,
+                      "llmcore::int4_linear_add: x must be contiguous float32 rows of w's in-features (%lld)",
+                      (long long)pw.k);
+  const int64_t rows = x.numel() / pw.k;
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(residual, pw.n) && residual.numel() == rows * pw.n, InvalidArgument, out,
+                      "llmcore::int4_linear_add: residual must be contiguous float32, one row of w's out-features "
+                      "(%lld) per row of x", (long long)pw.n);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, residual.sizes()) == Error::Ok, InvalidArgument, out);
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, pw.n), InvalidArgument, out,
+                      "llmcore::int4_linear_add: out must be contiguous float32");
+  if (rows == 0) return out;
+  int4_linear_add_forward(x.const_data_ptr<float>(), rows, pw, residual.const_data_ptr<float>(),
+                          out.mutable_data_ptr<float>(), et::runtime_parallel);
+  return out;
+}
+
+// llmcore::int4_norm_mlp_add.out(Tensor h, Tensor norm_weight, float eps, Tensor gate_up, Tensor gate_up_scales,
+//     Tensor gate_up_sums, Tensor down, Tensor down_scales, Tensor down_sums, *, Tensor(a!) out) -> Tensor(a!)
+Tensor& int4_norm_mlp_add_out(KernelRuntimeContext& ctx, const Tensor& h, const Tensor& norm_weight, double eps,
+                              const Tensor& gate_up, const Tensor& gate_up_scales, const Tensor& gate_up_sums,
+                              const Tensor& down, const Tensor& down_scales, const Tensor& down_sums, Tensor& out) {
+  Int4MlpWeights w{};
+  const char* why = et::projection(gate_up, gate_up_scales, gate_up_sums, &w.gate_up);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_mlp_add: gate_up: %s", why);
+  why = et::projection(down, down_scales, down_sums, &w.down);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_mlp_add: down: %s", why);
+  why = int4_mlp_shape_error(w);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_mlp_add: %s", why);
+  why = float_vector(norm_weight, w.gate_up.k);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_mlp_add: %s", why);
+  ET_KERNEL_CHECK_MSG(ctx, std::isfinite(eps) && eps >= 0.0, InvalidArgument, out,
+                      "llmcore::int4_norm_mlp_add: eps must be finite and >= 0");
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(h, w.gate_up.k), InvalidArgument, out,
+                      "llmcore::int4_norm_mlp_add: h must be contiguous float32 rows of the model dimension (%lld)",
+                      (long long)w.gate_up.k);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, h.sizes()) == Error::Ok, InvalidArgument, out);
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, w.gate_up.k), InvalidArgument, out,
+                      "llmcore::int4_norm_mlp_add: out must be contiguous float32");
+  if (h.numel() == 0) return out;
+  int4_norm_mlp_add_forward(h.const_data_ptr<float>(), h.numel() / w.gate_up.k, norm_weight.const_data_ptr<float>(),
+                            eps, w, out.mutable_data_ptr<float>(), et::runtime_parallel);
+  return out;
+}
+
+namespace {
+
+// EXECUTORCH_LIBRARY's wrapper takes operators with one output; this one has three, so it is
+// unboxed here. The stack holds the schema's arguments in order (the outputs q, k, v last of
+// them), then the returned values, which alias the outputs.
+constexpr size_t kNormQkvRopeArgs = 13;
+
+void int4_norm_qkv_rope_boxed(KernelRuntimeContext& ctx, Span<EValue*> stack) {
+  executorch::runtime::internal::EventTracerProfileOpScope scope(ctx.internal_event_tracer(),
+                                                                 "llmcore::int4_norm_qkv_rope.out");
+  ET_KERNEL_CHECK_MSG(ctx, stack.size() >= kNormQkvRopeArgs, InvalidProgram, ,
+                      "llmcore::int4_norm_qkv_rope.out: %zu arguments, expected %zu", stack.size(), kNormQkvRopeArgs);
+  int4_norm_qkv_rope_out(ctx, stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toDouble(), stack[3]->toTensor(),
+                         stack[4]->toTensor(), stack[5]->toTensor(), stack[6]->toTensor(), stack[7]->toTensor(),
+                         stack[8]->toInt(), stack[9]->toInt(), stack[10]->toTensor(), stack[11]->toTensor(),
+                         stack[12]->toTensor());
+}
+
+const auto registered_norm_qkv_rope = executorch::runtime::register_kernel(
+    executorch::runtime::Kernel("llmcore::int4_norm_qkv_rope.out", int4_norm_qkv_rope_boxed));
+
+}  // namespace
+
+}  // namespace llmcore_kernels
+
+EXECUTORCH_LIBRARY(llmcore, "int4_linear_add.out", llmcore_kernels::int4_linear_add_out);
+EXECUTORCH_LIBRARY(llmcore, "int4_norm_mlp_add.out", llmcore_kernels::int4_norm_mlp_add_out);

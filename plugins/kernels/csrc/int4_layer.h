@@ -1,0 +1,61 @@
+// llmcore-kernels: a Llama layer's int4 work outside attention, in three operators.
+//
+//   llmcore::int4_norm_qkv_rope:  q, k, v = rope(qkv(rms_norm(h)))
+//   llmcore::int4_linear_add:     out = residual + x W^T              (the output projection)
+//   llmcore::int4_norm_mlp_add:   out = h + mlp(rms_norm(h))          (int4_mlp.h's MLP)
+//
+// With these and the KV-cache ops (llama::update_cache, llama::custom_sdpa) a layer is
+// six operator calls and no XNNPACK delegate: recipe 8da4w-layers. Why: a delegate call
+// costs its fixed set-up whatever it computes (~14 us a call on SmolLM2's decode step, 62
+// calls a token with 8da4w-mlp, where the MLP operator cuts each layer's partition in two),
+// and the projections between the attention and the MLP were left to XNNPACK's AVX2 int4
+// GEMM, half the speed of int4_gemm.cpp's (docs/performance.md, "Whole layers on llmcore's
+// kernels").
+//
+// q, k and v come from one GEMM over the three weights' rows stacked (q's, then k's, then
+// v's): every row's blocks and every token's int8 rounding are those of the three separate
+// linears, so the numbers are the same. RoPE rotates Meta's interleaved channel pairs
+// (2i, 2i + 1) of each q and k head:
+//
+//   out[2i] = y[2i] cos[2i] + (-y[2i + 1]) sin[2i],  out[2i + 1] = y[2i + 1] cos[2i + 1] + y[2i] sin[2i + 1]
+//
+// which is, operation for operation, what the Llama module computes (x * cos + swap(x) *
+// sin, the swap a matmul with a +-1 permutation, exact).
+//
+// The ExecuTorch kernels (int4_layer.cpp) and the PyTorch registration (int4_layer_aten.cpp)
+// both call the functions below: eager PyTorch computes what the program computes.
+#pragma once
+
+#include <cstdint>
+
+#include "int4_mlp.h"
+
+namespace llmcore_kernels {
+
+struct Int4NormQkvRope {
+  const float* norm_weight;  // [dim]
+  double eps;
+  int4::PackedWeight qkv;  // [(n_heads + 2 n_kv_heads) head_dim, dim]
+  int64_t n_heads;
+  int64_t n_kv_heads;
+};
+
+// Why the shapes cannot be run, or nullptr; *head_dim is set when they can.
+LLMCORE_KERNELS_CXX_API const char* int4_norm_qkv_rope_shape_error(const Int4NormQkvRope& a, int64_t* head_dim);
+
+// h [rows, dim], cos and sin [rows, head_dim] (each row its token's position) ->
+// q [rows, n_heads, head_dim], k and v [rows, n_kv_heads, head_dim].
+LLMCORE_KERNELS_CXX_API void int4_norm_qkv_rope_forward(const float* h, int64_t rows, const Int4NormQkvRope& a,
+                                                        const float* cos, const float* sin, float* q, float* k,
+                                                        float* v, const ParallelFor& parallel);
+
+// out [rows, w.n] = residual [rows, w.n] + x [rows, w.k] W^T. out may be residual.
+LLMCORE_KERNELS_CXX_API void int4_linear_add_forward(const float* x, int64_t rows, const int4::PackedWeight& w,
+                                                     const float* residual, float* out, const ParallelFor& parallel);
+
+// out [rows, dim] = h + mlp(rms_norm(h)); w must pass int4_mlp_shape_error.
+LLMCORE_KERNELS_CXX_API void int4_norm_mlp_add_forward(const float* h, int64_t rows, const float* norm_weight,
+                                                       double eps, const Int4MlpWeights& w, float* out,
+                                                       const ParallelFor& parallel);
+
+}  // namespace llmcore_kernels

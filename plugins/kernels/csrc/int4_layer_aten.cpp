@@ -1,0 +1,159 @@
+// PyTorch registration of llmcore::int4_norm_qkv_rope, llmcore::int4_linear_add and
+// llmcore::int4_norm_mlp_add (schemas, CPU kernels), so that eager PyTorch and torch.export
+// see them. Each runs the function its ExecuTorch kernel runs (int4_layer.cpp) with ATen's
+// parallel_for, as llmcore::int4_mlp does (int4_mlp_aten.cpp).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+#include "int4_aten.h"
+#include "int4_layer.h"
+
+namespace {
+
+using llmcore_kernels::aten::float_rows;
+using llmcore_kernels::aten::projection;
+using llmcore_kernels::aten::torch_parallel;
+
+// A norm's weight: float32, `dim` values, contiguous.
+at::Tensor norm_weight_of(const char* op, const at::Tensor& weight, int64_t dim) {
+  TORCH_CHECK(weight.dim() == 1, op, ": the norm's weight must be 1-D, got ", weight.sizes());
+  return float_rows(op, "the norm's weight", weight, dim);
+}
+
+// base's sizes, the last replaced by (heads, head_dim)
+std::vector<int64_t> head_sizes(const at::Tensor& base, int64_t heads, int64_t head_dim) {
+  std::vector<int64_t> sizes(base.sizes().begin(), base.sizes().end() - 1);
+  sizes.push_back(heads);
+  sizes.push_back(head_dim);
+  return sizes;
+}
+
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> int4_norm_qkv_rope_out(
+    const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
+    const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const at::Tensor& cos, const at::Tensor& sin,
+    int64_t n_heads, int64_t n_kv_heads, at::Tensor& q, at::Tensor& k, at::Tensor& v) {
+  constexpr const char* op = "llmcore::int4_norm_qkv_rope";
+  llmcore_kernels::Int4NormQkvRope a{};
+  a.qkv = projection(op, "qkv", qkv, qkv_scales, qkv_sums);
+  a.eps = eps;
+  a.n_heads = n_heads;
+  a.n_kv_heads = n_kv_heads;
+  int64_t head_dim = 0;
+  const char* why = llmcore_kernels::int4_norm_qkv_rope_shape_error(a, &head_dim);
+  TORCH_CHECK(why == nullptr, op, ": ", why ? why : "");
+  const at::Tensor w = norm_weight_of(op, norm_weight, a.qkv.k);
+  a.norm_weight = w.const_data_ptr<float>();
+  const at::Tensor hc = float_rows(op, "h", h, a.qkv.k);
+  const int64_t rows = hc.numel() / a.qkv.k;
+  const at::Tensor c = float_rows(op, "cos", cos, head_dim), s = float_rows(op, "sin", sin, head_dim);
+  TORCH_CHECK(c.numel() == rows * head_dim && s.numel() == rows * head_dim, op,
+              ": cos and sin must hold one row per token of h, got ", cos.sizes(), " and ", sin.sizes(), " for ",
+              h.sizes());
+  q.resize_(head_sizes(hc, n_heads, head_dim));
+  k.resize_(head_sizes(hc, n_kv_heads, head_dim));
+  v.resize_(head_sizes(hc, n_kv_heads, head_dim));
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), op, ": q, k and v must be contiguous");
+  if (rows > 0)
+    llmcore_kernels::int4_norm_qkv_rope_forward(hc.const_data_ptr<float>(), rows, a, c.const_data_ptr<float>(),
+                                                s.const_data_ptr<float>(), q.mutable_data_ptr<float>(),
+                                                k.mutable_data_ptr<float>(), v.mutable_data_ptr<float>(),
+                                                torch_parallel);
+  return {q, k, v};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_norm_qkv_rope(
+    const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
+    const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const at::Tensor& cos, const at::Tensor& sin,
+    int64_t n_heads, int64_t n_kv_heads) {
+  at::Tensor q = at::empty({0}, h.options()), k = at::empty({0}, h.options()), v = at::empty({0}, h.options());
+  int4_norm_qkv_rope_out(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, cos, sin, n_heads, n_kv_heads, q, k, v);
+  return {q, k, v};
+}
+
+at::Tensor& int4_linear_add_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
+                                const at::Tensor& w_sums, const at::Tensor& residual, at::Tensor& out) {
+  constexpr const char* op = "llmcore::int4_linear_add";
+  const llmcore_kernels::int4::PackedWeight pw = projection(op, "w", w, w_scales, w_sums);
+  const at::Tensor xc = float_rows(op, "x", x, pw.k);
+  const int64_t rows = xc.numel() / pw.k;
+  const at::Tensor rc = float_rows(op, "residual", residual, pw.n);
+  TORCH_CHECK(rc.numel() == rows * pw.n, op, ": residual must hold one row per row of x, got ", residual.sizes(),
+              " for ", x.sizes());
+  out.resize_(rc.sizes());
+  TORCH_CHECK(out.is_contiguous(), op, ": out must be contiguous");
+  if (rows > 0)
+    llmcore_kernels::int4_linear_add_forward(xc.const_data_ptr<float>(), rows, pw, rc.const_data_ptr<float>(),
+                                             out.mutable_data_ptr<float>(), torch_parallel);
+  return out;
+}
+
+at::Tensor int4_linear_add(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
+                           const at::Tensor& w_sums, const at::Tensor& residual) {
+  at::Tensor out = at::empty({0}, residual.options());
+  return int4_linear_add_out(x, w, w_scales, w_sums, residual, out);
+}
+
+at::Tensor& int4_norm_mlp_add_out(const at::Tensor& h, const at::Tensor& norm_weight, double eps,
+                                  const at::Tensor& gate_up, const at::Tensor& gate_up_scales,
+                                  const at::Tensor& gate_up_sums, const at::Tensor& down,
+                                  const at::Tensor& down_scales, const at::Tensor& down_sums, at::Tensor& out) {
+  constexpr const char* op = "llmcore::int4_norm_mlp_add";
+  const llmcore_kernels::Int4MlpWeights w{projection(op, "gate_up", gate_up, gate_up_scales, gate_up_sums),
+                                          projection(op, "down", down, down_scales, down_sums)};
+  const char* why = llmcore_kernels::int4_mlp_shape_error(w);
+  TORCH_CHECK(why == nullptr, op, ": ", why ? why : "");
+  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0");
+  const at::Tensor nw = norm_weight_of(op, norm_weight, w.gate_up.k);
+  const at::Tensor hc = float_rows(op, "h", h, w.gate_up.k);
+  out.resize_(hc.sizes());
+  TORCH_CHECK(out.is_contiguous(), op, ": out must be contiguous");
+  if (hc.numel() > 0)
+    llmcore_kernels::int4_norm_mlp_add_forward(hc.const_data_ptr<float>(), hc.numel() / w.gate_up.k,
+                                               nw.const_data_ptr<float>(), eps, w, out.mutable_data_ptr<float>(),
+                                               torch_parallel);
+  return out;
+}
+
+at::Tensor int4_norm_mlp_add(const at::Tensor& h, const at::Tensor& norm_weight, double eps,
+                             const at::Tensor& gate_up, const at::Tensor& gate_up_scales,
+                             const at::Tensor& gate_up_sums, const at::Tensor& down, const at::Tensor& down_scales,
+                             const at::Tensor& down_sums) {
+  at::Tensor out = at::empty({0}, h.options());
+  return int4_norm_mlp_add_out(h, norm_weight, eps, gate_up, gate_up_scales, gate_up_sums, down, down_scales,
+                               down_sums, out);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(llmcore, m) {
+  m.def(
+      "int4_norm_qkv_rope(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales, "
+      "Tensor qkv_sums, Tensor cos, Tensor sin, int n_heads, int n_kv_heads) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "int4_norm_qkv_rope.out(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales, "
+      "Tensor qkv_sums, Tensor cos, Tensor sin, int n_heads, int n_kv_heads, *, Tensor(a!) q, Tensor(b!) k, "
+      "Tensor(c!) v) -> (Tensor(a!), Tensor(b!), Tensor(c!))");
+  m.def("int4_linear_add(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor residual) -> Tensor");
+  m.def(
+      "int4_linear_add.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor residual, *, "
+      "Tensor(a!) out) -> Tensor(a!)");
+  m.def(
+      "int4_norm_mlp_add(Tensor h, Tensor norm_weight, float eps, Tensor gate_up, Tensor gate_up_scales, "
+      "Tensor gate_up_sums, Tensor down, Tensor down_scales, Tensor down_sums) -> Tensor");
+  m.def(
+      "int4_norm_mlp_add.out(Tensor h, Tensor norm_weight, float eps, Tensor gate_up, Tensor gate_up_scales, "
+      "Tensor gate_up_sums, Tensor down, Tensor down_scales, Tensor down_sums, *, Tensor(a!) out) -> Tensor(a!)");
+}
+
+TORCH_LIBRARY_IMPL(llmcore, CPU, m) {
+  m.impl("int4_norm_qkv_rope", TORCH_FN(int4_norm_qkv_rope));
+  m.impl("int4_norm_qkv_rope.out", TORCH_FN(int4_norm_qkv_rope_out));
+  m.impl("int4_linear_add", TORCH_FN(int4_linear_add));
+  m.impl("int4_linear_add.out", TORCH_FN(int4_linear_add_out));
+  m.impl("int4_norm_mlp_add", TORCH_FN(int4_norm_mlp_add));
+  m.impl("int4_norm_mlp_add.out", TORCH_FN(int4_norm_mlp_add_out));
+}

@@ -1,0 +1,177 @@
+"""Recipe ``8da4w-layers``: 8da4w's integers, each Llama layer's int4 work on llmcore's kernels.
+
+A layer then runs as
+
+    q, k, v = llmcore::int4_norm_qkv_rope(h)     # attention norm, q/k/v in one GEMM, RoPE
+    a       = the layer's attention module        # KV-cache ops (llama::update_cache, custom_sdpa)
+    h       = llmcore::int4_linear_add(a, wo, h)  # output projection + residual
+    h       = llmcore::int4_norm_mlp_add(h)       # ffn norm, SwiGLU MLP, residual
+
+with no XNNPACK delegate inside it (``csrc/int4_layer.h`` says why); XNNPACK keeps the
+embedding's neighbours, the final norm and the output layer.
+
+A layer qualifies when it is a pre-norm Llama block (``attention_norm``, ``attention`` with
+``wq wk wv wo`` and an ``attn`` submodule, ``ffn_norm``, ``feed_forward``), its norms RMSNorms,
+its attention with neither q/k norms nor post-norms, its MLP one :mod:`.mlp` takes, every
+projection int4 with blocks of 32, no offsets, no bias, no outlier split, and when on a
+random input (with a plain causal attention in place of its own) the kernels give what the
+block gives: RoPE on Meta's interleaved pairs passes, a rotation of the halves would not.
+The recipe refuses a model with a layer that does not, by name and reason.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from llmcore.errors import LlmcoreError
+from llmcore.modules import CausalAttention, RMSNorm, replace_modules
+from llmcore_kernels import mlp
+from llmcore_xnnpack.qlinear import BlockInt4Linear, relative_error
+
+RECIPE = "8da4w-layers"
+# ||kernels - block|| / ||block|| (the layer's own contribution) allowed by the swap check.
+# Wider than the MLP's: the kernels norm in C++ (llmcore::rms_norm's arithmetic) and the
+# block in PyTorch, so a normed value may differ by an ulp and round to the neighbouring
+# int8 step, and the step travels through attention and the MLP. SmolLM2's 30 layers: 29
+# at 2.5e-7 to 5.7e-7, one at 3.3e-3. A wrong RoPE pairing or norm is off by 0.1 and more.
+CHECK_TOLERANCE = 0.02
+PARTS = ("attention_norm", "attention", "ffn_norm", "feed_forward")
+
+
+class Int4Layer(nn.Module):
+    """A Llama layer (``forward(x, cos, sin, input_pos)``) on the three llmcore int4 operators,
+    from a block whose projections are :class:`BlockInt4Linear`; its attention module is kept."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        attention = block.attention
+        self.n_heads, self.n_kv_heads = attention.n_heads, attention.n_kv_heads
+        self.attn = attention.attn
+        self.attention_eps, self.ffn_eps = float(block.attention_norm.eps), float(block.ffn_norm.eps)
+        self.register_buffer("attention_norm", block.attention_norm.weight.detach().float().contiguous())
+        self.register_buffer("ffn_norm", block.ffn_norm.weight.detach().float().contiguous())
+        stacked = [attention.wq, attention.wk, attention.wv]  # q's rows, then k's, then v's
+        qkv, qkv_scales, qkv_sums = mlp.pack(torch.cat([p.q for p in stacked]), torch.cat([p.scales for p in stacked]))
+        self.register_buffer("qkv", qkv)
+        self.register_buffer("qkv_scales", qkv_scales)
+        self.register_buffer("qkv_sums", qkv_sums)
+        wo, wo_scales, wo_sums = mlp.pack(attention.wo.q, attention.wo.scales)
+        self.register_buffer("wo", wo)
+        self.register_buffer("wo_scales", wo_scales)
+        self.register_buffer("wo_sums", wo_sums)
+        self.mlp = mlp.FusedInt4MLP(*mlp.projections(block.feed_forward))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                input_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        q, k, v = torch.ops.llmcore.int4_norm_qkv_rope.default(
+            x, self.attention_norm, self.attention_eps, self.qkv, self.qkv_scales, self.qkv_sums, cos, sin,
+            self.n_heads, self.n_kv_heads,
+        )
+        h = torch.ops.llmcore.int4_linear_add.default(
+            self.attn(q, k, v, input_pos), self.wo, self.wo_scales, self.wo_sums, x)
+        m = self.mlp
+        return torch.ops.llmcore.int4_norm_mlp_add.default(
+            h, self.ffn_norm, self.ffn_eps, m.gate_up, m.gate_up_scales, m.gate_up_sums, m.down, m.down_scales,
+            m.down_sums,
+        )
+
+    def extra_repr(self) -> str:
+        return f"heads {self.n_heads}, kv heads {self.n_kv_heads}, int4 blocks of {mlp.BLOCK}"
+
+
+def _is_block(module: nn.Module) -> bool:
+    return all(hasattr(module, p) for p in PARTS) and all(
+        hasattr(module.attention, n) for n in ("wq", "wk", "wv", "wo", "attn", "n_heads", "n_kv_heads"))
+
+
+def _why_not(block: nn.Module) -> Optional[str]:
+    """Why the kernels cannot take this block, or None (before the numerical check)."""
+    for name in ("attention_norm", "ffn_norm"):
+        if not isinstance(getattr(block, name), RMSNorm):
+            return f"its {name} is a {type(getattr(block, name)).__name__}, not an RMSNorm"
+    for name in ("attention_post_norm", "ffn_post_norm"):
+        if getattr(block, name, None) is not None:
+            return f"it has a {name} (sandwich norms)"
+    attention = block.attention
+    if getattr(attention, "q_norm", None) is not None or getattr(attention, "k_norm", None) is not None:
+        return "its attention has q and k norms"
+    for role in ("wq", "wk", "wv", "wo"):
+        p = getattr(attention, role)
+        if not isinstance(p, BlockInt4Linear):
+            return f"its {role} is a {type(p).__name__}, not an int4 linear"
+        if p.block != mlp.BLOCK:
+            return f"its int4 blocks are {p.block} wide (the kernel's are {mlp.BLOCK}: group_size=32)"
+        if p.offset_weight is not None:
+            return "its int4 blocks have offsets (asymmetric=true)"
+        if p.outlier_split:
+            return "its linears split outliers (outlier_split=true)"
+        if p.bias is not None:
+            return f"its {role} has a bias"
+    projections = mlp.projections(block.feed_forward)
+    if projections is None:
+        return "its MLP has no gate, up and down projections"
+    return mlp.why_not(*projections)
+
+
+def _same_function(block: nn.Module, layer: Int4Layer) -> Optional[str]:
+    """None when ``layer`` computes what ``block`` does on a random input of 3 tokens, each
+    with a plain causal attention in place of its own (a KV cache would keep the input)."""
+    attention = block.attention
+    plain = CausalAttention(attention.n_heads, attention.n_kv_heads, layer.qkv.shape[0] // (
+        attention.n_heads + 2 * attention.n_kv_heads))
+    generator = torch.Generator().manual_seed(0)
+    dim = layer.attention_norm.shape[0]
+    x = torch.randn(1, 3, dim, generator=generator)
+    head_dim = plain.head_dim
+    angles = torch.rand(1, 3, 1, head_dim // 2, generator=generator).repeat_interleave(2, dim=-1) * 6.0
+    cos, sin = angles.cos(), angles.sin()
+    kept_block, kept_layer = attention.attn, layer.attn
+    attention.attn, layer.attn = plain, plain
+    try:
+        with torch.no_grad():
+            expected = block(x, cos, sin)
+            got = layer(x, cos, sin)
+    finally:
+        attention.attn, layer.attn = kept_block, kept_layer
+    error = relative_error(got - x, expected - x)  # the layer's own contribution, not the residual's
+    return None if error <= CHECK_TOLERANCE else f"differs from the kernels by {error:.2g} (relative)"
+
+
+def swap_layers(model: nn.Module) -> tuple[int, list[str]]:
+    """Replace qualifying layers in place; returns (how many, why others were kept)."""
+    from llmcore_kernels import ops  # noqa: F401  registers the operators
+
+    names = {id(m): n for n, m in model.named_modules()}
+    kept: list[str] = []
+
+    def layer_or_none(block: nn.Module) -> Optional[Int4Layer]:
+        reason = _why_not(block)
+        layer = None if reason else Int4Layer(block)
+        reason = reason or _same_function(block, layer)
+        if reason is not None:
+            kept.append(f"{names[id(block)]}: {reason}")
+            return None
+        return layer
+
+    return replace_modules(model, _is_block, layer_or_none), kept
+
+
+def apply(module: nn.Module) -> nn.Module:
+    swapped, kept = swap_layers(module)
+    if swapped == 0 and not kept:
+        raise LlmcoreError(
+            f"{RECIPE}: the model has no Llama layers (attention with wq, wk, wv, wo, then a gated MLP) for "
+            "llmcore's int4 layer kernels.",
+            stage="quantize",
+            fix="use --quantize 8da4w for this model.",
+        )
+    if kept:
+        raise LlmcoreError(
+            f"{RECIPE}: {len(kept)} layer(s) cannot run on llmcore's int4 layer kernels ({'; '.join(kept[:3])}).",
+            stage="quantize",
+            fix="use --quantize 8da4w-mlp or 8da4w for this model.",
+        )
+    return module
