@@ -127,14 +127,20 @@ Error resize_heads(Tensor& out, const Tensor& base, int64_t heads, int64_t head_
 }  // namespace
 
 // llmcore::int4_norm_qkv_rope.out(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales,
-//     Tensor qkv_sums, Tensor cos, Tensor sin, int n_heads, int n_kv_heads, *, Tensor(a!) q, Tensor(b!) k,
-//     Tensor(c!) v) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+//     Tensor qkv_sums, Tensor? qkv_bias, Tensor cos, Tensor sin, int n_heads, int n_kv_heads, *, Tensor(a!) q,
+//     Tensor(b!) k, Tensor(c!) v) -> (Tensor(a!), Tensor(b!), Tensor(c!))
 void int4_norm_qkv_rope_out(KernelRuntimeContext& ctx, const Tensor& h, const Tensor& norm_weight, double eps,
-                            const Tensor& qkv, const Tensor& qkv_scales, const Tensor& qkv_sums, const Tensor& cos,
-                            const Tensor& sin, int64_t n_heads, int64_t n_kv_heads, Tensor& q, Tensor& k, Tensor& v) {
+                            const Tensor& qkv, const Tensor& qkv_scales, const Tensor& qkv_sums,
+                            const Tensor* qkv_bias, const Tensor& cos, const Tensor& sin, int64_t n_heads,
+                            int64_t n_kv_heads, Tensor& q, Tensor& k, Tensor& v) {
   Int4NormQkvRope a{};
   const char* why = et::projection(qkv, qkv_scales, qkv_sums, &a.qkv);
   ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "llmcore::int4_norm_qkv_rope: qkv: %s", why);
+  if (qkv_bias != nullptr) {
+    ET_KERNEL_CHECK_MSG(ctx, rows_of(*qkv_bias, a.qkv.n) && qkv_bias->dim() == 1, InvalidArgument, ,
+                        "llmcore::int4_norm_qkv_rope: qkv_bias must be a contiguous float32 vector of qkv's rows");
+    a.qkv.bias = qkv_bias->const_data_ptr<float>();
+  }
   a.eps = eps;
   a.n_heads = n_heads;
   a.n_kv_heads = n_kv_heads;
@@ -219,17 +225,18 @@ namespace {
 // EXECUTORCH_LIBRARY's wrapper takes operators with one output; this one has three, so it is
 // unboxed here. The stack holds the schema's arguments in order (the outputs q, k, v last of
 // them), then the returned values, which alias the outputs.
-constexpr size_t kNormQkvRopeArgs = 13;
+constexpr size_t kNormQkvRopeArgs = 14;
 
 void int4_norm_qkv_rope_boxed(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   executorch::runtime::internal::EventTracerProfileOpScope scope(ctx.internal_event_tracer(),
                                                                  "llmcore::int4_norm_qkv_rope.out");
   ET_KERNEL_CHECK_MSG(ctx, stack.size() >= kNormQkvRopeArgs, InvalidProgram, ,
                       "llmcore::int4_norm_qkv_rope.out: %zu arguments, expected %zu", stack.size(), kNormQkvRopeArgs);
+  const Tensor* qkv_bias = stack[6]->isNone() ? nullptr : &stack[6]->toTensor();
   int4_norm_qkv_rope_out(ctx, stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toDouble(), stack[3]->toTensor(),
-                         stack[4]->toTensor(), stack[5]->toTensor(), stack[6]->toTensor(), stack[7]->toTensor(),
-                         stack[8]->toInt(), stack[9]->toInt(), stack[10]->toTensor(), stack[11]->toTensor(),
-                         stack[12]->toTensor());
+                         stack[4]->toTensor(), stack[5]->toTensor(), qkv_bias, stack[7]->toTensor(),
+                         stack[8]->toTensor(), stack[9]->toInt(), stack[10]->toInt(), stack[11]->toTensor(),
+                         stack[12]->toTensor(), stack[13]->toTensor());
 }
 
 const auto registered_norm_qkv_rope = executorch::runtime::register_kernel(

@@ -6,6 +6,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -34,11 +35,18 @@ std::vector<int64_t> head_sizes(const at::Tensor& base, int64_t heads, int64_t h
 
 std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> int4_norm_qkv_rope_out(
     const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
-    const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const at::Tensor& cos, const at::Tensor& sin,
-    int64_t n_heads, int64_t n_kv_heads, at::Tensor& q, at::Tensor& k, at::Tensor& v) {
+    const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const std::optional<at::Tensor>& qkv_bias,
+    const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads, int64_t n_kv_heads, at::Tensor& q, at::Tensor& k,
+    at::Tensor& v) {
   constexpr const char* op = "llmcore::int4_norm_qkv_rope";
   llmcore_kernels::Int4NormQkvRope a{};
   a.qkv = projection(op, "qkv", qkv, qkv_scales, qkv_sums);
+  at::Tensor bias;
+  if (qkv_bias.has_value()) {
+    TORCH_CHECK(qkv_bias->dim() == 1, op, ": qkv_bias must be 1-D, got ", qkv_bias->sizes());
+    bias = float_rows(op, "qkv_bias", *qkv_bias, a.qkv.n);
+    a.qkv.bias = bias.const_data_ptr<float>();
+  }
   a.eps = eps;
   a.n_heads = n_heads;
   a.n_kv_heads = n_kv_heads;
@@ -67,10 +75,11 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> int4_norm_qkv_rope_out(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_norm_qkv_rope(
     const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
-    const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const at::Tensor& cos, const at::Tensor& sin,
-    int64_t n_heads, int64_t n_kv_heads) {
+    const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const std::optional<at::Tensor>& qkv_bias,
+    const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads, int64_t n_kv_heads) {
   at::Tensor q = at::empty({0}, h.options()), k = at::empty({0}, h.options()), v = at::empty({0}, h.options());
-  int4_norm_qkv_rope_out(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, cos, sin, n_heads, n_kv_heads, q, k, v);
+  int4_norm_qkv_rope_out(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, cos, sin, n_heads, n_kv_heads, q,
+                         k, v);
   return {q, k, v};
 }
 
@@ -132,10 +141,12 @@ at::Tensor int4_norm_mlp_add(const at::Tensor& h, const at::Tensor& norm_weight,
 TORCH_LIBRARY_FRAGMENT(llmcore, m) {
   m.def(
       "int4_norm_qkv_rope(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales, "
-      "Tensor qkv_sums, Tensor cos, Tensor sin, int n_heads, int n_kv_heads) -> (Tensor, Tensor, Tensor)");
+      "Tensor qkv_sums, Tensor? qkv_bias, Tensor cos, Tensor sin, int n_heads, int n_kv_heads) -> "
+      "(Tensor, Tensor, Tensor)");
   m.def(
       "int4_norm_qkv_rope.out(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales, "
-      "Tensor qkv_sums, Tensor cos, Tensor sin, int n_heads, int n_kv_heads, *, Tensor(a!) q, Tensor(b!) k, "
+      "Tensor qkv_sums, Tensor? qkv_bias, Tensor cos, Tensor sin, int n_heads, int n_kv_heads, *, Tensor(a!) q, "
+      "Tensor(b!) k, "
       "Tensor(c!) v) -> (Tensor(a!), Tensor(b!), Tensor(c!))");
   m.def("int4_linear_add(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor residual) -> Tensor");
   m.def(

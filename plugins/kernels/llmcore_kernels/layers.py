@@ -13,7 +13,8 @@ embedding's neighbours, the final norm and the output layer.
 A layer qualifies when it is a pre-norm Llama block (``attention_norm``, ``attention`` with
 ``wq wk wv wo`` and an ``attn`` submodule, ``ffn_norm``, ``feed_forward``), its norms RMSNorms,
 its attention with neither q/k norms nor post-norms, its MLP one :mod:`.mlp` takes, every
-projection int4 with blocks of 32, no offsets, no bias, no outlier split, and when on a
+projection int4 with blocks of 32, no offsets, no outlier split, no bias but on q, k and v
+(Qwen2's), and when on a
 random input (with a plain causal attention in place of its own) the kernels give what the
 block gives: RoPE on Meta's interleaved pairs passes, a rotation of the halves would not.
 The recipe refuses a model with a layer that does not, by name and reason.
@@ -58,6 +59,9 @@ class Int4Layer(nn.Module):
         self.register_buffer("qkv", qkv)
         self.register_buffer("qkv_scales", qkv_scales)
         self.register_buffer("qkv_sums", qkv_sums)
+        biases = [p.bias for p in stacked]
+        self.qkv_bias = None if biases[0] is None else nn.Parameter(
+            torch.cat([b.detach().float() for b in biases]).contiguous(), requires_grad=False)
         wo, wo_scales, wo_sums = mlp.pack(attention.wo.q, attention.wo.scales)
         self.register_buffer("wo", wo)
         self.register_buffer("wo_scales", wo_scales)
@@ -67,8 +71,8 @@ class Int4Layer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 input_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
         q, k, v = torch.ops.llmcore.int4_norm_qkv_rope.default(
-            x, self.attention_norm, self.attention_eps, self.qkv, self.qkv_scales, self.qkv_sums, cos, sin,
-            self.n_heads, self.n_kv_heads,
+            x, self.attention_norm, self.attention_eps, self.qkv, self.qkv_scales, self.qkv_sums, self.qkv_bias,
+            cos, sin, self.n_heads, self.n_kv_heads,
         )
         h = torch.ops.llmcore.int4_linear_add.default(
             self.attn(q, k, v, input_pos), self.wo, self.wo_scales, self.wo_sums, x)
@@ -94,7 +98,7 @@ def _why_not(block: nn.Module) -> Optional[str]:
             return f"its {name} is a {type(getattr(block, name)).__name__}, not an RMSNorm"
     for name in ("attention_post_norm", "ffn_post_norm"):
         if getattr(block, name, None) is not None:
-            return f"it has a {name} (sandwich norms)"
+            return f"it has sandwich norms ({name})"
     attention = block.attention
     if getattr(attention, "q_norm", None) is not None or getattr(attention, "k_norm", None) is not None:
         return "its attention has q and k norms"
@@ -108,8 +112,11 @@ def _why_not(block: nn.Module) -> Optional[str]:
             return "its int4 blocks have offsets (asymmetric=true)"
         if p.outlier_split:
             return "its linears split outliers (outlier_split=true)"
-        if p.bias is not None:
-            return f"its {role} has a bias"
+    biased = [r for r in ("wq", "wk", "wv") if getattr(attention, r).bias is not None]
+    if biased and len(biased) < 3:
+        return f"only {', '.join(biased)} of q, k and v have a bias"
+    if attention.wo.bias is not None:
+        return "its wo has a bias"
     projections = mlp.projections(block.feed_forward)
     if projections is None:
         return "its MLP has no gate, up and down projections"

@@ -55,7 +55,8 @@ def _head_sizes(h: torch.Tensor, heads: int, head_dim: int) -> list:
 
 
 @torch.library.register_fake("llmcore::int4_norm_qkv_rope")
-def _int4_norm_qkv_rope_fake(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, cos, sin, n_heads, n_kv_heads):
+def _int4_norm_qkv_rope_fake(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, cos, sin, n_heads,
+                              n_kv_heads):
     torch._check(qkv.dim() == 3)  # [rows, in/32, 16] (csrc/int4_gemm.h)
     torch._check(h.shape[-1] == 32 * qkv.shape[1])
     head_dim = qkv.shape[0] // (n_heads + 2 * n_kv_heads)

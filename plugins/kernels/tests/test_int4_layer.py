@@ -35,7 +35,8 @@ def int4_block(seed: int = 0, **config):
         for name in names:
             linear = getattr(parent, name)
             q, scales = qlinear.int4_blocks(torch.randn_like(linear.weight) * 0.1, 32)
-            setattr(parent, name, qlinear.BlockInt4Linear(q, scales, bias=linear.bias))
+            bias = None if linear.bias is None else torch.randn_like(linear.bias) * 0.5
+            setattr(parent, name, qlinear.BlockInt4Linear(q, scales, bias=bias))
     return block
 
 
@@ -53,8 +54,9 @@ def ops(kernel_library):
     return ops
 
 
-# dim 64: one group of 2 blocks; 480: groups 8+4+2+1 (head_dim 96, one kv head)
-@pytest.mark.parametrize("config", [{}, {"dim": 480, "n_heads": 5, "n_kv_heads": 1, "hidden_dim": 288}])
+# dim 64: one group of 2 blocks; 480: groups 8+4+2+1 (head_dim 96, one kv head); q/k/v biases (Qwen2's)
+@pytest.mark.parametrize("config", [{}, {"dim": 480, "n_heads": 5, "n_kv_heads": 1, "hidden_dim": 288},
+                                    {"qkv_bias": True}])
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_a_layer_on_the_kernels_computes_what_the_llama_block_computes(ops, rows, config):
     from llmcore_kernels.layers import Int4Layer
@@ -75,8 +77,8 @@ def test_a_layer_on_the_kernels_computes_what_the_llama_block_computes(ops, rows
     # q, k, v through the .out variant the program calls, against the block's own projections
     q, k, v = torch.empty(0), torch.empty(0), torch.empty(0)
     torch.ops.llmcore.int4_norm_qkv_rope.out(
-        x, layer.attention_norm, layer.attention_eps, layer.qkv, layer.qkv_scales, layer.qkv_sums, cos, sin,
-        layer.n_heads, layer.n_kv_heads, q=q, k=k, v=v)
+        x, layer.attention_norm, layer.attention_eps, layer.qkv, layer.qkv_scales, layer.qkv_sums, layer.qkv_bias,
+        cos, sin, layer.n_heads, layer.n_kv_heads, q=q, k=k, v=v)
     assert q.shape == (1, rows, layer.n_heads, head_dim) and k.shape == v.shape == (1, rows, layer.n_kv_heads, head_dim)
     with torch.no_grad():
         normed = block.attention_norm(x)
@@ -92,10 +94,13 @@ def test_the_operators_check_their_inputs(ops):
     cos, sin = rope_tables(3, 16)
     with pytest.raises(RuntimeError, match="n_heads must be a positive multiple of n_kv_heads"):
         torch.ops.llmcore.int4_norm_qkv_rope(x, layer.attention_norm, 1e-5, layer.qkv, layer.qkv_scales,
-                                             layer.qkv_sums, cos, sin, 3, 2)
+                                             layer.qkv_sums, None, cos, sin, 3, 2)
     with pytest.raises(RuntimeError, match="cos and sin must hold one row per token"):
         torch.ops.llmcore.int4_norm_qkv_rope(x, layer.attention_norm, 1e-5, layer.qkv, layer.qkv_scales,
-                                             layer.qkv_sums, cos[:, :2], sin[:, :2], 4, 2)
+                                             layer.qkv_sums, None, cos[:, :2], sin[:, :2], 4, 2)
+    with pytest.raises(RuntimeError, match="qkv_bias's last size must be 128"):
+        torch.ops.llmcore.int4_norm_qkv_rope(x, layer.attention_norm, 1e-5, layer.qkv, layer.qkv_scales,
+                                             layer.qkv_sums, torch.zeros(96), cos, sin, 4, 2)
     with pytest.raises(RuntimeError, match="residual must hold one row per row of x"):
         torch.ops.llmcore.int4_linear_add(x, layer.wo, layer.wo_scales, layer.wo_sums, x[:, :2])
     m = layer.mlp
@@ -121,7 +126,7 @@ def halves_rope(block):
     [
         (lambda: int4_block(qk_norm=True), "q and k norms"),
         (lambda: int4_block(sandwich_norms=True), "sandwich norms"),
-        (lambda: int4_block(qkv_bias=True), "its wq has a bias"),
+        (lambda: int4_block(o_bias=True), "its wo has a bias"),
         (lambda: halves_rope(int4_block()), "differs from the kernels"),
     ],
 )
@@ -203,3 +208,31 @@ def test_llmcore_run_and_llmcore_runner_agree(layers_export, runner, llmcore_cli
     assert out.returncode == 0, out.stderr
     line = next(l for l in out.stdout.splitlines() if l.startswith("ids:"))
     assert [int(i) for i in line.split()[1:]] == python_ids
+
+
+@pytest.mark.parametrize(
+    "family, config, refused",
+    [
+        ("mistral", "mistral-tiny", None),  # a sliding window on every layer (the attention module's)
+        ("phi", "phi3-tiny", None),  # partial rotary: cos 1 and sin 0 past the rotated channels
+        ("qwen", "qwen2-tiny", None),  # q, k and v biases
+        ("qwen", "qwen3-tiny", "q and k norms"),
+        ("gemma", "gemma2-tiny", "sandwich norms"),
+    ],
+)
+def test_the_families_built_on_llama_layers(kernel_library, tmp_path, family, config, refused):
+    from llmcore import libraries
+    from llmcore.pipeline import export
+    from llmcore.plugins import load_registry
+    from llmcore.recipe import ExportOptions
+
+    options = ExportOptions(model=family, config=config, plugins=["xnnpack"], quantize="8da4w-layers",
+                            output=str(tmp_path / "model.pte"), quiet=True)
+    if refused:
+        with pytest.raises(LlmcoreError, match=f"8da4w-layers: .*{refused}"):
+            export(options, load_registry())
+        assert not (tmp_path / "model.pte").exists()
+        return
+    result = export(options, load_registry())
+    assert "llmcore::int4_norm_qkv_rope.out" in libraries.program_operators(result.pte.read_bytes())
+    assert result.report["parity"]["top1_agreement"] == 1.0 and result.report["parity"]["max_abs_diff"] < 0.05
