@@ -224,14 +224,31 @@ namespace {
 
 // EXECUTORCH_LIBRARY's wrapper takes operators with one output; this one has three, so it is
 // unboxed here. The stack holds the schema's arguments in order (the outputs q, k, v last of
-// them), then the returned values, which alias the outputs.
+// them), then the returned values, which alias the outputs. Each argument's kind is checked
+// before it is read (EValue's accessors abort the process on a wrong one): a program whose
+// call has another form, from another version of the operator, fails with a message.
 constexpr size_t kNormQkvRopeArgs = 14;
+// 'T' a tensor, 'O' a tensor or None, 'D' a float, 'I' an int
+constexpr char kNormQkvRopeKinds[kNormQkvRopeArgs + 1] = "TTDTTTOTTIITTT";
+
+bool has_kind(const EValue& v, char kind) {
+  switch (kind) {
+    case 'T': return v.isTensor();
+    case 'O': return v.isTensor() || v.isNone();
+    case 'D': return v.isDouble();
+    case 'I': return v.isInt();
+  }
+  return false;
+}
 
 void int4_norm_qkv_rope_boxed(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   executorch::runtime::internal::EventTracerProfileOpScope scope(ctx.internal_event_tracer(),
                                                                  "llmcore::int4_norm_qkv_rope.out");
-  ET_KERNEL_CHECK_MSG(ctx, stack.size() >= kNormQkvRopeArgs, InvalidProgram, ,
-                      "llmcore::int4_norm_qkv_rope.out: %zu arguments, expected %zu", stack.size(), kNormQkvRopeArgs);
+  bool fits = stack.size() >= kNormQkvRopeArgs;
+  for (size_t i = 0; fits && i < kNormQkvRopeArgs; ++i) fits = has_kind(*stack[i], kNormQkvRopeKinds[i]);
+  ET_KERNEL_CHECK_MSG(ctx, fits, InvalidProgram, ,
+                      "llmcore::int4_norm_qkv_rope.out: called with other arguments than this runtime's "
+                      "(a program from another llmcore-kernels): export it again");
   const Tensor* qkv_bias = stack[6]->isNone() ? nullptr : &stack[6]->toTensor();
   int4_norm_qkv_rope_out(ctx, stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toDouble(), stack[3]->toTensor(),
                          stack[4]->toTensor(), stack[5]->toTensor(), qkv_bias, stack[7]->toTensor(),
