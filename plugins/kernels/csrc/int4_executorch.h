@@ -35,6 +35,22 @@ inline const char* projection(const executorch::aten::Tensor& packed, const exec
   return nullptr;
 }
 
+// The MLP's two packed projections (int4_mlp.h), or why not; *part names the projection the
+// reason is about ("gate_up: ", "down: "), or is "" for their shapes together.
+inline const char* mlp_weights(const executorch::aten::Tensor& gate_up, const executorch::aten::Tensor& gate_up_scales,
+                               const executorch::aten::Tensor& gate_up_sums, const executorch::aten::Tensor& down,
+                               const executorch::aten::Tensor& down_scales, const executorch::aten::Tensor& down_sums,
+                               Int4MlpWeights* w, const char** part) {
+  *part = "gate_up: ";
+  const char* why = projection(gate_up, gate_up_scales, gate_up_sums, &w->gate_up);
+  if (why != nullptr) return why;
+  *part = "down: ";
+  why = projection(down, down_scales, down_sums, &w->down);
+  if (why != nullptr) return why;
+  *part = "";
+  return int4_mlp_shape_error(*w);
+}
+
 // The runtime's thread pool, one chunk per thread: ExecuTorch's parallel_for makes one task
 // per `grain` items, and each gemm_rows call has a set-up of its own (the rows' scales
 // converted, scratch).

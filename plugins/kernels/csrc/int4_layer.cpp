@@ -198,12 +198,9 @@ Tensor& int4_norm_mlp_add_out(KernelRuntimeContext& ctx, const Tensor& h, const 
                               const Tensor& gate_up, const Tensor& gate_up_scales, const Tensor& gate_up_sums,
                               const Tensor& down, const Tensor& down_scales, const Tensor& down_sums, Tensor& out) {
   Int4MlpWeights w{};
-  const char* why = et::projection(gate_up, gate_up_scales, gate_up_sums, &w.gate_up);
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_mlp_add: gate_up: %s", why);
-  why = et::projection(down, down_scales, down_sums, &w.down);
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_mlp_add: down: %s", why);
-  why = int4_mlp_shape_error(w);
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_mlp_add: %s", why);
+  const char* part = "";
+  const char* why = et::mlp_weights(gate_up, gate_up_scales, gate_up_sums, down, down_scales, down_sums, &w, &part);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_mlp_add: %s%s", part, why);
   why = float_vector(norm_weight, w.gate_up.k);
   ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_mlp_add: %s", why);
   ET_KERNEL_CHECK_MSG(ctx, std::isfinite(eps) && eps >= 0.0, InvalidArgument, out,

@@ -155,12 +155,9 @@ Tensor& int4_mlp_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& g
                      const Tensor& gate_up_sums, const Tensor& down, const Tensor& down_scales,
                      const Tensor& down_sums, Tensor& out) {
   Int4MlpWeights w{};
-  const char* why = et::projection(gate_up, gate_up_scales, gate_up_sums, &w.gate_up);
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_mlp: gate_up: %s", why);
-  why = et::projection(down, down_scales, down_sums, &w.down);
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_mlp: down: %s", why);
-  why = int4_mlp_shape_error(w);
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_mlp: %s", why);
+  const char* part = "";
+  const char* why = et::mlp_weights(gate_up, gate_up_scales, gate_up_sums, down, down_scales, down_sums, &w, &part);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_mlp: %s%s", part, why);
   ET_KERNEL_CHECK_MSG(ctx, x.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float,
                       InvalidType, out, "llmcore::int4_mlp: x and out must be float32");
   ET_KERNEL_CHECK_MSG(ctx, x.dim() >= 1 && x.size(x.dim() - 1) == w.gate_up.k, InvalidArgument, out,
