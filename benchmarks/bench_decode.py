@@ -86,9 +86,11 @@ VARIANTS = {
     "8da4w-emb4": ["--plugins", "xnnpack", "--quantize", "8da4w", "--quantize-option", "embedding_bits=4"],
     "fp32-rmsnorm": ["--plugins", "xnnpack", "--transforms", "fused-rmsnorm"],
     "gguf": ["--plugins", "xnnpack", "--quantize", "gguf"],
+    # the GGUF's own integers (Q4_1), each whole layer on llmcore's int4 kernels
+    "gguf-layers": ["--plugins", "xnnpack", "--quantize", "gguf-layers"],
 }
 # variants that apply to some models only
-VARIANT_MODELS = {v: ("smollm2",) for v in ("fp32-rmsnorm", "8da4w-hqq", "8da4w-emb8", "8da4w-emb4", "gguf",
+VARIANT_MODELS = {v: ("smollm2",) for v in ("fp32-rmsnorm", "8da4w-hqq", "8da4w-emb8", "8da4w-emb4", "gguf", "gguf-layers",
                                              "8da4w-mlp", "8da4w-layers")}  # GPT-2's MLP is GELU, not gated
 # SmolLM2-135M's norms: 30 layers x 2 + the final one, width 576.
 SMOLLM2_NORMS, SMOLLM2_DIM = 61, 576

@@ -276,7 +276,8 @@ class QuantizerRecipe(Record):
     `options` documents the options it accepts: name -> (type, default, help).
     `for_quantized_checkpoints`: the recipe carries a quantized checkpoint's own integers
     (:mod:`llmcore.stored`); an export of such a checkpoint without ``--quantize`` uses it
-    when one of its backends is selected (``--quantize none`` keeps float weights).
+    when one of its backends is selected (``--quantize none`` keeps float weights), unless
+    `checkpoint_default` is False (a variant chosen only by name).
     `parity_reference(converted)`: for a pt2e recipe whose backend computes the quantized
     graph differently from the graph's own eager semantics (XNNPACK quantizes dynamic
     activations per token where the graph says per tensor), the eager module that computes
@@ -292,6 +293,7 @@ class QuantizerRecipe(Record):
     source_quantize: Optional[Callable[[Any, dict], Any]] = None
     options: Mapping[str, tuple[type, Any, str]] = field(default_factory=dict)
     for_quantized_checkpoints: bool = False
+    checkpoint_default: bool = True
     parity_reference: Optional[Callable[[Any], Any]] = None
     calibrated: bool = False
 

@@ -141,12 +141,24 @@ def test_served_json_schema_and_tool_call(smollm2, tmp_path):
         jsonschema.validate(json.loads(call.function.arguments), weather["function"]["parameters"])
 
 
-# recipe -> the llmcore::int4_* operators its program must call
+LAYER_OPS = ("llmcore::int4_norm_qkv_rope.out", "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out")
+# recipe -> (the llmcore::int4_* operators its program must call, the XNNPACK recipe whose
+# integers it keeps)
 KERNEL_RECIPES = {
-    "8da4w-mlp": ("llmcore::int4_mlp.out",),
-    "8da4w-layers": ("llmcore::int4_norm_qkv_rope.out", "llmcore::int4_linear_add.out",
-                     "llmcore::int4_norm_mlp_add.out"),
+    "8da4w-mlp": (("llmcore::int4_mlp.out",), "8da4w"),
+    "8da4w-layers": (LAYER_OPS, "8da4w"),
+    "gguf-layers": (LAYER_OPS, "gguf"),
 }
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf(tmp_path_factory, cli):
+    """The same weights with --quantize gguf: the file's own Q4_1 integers, run by XNNPACK."""
+    out = tmp_path_factory.mktemp("smollm2-gguf") / "smollm2.pte"
+    result = cli("export", "--model", "llama", "--checkpoint", str(GGUF), "--plugins", "xnnpack",
+                 "--quantize", "gguf", "--max-seq-len", "512", "--quiet", "-o", str(out), timeout=1800)
+    assert result.returncode == 0, result.stderr
+    return out
 
 
 @pytest.fixture(scope="module", params=sorted(KERNEL_RECIPES))
@@ -160,12 +172,12 @@ def smollm2_kernels(request, tmp_path_factory, cli):
     return request.param, out
 
 
-def test_kernel_recipes_answer_as_8da4w_does(smollm2, smollm2_kernels, cli):
-    """The kernels keep 8da4w's integers: the program calls them, answers Paris, and its
-    next-token distribution after the templated question stays close to the 8da4w program's
-    (measured, 8da4w-mlp: KL 0.011, max |logit difference| 1.4, the same top token; both
-    programs round their activations to int8 per token, XNNPACK and the kernel each their
-    own way)."""
+def test_kernel_recipes_answer_as_their_xnnpack_recipe_does(smollm2, smollm2_gguf, smollm2_kernels, cli):
+    """The kernels keep the XNNPACK recipe's integers (8da4w's, or the GGUF's): the program
+    calls them, answers Paris, and its next-token distribution after the templated question
+    stays close to that recipe's program (measured, 8da4w-mlp: KL 0.011, max |logit
+    difference| 1.4, the same top token; both programs round their activations to int8 per
+    token, XNNPACK and the kernel each their own way)."""
     import torch
 
     from llmcore import libraries
@@ -174,16 +186,18 @@ def test_kernel_recipes_answer_as_8da4w_does(smollm2, smollm2_kernels, cli):
     from llmcore.runtime import Program
 
     recipe, pte = smollm2_kernels
+    ops, base_recipe = KERNEL_RECIPES[recipe]
+    base_pte = {"8da4w": smollm2, "gguf": smollm2_gguf}[base_recipe]
     report = json.loads(pte.with_name("smollm2.report.json").read_text())
     assert report["quantization"]["recipe"] == recipe and report["parity"]["top1_agreement"] == 1.0
-    assert set(KERNEL_RECIPES[recipe]) <= set(libraries.program_operators(pte.read_bytes()))
+    assert set(ops) <= set(libraries.program_operators(pte.read_bytes()))
     result = cli("run", str(pte), "--chat", "--prompt", QUESTION, "--max-new-tokens", "32", "--json")
     assert result.returncode == 0, result.stderr
     assert "Paris" in json.loads(result.stdout)["text"]
 
     tokenizer_json = smollm2.with_name("tokenizer.json")
     ids = TextTokenizer.from_file(tokenizer_json).encode(apply_template(str(tokenizer_json), QUESTION))
-    base = torch.as_tensor(Program.load(smollm2).logits(ids, 0)).flatten().log_softmax(-1)
+    base = torch.as_tensor(Program.load(base_pte).logits(ids, 0)).flatten().log_softmax(-1)
     kernels = torch.as_tensor(Program.load(pte).logits(ids, 0)).flatten().log_softmax(-1)
     assert int(base.argmax()) == int(kernels.argmax())
     assert float((base.exp() * (base - kernels)).sum()) < 0.05

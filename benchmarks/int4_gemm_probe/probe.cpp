@@ -6,7 +6,8 @@
 //   int4_probe check
 //       the best code this CPU runs (AVX-512 VNNI, AVX2; LLMCORE_KERNELS_MAX_ISA=avx2
 //       or =portable caps it) against the portable loops and both against a double-precision
-//       sum over the same integers; the activation rounding against its definition.
+//       sum over the same integers; the activation rounding against its definition; the
+//       offset term of blocks with offsets (add_block_offsets) against a double-precision sum.
 //       Prints "ok" and exits 0, or names the first mismatch and exits 1.
 //   int4_probe time TOKENS THREADS [REPEAT] [mlp]
 //       every linear layer of SmolLM2-135M's 30 blocks (q, k, v, o, gate, up, down; with
@@ -157,6 +158,37 @@ int check() {
                         (long long)c.n, (long long)c.k);
             return 1;
           }
+        }
+      }
+    }
+    // the offset term (add_block_offsets) on offsets in its layout ([ceil(n/8), k/32, 8]) and
+    // float block means, over a split of the rows that leaves odd pieces, against a
+    // double-precision sum
+    const int64_t blocks = c.k / kBlock;
+    std::vector<float> offsets((c.n + 7) / 8 * 8 * blocks), means(c.m * blocks), y_offsets(c.m * c.n, 1.0f);
+    for (auto& v : offsets) v = std::normal_distribution<float>()(rng);
+    for (auto& v : means) v = std::normal_distribution<float>()(rng);
+    QuantizedRows with_means = arranged.rows(c.m, c.k);
+    with_means.means = means.data();
+    PackedWeight with_offsets = view(w);
+    with_offsets.offsets = offsets.data();
+    const int64_t split = std::min<int64_t>(c.n, 3), split2 = std::max<int64_t>(split, c.n - 5);
+    add_block_offsets(with_means, with_offsets, 0, split, y_offsets.data());
+    add_block_offsets(with_means, with_offsets, split, split2, y_offsets.data());
+    add_block_offsets(with_means, with_offsets, split2, c.n, y_offsets.data());
+    for (int64_t t = 0; t < c.m; ++t) {
+      for (int64_t r = 0; r < c.n; ++r) {
+        double ref = 1.0, magnitude = 1.0;
+        for (int64_t g = 0; g < blocks; ++g) {
+          const double o = offsets[(r / 8) * blocks * 8 + g * 8 + r % 8];
+          ref += o * means[t * blocks + g];
+          magnitude += std::fabs(o * means[t * blocks + g]);
+        }
+        if (!(std::fabs(y_offsets[t * c.n + r] - ref) <= 1e-5 * magnitude)) {
+          std::printf("mismatch: the offset term at [%lld, %lld] = %.7g, reference %.7g (m=%lld n=%lld k=%lld)\n",
+                      (long long)t, (long long)r, y_offsets[t * c.n + r], ref, (long long)c.m, (long long)c.n,
+                      (long long)c.k);
+          return 1;
         }
       }
     }

@@ -50,16 +50,18 @@ NO_RECIPE = "none"
 
 def default_for_checkpoint(stored_weights: dict, backends: list[str], registry: Registry, options: dict):
     """For a checkpoint that stores quantized integers and an export without ``--quantize``:
-    the first recipe that carries them (``for_quantized_checkpoints``) into one of the
-    selected backends, with ``options`` (``--quantize-option``) checked against it, or
-    ``(None, {})``. Options with no recipe to take them are refused, never dropped."""
+    the first recipe by name that carries them (``for_quantized_checkpoints`` and
+    ``checkpoint_default``) into one of the selected backends, with ``options``
+    (``--quantize-option``) checked against it, or ``(None, {})``. Options with no recipe to
+    take them are refused, never dropped."""
     from llmcore.stored import IntegerWeight
 
     if any(isinstance(f, IntegerWeight) for f in stored_weights.values()):
         for name in registry.names("quantizers"):
             provided = registry.get("quantizers", name, stage="quantize")
             recipe: QuantizerRecipe = provided.record
-            if recipe.for_quantized_checkpoints and set(recipe.backends) & set(backends):
+            chosen_by_default = recipe.for_quantized_checkpoints and recipe.checkpoint_default
+            if chosen_by_default and set(recipe.backends) & set(backends):
                 return provided, check_plugin_options(
                     f"quantizer recipe {name!r}", recipe.options, options, provided.plugin.name
                 )

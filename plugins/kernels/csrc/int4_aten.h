@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 
 #include "int4_mlp.h"
 
@@ -30,6 +31,21 @@ inline int4::PackedWeight projection(const char* op, const char* name, const at:
               ": CPU tensors only");
   return {packed.const_data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.const_data_ptr()),
           sums.const_data_ptr<float>(), nullptr, n, k};
+}
+
+// A projection's block offsets (int4_gemm.h) into w->offsets when given; returns the tensor
+// holding them (kept alive by the caller for the call).
+inline at::Tensor block_offsets(const char* op, const char* name, const std::optional<at::Tensor>& offsets,
+                                int4::PackedWeight* w) {
+  if (!offsets.has_value()) return at::Tensor();
+  TORCH_CHECK(offsets->scalar_type() == at::kFloat && offsets->device().is_cpu() && offsets->dim() == 3 &&
+                  offsets->size(0) == (w->n + 7) / 8 && offsets->size(1) * int4::kBlock == w->k &&
+                  offsets->size(2) == 8,
+              op, ": ", name, "'s offsets must be a float32 [", (w->n + 7) / 8, ", ", w->k / int4::kBlock,
+              ", 8] CPU tensor (ceil(rows/8), in/32, 8), got ", offsets->scalar_type(), " ", offsets->sizes());
+  at::Tensor contiguous = offsets->contiguous();
+  w->offsets = contiguous.const_data_ptr<float>();
+  return contiguous;
 }
 
 // ATen's threads, one chunk each (as the runtime's: int4_executorch.h).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 #include <executorch/runtime/kernel/kernel_includes.h>
 #include <executorch/runtime/kernel/thread_parallel_interface.h>
@@ -32,6 +33,17 @@ inline const char* projection(const executorch::aten::Tensor& packed, const exec
     return "row sums must be a contiguous float32 [rows] tensor";
   *out = {packed.const_data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.const_data_ptr()),
           sums.const_data_ptr<float>(), nullptr, n, k};
+  return nullptr;
+}
+
+// A projection's block offsets (int4_gemm.h, PackedWeight::offsets) into *w, or why not.
+inline const char* block_offsets(const std::optional<executorch::aten::Tensor>& offsets, int4::PackedWeight* w) {
+  if (!offsets.has_value()) return nullptr;
+  const executorch::aten::Tensor& t = *offsets;
+  if (t.scalar_type() != executorch::aten::ScalarType::Float || t.dim() != 3 || t.size(0) != (w->n + 7) / 8 ||
+      t.size(1) * int4::kBlock != w->k || t.size(2) != 8 || !dense(t))
+    return "offsets must be a contiguous float32 [ceil(rows/8), in/32, 8] tensor";
+  w->offsets = t.const_data_ptr<float>();
   return nullptr;
 }
 

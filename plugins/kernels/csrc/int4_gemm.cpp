@@ -333,6 +333,76 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
   }
 }
 
+namespace {
+
+// The offset term for rows [n_begin, n_end) of every token (int4_gemm.h, PackedWeight::offsets:
+// eight rows' offsets of a block side by side). Each output is summed over the blocks in
+// order from zero with one multiply-add a block (fused in the AVX2 build, a multiply and
+// an add in the portable one, the same on every path of a build), then added to y: the same
+// floats however the rows are split among threads. Whole chunks of eight rows take four
+// tokens at a time (each block's eight offsets loaded once for the four).
+template <typename MulAdd>
+inline __attribute__((always_inline)) void offset_row(const QuantizedRows& x, const PackedWeight& w, int64_t n,
+                                                      float* y, MulAdd mul_add) {
+  const int64_t blocks = w.k / kBlock;
+  const float* o = w.offsets + (n / 8) * blocks * 8 + n % 8;
+  for (int64_t t = 0; t < x.m; ++t) {
+    const float* means = x.means + t * blocks;
+    float sum = 0.0f;
+    for (int64_t g = 0; g < blocks; ++g) sum = mul_add(o[g * 8], means[g], sum);
+    y[t * w.n + n] += sum;
+  }
+}
+
+#if LLMCORE_HAVE_X86
+LLMCORE_AVX2 void add_block_offsets_avx2(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin,
+                                         int64_t n_end, float* y) {
+  const int64_t blocks = w.k / kBlock;
+  const auto fused = [](float a, float b, float c) LLMCORE_AVX2 { return std::fma(a, b, c); };
+  int64_t n = n_begin;
+  for (; n < n_end && n % 8 != 0; ++n) offset_row(x, w, n, y, fused);
+  for (; n + 8 <= n_end; n += 8) {
+    const float* o = w.offsets + (n / 8) * blocks * 8;
+    int64_t t = 0;
+    for (; t + 4 <= x.m; t += 4) {
+      __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (int64_t g = 0; g < blocks; ++g) {
+        const __m256 ov = _mm256_loadu_ps(o + g * 8);
+        for (int i = 0; i < 4; ++i)
+          sum[i] = _mm256_fmadd_ps(ov, _mm256_set1_ps(x.means[(t + i) * blocks + g]), sum[i]);
+      }
+      for (int i = 0; i < 4; ++i) {
+        float* yt = y + (t + i) * w.n + n;
+        _mm256_storeu_ps(yt, _mm256_add_ps(_mm256_loadu_ps(yt), sum[i]));
+      }
+    }
+    for (; t < x.m; ++t) {
+      __m256 sum = _mm256_setzero_ps();
+      for (int64_t g = 0; g < blocks; ++g)
+        sum = _mm256_fmadd_ps(_mm256_loadu_ps(o + g * 8), _mm256_set1_ps(x.means[t * blocks + g]), sum);
+      float* yt = y + t * w.n + n;
+      _mm256_storeu_ps(yt, _mm256_add_ps(_mm256_loadu_ps(yt), sum));
+    }
+  }
+  for (; n < n_end; ++n) offset_row(x, w, n, y, fused);
+}
+#endif
+
+void add_block_offsets_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end,
+                                float* y) {
+  for (int64_t n = n_begin; n < n_end; ++n)
+    offset_row(x, w, n, y, [](float a, float b, float c) { return a * b + c; });
+}
+
+}  // namespace
+
+void add_block_offsets(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y) {
+#if LLMCORE_HAVE_X86
+  if (gemm_isa() != Isa::portable) return add_block_offsets_avx2(x, w, n_begin, n_end, y);
+#endif
+  add_block_offsets_portable(x, w, n_begin, n_end, y);
+}
+
 void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y,
                bool portable) {
   const Isa isa = portable ? Isa::portable : gemm_isa();

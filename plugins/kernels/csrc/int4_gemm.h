@@ -64,6 +64,7 @@ struct QuantizedRows {
   const float* zero;
   int64_t m;
   int64_t k;
+  const float* means = nullptr;  // [m, k/32]: each block's mean of x, for weights with offsets
 };
 
 struct PackedWeight {
@@ -73,6 +74,13 @@ struct PackedWeight {
   const float* bias;         // [n] or null
   int64_t n;
   int64_t k;
+  // [ceil(n/8), k/32, 8] or null: each block's offset times 32, o[n, g], for a weight
+  // w[n, k] = d (u - 8) + o / 32 (a GGUF's Q4_1 and Q4_K minima, llmcore-xnnpack's
+  // BlockInt4Linear.offset_weight), eight rows side by side, block after block (one load
+  // serves eight outputs; a decode step reads them in order): o[n, g] at
+  // [n / 8, g, n % 8], zeros past the last row. The GEMM adds sum_g o[n, g] means[t, g]
+  // (add_block_offsets).
+  const float* offsets = nullptr;
 };
 
 // Quantize rows [row_begin, row_end) of x [m, k] (k a multiple of 32) into a [m, k],
@@ -87,6 +95,11 @@ void arrange(const uint8_t* in, int64_t k, uint8_t* out);
 // y[:, n_begin:n_end] for every row of x. y is [m, n] row-major.
 void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y,
                bool portable = false);
+
+// y[t, n] += sum_g o[n, g] x.means[t, g] (w.offsets) for n in [n_begin, n_end), every row t of x:
+// the offset term of weights with per-block offsets, on the float activations' block means
+// (as the module computes it; not the rounded ones). Each output is summed in one order.
+void add_block_offsets(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y);
 
 // One row's packing, from its integers q (u - 8, in [-8, 7], in x's order) into k/2 bytes.
 LLMCORE_INT4_API void pack_row(const int8_t* q, int64_t k, uint8_t* out);

@@ -5,6 +5,7 @@
 #include "int4_layer.h"
 
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
@@ -60,7 +61,7 @@ void int4_norm_qkv_rope_forward(const float* h, int64_t rows, const Int4NormQkvR
   normed.resize(rows * dim);
   y.resize(rows * n);
   rms_norm(h, rows, dim, a.norm_weight, a.eps, normed.data());
-  gemm_all(rounded.round(normed.data(), rows, dim, parallel), a.qkv, y.data(), parallel);
+  gemm_all(rounded.round(normed.data(), rows, dim, parallel, a.qkv.offsets != nullptr), a.qkv, y.data(), parallel);
   const int64_t q_width = a.n_heads * head_dim, kv_width = a.n_kv_heads * head_dim;
   for (int64_t t = 0; t < rows; ++t) {
     const float* yt = y.data() + t * n;
@@ -76,7 +77,7 @@ void int4_linear_add_forward(const float* x, int64_t rows, const int4::PackedWei
   thread_local RoundedRows rounded;
   thread_local std::vector<float> y;
   y.resize(rows * w.n);
-  gemm_all(rounded.round(x, rows, w.k, parallel), w, y.data(), parallel);
+  gemm_all(rounded.round(x, rows, w.k, parallel, w.offsets != nullptr), w, y.data(), parallel);
   // residual first, then the product: the order of `residual + linear(x)` in the module
   for (int64_t i = 0; i < rows * w.n; ++i) out[i] = residual[i] + y[i];
 }
@@ -127,14 +128,15 @@ Error resize_heads(Tensor& out, const Tensor& base, int64_t heads, int64_t head_
 }  // namespace
 
 // llmcore::int4_norm_qkv_rope.out(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales,
-//     Tensor qkv_sums, Tensor? qkv_bias, Tensor cos, Tensor sin, int n_heads, int n_kv_heads, *, Tensor(a!) q,
-//     Tensor(b!) k, Tensor(c!) v) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+//     Tensor qkv_sums, Tensor? qkv_bias, Tensor? qkv_offsets, Tensor cos, Tensor sin, int n_heads, int n_kv_heads,
+//     *, Tensor(a!) q, Tensor(b!) k, Tensor(c!) v) -> (Tensor(a!), Tensor(b!), Tensor(c!))
 void int4_norm_qkv_rope_out(KernelRuntimeContext& ctx, const Tensor& h, const Tensor& norm_weight, double eps,
                             const Tensor& qkv, const Tensor& qkv_scales, const Tensor& qkv_sums,
-                            const Tensor* qkv_bias, const Tensor& cos, const Tensor& sin, int64_t n_heads,
-                            int64_t n_kv_heads, Tensor& q, Tensor& k, Tensor& v) {
+                            const Tensor* qkv_bias, const std::optional<Tensor>& qkv_offsets, const Tensor& cos,
+                            const Tensor& sin, int64_t n_heads, int64_t n_kv_heads, Tensor& q, Tensor& k, Tensor& v) {
   Int4NormQkvRope a{};
   const char* why = et::projection(qkv, qkv_scales, qkv_sums, &a.qkv);
+  if (why == nullptr) why = et::block_offsets(qkv_offsets, &a.qkv);
   ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "llmcore::int4_norm_qkv_rope: qkv: %s", why);
   if (qkv_bias != nullptr) {
     ET_KERNEL_CHECK_MSG(ctx, rows_of(*qkv_bias, a.qkv.n) && qkv_bias->dim() == 1, InvalidArgument, ,
@@ -169,12 +171,14 @@ void int4_norm_qkv_rope_out(KernelRuntimeContext& ctx, const Tensor& h, const Te
                              v.mutable_data_ptr<float>(), et::runtime_parallel);
 }
 
-// llmcore::int4_linear_add.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor residual, *,
-//     Tensor(a!) out) -> Tensor(a!)
+// llmcore::int4_linear_add.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_offsets,
+//     Tensor residual, *, Tensor(a!) out) -> Tensor(a!)
 Tensor& int4_linear_add_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& w, const Tensor& w_scales,
-                            const Tensor& w_sums, const Tensor& residual, Tensor& out) {
+                            const Tensor& w_sums, const std::optional<Tensor>& w_offsets, const Tensor& residual,
+                            Tensor& out) {
   int4::PackedWeight pw{};
   const char* why = et::projection(w, w_scales, w_sums, &pw);
+  if (why == nullptr) why = et::block_offsets(w_offsets, &pw);
   ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_linear_add: w: %s", why);
   ET_KERNEL_CHECK_MSG(ctx, rows_of(x, pw.k), InvalidArgument, out,
                       "llmcore::int4_linear_add: x must be contiguous float32 rows of w's in-features (%lld)",
@@ -193,13 +197,18 @@ Tensor& int4_linear_add_out(KernelRuntimeContext& ctx, const Tensor& x, const Te
 }
 
 // llmcore::int4_norm_mlp_add.out(Tensor h, Tensor norm_weight, float eps, Tensor gate_up, Tensor gate_up_scales,
-//     Tensor gate_up_sums, Tensor down, Tensor down_scales, Tensor down_sums, *, Tensor(a!) out) -> Tensor(a!)
+//     Tensor gate_up_sums, Tensor? gate_up_offsets, Tensor down, Tensor down_scales, Tensor down_sums,
+//     Tensor? down_offsets, *, Tensor(a!) out) -> Tensor(a!)
 Tensor& int4_norm_mlp_add_out(KernelRuntimeContext& ctx, const Tensor& h, const Tensor& norm_weight, double eps,
                               const Tensor& gate_up, const Tensor& gate_up_scales, const Tensor& gate_up_sums,
-                              const Tensor& down, const Tensor& down_scales, const Tensor& down_sums, Tensor& out) {
+                              const std::optional<Tensor>& gate_up_offsets, const Tensor& down,
+                              const Tensor& down_scales, const Tensor& down_sums,
+                              const std::optional<Tensor>& down_offsets, Tensor& out) {
   Int4MlpWeights w{};
   const char* part = "";
   const char* why = et::mlp_weights(gate_up, gate_up_scales, gate_up_sums, down, down_scales, down_sums, &w, &part);
+  if (why == nullptr && (why = et::block_offsets(gate_up_offsets, &w.gate_up)) != nullptr) part = "gate_up: ";
+  if (why == nullptr && (why = et::block_offsets(down_offsets, &w.down)) != nullptr) part = "down: ";
   ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_mlp_add: %s%s", part, why);
   why = float_vector(norm_weight, w.gate_up.k);
   ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_mlp_add: %s", why);
@@ -224,9 +233,9 @@ namespace {
 // them), then the returned values, which alias the outputs. Each argument's kind is checked
 // before it is read (EValue's accessors abort the process on a wrong one): a program whose
 // call has another form, from another version of the operator, fails with a message.
-constexpr size_t kNormQkvRopeArgs = 14;
+constexpr size_t kNormQkvRopeArgs = 15;
 // 'T' a tensor, 'O' a tensor or None, 'D' a float, 'I' an int
-constexpr char kNormQkvRopeKinds[kNormQkvRopeArgs + 1] = "TTDTTTOTTIITTT";
+constexpr char kNormQkvRopeKinds[kNormQkvRopeArgs + 1] = "TTDTTTOOTTIITTT";
 
 bool has_kind(const EValue& v, char kind) {
   switch (kind) {
@@ -247,10 +256,12 @@ void int4_norm_qkv_rope_boxed(KernelRuntimeContext& ctx, Span<EValue*> stack) {
                       "llmcore::int4_norm_qkv_rope.out: called with other arguments than this runtime's "
                       "(a program from another llmcore-kernels): export it again");
   const Tensor* qkv_bias = stack[6]->isNone() ? nullptr : &stack[6]->toTensor();
+  const std::optional<Tensor> qkv_offsets =
+      stack[7]->isNone() ? std::nullopt : std::optional<Tensor>(stack[7]->toTensor());
   int4_norm_qkv_rope_out(ctx, stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toDouble(), stack[3]->toTensor(),
-                         stack[4]->toTensor(), stack[5]->toTensor(), qkv_bias, stack[7]->toTensor(),
-                         stack[8]->toTensor(), stack[9]->toInt(), stack[10]->toInt(), stack[11]->toTensor(),
-                         stack[12]->toTensor(), stack[13]->toTensor());
+                         stack[4]->toTensor(), stack[5]->toTensor(), qkv_bias, qkv_offsets, stack[8]->toTensor(),
+                         stack[9]->toTensor(), stack[10]->toInt(), stack[11]->toInt(), stack[12]->toTensor(),
+                         stack[13]->toTensor(), stack[14]->toTensor());
 }
 
 const auto registered_norm_qkv_rope = executorch::runtime::register_kernel(

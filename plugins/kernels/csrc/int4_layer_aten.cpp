@@ -15,6 +15,7 @@
 
 namespace {
 
+using llmcore_kernels::aten::block_offsets;
 using llmcore_kernels::aten::float_rows;
 using llmcore_kernels::aten::projection;
 using llmcore_kernels::aten::torch_parallel;
@@ -36,11 +37,12 @@ std::vector<int64_t> head_sizes(const at::Tensor& base, int64_t heads, int64_t h
 std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> int4_norm_qkv_rope_out(
     const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
     const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const std::optional<at::Tensor>& qkv_bias,
-    const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads, int64_t n_kv_heads, at::Tensor& q, at::Tensor& k,
-    at::Tensor& v) {
+    const std::optional<at::Tensor>& qkv_offsets, const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads,
+    int64_t n_kv_heads, at::Tensor& q, at::Tensor& k, at::Tensor& v) {
   constexpr const char* op = "llmcore::int4_norm_qkv_rope";
   llmcore_kernels::Int4NormQkvRope a{};
   a.qkv = projection(op, "qkv", qkv, qkv_scales, qkv_sums);
+  const at::Tensor offsets = block_offsets(op, "qkv", qkv_offsets, &a.qkv);
   at::Tensor bias;
   if (qkv_bias.has_value()) {
     TORCH_CHECK(qkv_bias->dim() == 1, op, ": qkv_bias must be 1-D, got ", qkv_bias->sizes());
@@ -76,17 +78,20 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> int4_norm_qkv_rope_out(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_norm_qkv_rope(
     const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
     const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const std::optional<at::Tensor>& qkv_bias,
-    const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads, int64_t n_kv_heads) {
+    const std::optional<at::Tensor>& qkv_offsets, const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads,
+    int64_t n_kv_heads) {
   at::Tensor q = at::empty({0}, h.options()), k = at::empty({0}, h.options()), v = at::empty({0}, h.options());
-  int4_norm_qkv_rope_out(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, cos, sin, n_heads, n_kv_heads, q,
-                         k, v);
+  int4_norm_qkv_rope_out(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, qkv_offsets, cos, sin, n_heads,
+                         n_kv_heads, q, k, v);
   return {q, k, v};
 }
 
 at::Tensor& int4_linear_add_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
-                                const at::Tensor& w_sums, const at::Tensor& residual, at::Tensor& out) {
+                                const at::Tensor& w_sums, const std::optional<at::Tensor>& w_offsets,
+                                const at::Tensor& residual, at::Tensor& out) {
   constexpr const char* op = "llmcore::int4_linear_add";
-  const llmcore_kernels::int4::PackedWeight pw = projection(op, "w", w, w_scales, w_sums);
+  llmcore_kernels::int4::PackedWeight pw = projection(op, "w", w, w_scales, w_sums);
+  const at::Tensor offsets = block_offsets(op, "w", w_offsets, &pw);
   const at::Tensor xc = float_rows(op, "x", x, pw.k);
   const int64_t rows = xc.numel() / pw.k;
   const at::Tensor rc = float_rows(op, "residual", residual, pw.n);
@@ -101,18 +106,22 @@ at::Tensor& int4_linear_add_out(const at::Tensor& x, const at::Tensor& w, const 
 }
 
 at::Tensor int4_linear_add(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
-                           const at::Tensor& w_sums, const at::Tensor& residual) {
+                           const at::Tensor& w_sums, const std::optional<at::Tensor>& w_offsets,
+                           const at::Tensor& residual) {
   at::Tensor out = at::empty({0}, residual.options());
-  return int4_linear_add_out(x, w, w_scales, w_sums, residual, out);
+  return int4_linear_add_out(x, w, w_scales, w_sums, w_offsets, residual, out);
 }
 
 at::Tensor& int4_norm_mlp_add_out(const at::Tensor& h, const at::Tensor& norm_weight, double eps,
                                   const at::Tensor& gate_up, const at::Tensor& gate_up_scales,
-                                  const at::Tensor& gate_up_sums, const at::Tensor& down,
-                                  const at::Tensor& down_scales, const at::Tensor& down_sums, at::Tensor& out) {
+                                  const at::Tensor& gate_up_sums, const std::optional<at::Tensor>& gate_up_offsets,
+                                  const at::Tensor& down, const at::Tensor& down_scales, const at::Tensor& down_sums,
+                                  const std::optional<at::Tensor>& down_offsets, at::Tensor& out) {
   constexpr const char* op = "llmcore::int4_norm_mlp_add";
-  const llmcore_kernels::Int4MlpWeights w{projection(op, "gate_up", gate_up, gate_up_scales, gate_up_sums),
-                                          projection(op, "down", down, down_scales, down_sums)};
+  llmcore_kernels::Int4MlpWeights w{projection(op, "gate_up", gate_up, gate_up_scales, gate_up_sums),
+                                    projection(op, "down", down, down_scales, down_sums)};
+  const at::Tensor gate_up_held = block_offsets(op, "gate_up", gate_up_offsets, &w.gate_up);
+  const at::Tensor down_held = block_offsets(op, "down", down_offsets, &w.down);
   const char* why = llmcore_kernels::int4_mlp_shape_error(w);
   TORCH_CHECK(why == nullptr, op, ": ", why ? why : "");
   TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0");
@@ -129,11 +138,12 @@ at::Tensor& int4_norm_mlp_add_out(const at::Tensor& h, const at::Tensor& norm_we
 
 at::Tensor int4_norm_mlp_add(const at::Tensor& h, const at::Tensor& norm_weight, double eps,
                              const at::Tensor& gate_up, const at::Tensor& gate_up_scales,
-                             const at::Tensor& gate_up_sums, const at::Tensor& down, const at::Tensor& down_scales,
-                             const at::Tensor& down_sums) {
+                             const at::Tensor& gate_up_sums, const std::optional<at::Tensor>& gate_up_offsets,
+                             const at::Tensor& down, const at::Tensor& down_scales, const at::Tensor& down_sums,
+                             const std::optional<at::Tensor>& down_offsets) {
   at::Tensor out = at::empty({0}, h.options());
-  return int4_norm_mlp_add_out(h, norm_weight, eps, gate_up, gate_up_scales, gate_up_sums, down, down_scales,
-                               down_sums, out);
+  return int4_norm_mlp_add_out(h, norm_weight, eps, gate_up, gate_up_scales, gate_up_sums, gate_up_offsets, down,
+                               down_scales, down_sums, down_offsets, out);
 }
 
 }  // namespace
@@ -141,23 +151,26 @@ at::Tensor int4_norm_mlp_add(const at::Tensor& h, const at::Tensor& norm_weight,
 TORCH_LIBRARY_FRAGMENT(llmcore, m) {
   m.def(
       "int4_norm_qkv_rope(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales, "
-      "Tensor qkv_sums, Tensor? qkv_bias, Tensor cos, Tensor sin, int n_heads, int n_kv_heads) -> "
-      "(Tensor, Tensor, Tensor)");
+      "Tensor qkv_sums, Tensor? qkv_bias, Tensor? qkv_offsets, Tensor cos, Tensor sin, int n_heads, "
+      "int n_kv_heads) -> (Tensor, Tensor, Tensor)");
   m.def(
       "int4_norm_qkv_rope.out(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales, "
-      "Tensor qkv_sums, Tensor? qkv_bias, Tensor cos, Tensor sin, int n_heads, int n_kv_heads, *, Tensor(a!) q, "
-      "Tensor(b!) k, "
-      "Tensor(c!) v) -> (Tensor(a!), Tensor(b!), Tensor(c!))");
-  m.def("int4_linear_add(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor residual) -> Tensor");
+      "Tensor qkv_sums, Tensor? qkv_bias, Tensor? qkv_offsets, Tensor cos, Tensor sin, int n_heads, "
+      "int n_kv_heads, *, Tensor(a!) q, Tensor(b!) k, Tensor(c!) v) -> (Tensor(a!), Tensor(b!), Tensor(c!))");
   m.def(
-      "int4_linear_add.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor residual, *, "
-      "Tensor(a!) out) -> Tensor(a!)");
+      "int4_linear_add(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_offsets, Tensor residual) "
+      "-> Tensor");
+  m.def(
+      "int4_linear_add.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_offsets, "
+      "Tensor residual, *, Tensor(a!) out) -> Tensor(a!)");
   m.def(
       "int4_norm_mlp_add(Tensor h, Tensor norm_weight, float eps, Tensor gate_up, Tensor gate_up_scales, "
-      "Tensor gate_up_sums, Tensor down, Tensor down_scales, Tensor down_sums) -> Tensor");
+      "Tensor gate_up_sums, Tensor? gate_up_offsets, Tensor down, Tensor down_scales, Tensor down_sums, "
+      "Tensor? down_offsets) -> Tensor");
   m.def(
       "int4_norm_mlp_add.out(Tensor h, Tensor norm_weight, float eps, Tensor gate_up, Tensor gate_up_scales, "
-      "Tensor gate_up_sums, Tensor down, Tensor down_scales, Tensor down_sums, *, Tensor(a!) out) -> Tensor(a!)");
+      "Tensor gate_up_sums, Tensor? gate_up_offsets, Tensor down, Tensor down_scales, Tensor down_sums, "
+      "Tensor? down_offsets, *, Tensor(a!) out) -> Tensor(a!)");
 }
 
 TORCH_LIBRARY_IMPL(llmcore, CPU, m) {

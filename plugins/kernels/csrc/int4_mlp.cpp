@@ -106,22 +106,46 @@ void silu_times(const float* gu, int64_t count, float* h) {
 
 }  // namespace
 
-int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, int64_t k, const ParallelFor& parallel) {
+int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, int64_t k, const ParallelFor& parallel,
+                                       bool block_means) {
+  const int64_t blocks = k / int4::kBlock;
   a.resize(rows * k);
   scale.resize(rows);
   zero.resize(rows);
+  means.resize(block_means ? rows * blocks : 0);
   uint8_t* pa = a.data();
-  float *ps = scale.data(), *pz = zero.data();
-  auto body = [&](int64_t b, int64_t e) { int4::quantize_rows(x, k, b, e, pa, ps, pz); };
+  float *ps = scale.data(), *pz = zero.data(), *pm = means.data();
+  auto body = [&](int64_t b, int64_t e) {
+    int4::quantize_rows(x, k, b, e, pa, ps, pz);
+    if (!block_means) return;
+    for (int64_t i = b * blocks; i < e * blocks; ++i) {  // sum, then / 32, as a mean over a [.., 32] view
+      // eight running sums over the block's four eights (independent lanes, which the
+      // compiler vectorises), then added in order
+      const float* xb = x + i * int4::kBlock;
+      float lanes[8] = {};
+      for (int64_t j = 0; j < int4::kBlock; j += 8)
+        for (int l = 0; l < 8; ++l) lanes[l] += xb[j + l];
+      float sum = 0.0f;
+      for (int l = 0; l < 8; ++l) sum += lanes[l];
+      pm[i] = sum / static_cast<float>(int4::kBlock);
+    }
+  };
   if (rows == 1)
     body(0, 1);  // one token: not worth waking the pool
   else
     parallel(0, rows, body);
-  return {pa, ps, pz, rows, k};
+  return {pa, ps, pz, rows, k, block_means ? pm : nullptr};
+}
+
+// y's columns [n_begin, n_end) = x W^T for them, with W's block offsets when it has them.
+static void gemm_columns(const int4::QuantizedRows& x, const int4::PackedWeight& w, int64_t n_begin, int64_t n_end,
+                  float* y) {
+  int4::gemm_rows(x, w, n_begin, n_end, y);
+  if (w.offsets != nullptr) int4::add_block_offsets(x, w, n_begin, n_end, y);
 }
 
 void gemm_all(const int4::QuantizedRows& x, const int4::PackedWeight& w, float* y, const ParallelFor& parallel) {
-  parallel(0, (w.n + 1) / 2, [&](int64_t b, int64_t e) { int4::gemm_rows(x, w, 2 * b, std::min(2 * e, w.n), y); });
+  parallel(0, (w.n + 1) / 2, [&](int64_t b, int64_t e) { gemm_columns(x, w, 2 * b, std::min(2 * e, w.n), y); });
 }
 
 void int4_mlp_forward(const float* x, int64_t rows, const Int4MlpWeights& w, float* out, const ParallelFor& parallel) {
@@ -133,14 +157,14 @@ void int4_mlp_forward(const float* x, int64_t rows, const Int4MlpWeights& w, flo
   h.resize(rows * hidden);
   float *gu = gate_up.data(), *hv = h.data();
 
-  const int4::QuantizedRows qx = rounded_x.round(x, rows, dim, parallel);
+  const int4::QuantizedRows qx = rounded_x.round(x, rows, dim, parallel, w.gate_up.offsets != nullptr);
   // gate_up's rows interleave gate and up (row 2j: gate j, row 2j + 1: up j): a thread that
   // computes the pairs [b, e) has what silu(gate) * up needs for hidden units [b, e).
   parallel(0, hidden, [&](int64_t b, int64_t e) {
-    int4::gemm_rows(qx, w.gate_up, 2 * b, 2 * e, gu);
+    gemm_columns(qx, w.gate_up, 2 * b, 2 * e, gu);
     for (int64_t t = 0; t < rows; ++t) silu_times(gu + t * 2 * hidden + 2 * b, e - b, hv + t * hidden + b);
   });
-  gemm_all(rounded_h.round(hv, rows, hidden, parallel), w.down, out, parallel);
+  gemm_all(rounded_h.round(hv, rows, hidden, parallel, w.down.offsets != nullptr), w.down, out, parallel);
 }
 
 using executorch::aten::ScalarType;

@@ -43,12 +43,15 @@ LLMCORE_KERNELS_CXX_API const char* int4_mlp_shape_error(const Int4MlpWeights& w
 // (thread_local in the operators: a decode step reuses it).
 struct LLMCORE_KERNELS_CXX_API RoundedRows {
   std::vector<uint8_t> a;
-  std::vector<float> scale, zero;
-  // x [rows, k]'s rows rounded, split among the threads when there is more than one.
-  int4::QuantizedRows round(const float* x, int64_t rows, int64_t k, const ParallelFor& parallel);
+  std::vector<float> scale, zero, means;
+  // x [rows, k]'s rows rounded, split among the threads when there is more than one; with
+  // `block_means`, each block's mean of x too (for weights with offsets).
+  int4::QuantizedRows round(const float* x, int64_t rows, int64_t k, const ParallelFor& parallel,
+                            bool block_means = false);
 };
 
-// y [x.m, w.n] = x W^T, W's rows split among the threads in pairs.
+// y [x.m, w.n] = x W^T (with w's block offsets when it has them: x must carry its block
+// means), W's rows split among the threads in pairs.
 LLMCORE_KERNELS_CXX_API void gemm_all(const int4::QuantizedRows& x, const int4::PackedWeight& w, float* y,
                                       const ParallelFor& parallel);
 

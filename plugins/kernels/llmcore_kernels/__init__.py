@@ -13,9 +13,9 @@ Provides
   RMSNorm modules become one call of ``llmcore::rms_norm``;
 * the quantizer recipe ``8da4w-mlp`` (``--quantize 8da4w-mlp``): llmcore-xnnpack's ``8da4w``,
   with each SwiGLU MLP then run by ``llmcore::int4_mlp``, llmcore's own int4 kernel;
-* the quantizer recipe ``8da4w-layers``: the same, with each whole Llama layer run by
-  ``llmcore::int4_norm_qkv_rope``, ``llmcore::int4_linear_add`` and ``llmcore::int4_norm_mlp_add``
-  (:mod:`llmcore_kernels.layers`).
+* the quantizer recipes ``8da4w-layers`` and ``gguf-layers``: 8da4w's integers, or a GGUF's
+  own, with each whole Llama layer run by ``llmcore::int4_norm_qkv_rope``,
+  ``llmcore::int4_linear_add`` and ``llmcore::int4_norm_mlp_add`` (:mod:`llmcore_kernels.layers`).
 
 See ``docs/custom-kernels.md`` for how this plugin is put together.
 """
@@ -93,29 +93,41 @@ def llmcore_source_transforms() -> list[SourceTransform]:
     ]
 
 
-# The options 8da4w-mlp and 8da4w-layers refuse: the kernel takes symmetric int4 blocks of
-# 32, one int8 row per token.
-_INT4_KERNEL_OPTIONS = {"group_size": 32, "asymmetric": False, "outlier_split": False}
+# What llmcore's int4 kernel takes: symmetric int4 blocks of 32 (the layer operators also
+# blocks with offsets), one int8 row per token.
+_MLP_KERNEL_OPTIONS = {"group_size": 32, "asymmetric": False, "outlier_split": False}
+_LAYER_KERNEL_OPTIONS = {"group_size": 32, "outlier_split": False}
 
 
-def _quantize_8da4w_then(recipe: str, swap):
+def _quantize_8da4w_then(recipe: str, swap, kernel_options: dict):
     """A source-quantize function: llmcore-xnnpack's 8da4w with the options the kernel takes,
     then ``swap`` (the module, quantized) hands parts of the model to llmcore's kernels."""
 
     def source_quantize(module, options: dict, calibration):
         from llmcore_xnnpack.recipes import quantize_8da4w
 
-        for option, value in _INT4_KERNEL_OPTIONS.items():
-            if options[option] != value:
-                raise LlmcoreError(
-                    f"{recipe}: {option}={options[option]} gives linears that llmcore's int4 kernel cannot run "
-                    f"(it takes {option}={value}).",
-                    stage="quantize",
-                    fix=f"drop {option} from --quantize-options, or use --quantize 8da4w.",
-                )
+        _check_kernel_options(recipe, options, kernel_options)
         return swap(quantize_8da4w(module, options, calibration))
 
     return source_quantize
+
+
+def _check_kernel_options(recipe: str, options: dict, kernel_options: dict) -> None:
+    for option, value in kernel_options.items():
+        if options[option] != value:
+            raise LlmcoreError(
+                f"{recipe}: {option}={options[option]} gives linears that llmcore's int4 kernel cannot run "
+                f"(it takes {option}={value}).",
+                stage="quantize",
+                fix=f"drop {option} from --quantize-options, or use --quantize {recipe.rsplit('-', 1)[0]}.",
+            )
+
+
+def _quantize_gguf_layers(module, options: dict):
+    from llmcore_xnnpack.recipes import quantize_gguf
+
+    _check_kernel_options("gguf-layers", options, {"outlier_split": False})
+    return _swap_layers(quantize_gguf(module, options))
 
 
 def _swap_mlps(module):
@@ -132,28 +144,39 @@ def _swap_layers(module):
 
 @hookimpl
 def llmcore_quantizers() -> list[QuantizerRecipe]:
-    """``8da4w-mlp`` and ``8da4w-layers``: llmcore-xnnpack's ``8da4w`` record with its options
-    and calibration, the MLPs (or whole layers) then handed to llmcore's int4 kernels."""
+    """``8da4w-mlp``, ``8da4w-layers`` and ``gguf-layers``: llmcore-xnnpack's ``8da4w`` and
+    ``gguf`` records with their options and calibration, the MLPs (or whole layers) then
+    handed to llmcore's int4 kernels."""
     from llmcore_xnnpack import llmcore_quantizers as xnnpack_recipes
 
-    base = next(r for r in xnnpack_recipes() if r.name == "8da4w")
+    base = {r.name: r for r in xnnpack_recipes()}
     return [
         dataclasses.replace(
-            base,
+            base["8da4w"],
             name="8da4w-mlp",
             description="8da4w (llmcore-xnnpack's recipe, the same integers), each SwiGLU MLP then run by "
             "llmcore::int4_mlp: gate, up and down in one operator on llmcore's own int4 kernel "
-            "(vpmaddubsw on AVX2, vpdpbusd with AVX-512 VNNI), the rest by XNNPACK; for AVX2-only CPUs "
-            "(where XNNPACK has VNNI, 8da4w prefills faster); needs the llmcore_kernels runtime library",
-            source_quantize=_quantize_8da4w_then("8da4w-mlp", _swap_mlps),
+            "(vpmaddubsw on AVX2, vpdpbusd with AVX-512 VNNI), the rest by XNNPACK; for models whose "
+            "attention 8da4w-layers refuses; needs the llmcore_kernels runtime library",
+            source_quantize=_quantize_8da4w_then("8da4w-mlp", _swap_mlps, _MLP_KERNEL_OPTIONS),
         ),
         dataclasses.replace(
-            base,
+            base["8da4w"],
             name="8da4w-layers",
             description="8da4w (the same integers), each Llama layer's norms, projections, RoPE, MLP and "
             "residual adds then run by three llmcore operators on llmcore's own int4 kernel, no XNNPACK "
-            "delegate inside a layer (XNNPACK keeps the output layer); for AVX2-only CPUs; needs the "
+            "delegate inside a layer (XNNPACK keeps the output layer): faster than 8da4w on AVX2, and at "
+            "decode where XNNPACK has VNNI; needs the llmcore_kernels runtime library",
+            source_quantize=_quantize_8da4w_then("8da4w-layers", _swap_layers, _LAYER_KERNEL_OPTIONS),
+        ),
+        dataclasses.replace(
+            base["gguf"],
+            name="gguf-layers",
+            description="gguf (a quantized GGUF's own integers, Q4_1/Q4_K minima as per-block offsets), each "
+            "Llama layer then on llmcore's int4 layer operators as in 8da4w-layers: the file's quality at "
+            "the kernels' speed; every layer's linears must be 4-bit in the file; needs the "
             "llmcore_kernels runtime library",
-            source_quantize=_quantize_8da4w_then("8da4w-layers", _swap_layers),
+            source_quantize=_quantize_gguf_layers,
+            checkpoint_default=False,  # gguf stays the default for a quantized GGUF
         ),
     ]

@@ -13,8 +13,8 @@ embedding's neighbours, the final norm and the output layer.
 A layer qualifies when it is a pre-norm Llama block (``attention_norm``, ``attention`` with
 ``wq wk wv wo`` and an ``attn`` submodule, ``ffn_norm``, ``feed_forward``), its norms RMSNorms,
 its attention with neither q/k norms nor post-norms, its MLP one :mod:`.mlp` takes, every
-projection int4 with blocks of 32, no offsets, no outlier split, no bias but on q, k and v
-(Qwen2's), and when on a
+projection int4 with blocks of 32 (with or without per-block offsets), no outlier split, no
+bias but on q, k and v (Qwen2's), and when on a
 random input (with a plain causal attention in place of its own) the kernels give what the
 block gives: RoPE on Meta's interleaved pairs passes, a rotation of the halves would not.
 The recipe refuses a model with a layer that does not, by name and reason.
@@ -66,24 +66,48 @@ class Int4Layer(nn.Module):
         self.register_buffer("wo", wo)
         self.register_buffer("wo_scales", wo_scales)
         self.register_buffer("wo_sums", wo_sums)
-        self.mlp = mlp.FusedInt4MLP(*mlp.projections(block.feed_forward))
+        gate, up, down = mlp.projections(block.feed_forward)
+        self.mlp = mlp.FusedInt4MLP(gate, up, down)
+        # The blocks' offsets (a GGUF's Q4_1 and Q4_K minima; Q4_0's blocks with a negative
+        # scale), stacked as the rows are (csrc/int4_gemm.h's layout): None where no
+        # projection of a group has any.
+        self.register_buffer("qkv_offsets", _stacked_offsets(stacked))
+        self.register_buffer("wo_offsets", _stacked_offsets([attention.wo]))
+        self.register_buffer("gate_up_offsets", _stacked_offsets([gate, up], interleave=True))
+        self.register_buffer("down_offsets", _stacked_offsets([down]))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 input_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
         q, k, v = torch.ops.llmcore.int4_norm_qkv_rope.default(
             x, self.attention_norm, self.attention_eps, self.qkv, self.qkv_scales, self.qkv_sums, self.qkv_bias,
-            cos, sin, self.n_heads, self.n_kv_heads,
+            self.qkv_offsets, cos, sin, self.n_heads, self.n_kv_heads,
         )
         h = torch.ops.llmcore.int4_linear_add.default(
-            self.attn(q, k, v, input_pos), self.wo, self.wo_scales, self.wo_sums, x)
+            self.attn(q, k, v, input_pos), self.wo, self.wo_scales, self.wo_sums, self.wo_offsets, x)
         m = self.mlp
         return torch.ops.llmcore.int4_norm_mlp_add.default(
-            h, self.ffn_norm, self.ffn_eps, m.gate_up, m.gate_up_scales, m.gate_up_sums, m.down, m.down_scales,
-            m.down_sums,
+            h, self.ffn_norm, self.ffn_eps, m.gate_up, m.gate_up_scales, m.gate_up_sums, self.gate_up_offsets,
+            m.down, m.down_scales, m.down_sums, self.down_offsets,
         )
 
     def extra_repr(self) -> str:
         return f"heads {self.n_heads}, kv heads {self.n_kv_heads}, int4 blocks of {mlp.BLOCK}"
+
+
+def _stacked_offsets(linears: list[BlockInt4Linear], interleave: bool = False) -> Optional[torch.Tensor]:
+    """The linears' ``offset_weight`` rows one after another (zeros for a linear without), or
+    the rows of two interleaved as ``gate_up``'s are, in the kernel's layout ``[ceil(rows/8),
+    in/32, 8]`` (csrc/int4_gemm.h: eight rows side by side, zeros past the last); None when
+    none has any."""
+    if all(p.offset_weight is None for p in linears):
+        return None
+    rows = [p.offset_weight.detach().float() if p.offset_weight is not None
+            else torch.zeros(p.out_features, p.in_features // p.block) for p in linears]
+    stacked = mlp.interleave_rows(*rows) if interleave else torch.cat(rows)
+    n, blocks = stacked.shape
+    padded = torch.zeros((n + 7) // 8 * 8, blocks)
+    padded[:n] = stacked
+    return padded.view(-1, 8, blocks).transpose(1, 2).contiguous()
 
 
 def _is_block(module: nn.Module) -> bool:
@@ -108,8 +132,6 @@ def _why_not(block: nn.Module) -> Optional[str]:
             return f"its {role} is a {type(p).__name__}, not an int4 linear"
         if p.block != mlp.BLOCK:
             return f"its int4 blocks are {p.block} wide (the kernel's are {mlp.BLOCK}: group_size=32)"
-        if p.offset_weight is not None:
-            return "its int4 blocks have offsets (asymmetric=true)"
         if p.outlier_split:
             return "its linears split outliers (outlier_split=true)"
     biased = [r for r in ("wq", "wk", "wv") if getattr(attention, r).bias is not None]
@@ -120,7 +142,7 @@ def _why_not(block: nn.Module) -> Optional[str]:
     projections = mlp.projections(block.feed_forward)
     if projections is None:
         return "its MLP has no gate, up and down projections"
-    return mlp.why_not(*projections)
+    return mlp.why_not(*projections, offsets=True)
 
 
 def _same_function(block: nn.Module, layer: Int4Layer) -> Optional[str]:

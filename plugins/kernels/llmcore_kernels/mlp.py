@@ -53,15 +53,19 @@ def pack(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return packed, bf16.contiguous(), weights.sum((1, 2)).float().contiguous()
 
 
+def interleave_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Row 2j gate's row j, row 2j + 1 up's: the thread that computes both has silu(gate) * up."""
+    return torch.stack([gate, up], dim=1).reshape(2 * gate.shape[0], *gate.shape[1:])
+
+
 class FusedInt4MLP(nn.Module):
     """``down(silu(gate(x)) * up(x))`` through ``llmcore::int4_mlp``, from three int4 linears."""
 
     def __init__(self, gate: BlockInt4Linear, up: BlockInt4Linear, down: BlockInt4Linear):
         super().__init__()
         self.dim, self.hidden = gate.in_features, gate.out_features
-        # row 2j gate's row j, row 2j + 1 up's: the thread that computes both has silu(gate) * up
-        interleave = lambda a, b: torch.stack([a, b], dim=1).reshape(2 * a.shape[0], a.shape[1])  # noqa: E731
-        gate_up, gate_up_scales, gate_up_sums = pack(interleave(gate.q, up.q), interleave(gate.scales, up.scales))
+        gate_up, gate_up_scales, gate_up_sums = pack(interleave_rows(gate.q, up.q),
+                                                     interleave_rows(gate.scales, up.scales))
         self.register_buffer("gate_up", gate_up)
         self.register_buffer("gate_up_scales", gate_up_scales)
         self.register_buffer("gate_up_sums", gate_up_sums)
@@ -88,14 +92,15 @@ def projections(module: nn.Module) -> Optional[tuple[nn.Module, nn.Module, nn.Mo
     return None
 
 
-def why_not(gate: nn.Module, up: nn.Module, down: nn.Module) -> Optional[str]:
-    """Why the kernel cannot take these projections, or None."""
+def why_not(gate: nn.Module, up: nn.Module, down: nn.Module, offsets: bool = False) -> Optional[str]:
+    """Why the kernel cannot take these projections, or None; blocks with offsets only when
+    ``offsets`` (the layer operators take them, ``llmcore::int4_mlp`` does not)."""
     for role, p in (("gate", gate), ("up", up), ("down", down)):
         if not isinstance(p, BlockInt4Linear):
             return f"its {role} projection is a {type(p).__name__}, not an int4 linear"
         if p.block != BLOCK:
             return f"its int4 blocks are {p.block} wide (the kernel's are {BLOCK}: group_size=32)"
-        if p.offset_weight is not None:
+        if p.offset_weight is not None and not offsets:
             return "its int4 blocks have offsets (asymmetric=true)"
         if p.outlier_split:
             return "its linears split outliers (outlier_split=true)"

@@ -55,8 +55,8 @@ def _head_sizes(h: torch.Tensor, heads: int, head_dim: int) -> list:
 
 
 @torch.library.register_fake("llmcore::int4_norm_qkv_rope")
-def _int4_norm_qkv_rope_fake(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, cos, sin, n_heads,
-                              n_kv_heads):
+def _int4_norm_qkv_rope_fake(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, qkv_offsets, cos, sin,
+                              n_heads, n_kv_heads):
     torch._check(qkv.dim() == 3)  # [rows, in/32, 16] (csrc/int4_gemm.h)
     torch._check(h.shape[-1] == 32 * qkv.shape[1])
     head_dim = qkv.shape[0] // (n_heads + 2 * n_kv_heads)
@@ -66,7 +66,7 @@ def _int4_norm_qkv_rope_fake(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv
 
 
 @torch.library.register_fake("llmcore::int4_linear_add")
-def _int4_linear_add_fake(x, w, w_scales, w_sums, residual) -> torch.Tensor:
+def _int4_linear_add_fake(x, w, w_scales, w_sums, w_offsets, residual) -> torch.Tensor:
     torch._check(w.dim() == 3)
     torch._check(x.shape[-1] == 32 * w.shape[1])
     torch._check(residual.shape[-1] == w.shape[0])
@@ -74,8 +74,8 @@ def _int4_linear_add_fake(x, w, w_scales, w_sums, residual) -> torch.Tensor:
 
 
 @torch.library.register_fake("llmcore::int4_norm_mlp_add")
-def _int4_norm_mlp_add_fake(h, norm_weight, eps, gate_up, gate_up_scales, gate_up_sums, down, down_scales,
-                            down_sums) -> torch.Tensor:
+def _int4_norm_mlp_add_fake(h, norm_weight, eps, gate_up, gate_up_scales, gate_up_sums, gate_up_offsets, down,
+                            down_scales, down_sums, down_offsets) -> torch.Tensor:
     torch._check(gate_up.dim() == 3 and down.dim() == 3)
     torch._check(h.shape[-1] == 32 * gate_up.shape[1])
     torch._check(down.shape[0] == h.shape[-1])

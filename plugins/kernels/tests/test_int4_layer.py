@@ -17,9 +17,10 @@ from llmcore.modules import CausalAttention
 PROMPT = "Hello there, world"
 
 
-def int4_block(seed: int = 0, **config):
+def int4_block(seed: int = 0, offsets: bool = False, **config):
     """A llmcore-llama TransformerBlock (random weights) with every projection a BlockInt4Linear
-    of blocks of 32, as 8da4w leaves it, and a plain causal attention."""
+    of blocks of 32, as 8da4w leaves it (``offsets``: with per-block offsets, as a GGUF's Q4_1
+    or 8da4w's asymmetric=true), and a plain causal attention."""
     from llmcore_llama.config import LlamaConfig
     from llmcore_llama.model import TransformerBlock
     from llmcore_xnnpack import qlinear
@@ -34,9 +35,13 @@ def int4_block(seed: int = 0, **config):
     for parent, names in ((block.attention, ("wq", "wk", "wv", "wo")), (block.feed_forward, ("w1", "w3", "w2"))):
         for name in names:
             linear = getattr(parent, name)
-            q, scales = qlinear.int4_blocks(torch.randn_like(linear.weight) * 0.1, 32)
+            weight = torch.randn_like(linear.weight) * 0.1
+            if offsets:
+                q, scales, block_offsets = qlinear.int4_blocks_affine(weight + 0.05, 32)
+            else:
+                (q, scales), block_offsets = qlinear.int4_blocks(weight, 32), None
             bias = None if linear.bias is None else torch.randn_like(linear.bias) * 0.5
-            setattr(parent, name, qlinear.BlockInt4Linear(q, scales, bias=bias))
+            setattr(parent, name, qlinear.BlockInt4Linear(q, scales, block_offsets, bias=bias))
     return block
 
 
@@ -54,9 +59,11 @@ def ops(kernel_library):
     return ops
 
 
-# dim 64: one group of 2 blocks; 480: groups 8+4+2+1 (head_dim 96, one kv head); q/k/v biases (Qwen2's)
+# dim 64: one group of 2 blocks; 480: groups 8+4+2+1 (head_dim 96, one kv head); q/k/v biases
+# (Qwen2's); blocks with offsets (a GGUF's Q4_1)
 @pytest.mark.parametrize("config", [{}, {"dim": 480, "n_heads": 5, "n_kv_heads": 1, "hidden_dim": 288},
-                                    {"qkv_bias": True}])
+                                    {"qkv_bias": True}, {"offsets": True},
+                                    {"offsets": True, "dim": 480, "n_heads": 5, "n_kv_heads": 1, "hidden_dim": 288}])
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_a_layer_on_the_kernels_computes_what_the_llama_block_computes(ops, rows, config):
     from llmcore_kernels.layers import Int4Layer
@@ -78,7 +85,7 @@ def test_a_layer_on_the_kernels_computes_what_the_llama_block_computes(ops, rows
     q, k, v = torch.empty(0), torch.empty(0), torch.empty(0)
     torch.ops.llmcore.int4_norm_qkv_rope.out(
         x, layer.attention_norm, layer.attention_eps, layer.qkv, layer.qkv_scales, layer.qkv_sums, layer.qkv_bias,
-        cos, sin, layer.n_heads, layer.n_kv_heads, q=q, k=k, v=v)
+        layer.qkv_offsets, cos, sin, layer.n_heads, layer.n_kv_heads, q=q, k=k, v=v)
     assert q.shape == (1, rows, layer.n_heads, head_dim) and k.shape == v.shape == (1, rows, layer.n_kv_heads, head_dim)
     with torch.no_grad():
         normed = block.attention_norm(x)
@@ -94,19 +101,22 @@ def test_the_operators_check_their_inputs(ops):
     cos, sin = rope_tables(3, 16)
     with pytest.raises(RuntimeError, match="n_heads must be a positive multiple of n_kv_heads"):
         torch.ops.llmcore.int4_norm_qkv_rope(x, layer.attention_norm, 1e-5, layer.qkv, layer.qkv_scales,
-                                             layer.qkv_sums, None, cos, sin, 3, 2)
+                                             layer.qkv_sums, None, None, cos, sin, 3, 2)
     with pytest.raises(RuntimeError, match="cos and sin must hold one row per token"):
         torch.ops.llmcore.int4_norm_qkv_rope(x, layer.attention_norm, 1e-5, layer.qkv, layer.qkv_scales,
-                                             layer.qkv_sums, None, cos[:, :2], sin[:, :2], 4, 2)
+                                             layer.qkv_sums, None, None, cos[:, :2], sin[:, :2], 4, 2)
     with pytest.raises(RuntimeError, match="qkv_bias's last size must be 128"):
         torch.ops.llmcore.int4_norm_qkv_rope(x, layer.attention_norm, 1e-5, layer.qkv, layer.qkv_scales,
-                                             layer.qkv_sums, torch.zeros(96), cos, sin, 4, 2)
+                                             layer.qkv_sums, torch.zeros(96), None, cos, sin, 4, 2)
+    with pytest.raises(RuntimeError, match=r"qkv's offsets must be a float32 \[16, 2, 8\]"):
+        torch.ops.llmcore.int4_norm_qkv_rope(x, layer.attention_norm, 1e-5, layer.qkv, layer.qkv_scales,
+                                             layer.qkv_sums, None, torch.zeros(2, 128), cos, sin, 4, 2)
     with pytest.raises(RuntimeError, match="residual must hold one row per row of x"):
-        torch.ops.llmcore.int4_linear_add(x, layer.wo, layer.wo_scales, layer.wo_sums, x[:, :2])
+        torch.ops.llmcore.int4_linear_add(x, layer.wo, layer.wo_scales, layer.wo_sums, None, x[:, :2])
     m = layer.mlp
     with pytest.raises(RuntimeError, match="eps must be finite"):
         torch.ops.llmcore.int4_norm_mlp_add(x, layer.ffn_norm, float("nan"), m.gate_up, m.gate_up_scales,
-                                            m.gate_up_sums, m.down, m.down_scales, m.down_sums)
+                                            m.gate_up_sums, None, m.down, m.down_scales, m.down_sums, None)
 
 
 def halves_rope(block):
@@ -154,7 +164,8 @@ def test_a_layer_keeps_its_attention_module(ops):
 
 @pytest.fixture(scope="module")
 def layers_export(kernel_library, tmp_path_factory):
-    """The tiny random Llama exported for XNNPACK with --quantize 8da4w-layers, and with 8da4w."""
+    """The tiny random Llama exported for XNNPACK with --quantize 8da4w-layers and 8da4w, each
+    also with asymmetric=true (blocks with offsets, as a GGUF's Q4_1 has)."""
     from llmcore.pipeline import export
     from llmcore.plugins import load_registry
     from llmcore.recipe import ExportOptions
@@ -162,9 +173,12 @@ def layers_export(kernel_library, tmp_path_factory):
     folder = tmp_path_factory.mktemp("layers")
     results = {}
     for recipe in ("8da4w-layers", "8da4w"):
-        options = ExportOptions(model="llama", config="tiny", plugins=["xnnpack"], quantize=recipe,
-                                output=str(folder / f"{recipe}.pte"), quiet=True)
-        results[recipe] = export(options, load_registry())
+        for asymmetric in (False, True):
+            name = recipe + (" asymmetric" if asymmetric else "")
+            options = ExportOptions(model="llama", config="tiny", plugins=["xnnpack"], quantize=recipe,
+                                    quantize_options={"asymmetric": asymmetric},
+                                    output=str(folder / f"{name.replace(' ', '-')}.pte"), quiet=True)
+            results[name] = export(options, load_registry())
     return results
 
 
@@ -183,15 +197,19 @@ def test_the_program_runs_its_layers_without_xnnpack(layers_export):
     assert parity["top1_agreement"] == 1.0 and parity["max_abs_diff"] < 0.05
 
 
-def test_the_program_computes_what_8da4w_computes(layers_export):
-    """Both programs hold 8da4w's integers: their logits on one prompt agree."""
+@pytest.mark.parametrize("variant", ["", " asymmetric"])
+def test_the_program_computes_what_8da4w_computes(layers_export, variant):
+    """Both programs hold 8da4w's integers (with per-block offsets when asymmetric): their
+    logits on one prompt agree."""
+    from llmcore import libraries
     from llmcore.runtime import Program
 
-    logits = {}
-    for recipe, result in layers_export.items():
-        program = Program.load(result.pte)
-        logits[recipe] = torch.as_tensor(program.logits([1, 40, 50, 60, 70, 80, 90], input_pos=0))
-    want, got = logits["8da4w"], logits["8da4w-layers"]
+    ours = layers_export["8da4w-layers" + variant]
+    assert "llmcore::int4_norm_mlp_add.out" in libraries.program_operators(ours.pte.read_bytes())
+    assert ours.report["parity"]["top1_agreement"] == 1.0 and ours.report["parity"]["max_abs_diff"] < 0.05
+    ids = [1, 40, 50, 60, 70, 80, 90]
+    want = torch.as_tensor(Program.load(layers_export["8da4w" + variant].pte).logits(ids, input_pos=0))
+    got = torch.as_tensor(Program.load(ours.pte).logits(ids, input_pos=0))
     assert float((got - want).norm() / want.norm()) < 0.02
     assert int(got.argmax()) == int(want.argmax())
 

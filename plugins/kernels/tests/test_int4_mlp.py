@@ -150,8 +150,11 @@ def test_the_rewrite_refuses_what_the_kernel_cannot_run(ops, kwargs, reason):
     assert "--quantize 8da4w" in caught.value.fix
 
 
-@pytest.mark.parametrize("recipe", ["8da4w-mlp", "8da4w-layers"])
-@pytest.mark.parametrize("option, value", [("group_size", 64), ("asymmetric", True), ("outlier_split", True)])
+@pytest.mark.parametrize(
+    "recipe, option, value",
+    [("8da4w-mlp", "group_size", 64), ("8da4w-mlp", "asymmetric", True), ("8da4w-mlp", "outlier_split", True),
+     ("8da4w-layers", "group_size", 64), ("8da4w-layers", "outlier_split", True)],  # its operators take offsets
+)
 def test_the_recipe_refuses_options_the_kernel_cannot_run(recipe, option, value):
     from llmcore_kernels import llmcore_quantizers
 
@@ -223,3 +226,12 @@ def test_the_gemm_probe_checks_the_kernel(tmp_path):
         assert out.stdout.startswith("ok"), out.stdout
         if cap == "portable":
             assert out.stdout.startswith("ok (the portable code checked)"), out.stdout
+
+
+def test_gguf_layers_refuses_outlier_split():
+    from llmcore_kernels import llmcore_quantizers
+
+    recipe = next(r for r in llmcore_quantizers() if r.name == "gguf-layers")
+    assert recipe.for_quantized_checkpoints and not recipe.checkpoint_default  # gguf stays the default
+    with pytest.raises(LlmcoreError, match="gguf-layers: outlier_split=True"):
+        recipe.source_quantize(nn.Linear(4, 4), {"outlier_split": True})
