@@ -127,7 +127,9 @@ def _quantize_gguf_layers(module, options: dict):
     from llmcore_xnnpack.recipes import quantize_gguf
 
     _check_kernel_options("gguf-layers", options, {"outlier_split": False})
-    return _swap_layers(quantize_gguf(module, options))
+    from llmcore_kernels import layers
+
+    return layers.apply(quantize_gguf(module, options), "gguf-layers", "gguf")
 
 
 def _swap_mlps(module):
@@ -136,10 +138,10 @@ def _swap_mlps(module):
     return mlp.apply(module)
 
 
-def _swap_layers(module):
+def _swap_8da4w_layers(module):
     from llmcore_kernels import layers
 
-    return layers.apply(module)
+    return layers.apply(module, "8da4w-layers", "8da4w-mlp or 8da4w")
 
 
 @hookimpl
@@ -167,7 +169,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             "residual adds then run by three llmcore operators on llmcore's own int4 kernel, no XNNPACK "
             "delegate inside a layer (XNNPACK keeps the output layer): faster than 8da4w on AVX2, and at "
             "decode where XNNPACK has VNNI; needs the llmcore_kernels runtime library",
-            source_quantize=_quantize_8da4w_then("8da4w-layers", _swap_layers, _LAYER_KERNEL_OPTIONS),
+            source_quantize=_quantize_8da4w_then("8da4w-layers", _swap_8da4w_layers, _LAYER_KERNEL_OPTIONS),
         ),
         dataclasses.replace(
             base["gguf"],

@@ -1,4 +1,5 @@
-"""Recipe ``8da4w-layers``: 8da4w's integers, each Llama layer's int4 work on llmcore's kernels.
+"""Recipes ``8da4w-layers`` and ``gguf-layers``: 8da4w's integers (or a GGUF's own), each
+Llama layer's int4 work on llmcore's kernels.
 
 A layer then runs as
 
@@ -32,7 +33,6 @@ from llmcore.modules import CausalAttention, RMSNorm, replace_modules
 from llmcore_kernels import mlp
 from llmcore_xnnpack.qlinear import BlockInt4Linear, relative_error
 
-RECIPE = "8da4w-layers"
 # ||kernels - block|| / ||block|| (the layer's own contribution) allowed by the swap check.
 # Wider than the MLP's: the kernels norm in C++ (llmcore::rms_norm's arithmetic) and the
 # block in PyTorch, so a normed value may differ by an ulp and round to the neighbouring
@@ -67,6 +67,8 @@ class Int4Layer(nn.Module):
         self.register_buffer("wo_scales", wo_scales)
         self.register_buffer("wo_sums", wo_sums)
         gate, up, down = mlp.projections(block.feed_forward)
+        # for its packed weights: its own forward (llmcore::int4_mlp) is never called, having
+        # neither the norm nor the offsets
         self.mlp = mlp.FusedInt4MLP(gate, up, down)
         # The blocks' offsets (a GGUF's Q4_1 and Q4_K minima; Q4_0's blocks with a negative
         # scale), stacked as the rows are (csrc/int4_gemm.h's layout): None where no
@@ -188,19 +190,21 @@ def swap_layers(model: nn.Module) -> tuple[int, list[str]]:
     return replace_modules(model, _is_block, layer_or_none), kept
 
 
-def apply(module: nn.Module) -> nn.Module:
+def apply(module: nn.Module, recipe: str, instead: str) -> nn.Module:
+    """Swap every layer of ``module``, or raise for ``recipe`` naming the layers that cannot
+    be swapped and why; ``instead``: the recipes to suggest (e.g. ``8da4w-mlp or 8da4w``)."""
     swapped, kept = swap_layers(module)
     if swapped == 0 and not kept:
         raise LlmcoreError(
-            f"{RECIPE}: the model has no Llama layers (attention with wq, wk, wv, wo, then a gated MLP) for "
+            f"{recipe}: the model has no Llama layers (attention with wq, wk, wv, wo, then a gated MLP) for "
             "llmcore's int4 layer kernels.",
             stage="quantize",
-            fix="use --quantize 8da4w for this model.",
+            fix=f"use --quantize {instead} for this model.",
         )
     if kept:
         raise LlmcoreError(
-            f"{RECIPE}: {len(kept)} layer(s) cannot run on llmcore's int4 layer kernels ({'; '.join(kept[:3])}).",
+            f"{recipe}: {len(kept)} layer(s) cannot run on llmcore's int4 layer kernels ({'; '.join(kept[:3])}).",
             stage="quantize",
-            fix="use --quantize 8da4w-mlp or 8da4w for this model.",
+            fix=f"use --quantize {instead} for this model.",
         )
     return module

@@ -145,10 +145,11 @@ def test_the_rewrite_refuses_layers_the_kernels_cannot_run(ops, make, reason):
 
     model = torch.nn.ModuleList([int4_block(), make()])
     with pytest.raises(LlmcoreError, match=f"8da4w-layers: 1 layer.*1: .*{reason}") as caught:
-        layers.apply(model)
+        layers.apply(model, "8da4w-layers", "8da4w-mlp or 8da4w")
     assert "--quantize 8da4w-mlp or 8da4w" in caught.value.fix
-    with pytest.raises(LlmcoreError, match="no Llama layers"):
-        layers.apply(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    with pytest.raises(LlmcoreError, match="gguf-layers: the model has no Llama layers") as caught:
+        layers.apply(torch.nn.Sequential(torch.nn.Linear(4, 4)), "gguf-layers", "gguf")
+    assert "--quantize gguf" in caught.value.fix
 
 
 def test_a_layer_keeps_its_attention_module(ops):
