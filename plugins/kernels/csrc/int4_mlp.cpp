@@ -139,7 +139,7 @@ int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, int64_t k, 
 
 // y's columns [n_begin, n_end) = x W^T for them, with W's block offsets when it has them.
 static void gemm_columns(const int4::QuantizedRows& x, const int4::PackedWeight& w, int64_t n_begin, int64_t n_end,
-                  float* y) {
+                         float* y) {
   int4::gemm_rows(x, w, n_begin, n_end, y);
   if (w.offsets != nullptr) int4::add_block_offsets(x, w, n_begin, n_end, y);
 }

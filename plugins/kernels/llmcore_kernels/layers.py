@@ -55,21 +55,13 @@ class Int4Layer(nn.Module):
         self.register_buffer("attention_norm", block.attention_norm.weight.detach().float().contiguous())
         self.register_buffer("ffn_norm", block.ffn_norm.weight.detach().float().contiguous())
         stacked = [attention.wq, attention.wk, attention.wv]  # q's rows, then k's, then v's
-        qkv, qkv_scales, qkv_sums = mlp.pack(torch.cat([p.q for p in stacked]), torch.cat([p.scales for p in stacked]))
-        self.register_buffer("qkv", qkv)
-        self.register_buffer("qkv_scales", qkv_scales)
-        self.register_buffer("qkv_sums", qkv_sums)
+        mlp.register_packed(self, "qkv", torch.cat([p.q for p in stacked]), torch.cat([p.scales for p in stacked]))
         biases = [p.bias for p in stacked]
         self.qkv_bias = None if biases[0] is None else nn.Parameter(
             torch.cat([b.detach().float() for b in biases]).contiguous(), requires_grad=False)
-        wo, wo_scales, wo_sums = mlp.pack(attention.wo.q, attention.wo.scales)
-        self.register_buffer("wo", wo)
-        self.register_buffer("wo_scales", wo_scales)
-        self.register_buffer("wo_sums", wo_sums)
+        mlp.register_packed(self, "wo", attention.wo.q, attention.wo.scales)
         gate, up, down = mlp.projections(block.feed_forward)
-        # for its packed weights: its own forward (llmcore::int4_mlp) is never called, having
-        # neither the norm nor the offsets
-        self.mlp = mlp.FusedInt4MLP(gate, up, down)
+        mlp.register_mlp(self, gate, up, down)
         # The blocks' offsets (a GGUF's Q4_1 and Q4_K minima; Q4_0's blocks with a negative
         # scale), stacked as the rows are (csrc/int4_gemm.h's layout): None where no
         # projection of a group has any.
@@ -86,10 +78,9 @@ class Int4Layer(nn.Module):
         )
         h = torch.ops.llmcore.int4_linear_add.default(
             self.attn(q, k, v, input_pos), self.wo, self.wo_scales, self.wo_sums, self.wo_offsets, x)
-        m = self.mlp
         return torch.ops.llmcore.int4_norm_mlp_add.default(
-            h, self.ffn_norm, self.ffn_eps, m.gate_up, m.gate_up_scales, m.gate_up_sums, self.gate_up_offsets,
-            m.down, m.down_scales, m.down_sums, self.down_offsets,
+            h, self.ffn_norm, self.ffn_eps, self.gate_up, self.gate_up_scales, self.gate_up_sums,
+            self.gate_up_offsets, self.down, self.down_scales, self.down_sums, self.down_offsets,
         )
 
     def extra_repr(self) -> str:

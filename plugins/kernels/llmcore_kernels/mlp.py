@@ -53,6 +53,22 @@ def pack(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return packed, bf16.contiguous(), weights.sum((1, 2)).float().contiguous()
 
 
+def register_packed(module: nn.Module, name: str, q: torch.Tensor, scales: torch.Tensor) -> None:
+    """:func:`pack` ``q`` and ``scales`` into ``module``'s buffers ``name``, ``name_scales`` and
+    ``name_sums``, the three tensors an operator takes for one projection."""
+    packed, bf16, sums = pack(q, scales)
+    module.register_buffer(name, packed)
+    module.register_buffer(f"{name}_scales", bf16)
+    module.register_buffer(f"{name}_sums", sums)
+
+
+def register_mlp(module: nn.Module, gate: BlockInt4Linear, up: BlockInt4Linear, down: BlockInt4Linear) -> None:
+    """The MLP's packed ``gate_up`` (rows interleaved, :func:`interleave_rows`) and ``down``
+    buffers on ``module``, as ``llmcore::int4_mlp`` and ``llmcore::int4_norm_mlp_add`` take them."""
+    register_packed(module, "gate_up", interleave_rows(gate.q, up.q), interleave_rows(gate.scales, up.scales))
+    register_packed(module, "down", down.q, down.scales)
+
+
 def interleave_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """Row 2j gate's row j, row 2j + 1 up's: the thread that computes both has silu(gate) * up."""
     return torch.stack([gate, up], dim=1).reshape(2 * gate.shape[0], *gate.shape[1:])
@@ -64,15 +80,7 @@ class FusedInt4MLP(nn.Module):
     def __init__(self, gate: BlockInt4Linear, up: BlockInt4Linear, down: BlockInt4Linear):
         super().__init__()
         self.dim, self.hidden = gate.in_features, gate.out_features
-        gate_up, gate_up_scales, gate_up_sums = pack(interleave_rows(gate.q, up.q),
-                                                     interleave_rows(gate.scales, up.scales))
-        self.register_buffer("gate_up", gate_up)
-        self.register_buffer("gate_up_scales", gate_up_scales)
-        self.register_buffer("gate_up_sums", gate_up_sums)
-        down_q, down_scales, down_sums = pack(down.q, down.scales)
-        self.register_buffer("down", down_q)
-        self.register_buffer("down_scales", down_scales)
-        self.register_buffer("down_sums", down_sums)
+        register_mlp(self, gate, up, down)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.llmcore.int4_mlp.default(

@@ -113,7 +113,7 @@ def test_the_operators_check_their_inputs(ops):
                                              layer.qkv_sums, None, torch.zeros(2, 128), cos, sin, 4, 2)
     with pytest.raises(RuntimeError, match="residual must hold one row per row of x"):
         torch.ops.llmcore.int4_linear_add(x, layer.wo, layer.wo_scales, layer.wo_sums, None, x[:, :2])
-    m = layer.mlp
+    m = layer  # the MLP's packed buffers are the layer's
     with pytest.raises(RuntimeError, match="eps must be finite"):
         torch.ops.llmcore.int4_norm_mlp_add(x, layer.ffn_norm, float("nan"), m.gate_up, m.gate_up_scales,
                                             m.gate_up_sums, None, m.down, m.down_scales, m.down_sums, None)
