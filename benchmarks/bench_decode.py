@@ -88,10 +88,14 @@ VARIANTS = {
     "gguf": ["--plugins", "xnnpack", "--quantize", "gguf"],
     # the GGUF's own integers (Q4_1), each whole layer on llmcore's int4 kernels
     "gguf-layers": ["--plugins", "xnnpack", "--quantize", "gguf-layers"],
+    # int8 per channel (activation-aware scales, AWQ), one int8 row per token: on XNNPACK, and
+    # each whole layer on llmcore's kernels (their int8 rows)
+    "8da8w": ["--plugins", "xnnpack", "--quantize", "8da8w", "--quantize-option", "outlier_split=false"],
+    "8da8w-layers": ["--plugins", "xnnpack", "--quantize", "8da8w-layers"],
 }
 # variants that apply to some models only
 VARIANT_MODELS = {v: ("smollm2",) for v in ("fp32-rmsnorm", "8da4w-hqq", "8da4w-emb8", "8da4w-emb4", "gguf", "gguf-layers",
-                                             "8da4w-mlp", "8da4w-layers")}  # GPT-2's MLP is GELU, not gated
+                                             "8da4w-mlp", "8da4w-layers", "8da8w-layers")}  # GPT-2's MLP is GELU
 # SmolLM2-135M's norms: 30 layers x 2 + the final one, width 576.
 SMOLLM2_NORMS, SMOLLM2_DIM = 61, 576
 

@@ -148,6 +148,7 @@ KERNEL_RECIPES = {
     "8da4w-mlp": (("llmcore::int4_mlp.out",), "8da4w"),
     "8da4w-layers": (LAYER_OPS, "8da4w"),
     "gguf-layers": (LAYER_OPS, "gguf"),
+    "8da8w-layers": (LAYER_OPS, "8da8w"),
 }
 
 
@@ -161,10 +162,22 @@ def smollm2_gguf(tmp_path_factory, cli):
     return out
 
 
+@pytest.fixture(scope="module")
+def smollm2_8da8w(tmp_path_factory, cli):
+    """The same weights with --quantize 8da8w without the outlier split: 8da8w-layers' integers,
+    run by XNNPACK."""
+    out = tmp_path_factory.mktemp("smollm2-8da8w") / "smollm2.pte"
+    result = cli("export", "--model", "llama", "--checkpoint", str(GGUF), "--plugins", "xnnpack",
+                 "--quantize", "8da8w", "--quantize-option", "outlier_split=false", "--max-seq-len", "512",
+                 "--quiet", "-o", str(out), timeout=1800)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
 @pytest.fixture(scope="module", params=sorted(KERNEL_RECIPES))
 def smollm2_kernels(request, tmp_path_factory, cli):
-    """The same weights with --quantize 8da4w-mlp or 8da4w-layers (llmcore-kernels): 8da4w's
-    integers, the MLPs (or whole layers) on llmcore's int4 kernels."""
+    """The same weights with one of llmcore-kernels' recipes: 8da4w's, the GGUF's or 8da8w's
+    integers, the MLPs (or whole layers) on llmcore's kernels."""
     out = tmp_path_factory.mktemp(f"smollm2-{request.param}") / "smollm2.pte"
     result = cli("export", "--model", "llama", "--checkpoint", str(GGUF), "--plugins", "xnnpack",
                  "--quantize", request.param, "--max-seq-len", "512", "--quiet", "-o", str(out), timeout=1800)
@@ -172,8 +185,9 @@ def smollm2_kernels(request, tmp_path_factory, cli):
     return request.param, out
 
 
-def test_kernel_recipes_answer_as_their_xnnpack_recipe_does(smollm2, smollm2_gguf, smollm2_kernels, cli):
-    """The kernels keep the XNNPACK recipe's integers (8da4w's, or the GGUF's): the program
+def test_kernel_recipes_answer_as_their_xnnpack_recipe_does(smollm2, smollm2_gguf, smollm2_8da8w, smollm2_kernels,
+                                                             cli):
+    """The kernels keep the XNNPACK recipe's integers (8da4w's, the GGUF's or 8da8w's): the program
     calls them, answers Paris, and its next-token distribution after the templated question
     stays close to that recipe's program (measured, 8da4w-mlp: KL 0.011, max |logit
     difference| 1.4, the same top token; both programs round their activations to int8 per
@@ -187,7 +201,7 @@ def test_kernel_recipes_answer_as_their_xnnpack_recipe_does(smollm2, smollm2_ggu
 
     recipe, pte = smollm2_kernels
     ops, base_recipe = KERNEL_RECIPES[recipe]
-    base_pte = {"8da4w": smollm2, "gguf": smollm2_gguf}[base_recipe]
+    base_pte = {"8da4w": smollm2, "gguf": smollm2_gguf, "8da8w": smollm2_8da8w}[base_recipe]
     report = json.loads(pte.with_name("smollm2.report.json").read_text())
     assert report["quantization"]["recipe"] == recipe and report["parity"]["top1_agreement"] == 1.0
     assert set(ops) <= set(libraries.program_operators(pte.read_bytes()))

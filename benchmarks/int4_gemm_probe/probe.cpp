@@ -7,11 +7,12 @@
 //       the best code this CPU runs (AVX-512 VNNI, AVX2; LLMCORE_KERNELS_MAX_ISA=avx2
 //       or =portable caps it) against the portable loops and both against a double-precision
 //       sum over the same integers; the activation rounding against its definition; the
-//       offset term of blocks with offsets (add_block_offsets) against a double-precision sum.
-//       Prints "ok" and exits 0, or names the first mismatch and exits 1.
-//   int4_probe time TOKENS THREADS [REPEAT] [mlp]
+//       offset term of blocks with offsets (add_block_offsets) against a double-precision sum;
+//       int8 rows (Format::int8_rows) the same way. Prints "ok" and exits 0, or names the first mismatch and exits 1.
+//   int4_probe time TOKENS THREADS [REPEAT] [mlp] [int8]
 //       every linear layer of SmolLM2-135M's 30 blocks (q, k, v, o, gate, up, down; with
-//       "mlp" gate, up and down only), random weights, TOKENS rows of activations: the
+//       "mlp" gate, up and down only), random weights (int4 blocks; with "int8" int8 rows),
+//       TOKENS rows of activations: the
 //       milliseconds one forward pass spends in them, min and median over REPEAT passes.
 //       The rows of each layer's weight are split between THREADS threads, which wait
 //       for each layer at a spinning barrier (as a thread pool's workers do).
@@ -39,7 +40,8 @@ struct Layer {
   std::vector<uint16_t> scales;  // bfloat16 bits
   std::vector<float> row_sums;
   std::vector<float> bias;
-  std::vector<int8_t> q;  // the integers, u - 8, kept for the reference
+  std::vector<int8_t> q;  // the integers, u - 8 (int8 rows: q), kept for the reference
+  std::vector<float> row_scales;  // int8 rows only
 };
 
 float bf16_bits_to_float(uint16_t h) {
@@ -70,15 +72,79 @@ Layer random_layer(int64_t n, int64_t k, bool with_bias, std::mt19937& rng, int 
   return l;
 }
 
-PackedWeight view(const Layer& l) {
-  return {l.packed.data(), l.scales.data(), l.row_sums.data(), l.bias.empty() ? nullptr : l.bias.data(), l.n, l.k};
-}
-
 struct Activations {
   std::vector<uint8_t> a;
   std::vector<float> scale, zero;
   QuantizedRows rows(int64_t m, int64_t k) const { return {a.data(), scale.data(), zero.data(), m, k}; }
 };
+
+// An int8_rows weight: q in [-128, 127] (every one `fill` when not 0), scales around 2^-7.
+Layer random_int8_layer(int64_t n, int64_t k, bool with_bias, std::mt19937& rng, int fill = 0) {
+  Layer l{n, k, std::vector<uint8_t>(n * k), {}, std::vector<float>(n), {}, std::vector<int8_t>(n * k),
+          std::vector<float>(n)};
+  std::uniform_int_distribution<int> value(-128, 127);
+  for (auto& v : l.q) v = static_cast<int8_t>(fill != 0 ? fill : value(rng));
+  std::memcpy(l.packed.data(), l.q.data(), l.q.size());
+  for (int64_t r = 0; r < n; ++r) {
+    l.row_scales[r] = std::ldexp(1.0f + std::uniform_real_distribution<float>()(rng), -7);
+    double sum = 0.0;
+    for (int64_t i = 0; i < k; ++i) sum += l.q[r * k + i];
+    l.row_sums[r] = static_cast<float>(sum * l.row_scales[r]);
+  }
+  if (with_bias) {
+    l.bias.resize(n);
+    for (auto& b : l.bias) b = std::normal_distribution<float>()(rng);
+  }
+  return l;
+}
+
+PackedWeight view(const Layer& l) {
+  PackedWeight w{l.packed.data(), l.scales.empty() ? nullptr : l.scales.data(), l.row_sums.data(),
+                 l.bias.empty() ? nullptr : l.bias.data(), l.n, l.k};
+  if (!l.row_scales.empty()) {
+    w.format = Format::int8_rows;
+    w.row_scales = l.row_scales.data();
+  }
+  return w;
+}
+
+// The weight's value at [r, i] (for the double-precision references).
+double weight_value(const Layer& l, int64_t r, int64_t i) {
+  const double scale = l.row_scales.empty() ? bf16_bits_to_float(l.scales[r * (l.k / kBlock) + i / kBlock])
+                                            : l.row_scales[r];
+  return scale * l.q[r * l.k + i];
+}
+
+// Both codes' y (AVX2 or VNNI, and portable) on `input` against a double-precision sum over
+// the same activations in x's order (`q`); 0 or 1.
+int check_gemm(const char* what, const Activations& input, const Activations& q, const Layer& w, int64_t m,
+               bool bias) {
+  std::vector<float> y_fast(m * w.n), y_plain(m * w.n);
+  gemm_rows(input.rows(m, w.k), view(w), 0, w.n, y_fast.data(), false);
+  gemm_rows(input.rows(m, w.k), view(w), 0, w.n, y_plain.data(), true);
+  for (int64_t t = 0; t < m; ++t) {
+    for (int64_t r = 0; r < w.n; ++r) {
+      double ref = 0.0, magnitude = 0.0;
+      for (int64_t i = 0; i < w.k; ++i) {
+        const double xv = static_cast<double>(q.scale[t]) * (q.a[t * w.k + i] - 128.0 - q.zero[t]);
+        ref += xv * weight_value(w, r, i);
+        magnitude += std::fabs(xv * weight_value(w, r, i));
+      }
+      if (bias) ref += w.bias[r];
+      const double tolerance = 1e-5 * magnitude + 1e-6;
+      for (const auto* y : {&y_fast, &y_plain}) {
+        const double got = (*y)[t * w.n + r];
+        if (!(std::fabs(got - ref) <= tolerance)) {
+          std::printf("mismatch: %s %s y[%lld, %lld] = %.7g, reference %.7g (m=%lld n=%lld k=%lld)\n", what,
+                      y == &y_fast ? gemm_isa_name() : "portable", (long long)t, (long long)r, got, ref,
+                      (long long)m, (long long)w.n, (long long)w.k);
+          return 1;
+        }
+      }
+    }
+  }
+  return 0;
+}
 
 Activations quantize(const std::vector<float>& x, int64_t m, int64_t k, bool arranged, bool portable) {
   Activations q{std::vector<uint8_t>(m * k), std::vector<float>(m), std::vector<float>(m)};
@@ -135,32 +201,10 @@ int check() {
         }
       }
     }
-    std::vector<float> y_fast(c.m * c.n), y_plain(c.m * c.n);
-    gemm_rows(arranged.rows(c.m, c.k), view(w), 0, c.n, y_fast.data(), false);
-    gemm_rows(arranged.rows(c.m, c.k), view(w), 0, c.n, y_plain.data(), true);
-    for (int64_t t = 0; t < c.m; ++t) {
-      for (int64_t r = 0; r < c.n; ++r) {
-        double ref = 0.0, magnitude = 0.0;
-        for (int64_t i = 0; i < c.k; ++i) {
-          const double xv = static_cast<double>(fast.scale[t]) * (fast.a[t * c.k + i] - 128.0 - fast.zero[t]);
-          const double wv = static_cast<double>(bf16_bits_to_float(w.scales[r * (c.k / kBlock) + i / kBlock])) *
-                            w.q[r * c.k + i];
-          ref += xv * wv;
-          magnitude += std::fabs(xv * wv);
-        }
-        if (c.bias) ref += w.bias[r];
-        const double tolerance = 1e-5 * magnitude + 1e-6;
-        for (const auto* y : {&y_fast, &y_plain}) {
-          const double got = (*y)[t * c.n + r];
-          if (!(std::fabs(got - ref) <= tolerance)) {
-            std::printf("mismatch: %s y[%lld, %lld] = %.7g, reference %.7g (m=%lld n=%lld k=%lld)\n",
-                        y == &y_fast ? "AVX2" : "portable", (long long)t, (long long)r, got, ref, (long long)c.m,
-                        (long long)c.n, (long long)c.k);
-            return 1;
-          }
-        }
-      }
-    }
+    if (check_gemm("int4", arranged, fast, w, c.m, c.bias)) return 1;
+    // int8 rows on the same activations in x's order; the fills' extremes: -128 and 127
+    const int int8_fill = c.fill < 0 ? -128 : c.fill > 0 ? 127 : 0;
+    if (check_gemm("int8", fast, fast, random_int8_layer(c.n, c.k, c.bias, rng, int8_fill), c.m, c.bias)) return 1;
     // the offset term (add_block_offsets) on offsets in its layout ([ceil(n/8), k/32, 8]) and
     // float block means, over a split of the rows that leaves odd pieces, against a
     // double-precision sum
@@ -202,14 +246,15 @@ int check() {
 
 // SmolLM2-135M: 30 blocks of q, k, v, o (576 -> 576, 192, 192, 576), gate and up (576 -> 1536),
 // down (1536 -> 576).
-int time_layers(int64_t m, int threads, int repeat, bool mlp_only) {
+int time_layers(int64_t m, int threads, int repeat, bool mlp_only, bool int8) {
   std::mt19937 rng(0);
   std::vector<std::pair<int64_t, int64_t>> shapes;  // (n, k)
   if (!mlp_only) shapes = {{576, 576}, {192, 576}, {192, 576}, {576, 576}};
   shapes.insert(shapes.end(), {{1536, 576}, {1536, 576}, {576, 1536}});
   std::vector<Layer> layers;
   for (int block = 0; block < 30; ++block)
-    for (auto [n, k] : shapes) layers.push_back(random_layer(n, k, false, rng));
+    for (auto [n, k] : shapes)
+      layers.push_back(int8 ? random_int8_layer(n, k, false, rng) : random_layer(n, k, false, rng));
   std::vector<float> x(m * 1536), y(m * 1536);
   for (auto& v : x) v = std::normal_distribution<float>()(rng);
   Activations q{std::vector<uint8_t>(m * 1536), std::vector<float>(m), std::vector<float>(m)};
@@ -239,7 +284,7 @@ int time_layers(int64_t m, int threads, int repeat, bool mlp_only) {
   for (int rep = 0; rep < repeat; ++rep) {
     const auto start = std::chrono::steady_clock::now();
     for (const Layer& l : layers) {
-      quantize_rows(x.data(), l.k, 0, m, q.a.data(), q.scale.data(), q.zero.data());
+      quantize_rows(x.data(), l.k, 0, m, q.a.data(), q.scale.data(), q.zero.data(), !int8);
       current = &l;
       finished.store(0, std::memory_order_release);
       generation.fetch_add(1, std::memory_order_acq_rel);
@@ -252,8 +297,9 @@ int time_layers(int64_t m, int threads, int repeat, bool mlp_only) {
   stop.store(true, std::memory_order_release);
   for (auto& t : workers) t.join();
   std::sort(ms.begin(), ms.end());
-  std::printf("%zu linear layers (%s), %lld token(s), %d thread(s), %s: min %.3f ms, median %.3f ms per pass (%d passes)\n",
-              layers.size(), mlp_only ? "gate, up, down" : "all seven per block", (long long)m, threads,
+  std::printf("%zu %s linear layers (%s), %lld token(s), %d thread(s), %s: min %.3f ms, median %.3f ms per pass (%d passes)\n",
+              layers.size(), int8 ? "int8-row" : "int4-block", mlp_only ? "gate, up, down" : "all seven per block",
+              (long long)m, threads,
               gemm_isa_name(), ms.front(), ms[ms.size() / 2], repeat);
   return 0;
 }
@@ -267,13 +313,17 @@ int main(int argc, char** argv) {
     const int64_t m = std::atoll(argv[2]);
     const int threads = std::atoi(argv[3]);
     const int repeat = argc > 4 ? std::atoi(argv[4]) : 15;
-    const bool mlp = argc > 5 && std::string(argv[5]) == "mlp";
+    bool mlp = false, int8 = false;
+    for (int i = 5; i < argc; ++i) {
+      mlp = mlp || std::string(argv[i]) == "mlp";
+      int8 = int8 || std::string(argv[i]) == "int8";
+    }
     if (m < 1 || threads < 1 || repeat < 1) {
       std::fprintf(stderr, "int4_probe: TOKENS, THREADS and REPEAT must be positive\n");
       return 2;
     }
-    return time_layers(m, threads, repeat, mlp);
+    return time_layers(m, threads, repeat, mlp, int8);
   }
-  std::fprintf(stderr, "usage: int4_probe check | int4_probe time TOKENS THREADS [REPEAT] [mlp]\n");
+  std::fprintf(stderr, "usage: int4_probe check | int4_probe time TOKENS THREADS [REPEAT] [mlp] [int8]\n");
   return 2;
 }

@@ -14,10 +14,26 @@
 namespace llmcore_kernels {
 namespace aten {
 
-// A packed projection (int4_gemm.h's layout) from its three tensors; `op` and `name` say
-// whose, in the error.
+// A projection (int4_gemm.h's layouts: int4 blocks packed, or int8 rows) from its three
+// tensors; `op` and `name` say whose, in the error.
 inline int4::PackedWeight projection(const char* op, const char* name, const at::Tensor& packed,
                                      const at::Tensor& scales, const at::Tensor& sums) {
+  TORCH_CHECK(packed.device().is_cpu() && scales.device().is_cpu() && sums.device().is_cpu(), op,
+              ": CPU tensors only");
+  if (packed.scalar_type() == at::kChar && packed.dim() == 2) {  // int8 rows
+    const int64_t n = packed.size(0), k = packed.size(1);
+    TORCH_CHECK(packed.is_contiguous() && k % int4::kBlock == 0 && k < int4::kInt8MaxK, op, ": ", name,
+                ": int8 weights must be a contiguous [rows, in] tensor, in a multiple of 32 below 65536, got ",
+                packed.sizes());
+    for (const at::Tensor* t : {&scales, &sums})
+      TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 1 && t->size(0) == n && t->is_contiguous(), op,
+                  ": ", name, ": an int8 weight's scales and row sums must be contiguous float32 [", n,
+                  "] tensors, got ", t->scalar_type(), " ", t->sizes());
+    int4::PackedWeight w{static_cast<const uint8_t*>(packed.const_data_ptr()), nullptr, sums.const_data_ptr<float>(), nullptr, n, k};
+    w.format = int4::Format::int8_rows;
+    w.row_scales = scales.const_data_ptr<float>();
+    return w;
+  }
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.size(2) == 16 && packed.is_contiguous(),
               op, ": ", name, ": ", kPackedShapeError, "; got ", packed.scalar_type(), " ", packed.sizes());
   const int64_t n = packed.size(0), k = int4::kBlock * packed.size(1);
@@ -27,8 +43,6 @@ inline int4::PackedWeight projection(const char* op, const char* name, const at:
               scales.scalar_type(), " ", scales.sizes());
   TORCH_CHECK(sums.scalar_type() == at::kFloat && sums.dim() == 1 && sums.size(0) == n && sums.is_contiguous(),
               op, ": ", name, "'s row sums must be a contiguous float32 [", n, "] tensor");
-  TORCH_CHECK(packed.device().is_cpu() && scales.device().is_cpu() && sums.device().is_cpu(), op,
-              ": CPU tensors only");
   return {packed.const_data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.const_data_ptr()),
           sums.const_data_ptr<float>(), nullptr, n, k};
 }
@@ -38,6 +52,7 @@ inline int4::PackedWeight projection(const char* op, const char* name, const at:
 inline at::Tensor block_offsets(const char* op, const char* name, const std::optional<at::Tensor>& offsets,
                                 int4::PackedWeight* w) {
   if (!offsets.has_value()) return at::Tensor();
+  TORCH_CHECK(w->format == int4::Format::int4_blocks, op, ": ", name, ": int8 weights take no block offsets");
   TORCH_CHECK(offsets->scalar_type() == at::kFloat && offsets->device().is_cpu() && offsets->dim() == 3 &&
                   offsets->size(0) == (w->n + 7) / 8 && offsets->size(1) * int4::kBlock == w->k &&
                   offsets->size(2) == 8,

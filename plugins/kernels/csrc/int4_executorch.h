@@ -19,10 +19,28 @@ inline bool dense(const executorch::aten::Tensor& t) {
   return executorch::runtime::tensor_is_default_dim_order(t) && executorch::runtime::tensor_is_contiguous(t);
 }
 
-// A packed projection from its three tensors (int4_gemm.h's layout), or why not.
+// An int8_rows projection (int4_gemm.h): q int8 [rows, in], scales and sums float32 [rows].
+inline const char* int8_projection(const executorch::aten::Tensor& q, const executorch::aten::Tensor& scales,
+                                   const executorch::aten::Tensor& sums, int4::PackedWeight* out) {
+  using executorch::aten::ScalarType;
+  const int64_t n = q.size(0), k = q.size(1);
+  if (!dense(q) || k % int4::kBlock != 0 || k >= int4::kInt8MaxK)
+    return "int8 weights must be a contiguous [rows, in] tensor, in a multiple of 32 below 65536";
+  for (const executorch::aten::Tensor* t : {&scales, &sums})
+    if (t->scalar_type() != ScalarType::Float || t->dim() != 1 || t->size(0) != n || !dense(*t))
+      return "an int8 weight's scales and row sums must be contiguous float32 [rows] tensors";
+  *out = {static_cast<const uint8_t*>(q.const_data_ptr()), nullptr, sums.const_data_ptr<float>(), nullptr, n, k};
+  out->format = int4::Format::int8_rows;
+  out->row_scales = scales.const_data_ptr<float>();
+  return nullptr;
+}
+
+// A projection from its three tensors (int4_gemm.h's layouts: int4 blocks packed, or int8
+// rows), or why not.
 inline const char* projection(const executorch::aten::Tensor& packed, const executorch::aten::Tensor& scales,
                               const executorch::aten::Tensor& sums, int4::PackedWeight* out) {
   using executorch::aten::ScalarType;
+  if (packed.scalar_type() == ScalarType::Char && packed.dim() == 2) return int8_projection(packed, scales, sums, out);
   if (packed.scalar_type() != ScalarType::Byte || packed.dim() != 3 || packed.size(2) != 16 || !dense(packed))
     return kPackedShapeError;
   const int64_t n = packed.size(0), k = int4::kBlock * packed.size(1);
@@ -40,6 +58,7 @@ inline const char* projection(const executorch::aten::Tensor& packed, const exec
 inline const char* block_offsets(const std::optional<executorch::aten::Tensor>& offsets, int4::PackedWeight* w) {
   if (!offsets.has_value()) return nullptr;
   const executorch::aten::Tensor& t = *offsets;
+  if (w->format != int4::Format::int4_blocks) return "int8 weights take no block offsets";
   if (t.scalar_type() != executorch::aten::ScalarType::Float || t.dim() != 3 || t.size(0) != (w->n + 7) / 8 ||
       t.size(1) * int4::kBlock != w->k || t.size(2) != 8 || !dense(t))
     return "offsets must be a contiguous float32 [ceil(rows/8), in/32, 8] tensor";

@@ -187,6 +187,25 @@ inline void finish(const QuantizedRows& x, int64_t t, const PackedWeight& w, int
   y[t * w.n + n] = v;
 }
 
+// y[t, n] from an int8_rows weight's integer dot product: the row's scale, the zero
+// point's correction (row_sums holds the row's scaled sum), the activation scale, the bias.
+inline void finish_int8(const QuantizedRows& x, int64_t t, const PackedWeight& w, int64_t n, int32_t dot, float* y) {
+  finish(x, t, w, n, w.row_scales[n] * static_cast<float>(dot), y);
+}
+
+void gemm_int8_rows_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end,
+                             float* y) {
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const int8_t* q = reinterpret_cast<const int8_t*>(w.packed) + n * w.k;
+    for (int64_t t = 0; t < x.m; ++t) {
+      const uint8_t* a = x.a + t * x.k;
+      int32_t dot = 0;
+      for (int64_t i = 0; i < w.k; ++i) dot += static_cast<int32_t>(a[i]) * q[i];
+      finish_int8(x, t, w, n, dot, y);
+    }
+  }
+}
+
 // Calls visit(byte, low, high) for each byte of a packed row of k values: the arranged
 // values at `low` and `high` are its low and high nibbles (int4_gemm.h: a group of one
 // block packs 32 values in 16 bytes, larger groups each two steps, 64 values, in 32).
@@ -406,10 +425,14 @@ void add_block_offsets(const QuantizedRows& x, const PackedWeight& w, int64_t n_
 void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y,
                bool portable) {
   const Isa isa = portable ? Isa::portable : gemm_isa();
+  const bool int8 = w.format == Format::int8_rows;
 #if LLMCORE_HAVE_X86
-  if (isa == Isa::avx512_vnni) return avx512_vnni::gemm_rows(x, w, n_begin, n_end, y);
-  if (isa == Isa::avx2) return avx2::gemm_rows(x, w, n_begin, n_end, y);
+  if (isa == Isa::avx512_vnni)
+    return int8 ? avx512_vnni::gemm_int8_rows(x, w, n_begin, n_end, y) : avx512_vnni::gemm_rows(x, w, n_begin, n_end, y);
+  if (isa == Isa::avx2)
+    return int8 ? avx2::gemm_int8_rows(x, w, n_begin, n_end, y) : avx2::gemm_rows(x, w, n_begin, n_end, y);
 #endif
+  if (int8) return gemm_int8_rows_portable(x, w, n_begin, n_end, y);
   gemm_rows_portable(x, w, n_begin, n_end, y);
 }
 

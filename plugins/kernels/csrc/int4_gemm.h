@@ -67,9 +67,19 @@ struct QuantizedRows {
   const float* means = nullptr;  // [m, k/32]: each block's mean of x, for weights with offsets
 };
 
+// How a PackedWeight holds its integers.
+//   int4_blocks: int4 per block of 32 with a bfloat16 scale each (above; `packed`, `scales`).
+//   int8_rows: int8 per output channel (8da8w's linears, XNNPACK's qc8w): w[n, k] =
+//       row_scales[n] * q[n, k], q in [-128, 127], `packed` q's bytes as they are, [n, k] in
+//       x's order (one scale a row: the order of a row's products does not matter, so rows are
+//       not arranged). A row's products add in 32 bits over the whole row (AVX2: vpmaddwd on
+//       values widened to 16 bits, as vpmaddubsw's 16-bit pair sums would saturate at
+//       255 * 127 * 2; VNNI: vpdpbusd), then meet the row's scale once. Exact for k < 65536.
+enum class Format { int4_blocks, int8_rows };
+
 struct PackedWeight {
-  const uint8_t* packed;     // [n, k/2]
-  const uint16_t* scales;    // [n, k/32], bfloat16 bits
+  const uint8_t* packed;     // int4_blocks: [n, k/2]; int8_rows: [n, k] int8 bytes
+  const uint16_t* scales;    // int4_blocks: [n, k/32], bfloat16 bits; int8_rows: unused
   const float* row_sums;     // [n]: sum_k of the dequantized row
   const float* bias;         // [n] or null
   int64_t n;
@@ -81,7 +91,12 @@ struct PackedWeight {
   // [n / 8, g, n % 8], zeros past the last row. The GEMM adds sum_g o[n, g] means[t, g]
   // (add_block_offsets).
   const float* offsets = nullptr;
+  Format format = Format::int4_blocks;
+  const float* row_scales = nullptr;  // int8_rows: [n], float32
 };
+
+// The largest k an int8_rows weight may have: its 32-bit sums stay exact below it.
+constexpr int64_t kInt8MaxK = 65536;
 
 // Quantize rows [row_begin, row_end) of x [m, k] (k a multiple of 32) into a [m, k],
 // scale [m] and zero [m]; a's rows in the arranged order (`arranged`) or in x's.
@@ -92,7 +107,8 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
 // One row of k bytes (k a multiple of 32), one per value, from x's order into the arranged one.
 void arrange(const uint8_t* in, int64_t k, uint8_t* out);
 
-// y[:, n_begin:n_end] for every row of x. y is [m, n] row-major.
+// y[:, n_begin:n_end] for every row of x. y is [m, n] row-major. x's rows must be in the
+// arranged order for int4_blocks weights and in their own order for int8_rows ones.
 void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y,
                bool portable = false);
 

@@ -61,7 +61,7 @@ void int4_norm_qkv_rope_forward(const float* h, int64_t rows, const Int4NormQkvR
   normed.resize(rows * dim);
   y.resize(rows * n);
   rms_norm(h, rows, dim, a.norm_weight, a.eps, normed.data());
-  gemm_all(rounded.round(normed.data(), rows, dim, parallel, a.qkv.offsets != nullptr), a.qkv, y.data(), parallel);
+  gemm_all(rounded.round(normed.data(), rows, parallel, a.qkv), a.qkv, y.data(), parallel);
   const int64_t q_width = a.n_heads * head_dim, kv_width = a.n_kv_heads * head_dim;
   for (int64_t t = 0; t < rows; ++t) {
     const float* yt = y.data() + t * n;
@@ -77,7 +77,7 @@ void int4_linear_add_forward(const float* x, int64_t rows, const int4::PackedWei
   thread_local RoundedRows rounded;
   thread_local std::vector<float> y;
   y.resize(rows * w.n);
-  gemm_all(rounded.round(x, rows, w.k, parallel, w.offsets != nullptr), w, y.data(), parallel);
+  gemm_all(rounded.round(x, rows, parallel, w), w, y.data(), parallel);
   // residual first, then the product: the order of `residual + linear(x)` in the module
   for (int64_t i = 0; i < rows * w.n; ++i) out[i] = residual[i] + y[i];
 }

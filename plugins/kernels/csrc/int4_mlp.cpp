@@ -31,8 +31,8 @@ namespace llmcore_kernels {
 // Programs from before the arranged order (int4_gemm.h) hold [rows, in/2] weights: their
 // bytes mean something else, so they are refused by their shape.
 const char* const kPackedShapeError =
-    "packed weights must be a contiguous [rows, in/32, 16] uint8 tensor (programs exported before the "
-    "kernel's arranged layout hold [rows, in/2]: export it again)";
+    "packed weights must be a contiguous [rows, in/32, 16] uint8 tensor, or int8 weights [rows, in] "
+    "(programs exported before the kernel's arranged layout hold [rows, in/2]: export it again)";
 
 const char* int4_mlp_shape_error(const Int4MlpWeights& w) {
   const int64_t dim = w.gate_up.k, hidden = w.gate_up.n / 2;
@@ -106,8 +106,10 @@ void silu_times(const float* gu, int64_t count, float* h) {
 
 }  // namespace
 
-int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, int64_t k, const ParallelFor& parallel,
-                                       bool block_means) {
+int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, const ParallelFor& parallel,
+                                       const int4::PackedWeight& w) {
+  const int64_t k = w.k;
+  const bool block_means = w.offsets != nullptr, arranged = w.format == int4::Format::int4_blocks;
   const int64_t blocks = k / int4::kBlock;
   a.resize(rows * k);
   scale.resize(rows);
@@ -116,7 +118,7 @@ int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, int64_t k, 
   uint8_t* pa = a.data();
   float *ps = scale.data(), *pz = zero.data(), *pm = means.data();
   auto body = [&](int64_t b, int64_t e) {
-    int4::quantize_rows(x, k, b, e, pa, ps, pz);
+    int4::quantize_rows(x, k, b, e, pa, ps, pz, arranged);
     if (!block_means) return;
     for (int64_t i = b * blocks; i < e * blocks; ++i) {  // sum, then / 32, as a mean over a [.., 32] view
       // eight running sums over the block's four eights (independent lanes, which the
@@ -149,7 +151,7 @@ void gemm_all(const int4::QuantizedRows& x, const int4::PackedWeight& w, float* 
 }
 
 void int4_mlp_forward(const float* x, int64_t rows, const Int4MlpWeights& w, float* out, const ParallelFor& parallel) {
-  const int64_t dim = w.gate_up.k, hidden = w.gate_up.n / 2;
+  const int64_t hidden = w.gate_up.n / 2;
   // Scratch of the calling thread, kept between calls (a decode step reuses it).
   thread_local RoundedRows rounded_x, rounded_h;
   thread_local std::vector<float> gate_up, h;
@@ -157,14 +159,14 @@ void int4_mlp_forward(const float* x, int64_t rows, const Int4MlpWeights& w, flo
   h.resize(rows * hidden);
   float *gu = gate_up.data(), *hv = h.data();
 
-  const int4::QuantizedRows qx = rounded_x.round(x, rows, dim, parallel, w.gate_up.offsets != nullptr);
+  const int4::QuantizedRows qx = rounded_x.round(x, rows, parallel, w.gate_up);
   // gate_up's rows interleave gate and up (row 2j: gate j, row 2j + 1: up j): a thread that
   // computes the pairs [b, e) has what silu(gate) * up needs for hidden units [b, e).
   parallel(0, hidden, [&](int64_t b, int64_t e) {
     gemm_columns(qx, w.gate_up, 2 * b, 2 * e, gu);
     for (int64_t t = 0; t < rows; ++t) silu_times(gu + t * 2 * hidden + 2 * b, e - b, hv + t * hidden + b);
   });
-  gemm_all(rounded_h.round(hv, rows, hidden, parallel, w.down.offsets != nullptr), w.down, out, parallel);
+  gemm_all(rounded_h.round(hv, rows, parallel, w.down), w.down, out, parallel);
 }
 
 using executorch::aten::ScalarType;

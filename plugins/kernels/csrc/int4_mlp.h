@@ -44,10 +44,10 @@ LLMCORE_KERNELS_CXX_API const char* int4_mlp_shape_error(const Int4MlpWeights& w
 struct LLMCORE_KERNELS_CXX_API RoundedRows {
   std::vector<uint8_t> a;
   std::vector<float> scale, zero, means;
-  // x [rows, k]'s rows rounded, split among the threads when there is more than one; with
-  // `block_means`, each block's mean of x too (for weights with offsets).
-  int4::QuantizedRows round(const float* x, int64_t rows, int64_t k, const ParallelFor& parallel,
-                            bool block_means = false);
+  // x [rows, w.k]'s rows rounded for w, split among the threads when there is more than
+  // one: in the arranged order for int4 blocks; with each block's mean of x too when w has
+  // block offsets.
+  int4::QuantizedRows round(const float* x, int64_t rows, const ParallelFor& parallel, const int4::PackedWeight& w);
 };
 
 // y [x.m, w.n] = x W^T (with w's block offsets when it has them: x must carry its block

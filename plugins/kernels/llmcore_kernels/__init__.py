@@ -13,9 +13,10 @@ Provides
   RMSNorm modules become one call of ``llmcore::rms_norm``;
 * the quantizer recipe ``8da4w-mlp`` (``--quantize 8da4w-mlp``): llmcore-xnnpack's ``8da4w``,
   with each SwiGLU MLP then run by ``llmcore::int4_mlp``, llmcore's own int4 kernel;
-* the quantizer recipes ``8da4w-layers`` and ``gguf-layers``: 8da4w's integers, or a GGUF's
-  own, with each whole Llama layer run by ``llmcore::int4_norm_qkv_rope``,
-  ``llmcore::int4_linear_add`` and ``llmcore::int4_norm_mlp_add`` (:mod:`llmcore_kernels.layers`).
+* the quantizer recipes ``8da4w-layers``, ``gguf-layers`` and ``8da8w-layers``: 8da4w's
+  integers, a GGUF's own, or 8da8w's int8 ones, with each whole Llama layer run by
+  ``llmcore::int4_norm_qkv_rope``, ``llmcore::int4_linear_add`` and ``llmcore::int4_norm_mlp_add``
+  (:mod:`llmcore_kernels.layers`; the operators take int4 blocks and int8 rows).
 
 See ``docs/custom-kernels.md`` for how this plugin is put together.
 """
@@ -99,15 +100,16 @@ _MLP_KERNEL_OPTIONS = {"group_size": 32, "asymmetric": False, "outlier_split": F
 _LAYER_KERNEL_OPTIONS = {"group_size": 32, "outlier_split": False}
 
 
-def _quantize_8da4w_then(recipe: str, swap, kernel_options: dict):
-    """A source-quantize function: llmcore-xnnpack's 8da4w with the options the kernel takes,
-    then ``swap`` (the module, quantized) hands parts of the model to llmcore's kernels."""
+def _quantize_then(base: str, recipe: str, swap, kernel_options: dict):
+    """A source-quantize function: llmcore-xnnpack's recipe ``base`` (8da4w, 8da8w) with the
+    options the kernel takes, then ``swap`` (the module, quantized) hands parts of the model to
+    llmcore's kernels."""
 
     def source_quantize(module, options: dict, calibration):
-        from llmcore_xnnpack.recipes import quantize_8da4w
+        from llmcore_xnnpack import recipes
 
         _check_kernel_options(recipe, options, kernel_options)
-        return swap(quantize_8da4w(module, options, calibration))
+        return swap(getattr(recipes, f"quantize_{base}")(module, options, calibration))
 
     return source_quantize
 
@@ -116,7 +118,7 @@ def _check_kernel_options(recipe: str, options: dict, kernel_options: dict) -> N
     for option, value in kernel_options.items():
         if options[option] != value:
             raise LlmcoreError(
-                f"{recipe}: {option}={options[option]} gives linears that llmcore's int4 kernel cannot run "
+                f"{recipe}: {option}={options[option]} gives linears that llmcore's kernels cannot run "
                 f"(it takes {option}={value}).",
                 stage="quantize",
                 fix=f"drop {option} from --quantize-options, or use --quantize {recipe.rsplit('-', 1)[0]}.",
@@ -144,11 +146,17 @@ def _swap_8da4w_layers(module):
     return layers.apply(module, "8da4w-layers", "8da4w-mlp or 8da4w")
 
 
+def _swap_8da8w_layers(module):
+    from llmcore_kernels import layers
+
+    return layers.apply(module, "8da8w-layers", "8da8w")
+
+
 @hookimpl
 def llmcore_quantizers() -> list[QuantizerRecipe]:
-    """``8da4w-mlp``, ``8da4w-layers`` and ``gguf-layers``: llmcore-xnnpack's ``8da4w`` and
-    ``gguf`` records with their options and calibration, the MLPs (or whole layers) then
-    handed to llmcore's int4 kernels."""
+    """``8da4w-mlp``, ``8da4w-layers``, ``gguf-layers`` and ``8da8w-layers``: llmcore-xnnpack's
+    ``8da4w``, ``gguf`` and ``8da8w`` records with their options and calibration, the MLPs (or
+    whole layers) then handed to llmcore's kernels."""
     from llmcore_xnnpack import llmcore_quantizers as xnnpack_recipes
 
     base = {r.name: r for r in xnnpack_recipes()}
@@ -160,7 +168,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             "llmcore::int4_mlp: gate, up and down in one operator on llmcore's own int4 kernel "
             "(vpmaddubsw on AVX2, vpdpbusd with AVX-512 VNNI), the rest by XNNPACK; for models whose "
             "attention 8da4w-layers refuses; needs the llmcore_kernels runtime library",
-            source_quantize=_quantize_8da4w_then("8da4w-mlp", _swap_mlps, _MLP_KERNEL_OPTIONS),
+            source_quantize=_quantize_then("8da4w", "8da4w-mlp", _swap_mlps, _MLP_KERNEL_OPTIONS),
         ),
         dataclasses.replace(
             base["8da4w"],
@@ -169,7 +177,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             "residual adds then run by three llmcore operators on llmcore's own int4 kernel, no XNNPACK "
             "delegate inside a layer (XNNPACK keeps the output layer): faster than 8da4w on AVX2, and at "
             "decode where XNNPACK has VNNI; needs the llmcore_kernels runtime library",
-            source_quantize=_quantize_8da4w_then("8da4w-layers", _swap_8da4w_layers, _LAYER_KERNEL_OPTIONS),
+            source_quantize=_quantize_then("8da4w", "8da4w-layers", _swap_8da4w_layers, _LAYER_KERNEL_OPTIONS),
         ),
         dataclasses.replace(
             base["gguf"],
@@ -180,5 +188,17 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             "llmcore_kernels runtime library",
             source_quantize=_quantize_gguf_layers,
             checkpoint_default=False,  # gguf stays the default for a quantized GGUF
+        ),
+        dataclasses.replace(
+            base["8da8w"],
+            name="8da8w-layers",
+            description="8da8w without the outlier split (int8 weights per channel, activation-aware and AWQ "
+            "scales, one int8 row per token), each Llama layer then on llmcore's layer operators as in "
+            "8da4w-layers, their int8 GEMM (vpmaddwd on AVX2, vpdpbusd with VNNI) reading each thread's "
+            "rows as one stream; XNNPACK keeps the output layer; needs the llmcore_kernels runtime library",
+            source_quantize=_quantize_then("8da8w", "8da8w-layers", _swap_8da8w_layers, {"outlier_split": False}),
+            # the kernels take one int8 row per token: the split is off here, and refused when asked for
+            options=base["8da8w"].options | {"outlier_split": (bool, False, "must stay false: llmcore's kernels "
+                                                              "take one int8 row per token")},
         ),
     ]

@@ -1,5 +1,5 @@
-"""Recipes ``8da4w-layers`` and ``gguf-layers``: 8da4w's integers (or a GGUF's own), each
-Llama layer's int4 work on llmcore's kernels.
+"""Recipes ``8da4w-layers``, ``gguf-layers`` and ``8da8w-layers``: 8da4w's integers (or a
+GGUF's own, or 8da8w's int8 ones), each Llama layer's quantized work on llmcore's kernels.
 
 A layer then runs as
 
@@ -14,7 +14,8 @@ embedding's neighbours, the final norm and the output layer.
 A layer qualifies when it is a pre-norm Llama block (``attention_norm``, ``attention`` with
 ``wq wk wv wo`` and an ``attn`` submodule, ``ffn_norm``, ``feed_forward``), its norms RMSNorms,
 its attention with neither q/k norms nor post-norms, its MLP one :mod:`.mlp` takes, every
-projection int4 with blocks of 32 (with or without per-block offsets), no outlier split, no
+projection int4 with blocks of 32 (with or without per-block offsets) or int8 per channel
+(the operators' int8 rows; one kind for q, k and v, one for gate and up), no outlier split, no
 bias but on q, k and v (Qwen2's), and when on a
 random input (with a plain causal attention in place of its own) the kernels give what the
 block gives: RoPE on Meta's interleaved pairs passes, a rotation of the halves would not.
@@ -31,7 +32,7 @@ from torch import nn
 from llmcore.errors import LlmcoreError
 from llmcore.modules import CausalAttention, RMSNorm, replace_modules
 from llmcore_kernels import mlp
-from llmcore_xnnpack.qlinear import BlockInt4Linear, relative_error
+from llmcore_xnnpack.qlinear import relative_error
 
 # ||kernels - block|| / ||block|| (the layer's own contribution) allowed by the swap check.
 # Wider than the MLP's: the kernels norm in C++ (llmcore::rms_norm's arithmetic) and the
@@ -42,9 +43,10 @@ CHECK_TOLERANCE = 0.02
 PARTS = ("attention_norm", "attention", "ffn_norm", "feed_forward")
 
 
-class Int4Layer(nn.Module):
-    """A Llama layer (``forward(x, cos, sin, input_pos)``) on the three llmcore int4 operators,
-    from a block whose projections are :class:`BlockInt4Linear`; its attention module is kept."""
+class KernelLayer(nn.Module):
+    """A Llama layer (``forward(x, cos, sin, input_pos)``) on llmcore's three layer operators,
+    from a block whose projections are ``BlockInt4Linear`` or ``ChannelInt8Linear`` (the
+    operators' int4 blocks and int8 rows); its attention module is kept."""
 
     def __init__(self, block: nn.Module):
         super().__init__()
@@ -55,11 +57,11 @@ class Int4Layer(nn.Module):
         self.register_buffer("attention_norm", block.attention_norm.weight.detach().float().contiguous())
         self.register_buffer("ffn_norm", block.ffn_norm.weight.detach().float().contiguous())
         stacked = [attention.wq, attention.wk, attention.wv]  # q's rows, then k's, then v's
-        mlp.register_packed(self, "qkv", torch.cat([p.q for p in stacked]), torch.cat([p.scales for p in stacked]))
+        mlp.register_linears(self, "qkv", stacked)
         biases = [p.bias for p in stacked]
         self.qkv_bias = None if biases[0] is None else nn.Parameter(
             torch.cat([b.detach().float() for b in biases]).contiguous(), requires_grad=False)
-        mlp.register_packed(self, "wo", attention.wo.q, attention.wo.scales)
+        mlp.register_linears(self, "wo", [attention.wo])
         gate, up, down = mlp.projections(block.feed_forward)
         mlp.register_mlp(self, gate, up, down)
         # The blocks' offsets (a GGUF's Q4_1 and Q4_K minima; Q4_0's blocks with a negative
@@ -84,15 +86,17 @@ class Int4Layer(nn.Module):
         )
 
     def extra_repr(self) -> str:
-        return f"heads {self.n_heads}, kv heads {self.n_kv_heads}, int4 blocks of {mlp.BLOCK}"
+        kinds = sorted({"int8 rows" if w.dtype == torch.int8 else f"int4 blocks of {mlp.BLOCK}"
+                        for w in (self.qkv, self.wo, self.gate_up, self.down)})
+        return f"heads {self.n_heads}, kv heads {self.n_kv_heads}, {' and '.join(kinds)}"
 
 
-def _stacked_offsets(linears: list[BlockInt4Linear], interleave: bool = False) -> Optional[torch.Tensor]:
+def _stacked_offsets(linears: list[nn.Module], interleave: bool = False) -> Optional[torch.Tensor]:
     """The linears' ``offset_weight`` rows one after another (zeros for a linear without), or
     the rows of two interleaved as ``gate_up``'s are, in the kernel's layout ``[ceil(rows/8),
     in/32, 8]`` (csrc/int4_gemm.h: eight rows side by side, zeros past the last); None when
     none has any."""
-    if all(p.offset_weight is None for p in linears):
+    if all(getattr(p, "offset_weight", None) is None for p in linears):
         return None
     rows = [p.offset_weight.detach().float() if p.offset_weight is not None
             else torch.zeros(p.out_features, p.in_features // p.block) for p in linears]
@@ -120,13 +124,11 @@ def _why_not(block: nn.Module) -> Optional[str]:
     if getattr(attention, "q_norm", None) is not None or getattr(attention, "k_norm", None) is not None:
         return "its attention has q and k norms"
     for role in ("wq", "wk", "wv", "wo"):
-        p = getattr(attention, role)
-        if not isinstance(p, BlockInt4Linear):
-            return f"its {role} is a {type(p).__name__}, not an int4 linear"
-        if p.block != mlp.BLOCK:
-            return f"its int4 blocks are {p.block} wide (the kernel's are {mlp.BLOCK}: group_size=32)"
-        if p.outlier_split:
-            return "its linears split outliers (outlier_split=true)"
+        reason = mlp.why_not_linear(role, getattr(attention, role), offsets=True, int8=True)
+        if reason is not None:
+            return reason
+    if len({type(getattr(attention, r)) for r in ("wq", "wk", "wv")}) > 1:
+        return "its q, k and v projections are of different kinds (int4 and int8)"
     biased = [r for r in ("wq", "wk", "wv") if getattr(attention, r).bias is not None]
     if biased and len(biased) < 3:
         return f"only {', '.join(biased)} of q, k and v have a bias"
@@ -135,10 +137,10 @@ def _why_not(block: nn.Module) -> Optional[str]:
     projections = mlp.projections(block.feed_forward)
     if projections is None:
         return "its MLP has no gate, up and down projections"
-    return mlp.why_not(*projections, offsets=True)
+    return mlp.why_not(*projections, offsets=True, int8=True)
 
 
-def _same_function(block: nn.Module, layer: Int4Layer) -> Optional[str]:
+def _same_function(block: nn.Module, layer: KernelLayer) -> Optional[str]:
     """None when ``layer`` computes what ``block`` does on a random input of 3 tokens, each
     with a plain causal attention in place of its own (a KV cache would keep the input)."""
     attention = block.attention
@@ -169,9 +171,9 @@ def swap_layers(model: nn.Module) -> tuple[int, list[str]]:
     names = {id(m): n for n, m in model.named_modules()}
     kept: list[str] = []
 
-    def layer_or_none(block: nn.Module) -> Optional[Int4Layer]:
+    def layer_or_none(block: nn.Module) -> Optional[KernelLayer]:
         reason = _why_not(block)
-        layer = None if reason else Int4Layer(block)
+        layer = None if reason else KernelLayer(block)
         reason = reason or _same_function(block, layer)
         if reason is not None:
             kept.append(f"{names[id(block)]}: {reason}")
@@ -188,13 +190,13 @@ def apply(module: nn.Module, recipe: str, instead: str) -> nn.Module:
     if swapped == 0 and not kept:
         raise LlmcoreError(
             f"{recipe}: the model has no Llama layers (attention with wq, wk, wv, wo, then a gated MLP) for "
-            "llmcore's int4 layer kernels.",
+            "llmcore's layer kernels.",
             stage="quantize",
             fix=f"use --quantize {instead} for this model.",
         )
     if kept:
         raise LlmcoreError(
-            f"{recipe}: {len(kept)} layer(s) cannot run on llmcore's int4 layer kernels ({'; '.join(kept[:3])}).",
+            f"{recipe}: {len(kept)} layer(s) cannot run on llmcore's layer kernels ({'; '.join(kept[:3])}).",
             stage="quantize",
             fix=f"use --quantize {instead} for this model.",
         )

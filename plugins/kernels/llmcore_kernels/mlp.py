@@ -24,7 +24,7 @@ from torch import nn
 
 from llmcore.errors import LlmcoreError
 from llmcore.modules import replace_modules
-from llmcore_xnnpack.qlinear import BlockInt4Linear, relative_error
+from llmcore_xnnpack.qlinear import BlockInt4Linear, ChannelInt8Linear, relative_error
 
 RECIPE = "8da4w-mlp"
 BLOCK = 32  # the kernel's int4 block (csrc/int4_gemm.h)
@@ -62,11 +62,38 @@ def register_packed(module: nn.Module, name: str, q: torch.Tensor, scales: torch
     module.register_buffer(f"{name}_sums", sums)
 
 
-def register_mlp(module: nn.Module, gate: BlockInt4Linear, up: BlockInt4Linear, down: BlockInt4Linear) -> None:
-    """The MLP's packed ``gate_up`` (rows interleaved, :func:`interleave_rows`) and ``down``
-    buffers on ``module``, as ``llmcore::int4_mlp`` and ``llmcore::int4_norm_mlp_add`` take them."""
-    register_packed(module, "gate_up", interleave_rows(gate.q, up.q), interleave_rows(gate.scales, up.scales))
-    register_packed(module, "down", down.q, down.scales)
+def register_int8(module: nn.Module, name: str, q: torch.Tensor, scales: torch.Tensor) -> None:
+    """An int8 weight ``scales[o] * q[o, i]`` into ``module``'s buffers ``name`` (``q`` as it is,
+    the kernel's int8 rows: csrc/int4_gemm.h), ``name_scales`` and ``name_sums`` (each row's sum
+    of weights, for the activations' zero points)."""
+    scales = scales.float().reshape(-1)
+    if q.dim() != 2 or scales.shape != (q.shape[0],):
+        raise ValueError(f"an int8 weight {tuple(q.shape)} needs one scale a row, got {tuple(scales.shape)}")
+    module.register_buffer(name, q.to(torch.int8).contiguous())
+    module.register_buffer(f"{name}_scales", scales.contiguous())
+    module.register_buffer(f"{name}_sums", (q.double().sum(1) * scales.double()).float().contiguous())
+
+
+def register_linears(module: nn.Module, name: str, linears: list[nn.Module], interleave: bool = False) -> None:
+    """The linears' rows stacked (or, with ``interleave``, two linears' rows interleaved, as
+    ``gate_up``'s: :func:`interleave_rows`) into one projection's three buffers: int4 blocks
+    when they are :class:`BlockInt4Linear`, int8 rows when :class:`ChannelInt8Linear`."""
+
+    def stacked(attr: str) -> torch.Tensor:
+        parts = [getattr(p, attr) for p in linears]
+        return interleave_rows(*parts) if interleave else torch.cat(parts)
+
+    if all(isinstance(p, ChannelInt8Linear) for p in linears):
+        register_int8(module, name, stacked("q"), stacked("scales"))
+    else:
+        register_packed(module, name, stacked("q"), stacked("scales"))
+
+
+def register_mlp(module: nn.Module, gate: nn.Module, up: nn.Module, down: nn.Module) -> None:
+    """The MLP's ``gate_up`` (rows interleaved, :func:`interleave_rows`) and ``down`` buffers on
+    ``module``, as ``llmcore::int4_mlp`` and ``llmcore::int4_norm_mlp_add`` take them."""
+    register_linears(module, "gate_up", [gate, up], interleave=True)
+    register_linears(module, "down", [down])
 
 
 def interleave_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -100,20 +127,36 @@ def projections(module: nn.Module) -> Optional[tuple[nn.Module, nn.Module, nn.Mo
     return None
 
 
-def why_not(gate: nn.Module, up: nn.Module, down: nn.Module, offsets: bool = False) -> Optional[str]:
-    """Why the kernel cannot take these projections, or None; blocks with offsets only when
-    ``offsets`` (the layer operators take them, ``llmcore::int4_mlp`` does not)."""
+def why_not_linear(role: str, p: nn.Module, offsets: bool = False, int8: bool = False) -> Optional[str]:
+    """Why the kernels cannot take linear ``p`` (its ``role`` named in the reason), or None:
+    int4 blocks of 32, with offsets only when ``offsets``; int8 per channel only when ``int8``
+    (the layer operators take both, ``llmcore::int4_mlp`` neither); no outlier split."""
+    kinds = (BlockInt4Linear, ChannelInt8Linear) if int8 else (BlockInt4Linear,)
+    if not isinstance(p, kinds):
+        return f"its {role} is a {type(p).__name__}, not an int4{' or int8' if int8 else ''} linear"
+    if p.outlier_split:
+        return "its linears split outliers (outlier_split=true)"
+    if isinstance(p, ChannelInt8Linear):
+        return None if p.in_features % BLOCK == 0 and p.in_features < 65536 else (
+            f"its {role} takes {p.in_features} inputs (the int8 kernel: a multiple of {BLOCK} below 65536)")
+    if p.block != BLOCK:
+        return f"its int4 blocks are {p.block} wide (the kernel's are {BLOCK}: group_size=32)"
+    if p.offset_weight is not None and not offsets:
+        return "its int4 blocks have offsets (asymmetric=true)"
+    return None
+
+
+def why_not(gate: nn.Module, up: nn.Module, down: nn.Module, offsets: bool = False, int8: bool = False) -> Optional[str]:
+    """Why the kernel cannot take these projections, or None (:func:`why_not_linear`'s terms;
+    gate and up of one kind, stacked into one weight)."""
     for role, p in (("gate", gate), ("up", up), ("down", down)):
-        if not isinstance(p, BlockInt4Linear):
-            return f"its {role} projection is a {type(p).__name__}, not an int4 linear"
-        if p.block != BLOCK:
-            return f"its int4 blocks are {p.block} wide (the kernel's are {BLOCK}: group_size=32)"
-        if p.offset_weight is not None and not offsets:
-            return "its int4 blocks have offsets (asymmetric=true)"
-        if p.outlier_split:
-            return "its linears split outliers (outlier_split=true)"
+        reason = why_not_linear(f"{role} projection", p, offsets, int8)
+        if reason is not None:
+            return reason
         if p.bias is not None:
             return f"its {role} projection has a bias"
+    if type(gate) is not type(up):
+        return "its gate and up projections are of different kinds (int4 and int8)"
     if up.in_features != gate.in_features or up.out_features != gate.out_features:
         return "gate and up differ in shape"
     if down.in_features != gate.out_features or down.out_features != gate.in_features:

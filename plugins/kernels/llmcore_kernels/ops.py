@@ -18,6 +18,10 @@ Operators (schemas are defined in C++, ``csrc/rms_norm_aten.cpp`` and ``csrc/int
 ``llmcore::int4_pack(Tensor q) -> Tensor``
     int8 integers in [-8, 7], ``[rows, k]``, packed as ``int4_mlp`` reads them, ``[rows, k/32, 16]``
     uint8 (:func:`llmcore_kernels.mlp.pack`; the export's, not a program's, operator).
+``llmcore::int4_norm_qkv_rope``, ``llmcore::int4_linear_add``, ``llmcore::int4_norm_mlp_add``
+    a Llama layer's work outside attention (``csrc/int4_layer.h``). Each projection is three
+    tensors: int4 blocks packed (``[rows, in/32, 16]`` uint8, bfloat16 scales ``[rows, in/32]``)
+    or int8 rows (``[rows, in]`` int8, float32 scales ``[rows]``), and float32 row sums.
 """
 
 from __future__ import annotations
@@ -44,10 +48,19 @@ def rms_norm(input: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
 
 @torch.library.register_fake("llmcore::int4_mlp")
 def _int4_mlp_fake(x, gate_up, gate_up_scales, gate_up_sums, down, down_scales, down_sums) -> torch.Tensor:
-    torch._check(gate_up.dim() == 3 and down.dim() == 3)  # [rows, in/32, 16] (csrc/int4_gemm.h)
-    torch._check(x.shape[-1] == 32 * gate_up.shape[1])
+    torch._check(x.shape[-1] == _in_features(gate_up))
     torch._check(down.shape[0] == x.shape[-1])
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _in_features(w: torch.Tensor) -> int:
+    """A projection's inputs: int4 blocks packed ``[rows, in/32, 16]`` uint8, or int8 rows
+    ``[rows, in]`` (csrc/int4_gemm.h)."""
+    if w.dtype == torch.int8:
+        torch._check(w.dim() == 2)
+        return w.shape[1]
+    torch._check(w.dim() == 3)
+    return 32 * w.shape[1]
 
 
 def _head_sizes(h: torch.Tensor, heads: int, head_dim: int) -> list:
@@ -57,8 +70,7 @@ def _head_sizes(h: torch.Tensor, heads: int, head_dim: int) -> list:
 @torch.library.register_fake("llmcore::int4_norm_qkv_rope")
 def _int4_norm_qkv_rope_fake(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, qkv_offsets, cos, sin,
                               n_heads, n_kv_heads):
-    torch._check(qkv.dim() == 3)  # [rows, in/32, 16] (csrc/int4_gemm.h)
-    torch._check(h.shape[-1] == 32 * qkv.shape[1])
+    torch._check(h.shape[-1] == _in_features(qkv))
     head_dim = qkv.shape[0] // (n_heads + 2 * n_kv_heads)
     torch._check(head_dim * (n_heads + 2 * n_kv_heads) == qkv.shape[0])
     return (h.new_empty(_head_sizes(h, n_heads, head_dim)), h.new_empty(_head_sizes(h, n_kv_heads, head_dim)),
@@ -67,8 +79,7 @@ def _int4_norm_qkv_rope_fake(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv
 
 @torch.library.register_fake("llmcore::int4_linear_add")
 def _int4_linear_add_fake(x, w, w_scales, w_sums, w_offsets, residual) -> torch.Tensor:
-    torch._check(w.dim() == 3)
-    torch._check(x.shape[-1] == 32 * w.shape[1])
+    torch._check(x.shape[-1] == _in_features(w))
     torch._check(residual.shape[-1] == w.shape[0])
     return torch.empty_like(residual, memory_format=torch.contiguous_format)
 
@@ -76,7 +87,6 @@ def _int4_linear_add_fake(x, w, w_scales, w_sums, w_offsets, residual) -> torch.
 @torch.library.register_fake("llmcore::int4_norm_mlp_add")
 def _int4_norm_mlp_add_fake(h, norm_weight, eps, gate_up, gate_up_scales, gate_up_sums, gate_up_offsets, down,
                             down_scales, down_sums, down_offsets) -> torch.Tensor:
-    torch._check(gate_up.dim() == 3 and down.dim() == 3)
-    torch._check(h.shape[-1] == 32 * gate_up.shape[1])
-    torch._check(down.shape[0] == h.shape[-1])
+    torch._check(h.shape[-1] == _in_features(gate_up))
+    torch._check(down.shape[0] == h.shape[-1] and _in_features(down) * 2 == gate_up.shape[0])
     return torch.empty_like(h, memory_format=torch.contiguous_format)

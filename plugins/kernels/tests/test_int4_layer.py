@@ -1,6 +1,6 @@
-"""The 8da4w-layers recipe and its operators (llmcore::int4_norm_qkv_rope, int4_linear_add,
+"""The 8da4w-layers and 8da8w-layers recipes and their operators (llmcore::int4_norm_qkv_rope, int4_linear_add,
 int4_norm_mlp_add): a whole Llama layer on the kernels against the Llama module it replaces
-(llmcore-llama's TransformerBlock with the same int4 linears, eager PyTorch), the layers the
+(llmcore-llama's TransformerBlock with the same int4 or int8 linears, eager PyTorch), the layers the
 rewrite refuses, and a program that runs in Python and llmcore_runner alike."""
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from llmcore.modules import CausalAttention
 PROMPT = "Hello there, world"
 
 
-def int4_block(seed: int = 0, offsets: bool = False, **config):
+def int4_block(seed: int = 0, offsets: bool = False, int8: bool = False, **config):
     """A llmcore-llama TransformerBlock (random weights) with every projection a BlockInt4Linear
     of blocks of 32, as 8da4w leaves it (``offsets``: with per-block offsets, as a GGUF's Q4_1
-    or 8da4w's asymmetric=true), and a plain causal attention."""
+    or 8da4w's asymmetric=true; ``int8``: a ChannelInt8Linear instead, as 8da8w leaves it), and
+    a plain causal attention."""
     from llmcore_llama.config import LlamaConfig
     from llmcore_llama.model import TransformerBlock
     from llmcore_xnnpack import qlinear
@@ -36,11 +37,14 @@ def int4_block(seed: int = 0, offsets: bool = False, **config):
         for name in names:
             linear = getattr(parent, name)
             weight = torch.randn_like(linear.weight) * 0.1
+            bias = None if linear.bias is None else torch.randn_like(linear.bias) * 0.5
+            if int8:
+                setattr(parent, name, qlinear.ChannelInt8Linear(*qlinear.int8_channels(weight), bias=bias))
+                continue
             if offsets:
                 q, scales, block_offsets = qlinear.int4_blocks_affine(weight + 0.05, 32)
             else:
                 (q, scales), block_offsets = qlinear.int4_blocks(weight, 32), None
-            bias = None if linear.bias is None else torch.randn_like(linear.bias) * 0.5
             setattr(parent, name, qlinear.BlockInt4Linear(q, scales, block_offsets, bias=bias))
     return block
 
@@ -60,16 +64,18 @@ def ops(kernel_library):
 
 
 # dim 64: one group of 2 blocks; 480: groups 8+4+2+1 (head_dim 96, one kv head); q/k/v biases
-# (Qwen2's); blocks with offsets (a GGUF's Q4_1)
+# (Qwen2's); blocks with offsets (a GGUF's Q4_1); int8 rows (8da8w's)
 @pytest.mark.parametrize("config", [{}, {"dim": 480, "n_heads": 5, "n_kv_heads": 1, "hidden_dim": 288},
                                     {"qkv_bias": True}, {"offsets": True},
-                                    {"offsets": True, "dim": 480, "n_heads": 5, "n_kv_heads": 1, "hidden_dim": 288}])
+                                    {"offsets": True, "dim": 480, "n_heads": 5, "n_kv_heads": 1, "hidden_dim": 288},
+                                    {"int8": True}, {"int8": True, "qkv_bias": True},
+                                    {"int8": True, "dim": 480, "n_heads": 5, "n_kv_heads": 1, "hidden_dim": 288}])
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_a_layer_on_the_kernels_computes_what_the_llama_block_computes(ops, rows, config):
-    from llmcore_kernels.layers import Int4Layer
+    from llmcore_kernels.layers import KernelLayer
 
     block = int4_block(**config)
-    layer = Int4Layer(block)
+    layer = KernelLayer(block)
     dim, head_dim = block.attention.wq.in_features, block.attention.head_dim
     x = torch.randn(1, rows, dim, generator=torch.Generator().manual_seed(rows))
     x[0, 0, 0] = 20.0  # an outlier sets its token's int8 scale
@@ -94,9 +100,9 @@ def test_a_layer_on_the_kernels_computes_what_the_llama_block_computes(ops, rows
 
 
 def test_the_operators_check_their_inputs(ops):
-    from llmcore_kernels.layers import Int4Layer
+    from llmcore_kernels.layers import KernelLayer
 
-    layer = Int4Layer(int4_block())
+    layer = KernelLayer(int4_block())
     x = torch.randn(1, 3, 64)
     cos, sin = rope_tables(3, 16)
     with pytest.raises(RuntimeError, match="n_heads must be a positive multiple of n_kv_heads"):
@@ -117,6 +123,14 @@ def test_the_operators_check_their_inputs(ops):
     with pytest.raises(RuntimeError, match="eps must be finite"):
         torch.ops.llmcore.int4_norm_mlp_add(x, layer.ffn_norm, float("nan"), m.gate_up, m.gate_up_scales,
                                             m.gate_up_sums, None, m.down, m.down_scales, m.down_sums, None)
+    int8 = KernelLayer(int4_block(int8=True))
+    assert int8.qkv.dtype == torch.int8 and int8.qkv.shape == (128, 64) and int8.qkv_scales.shape == (128,)
+    with pytest.raises(RuntimeError, match="int8 weights take no block offsets"):
+        torch.ops.llmcore.int4_linear_add(x, int8.wo, int8.wo_scales, int8.wo_sums, torch.zeros(8, 2, 8), x)
+    with pytest.raises(RuntimeError, match=r"an int8 weight's scales and row sums must be contiguous float32 \[64\]"):
+        torch.ops.llmcore.int4_linear_add(x, int8.wo, int8.wo_scales[:32], int8.wo_sums, None, x)
+    with pytest.raises(RuntimeError, match="int8 weights must be a contiguous .* multiple of 32"):
+        torch.ops.llmcore.int4_linear_add(x[..., :48], int8.wo[:, :48], int8.wo_scales, int8.wo_sums, None, x)
 
 
 def halves_rope(block):
@@ -159,7 +173,7 @@ def test_a_layer_keeps_its_attention_module(ops):
     attention = block.attention.attn
     model = torch.nn.ModuleList([block])
     assert layers.swap_layers(model) == (1, [])
-    assert isinstance(model[0], layers.Int4Layer) and model[0].attn is attention
+    assert isinstance(model[0], layers.KernelLayer) and model[0].attn is attention
     assert isinstance(attention, CausalAttention)
 
 
@@ -215,8 +229,53 @@ def test_the_program_computes_what_8da4w_computes(layers_export, variant):
     assert int(got.argmax()) == int(want.argmax())
 
 
-def test_llmcore_run_and_llmcore_runner_agree(layers_export, runner, llmcore_cli):
-    pte = layers_export["8da4w-layers"].pte
+@pytest.fixture(scope="module")
+def int8_layers_export(kernel_library, tmp_path_factory):
+    """The tiny random Llama exported with --quantize 8da8w-layers, and with 8da8w without the
+    outlier split (the same integers, on XNNPACK)."""
+    from llmcore.pipeline import export
+    from llmcore.plugins import load_registry
+    from llmcore.recipe import ExportOptions
+
+    folder = tmp_path_factory.mktemp("int8-layers")
+    return {recipe: export(ExportOptions(model="llama", config="tiny", plugins=["xnnpack"], quantize=recipe,
+                                         quantize_options={"outlier_split": False},
+                                         output=str(folder / f"{recipe}.pte"), quiet=True), load_registry())
+            for recipe in ("8da8w-layers", "8da8w")}
+
+
+def test_the_int8_program_computes_what_8da8w_computes(int8_layers_export):
+    from llmcore import libraries
+    from llmcore.runtime import Program
+
+    ours = int8_layers_export["8da8w-layers"]
+    ops = libraries.program_operators(ours.pte.read_bytes())
+    assert {f"llmcore::{op}.out" for op in ("int4_norm_qkv_rope", "int4_linear_add", "int4_norm_mlp_add")} <= set(ops)
+    assert ours.report["delegation"]["delegated_subgraphs"] <= 2  # the output layer's
+    assert ours.report["parity"]["top1_agreement"] == 1.0 and ours.report["parity"]["max_abs_diff"] < 0.05
+    ids = [1, 40, 50, 60, 70, 80, 90]
+    want = torch.as_tensor(Program.load(int8_layers_export["8da8w"].pte).logits(ids, input_pos=0))
+    got = torch.as_tensor(Program.load(ours.pte).logits(ids, input_pos=0))
+    assert float((got - want).norm() / want.norm()) < 0.01
+    assert int(got.argmax()) == int(want.argmax())
+
+
+def test_8da8w_layers_refuses_the_outlier_split(kernel_library, tmp_path):
+    from llmcore.pipeline import export
+    from llmcore.plugins import load_registry
+    from llmcore.recipe import ExportOptions
+
+    options = ExportOptions(model="llama", config="tiny", plugins=["xnnpack"], quantize="8da8w-layers",
+                            quantize_options={"outlier_split": True}, output=str(tmp_path / "m.pte"), quiet=True)
+    with pytest.raises(LlmcoreError, match="8da8w-layers: outlier_split=True gives linears") as caught:
+        export(options, load_registry())
+    assert "--quantize 8da8w" in caught.value.fix
+    assert not (tmp_path / "m.pte").exists()
+
+
+@pytest.mark.parametrize("recipe", ["8da4w-layers", "8da8w-layers"])
+def test_llmcore_run_and_llmcore_runner_agree(layers_export, int8_layers_export, runner, llmcore_cli, recipe):
+    pte = {**layers_export, **int8_layers_export}[recipe].pte
     result = llmcore_cli("run", str(pte), "--prompt", PROMPT, "--max-new-tokens", "16", "--json")
     assert result.returncode == 0, result.stderr
     python_ids = json.loads(result.stdout)["generated_ids"]

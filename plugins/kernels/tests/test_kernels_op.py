@@ -128,6 +128,13 @@ def test_hooks_declare_the_library_the_transform_and_the_recipe():
         recipe = registry.get("quantizers", name, stage="test").record
         assert recipe.options == base.options and recipe.calibrated and recipe.backends == ("xnnpack",)
         assert recipe.source_quantize is not base.source_quantize
+    # 8da8w-layers: 8da8w's record with the outlier split off by default (the kernels take one row)
+    base = registry.get("quantizers", "8da8w", stage="test").record
+    recipe = registry.get("quantizers", "8da8w-layers", stage="test").record
+    assert base.options["outlier_split"][1] is True and recipe.options["outlier_split"][1] is False
+    assert {k: v for k, v in recipe.options.items() if k != "outlier_split"} == {
+        k: v for k, v in base.options.items() if k != "outlier_split"}
+    assert recipe.calibrated and recipe.backends == ("xnnpack",)
 
 
 def _needed(path) -> list[str]:
