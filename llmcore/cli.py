@@ -345,6 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
             "--threads", type=int, metavar="N",
             help="CPU threads of the ExecuTorch runtime (XNNPACK and the LLM ops); default: one for a "
                  "program under 16 MiB, else one per core, as llmcore_runner --threads")
+        sub.choices[name].add_argument(
+            "--mmap", action="store_true",
+            help="map the program's file instead of reading it into huge pages: a smaller resident set, "
+                 "a slower decode (as llmcore_runner --mmap)")
     return parser
 
 
@@ -386,6 +390,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             threads = args.threads if args.threads is not None else default_threads(args.pte)
             if threads is not None:
                 use_threads(threads)
+            if args.mmap:
+                from llmcore.runtime import map_program_files
+
+                map_program_files()
         return args.func(args)
     except LlmcoreError as exc:
         if debug:

@@ -70,9 +70,13 @@ class Program:
         self._step_ids, self._step_pos = step_ids.numpy(), step_pos.numpy()
 
     @classmethod
-    def load(cls, source: str | Path | bytes, *, enable_etdump: bool = False) -> "Program":
+    def load(cls, source: str | Path | bytes, *, enable_etdump: bool = False,
+             map_file: Optional[bool] = None) -> "Program":
         """Load a program, with the kernel libraries its operators need
-        (:func:`llmcore.libraries.load_program_libraries`)."""
+        (:func:`llmcore.libraries.load_program_libraries`). A file is read into memory backed
+        by huge pages (:func:`in_huge_pages`, as ``llmcore_runner`` does), or with
+        ``map_file`` (default: :func:`map_program_files`' setting, ``--mmap``) mapped by the
+        runtime: a smaller resident set, a slower decode."""
         if isinstance(source, (bytes, bytearray)):
             return cls._load(bytes(source), "<buffer>", enable_etdump, None)
         path = Path(source)
@@ -80,6 +84,10 @@ class Program:
             raise LlmcoreError(
                 f"program {str(path)!r} does not exist.", stage="run", fix="check the path of the .pte file."
             )
+        if not (_MAP_FILES if map_file is None else map_file):
+            data = path.read_bytes()
+            in_huge_pages(data)
+            return cls._load(data, str(path), enable_etdump, None)
         # Check through a read-only mapping and let the runtime map the file itself: the
         # weights are then paged in from disk, not held in a Python bytes object too.
         with open(path, "rb") as f:
@@ -270,6 +278,42 @@ def torch_threads_after_custom_ops() -> Iterator[None]:
         return
     with torch_on_one_thread():
         yield
+
+
+# Whether Program.load maps program files (--mmap) instead of reading them into huge pages.
+_MAP_FILES = False
+
+
+def map_program_files(enabled: bool = True) -> None:
+    """Make :meth:`Program.load` map program files by default (``--mmap``)."""
+    global _MAP_FILES
+    _MAP_FILES = enabled
+
+
+_MADV_COLLAPSE = 25  # Linux 6.1+: back a range with huge pages now (mm/khugepaged.c)
+_HUGE_PAGE = 2 << 20
+
+
+def in_huge_pages(data: bytes) -> bool:
+    """Ask the kernel to back ``data``'s whole 2 MiB pages with transparent huge pages now
+    (``madvise(MADV_COLLAPSE)``, whatever the system's THP mode but ``never``); False where it
+    cannot (another OS, an older kernel, no THP). Why: a decode step streams every weight once,
+    and with 4 KiB pages that is a TLB miss every 4 KiB over pages scattered in physical memory;
+    ``llmcore_runner`` reads programs into huge pages for the same reason
+    (runtime/src/mmap_data_loader.h; docs/performance.md, "The program in huge pages").
+    ``data`` must stay alive as long as the program that runs from it; its bytes do not change."""
+    if not sys.platform.startswith("linux") or len(data) < 2 * _HUGE_PAGE:
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+    start = (address + _HUGE_PAGE - 1) & ~(_HUGE_PAGE - 1)
+    end = (address + len(data)) & ~(_HUGE_PAGE - 1)
+    if end <= start:
+        return False
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_COLLAPSE) == 0
 
 
 def runtime_threads() -> int:

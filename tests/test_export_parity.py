@@ -47,6 +47,19 @@ def test_pte_matches_eager_at_three_lengths(exports, variant):
         _close(variant, got, expected, f"length {length}")
 
 
+def test_a_mapped_program_computes_what_a_read_one_does(exports):
+    """``Program.load`` reads a file into huge pages by default and maps it with
+    ``map_file=True`` (``--mmap``): where the bytes live, not what they compute."""
+    from llmcore.runtime import in_huge_pages
+
+    tokens = list(range(3, 40))
+    pte = exports("xnnpack").pte
+    read = Program.load(pte).logits(tokens, 0)
+    mapped = Program.load(pte, map_file=True).logits(tokens, 0)
+    assert torch.equal(torch.as_tensor(read), torch.as_tensor(mapped))
+    assert in_huge_pages(b"too small for a huge page") is False
+
+
 @pytest.mark.parametrize("variant", ["xnnpack", "int8", "static-cache"])
 def test_kv_cache_decode_steps_match_full_recompute(exports, variant):
     program = Program.load(exports(variant).pte)

@@ -172,7 +172,8 @@ def check_parity(
             f"backend {b} is not in this runtime; it runs on {where.get(b) or backend_target(b)}" for b in missing
         )
         return ParitySkipped(reason, missing, reference)
-    program = Program.load(program_source)
+    # mapped, not read into huge pages: a few calls, in the process that holds the model too
+    program = Program.load(program_source, map_file=True)
     worst, agree = 0.0, 0
     for call in expected:
         got = program.logits(call.ids, call.pos).float()

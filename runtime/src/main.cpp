@@ -3,7 +3,7 @@
 //   llmcore_runner PTE (--prompt TEXT | --prompt-file PATH) [--tokenizer PATH] [--max-new-tokens N]
 //                  [--temperature T] [--top-k K] [--top-p P] [--seed S]
 //                  [--print-ids] [--threads N] [--load-library PATH]... [--etdump FILE]
-//                  [--verbose]
+//                  [--mmap] [--verbose]
 //
 // stdout: the generated text, streamed token by token, then a newline; with
 //         --print-ids one more line "ids: <generated token ids>".
@@ -61,6 +61,7 @@ struct Options {
   bool verbose = false;
   std::vector<std::string> libraries;  // --load-library
   std::string etdump;                  // --etdump FILE ("" = off)
+  bool map_file = false;               // --mmap
 };
 
 const char* kUsage =
@@ -85,6 +86,8 @@ const char* kUsage =
     "                         also LLMCORE_RUNTIME_LIBRARIES=path:folder:...)\n"
     "  --etdump FILE          record an ETDump of the forward calls (operator and\n"
     "                         delegate times) and write it to FILE at the end\n"
+    "  --mmap                 map the program's file instead of reading it into huge\n"
+    "                         pages: a smaller resident set, a slower decode\n"
     "  --verbose              print program metadata and ExecuTorch info logs\n"
     "  -h, --help             this help\n";
 
@@ -179,6 +182,8 @@ Options parse_args(int argc, char** argv) {
       o.threads = static_cast<unsigned>(parse_long(a, next(), 0, 1024));
     } else if (a == "--load-library") {
       o.libraries.push_back(next());
+    } else if (a == "--mmap") {
+      o.map_file = true;
     } else if (a == "--etdump") {
       o.etdump = next();
       if (o.etdump.empty()) usage_error("--etdump needs a file name");
@@ -410,7 +415,7 @@ int run(const Options& opt) {
   }
   auto t_load0 = Clock::now();
   KernelLibraries kernels(opt);
-  llmcore::PteModule module(opt.pte);
+  llmcore::PteModule module(opt.pte, opt.map_file);
   if (!module.has_method("forward")) throw llmcore::RuntimeError("program '" + opt.pte + "' has no 'forward' method");
   if (module.has_method("get_runtime_libraries")) {
     kernels.load_declared(module.run_string_method("get_runtime_libraries"), opt.verbose);

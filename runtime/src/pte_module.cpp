@@ -121,9 +121,10 @@ struct PteModule::LoadedMethod {
   std::optional<et::Method> method;  // declared last: destroyed first
 };
 
-PteModule::PteModule(const std::string& path) : path_(path) {
+PteModule::PteModule(const std::string& path, bool map_file) : path_(path) {
   std::string err;
-  loader_ = MmapDataLoader::open(path, &err);
+  loader_ = MmapDataLoader::open(path, &err,
+                                 map_file ? MmapDataLoader::Residence::file_pages : MmapDataLoader::Residence::huge_pages);
   if (!loader_) throw RuntimeError(err);
 
   size_t file_size = loader_->size().get();

@@ -22,8 +22,9 @@ class RuntimeError : public std::runtime_error {
 
 class PteModule {
  public:
-  // Throws RuntimeError when the file is missing, truncated or not a program.
-  explicit PteModule(const std::string& path);
+  // Throws RuntimeError when the file is missing, truncated or not a program. `map_file`:
+  // the program's file pages mapped, not read into huge pages (mmap_data_loader.h).
+  explicit PteModule(const std::string& path, bool map_file = false);
   ~PteModule();
 
   const std::string& path() const { return path_; }

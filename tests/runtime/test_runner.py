@@ -334,11 +334,23 @@ def _bad_files(tmp_path, programs):
     return paths
 
 
-def test_bad_program_files(binaries, programs, tmp_path):
+@pytest.mark.parametrize("residence", [[], ["--mmap"]])  # read into huge pages, or the file mapped
+def test_bad_program_files(binaries, programs, tmp_path, residence):
     for name, path in _bad_files(tmp_path, programs).items():
-        code, out, err = run_runner(path, "hello", "--max-new-tokens", 3, check=False)
+        code, out, err = run_runner(path, "hello", "--max-new-tokens", 3, *residence, check=False)
         assert code == 1, f"{name}: exit {code}\n{err}"  # negative = killed by a signal
         assert "llmcore_runner: error:" in err, f"{name}: {err}"
+
+
+def test_a_mapped_program_generates_what_a_read_one_does(binaries, programs):
+    """--mmap changes where the program's bytes live (file pages, not huge pages read in:
+    runtime/src/mmap_data_loader.h), not what it computes."""
+    for variant in ("nocache", "kv"):
+        pte = programs / f"{variant}.pte"
+        _, read, _ = run_runner(pte, PROMPTS[2], "--max-new-tokens", 40, "--temperature", 0, "--print-ids")
+        _, mapped, _ = run_runner(pte, PROMPTS[2], "--max-new-tokens", 40, "--temperature", 0, "--print-ids",
+                                  "--mmap")
+        assert parse_ids(read) == parse_ids(mapped)
 
 
 def test_bad_tokenizer(binaries, programs, tmp_path):
