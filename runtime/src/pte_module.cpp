@@ -123,8 +123,8 @@ struct PteModule::LoadedMethod {
 
 PteModule::PteModule(const std::string& path, bool map_file) : path_(path) {
   std::string err;
-  loader_ = MmapDataLoader::open(path, &err,
-                                 map_file ? MmapDataLoader::Residence::file_pages : MmapDataLoader::Residence::huge_pages);
+  using Residence = MmapDataLoader::Residence;
+  loader_ = MmapDataLoader::open(path, &err, map_file ? Residence::file_pages : Residence::huge_pages);
   if (!loader_) throw RuntimeError(err);
 
   size_t file_size = loader_->size().get();

@@ -29,7 +29,8 @@ inline int4::PackedWeight projection(const char* op, const char* name, const at:
       TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 1 && t->size(0) == n && t->is_contiguous(), op,
                   ": ", name, ": an int8 weight's scales and row sums must be contiguous float32 [", n,
                   "] tensors, got ", t->scalar_type(), " ", t->sizes());
-    int4::PackedWeight w{static_cast<const uint8_t*>(packed.const_data_ptr()), nullptr, sums.const_data_ptr<float>(), nullptr, n, k};
+    int4::PackedWeight w{static_cast<const uint8_t*>(packed.const_data_ptr()), nullptr, sums.const_data_ptr<float>(),
+                         nullptr, n, k};
     w.format = int4::Format::int8_rows;
     w.row_scales = scales.const_data_ptr<float>();
     return w;

@@ -428,7 +428,8 @@ void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, i
   const bool int8 = w.format == Format::int8_rows;
 #if LLMCORE_HAVE_X86
   if (isa == Isa::avx512_vnni)
-    return int8 ? avx512_vnni::gemm_int8_rows(x, w, n_begin, n_end, y) : avx512_vnni::gemm_rows(x, w, n_begin, n_end, y);
+    return int8 ? avx512_vnni::gemm_int8_rows(x, w, n_begin, n_end, y)
+                : avx512_vnni::gemm_rows(x, w, n_begin, n_end, y);
   if (isa == Isa::avx2)
     return int8 ? avx2::gemm_int8_rows(x, w, n_begin, n_end, y) : avx2::gemm_rows(x, w, n_begin, n_end, y);
 #endif

@@ -146,7 +146,8 @@ def why_not_linear(role: str, p: nn.Module, offsets: bool = False, int8: bool = 
     return None
 
 
-def why_not(gate: nn.Module, up: nn.Module, down: nn.Module, offsets: bool = False, int8: bool = False) -> Optional[str]:
+def why_not(gate: nn.Module, up: nn.Module, down: nn.Module, offsets: bool = False,
+            int8: bool = False) -> Optional[str]:
     """Why the kernel cannot take these projections, or None (:func:`why_not_linear`'s terms;
     gate and up of one kind, stacked into one weight)."""
     for role, p in (("gate", gate), ("up", up), ("down", down)):
