@@ -5,9 +5,10 @@
 //       huge pages (MADV_HUGEPAGE; 2 MiB pages where the kernel has them). A decode step
 //       streams every weight once; with 4 KiB file pages that is a TLB miss every 4 KiB and
 //       pages scattered in physical memory, and the first call faults every page in. On
-//       SmolLM2 (2-core EPYC, AVX2 view) decode ran 7-20% faster and the 64-token prefill,
-//       first call included, up to 1.7x (docs/performance.md, "The program in huge pages").
-//       The whole file is resident, tables whose rows are never read included.
+//       SmolLM2 (2-core EPYC, AVX2 view) 8da4w-layers decoded 307 against 283 tok/s (medians
+//       of four alternating rounds); programs whose weights XNNPACK copies gained nothing
+//       (docs/performance.md, "The program in huge pages"). The whole file is resident,
+//       tables whose rows are never read included.
 //   file_pages (--mmap): the file mapped read-only: pages come in from the page cache when
 //       touched and can be shared with other processes; the smallest resident set.
 #pragma once

@@ -28,6 +28,8 @@ from llmcore_xnnpack.qlinear import BlockInt4Linear, ChannelInt8Linear, relative
 
 RECIPE = "8da4w-mlp"
 BLOCK = 32  # the kernel's int4 block (csrc/int4_gemm.h)
+# int8 rows' in-features stay below it, for exact 32-bit sums (csrc/int4_gemm.h, kInt8MaxK)
+INT8_MAX_IN = 65536
 NAMES = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"))  # gate, up, down
 # ||kernel - module|| / ||module|| allowed in the swap check: both round their activations to
 # int8, and a value within float error of a rounding boundary may land on either side.
@@ -137,8 +139,8 @@ def why_not_linear(role: str, p: nn.Module, offsets: bool = False, int8: bool = 
     if p.outlier_split:
         return "its linears split outliers (outlier_split=true)"
     if isinstance(p, ChannelInt8Linear):
-        return None if p.in_features % BLOCK == 0 and p.in_features < 65536 else (
-            f"its {role} takes {p.in_features} inputs (the int8 kernel: a multiple of {BLOCK} below 65536)")
+        return None if p.in_features % BLOCK == 0 and p.in_features < INT8_MAX_IN else (
+            f"its {role} takes {p.in_features} inputs (the int8 kernel: a multiple of {BLOCK} below {INT8_MAX_IN})")
     if p.block != BLOCK:
         return f"its int4 blocks are {p.block} wide (the kernel's are {BLOCK}: group_size=32)"
     if p.offset_weight is not None and not offsets:
