@@ -143,6 +143,21 @@ int check_gemm(const char* what, const Activations& input, const Activations& q,
       }
     }
   }
+  // A prompt's rows (its tiles) are the floats each row gives alone (a decode step's code):
+  // a token's output must not depend on how many tokens came with it.
+  for (int64_t t = 0; t < m; ++t) {
+    QuantizedRows one = input.rows(1, w.k);
+    one.a += t * w.k;
+    one.scale += t;
+    one.zero += t;
+    std::vector<float> y_one(w.n);
+    gemm_rows(one, view(w), 0, w.n, y_one.data(), false);
+    if (std::memcmp(y_one.data(), y_fast.data() + t * w.n, w.n * sizeof(float)) != 0) {
+      std::printf("mismatch: %s %s row %lld alone differs from its row among %lld (n=%lld k=%lld)\n", what,
+                  gemm_isa_name(), (long long)t, (long long)m, (long long)w.n, (long long)w.k);
+      return 1;
+    }
+  }
   return 0;
 }
 

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -171,7 +172,8 @@ constexpr int64_t kPrefetchBytes = 2048;
 
 #endif  // LLMCORE_HAVE_X86
 
-// Calls visit(first block, G) for each group of a row of `blocks` blocks, in order.
+// Calls visit(first block, G) for each group of a row of `blocks` blocks, in order (the
+// tiles' for_each_sized_group walks the same groups with G a constant).
 template <typename Visit>
 void for_each_group(int64_t blocks, Visit visit) {
   int64_t g = 0;
@@ -252,19 +254,24 @@ void gemm_rows_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n
 
 #if LLMCORE_HAVE_X86
 // The tiles, once per instruction set (int4_gemm_tiles.inc). The prompt tiles' shapes were
-// chosen with benchmarks/int4_gemm_probe on SmolLM2's MLP (64 tokens): AVX2 3 x 3 (3x4, 2x4,
-// 4x2 and, before the running sum, 1x1 to 6x1 tried; 3x3 and 4x2 alike, 9% ahead of 3x4 on
-// one thread), VNNI 3 x 4 (3x3, 4x4, 6x4, 4x6, 8x2, 2x8 tried: AVX-512's 32 registers).
+// chosen with benchmarks/int4_gemm_probe on SmolLM2's MLP (64 tokens, one thread) over
+// unpacked weight rows: AVX2 4 x 3 (54.7-54.9 ms; 3x3, 3x4, 2x4, 2x6 56.5-57.7, 4x2, 4x4,
+// 5x2 59.5-61.9), VNNI 3 x 4 (43.0-43.8 ms; 4x3 alike, 4x4 53.5, 5x4, 4x6, 6x4, 8x3 63-72).
+// int8 rows keep 3 x 3 (AVX2; 4 x 3 took their MLP pass 111 ms against 95-99) and 3 x 4.
 namespace avx2 {
 #define INT4_TARGET LLMCORE_AVX2
 #define INT4_VNNI 0
-#define INT4_PROMPT_MR 3
+#define INT4_PROMPT_MR 4
 #define INT4_PROMPT_NR 3
+#define INT8_PROMPT_MR 3
+#define INT8_PROMPT_NR 3
 #include "int4_gemm_tiles.inc"
 #undef INT4_TARGET
 #undef INT4_VNNI
 #undef INT4_PROMPT_MR
 #undef INT4_PROMPT_NR
+#undef INT8_PROMPT_MR
+#undef INT8_PROMPT_NR
 }  // namespace avx2
 
 namespace avx512_vnni {
@@ -272,11 +279,15 @@ namespace avx512_vnni {
 #define INT4_VNNI 1
 #define INT4_PROMPT_MR 3
 #define INT4_PROMPT_NR 4
+#define INT8_PROMPT_MR 3
+#define INT8_PROMPT_NR 4
 #include "int4_gemm_tiles.inc"
 #undef INT4_TARGET
 #undef INT4_VNNI
 #undef INT4_PROMPT_MR
 #undef INT4_PROMPT_NR
+#undef INT8_PROMPT_MR
+#undef INT8_PROMPT_NR
 }  // namespace avx512_vnni
 #endif
 
