@@ -59,17 +59,28 @@ def test_scale_and_softcap_match_the_definition(window, scale, softcap):
 
 
 @pytest.mark.parametrize("scale, softcap", SCORINGS, ids=SCORING_IDS)
-@pytest.mark.parametrize("cache", [CustomOpKVAttention, StaticKVAttention], ids=["custom-ops", "plain-pytorch"])
+@pytest.mark.parametrize(
+    "cache, plain",
+    [(CustomOpKVAttention, False), (CustomOpKVAttention, True), (StaticKVAttention, False)],
+    ids=["custom-ops", "custom-ops-plain-attention", "plain-pytorch"],
+)
 @pytest.mark.parametrize("window, slots", [(None, None), (5, None), (5, 9)], ids=["full", "window", "ring"])
-def test_caches_keep_the_window_while_decoding_past_it(cache, window, slots, scale, softcap):
+def test_caches_keep_the_window_while_decoding_past_it(cache, plain, window, slots, scale, softcap):
     """A 7-token prefill (two chunks of at most 5 into a ring buffer of 9 rows), then 17
     single-token steps: every step's output equals attention over the whole sequence (with
-    the window, well past it, and past the ring's length), at the layer's scale and cap."""
+    the window, well past it, and past the ring's length), at the layer's scale and cap.
+    ``plain``: the custom-op cache as the export's parity reference runs it (plain_attention)."""
+    import contextlib
     import importlib
 
-    from llmcore.builtins.kv_cache import CUSTOM_OPS_MODULE
+    from llmcore.builtins.kv_cache import CUSTOM_OPS_MODULE, plain_attention
 
     importlib.import_module(CUSTOM_OPS_MODULE)
+    with plain_attention() if plain else contextlib.nullcontext():
+        _decode_past_the_window(cache, window, slots, scale, softcap)
+
+
+def _decode_past_the_window(cache, window, slots, scale, softcap):
     total, prefill = 24, 7
     q, k, v = qkv(total, seed=1)
     want = reference(q, k, v, window, scale, softcap)

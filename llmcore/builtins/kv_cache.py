@@ -36,9 +36,11 @@ plain-PyTorch one over the filled part.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -157,6 +159,30 @@ class WindowMasks:
         return ring_rows(input_pos, seq_len, slots)
 
 
+# Set while the export computes its parity reference (llmcore.pipeline.parity).
+_PLAIN_ATTENTION = contextvars.ContextVar("plain_attention", default=False)
+
+
+@contextmanager
+def plain_attention() -> Iterator[None]:
+    """Within it, :class:`CustomOpKVAttention` attends in plain PyTorch (the cache, its mask,
+    :func:`~llmcore.modules.explicit_attention`) instead of calling ``llama::custom_sdpa``.
+
+    Why: the export's parity check needs an eager reference that is the same numbers in
+    every process. ExecuTorch 1.5.1's eager ``custom_sdpa`` (the wheel's kernel for
+    PyTorch) is not: on one thread two calls on the same inputs differ in the last bit
+    (a 10-token prompt, 200 calls: three different outputs); and a quantized model's
+    dynamic activation rounding turns such a bit into a different int8 level, so three
+    exports of one program (identical bytes) read parity differences of 1.8, 2.4 and 2.5.
+    With the attention written out the reference was 2.05 in three processes of three.
+    The cache is still written by ``llama::update_cache``, as the program writes it."""
+    token = _PLAIN_ATTENTION.set(True)
+    try:
+        yield
+    finally:
+        _PLAIN_ATTENTION.reset(token)
+
+
 def _capped_attention(q, keys, values, mask, scale, softcap) -> torch.Tensor:
     """Soft-capped attention of queries ``q [1, T, H, D]`` over cached ``keys``/``values``
     ``[1, S, H_kv, D]`` with a ``[T, S]`` mask; ``[1, T, H, D]``."""
@@ -209,7 +235,8 @@ class CustomOpKVAttention(nn.Module):
             rows = self.masks.rows(input_pos, seq_len, self.slots)
             torch.ops.llama.update_cache_with_indices(k.float(), self.k_cache, start, rows)
             torch.ops.llama.update_cache_with_indices(v.float(), self.v_cache, start, rows)
-        if self.softcap is not None:  # over the whole cache, masked: static shapes, which XNNPACK lowers
+        if self.softcap is not None or _PLAIN_ATTENTION.get():
+            # over the whole cache, masked: static shapes, which XNNPACK lowers
             mask = self.masks.mask(input_pos, seq_len, self.window, self.slots)
             y = _capped_attention(q, self.k_cache, self.v_cache, mask, self.scale, self.softcap)
             return y.contiguous().view(bsz, -1, self.n_heads * self.head_dim).to(q.dtype)  # -1: a view XNNPACK takes

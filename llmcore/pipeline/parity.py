@@ -19,6 +19,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import torch
 
+from llmcore.builtins.kv_cache import plain_attention
 from llmcore.errors import LlmcoreError
 from llmcore.runtime import Program, backend_target, captured_stderr, missing_backends
 
@@ -73,9 +74,13 @@ def reference_logits(
     Running the model writes its KV-cache buffers, which the captured program shares as
     initial values: they are restored afterwards, so the program's bytes do not depend on
     this check. ``written``: the buffers the captured program writes (:func:`written_buffers`),
-    restored whatever their type (:func:`buffers_restored`)."""
+    restored whatever their type (:func:`buffers_restored`).
+
+    The cached attention runs in plain PyTorch (:func:`~llmcore.builtins.kv_cache.plain_attention`):
+    ExecuTorch's eager ``custom_sdpa`` is not the same bits from call to call, and the
+    reference must be."""
     out = []
-    with buffers_restored(eager, written):
+    with buffers_restored(eager, written), plain_attention():
         for ids, pos in parity_calls(prompt_ids, use_kv_cache):
             tokens = torch.tensor([ids], dtype=torch.long)
             with torch.no_grad(), captured_stderr():
