@@ -171,10 +171,11 @@ def plain_attention() -> Iterator[None]:
     Why: the export's parity check needs an eager reference that is the same numbers in
     every process. ExecuTorch 1.5.1's eager ``custom_sdpa`` (the wheel's kernel for
     PyTorch) is not: on one thread two calls on the same inputs differ in the last bit
-    (a 10-token prompt, 200 calls: three different outputs); and a quantized model's
-    dynamic activation rounding turns such a bit into a different int8 level, so three
-    exports of one program (identical bytes) read parity differences of 1.8, 2.4 and 2.5.
-    With the attention written out the reference was 2.05 in three processes of three.
+    (a 10-token prompt, 200 calls: three different outputs), and its results moved between
+    processes on two threads; a quantized model's dynamic activation rounding turns such a
+    bit into a different int8 level, so three exports of one gguf-layers program (identical
+    bytes) read parity differences of 1.80, 2.35 and 2.51. With the attention written out
+    they read 2.23 in three processes of three, on one thread or two alike (gguf: 2.05).
     The cache is still written by ``llama::update_cache``, as the program writes it."""
     token = _PLAIN_ATTENTION.set(True)
     try:
