@@ -131,3 +131,26 @@ def test_metadata_methods(exports):
     assert meta["enable_dynamic_shape"] is True
     nocache = Program.load(exports("nocache").pte).metadata
     assert nocache["use_kv_cache"] is False and nocache["use_sdpa_with_kv_cache"] is False
+
+
+@pytest.mark.parametrize("tie_margin, counted", [(+1e-3, True), (-1e-3, False)], ids=["within", "beyond"])
+def test_parity_names_a_disagreement_on_a_near_tie(exports, monkeypatch, tie_margin, counted):
+    """A reference whose top-1 is the program's second token disagrees; it is reported as a
+    near tie when the program holds the two within NEAR_TIE_LOGITS, and only then."""
+    from llmcore.pipeline import parity
+    from llmcore.pipeline.report import format_summary
+
+    pte = exports("xnnpack").pte
+    ids = list(range(3, 20))
+    got = torch.as_tensor(Program.load(pte).logits(ids, 0)).float()
+    first, second = torch.topk(got, 2).indices.tolist()
+    gap = float(got[first] - got[second])
+    reference = got.clone()
+    reference[second] = got[first] + 1.0  # the reference prefers the program's runner-up
+    monkeypatch.setattr(parity, "NEAR_TIE_LOGITS", gap + tie_margin)
+    result = parity.check_parity(str(pte), [parity.ReferenceCall(ids, 0, reference)], "test")
+    assert result.top1_agreement == 0.0
+    assert result.near_ties == int(counted)
+    assert (result.near_tie_gap == pytest.approx(gap, abs=1e-5)) if counted else result.near_tie_gap is None
+    line = format_summary({"parity": result.as_dict(), "outputs": {"pte": "x.pte", "pte_bytes": 1}, "stages": []})
+    assert ("near tie" in line) == counted, line

@@ -89,9 +89,14 @@ def format_summary(report: dict[str, Any]) -> str:
     wrote = f"wrote {files['pte']} ({files['pte_bytes'] / 2**20:.2f} MiB) in {total:.1f}s, peak RSS {peak:.0f} MiB\n"
     if "skipped" in parity:
         return wrote + f"parity vs {parity['reference']}: skipped ({parity['skipped']})"
+    ties = parity.get("near_ties") or 0
+    tie_note = (
+        f"; {ties} of the disagreeing calls a near tie, the program's top two {parity['near_tie_gap']:.3g} apart"
+        if ties else ""
+    )
     return wrote + (
         f"parity vs {parity['reference']}: max |logit diff| {parity['max_abs_diff']:.3g}, "
-        f"top-1 agreement {parity['top1_agreement']:.0%} (lengths {parity['lengths']})"
+        f"top-1 agreement {parity['top1_agreement']:.0%} (lengths {parity['lengths']}{tie_note})"
     )
 
 
