@@ -175,7 +175,8 @@ def plain_attention() -> Iterator[None]:
     processes on two threads; a quantized model's dynamic activation rounding turns such a
     bit into a different int8 level, so three exports of one gguf-layers program (identical
     bytes) read parity differences of 1.80, 2.35 and 2.51. With the attention written out
-    they read 2.23 in three processes of three, on one thread or two alike (gguf: 2.05).
+    they read 2.23 in three processes of three, on one thread or two alike (gguf: 2.62, three
+    of three; its decode call is a near tie, see parity.NEAR_TIE_LOGITS).
     The cache is still written by ``llama::update_cache``, as the program writes it."""
     token = _PLAIN_ATTENTION.set(True)
     try:
