@@ -238,7 +238,8 @@ class CustomOpKVAttention(nn.Module):
             torch.ops.llama.update_cache_with_indices(k.float(), self.k_cache, start, rows)
             torch.ops.llama.update_cache_with_indices(v.float(), self.v_cache, start, rows)
         if self.softcap is not None or _PLAIN_ATTENTION.get():
-            # over the whole cache, masked: static shapes, which XNNPACK lowers
+            # over the whole cache, masked: static shapes, which XNNPACK lowers (soft caps;
+            # under plain_attention only the eager parity reference runs this)
             mask = self.masks.mask(input_pos, seq_len, self.window, self.slots)
             y = _capped_attention(q, self.k_cache, self.v_cache, mask, self.scale, self.softcap)
             return y.contiguous().view(bsz, -1, self.n_heads * self.head_dim).to(q.dtype)  # -1: a view XNNPACK takes

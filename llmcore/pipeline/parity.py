@@ -194,8 +194,9 @@ def check_parity(
         worst = max(worst, float((got - call.logits).abs().max()))
         ours, theirs = int(torch.argmax(got)), int(torch.argmax(call.logits))
         agree += int(ours == theirs)
-        if ours != theirs and float(got[ours] - got[theirs]) <= NEAR_TIE_LOGITS:
-            gaps.append(float(got[ours] - got[theirs]))
+        gap = float(got[ours] - got[theirs])  # the program's preference for its own top-1
+        if ours != theirs and gap <= NEAR_TIE_LOGITS:
+            gaps.append(gap)
     return ParityResult(
         round(worst, 6), agree / len(expected), [len(c.ids) for c in expected], reference,
         near_ties=len(gaps), near_tie_gap=round(min(gaps), 6) if gaps else None,

@@ -255,8 +255,9 @@ void gemm_rows_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n
 #if LLMCORE_HAVE_X86
 // The tiles, once per instruction set (int4_gemm_tiles.inc). The prompt tiles' shapes were
 // chosen with benchmarks/int4_gemm_probe on SmolLM2's MLP (64 tokens, one thread) over
-// unpacked weight rows: AVX2 4 x 3 (54.7-54.9 ms; 3x3, 3x4, 2x4, 2x6 56.5-57.7, 4x2, 4x4,
-// 5x2 59.5-61.9), VNNI 3 x 4 (43.0-43.8 ms; 4x3 alike, 4x4 53.5, 5x4, 4x6, 6x4, 8x3 63-72).
+// unpacked weight rows: AVX2 4 x 3 (54.7-54.9 ms; 3x3, 3x4, 2x4, 2x6 56.5-59.4, 4x2, 4x4,
+// 5x2 59.5-68.1, 2x3 62.8, 3x2 66.4), VNNI 3 x 4 (43.0-43.8 ms; 4x3 alike, 4x4 53.5-54.5,
+// 5x4, 4x6, 6x4, 8x3 63-72).
 // int8 rows keep 3 x 3 (AVX2; 4 x 3 took their MLP pass 111 ms against 95-99) and 3 x 4.
 namespace avx2 {
 #define INT4_TARGET LLMCORE_AVX2
