@@ -201,16 +201,23 @@ def test_update_cache_with_indices_writes_its_rows(ops_check, tmp_path):
     assert torch.equal(got, theirs)
 
 
-def test_update_cache_writes_only_its_rows(ops_check, tmp_path):
-    value = torch.randn(2, 3, 4, 8)
-    cache = torch.randn(2, 10, 4, 8)
+# (seq, heads, head_dim, capacity, start, threads): a decode-sized write, and prompts whose
+# 16 KiB or more the kernel shares among the threads (SmolLM2's 64-token prompt: 48 KiB).
+UPDATE_CACHE_CASES = [(3, 4, 8, 10, 5, 2), (64, 3, 64, 100, 7, 2), (64, 3, 64, 100, 7, 3), (37, 4, 32, 40, 3, 2)]
+
+
+@pytest.mark.parametrize("seq,heads,head_dim,capacity,start,threads", UPDATE_CACHE_CASES)
+def test_update_cache_writes_only_its_rows(ops_check, tmp_path, seq, heads, head_dim, capacity, start, threads):
+    value = torch.randn(2, seq, heads, head_dim)
+    cache = torch.randn(2, capacity, heads, head_dim)
     (tmp_path / "value.bin").write_bytes(value.numpy().tobytes())
     (tmp_path / "cache.bin").write_bytes(cache.numpy().tobytes())
-    r = run_check(ops_check, tmp_path, "update_cache", batch=2, seq=3, heads=4, head_dim=8, capacity=10, start=5)
+    r = run_check(ops_check, tmp_path, "update_cache", batch=2, seq=seq, heads=heads, head_dim=head_dim,
+                  capacity=capacity, start=start, threads=threads)
     assert r.returncode == 0, r.stderr
     got = torch.frombuffer(bytearray((tmp_path / "cache_out.bin").read_bytes()), dtype=torch.float32).view(cache.shape)
     want = cache.clone()
-    want[:, 5:8] = value
+    want[:, start:start + seq] = value
     assert torch.equal(got, want)
 
 

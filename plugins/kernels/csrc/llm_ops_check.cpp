@@ -15,7 +15,7 @@
 //       pool's, one per core) sizes ExecuTorch's thread pool first, which decides how the
 //       kernel splits its work
 //   llmcore_llm_ops_check update_cache DIR key=value...
-//       keys: batch seq heads head_dim capacity start dtype indices (0/1)
+//       keys: batch seq heads head_dim capacity start dtype indices (0/1) threads (as for sdpa)
 //       reads DIR/value.bin and DIR/cache.bin, writes the updated cache to DIR/cache_out.bin;
 //       with indices=1 runs update_cache_with_indices on DIR/indices.bin (int64 [batch,seq])
 // Exit status: 0 when the kernel succeeded, 1 when it failed (ExecuTorch logs the reason
@@ -135,6 +135,14 @@ et::OpFunction lookup(const char* name) {
   return *op;
 }
 
+// threads=N: ExecuTorch's thread pool resized to N first (default: one thread per core).
+void size_pool(const Args& a) {
+  if (a.num("threads", 0) > 0) {
+    executorch::extension::threadpool::get_threadpool()->_unsafe_reset_threadpool(
+        static_cast<uint32_t>(a.num("threads", 0)));
+  }
+}
+
 int run_sdpa(const Args& a) {
   const int64_t batch = a.num("batch", 1), q_len = a.num("q_len", 1), heads = a.num("heads", 1);
   const int64_t head_dim = a.num("head_dim", 8), kv_len = a.num("kv_len", 8), kv_heads = a.num("kv_heads", heads);
@@ -162,10 +170,7 @@ int run_sdpa(const Args& a) {
   et::EValue ev_out(out.tensor());
   et::EValue* stack[] = {&ev_q, &ev_k, &ev_v, &ev_start, &ev_mask, &ev_dropout, &ev_causal, &ev_scale, &ev_out};
 
-  if (a.num("threads", 0) > 0) {
-    executorch::extension::threadpool::get_threadpool()->_unsafe_reset_threadpool(
-        static_cast<uint32_t>(a.num("threads", 0)));
-  }
+  size_pool(a);
   et::OpFunction op = lookup("llama::custom_sdpa.out");
   const int64_t repeat = std::max<int64_t>(1, a.num("repeat", 1));
   std::vector<double> us;
@@ -199,6 +204,7 @@ int run_update_cache(const Args& a) {
                  indexed ? read_file(a.dir + "/indices.bin", batch * seq * sizeof(int64_t)) : std::vector<char>());
   et::EValue ev_value(value.tensor()), ev_cache(cache.tensor()), ev_start(a.num("start", 0)), ev_out(out.tensor());
   et::EValue ev_indices(indices.tensor());
+  size_pool(a);
   et::KernelRuntimeContext ctx;
   if (indexed) {
     et::EValue* stack[] = {&ev_value, &ev_cache, &ev_start, &ev_indices, &ev_out};
