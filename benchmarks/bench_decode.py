@@ -24,8 +24,8 @@ taken against Q4_0. ``--without-specialized`` adds a Python row with
     .venv/bin/python benchmarks/bench_decode.py --models smollm2 --variants 8da4w,gguf,int8 \
         --isa-views native,avx2 --repeat 3 --max-seq-len 1024 --without-specialized
 ``--repeat N`` measures every row N times in alternating rounds and prints the median with
-each round's figure, and the ratio of the row's fastest decode round to Q4_0's (on a shared
-VM the fastest rounds are the least disturbed). The same programs can be run by other
+each round's prefill and decode figures, and the ratios of the row's fastest prefill and
+decode rounds to Q4_0's (on a shared VM the fastest rounds are the least disturbed). The same programs can be run by other
 environments in the same run, to compare runtimes side by side::
 
     .venv/bin/python benchmarks/bench_decode.py --models smollm2 --variants 8da4w --repeat 3 \
@@ -344,6 +344,7 @@ def measure(targets: list, rounds: int) -> list[dict]:
                       for k, v in results[0].items()}
         row["runner"] = label
         row["decode_runs"] = [r["decode_tok_s"] for r in results]
+        row["prefill_runs"] = [r["prefill_tok_s"] for r in results]
         rows.append(row)
     return rows
 
@@ -509,6 +510,7 @@ def model_rows(model: str, view: str, args, bandwidth: float, runners: list, oth
             # Best round against best round: on a shared VM a round is slowed by what else the
             # host runs, never sped up, so the fastest rounds are the least disturbed ones.
             r["decode_best_x_llama_cpp"] = max(r["decode_runs"]) / max(peer["decode_runs"])
+            r["prefill_best_x_llama_cpp"] = max(r["prefill_runs"]) / max(peer["prefill_runs"])
         if eager:
             r["decode_x_eager"] = r["decode_tok_s"] / eager["decode_tok_s"]
             r["prefill_x_eager"] = r["prefill_tok_s"] / eager["prefill_tok_s"]
@@ -530,8 +532,9 @@ def print_table(model: str, view: str, rows: list[dict], args) -> None:
          ratio(r, "prefill_x_eager"), ratio(r, "decode_x_eager"),
          f"{r['bandwidth_limit_tok_s']:.0f}" if r.get("bandwidth_limit_tok_s") else "-",
          f"{r['of_bw_limit']:.0%}" if r.get("of_bw_limit") else "-",
-         ratio(r, "prefill_x_llama_cpp"), ratio(r, "decode_x_llama_cpp"), ratio(r, "decode_best_x_llama_cpp"),
-         " ".join(f"{x:.0f}" for x in r.get("decode_runs", []))]
+         ratio(r, "prefill_x_llama_cpp"), ratio(r, "decode_x_llama_cpp"),
+         ratio(r, "prefill_best_x_llama_cpp"), ratio(r, "decode_best_x_llama_cpp"),
+         " ".join(f"{x:.0f}" for x in r.get("prefill_runs", [])), " ".join(f"{x:.0f}" for x in r.get("decode_runs", []))]
         for r in rows
     ]
     seen = "this machine's CPU" if view == "native" else f"ISA view {view} (benchmarks/isa_view.py)"
@@ -540,8 +543,8 @@ def print_table(model: str, view: str, rows: list[dict], args) -> None:
     print(tabulate(table, headers=["variant", "runner", "prefill tok/s", "decode tok/s", "TTFT ms",
                                    "peak RSS MiB", "file MiB", "prefill vs eager", "decode vs eager",
                                    "bw limit tok/s", "of limit", f"prefill vs {PEER_REFERENCE}",
-                                   f"decode vs {PEER_REFERENCE}", f"best round vs {PEER_REFERENCE}'s",
-                                   "decode per round"]))
+                                   f"decode vs {PEER_REFERENCE}", f"best prefill vs {PEER_REFERENCE}'s",
+                                   f"best decode vs {PEER_REFERENCE}'s", "prefill per round", "decode per round"]))
 
 
 # llama.cpp's formats measured beside SmolLM2 (Q4_1 is the file llmcore exports from; the others
