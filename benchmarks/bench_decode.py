@@ -25,8 +25,9 @@ taken against Q4_0. ``--without-specialized`` adds a Python row with
         --isa-views native,avx2 --repeat 3 --max-seq-len 1024 --without-specialized
 ``--repeat N`` measures every row N times in alternating rounds and prints the median with
 each round's prefill and decode figures, and the ratios of the row's fastest prefill and
-decode rounds to Q4_0's (on a shared VM the fastest rounds are the least disturbed). The same programs can be run by other
-environments in the same run, to compare runtimes side by side::
+decode rounds to Q4_0's (on a shared VM the fastest rounds are the least disturbed). The
+same programs can be run by other environments in the same run, to compare runtimes side
+by side::
 
     .venv/bin/python benchmarks/bench_decode.py --models smollm2 --variants 8da4w --repeat 3 \
         --also-python .venv-et14/bin/python --also-runner et1.4.1=/tmp/old/llmcore_runner
@@ -534,7 +535,8 @@ def print_table(model: str, view: str, rows: list[dict], args) -> None:
          f"{r['of_bw_limit']:.0%}" if r.get("of_bw_limit") else "-",
          ratio(r, "prefill_x_llama_cpp"), ratio(r, "decode_x_llama_cpp"),
          ratio(r, "prefill_best_x_llama_cpp"), ratio(r, "decode_best_x_llama_cpp"),
-         " ".join(f"{x:.0f}" for x in r.get("prefill_runs", [])), " ".join(f"{x:.0f}" for x in r.get("decode_runs", []))]
+         " ".join(f"{x:.0f}" for x in r.get("prefill_runs", [])),
+         " ".join(f"{x:.0f}" for x in r.get("decode_runs", []))]
         for r in rows
     ]
     seen = "this machine's CPU" if view == "native" else f"ISA view {view} (benchmarks/isa_view.py)"

@@ -437,7 +437,8 @@ Tensor& update_cache_out(KernelRuntimeContext& ctx, const Tensor& value, Tensor&
   const float* src = value.const_data_ptr<float>();
   float* dst = cache.mutable_data_ptr<float>();
   auto copy = [&](int64_t b, int64_t s0, int64_t s1) {
-    std::memcpy(dst + (b * capacity + start_pos + s0) * row, src + (b * seq + s0) * row, sizeof(float) * (s1 - s0) * row);
+    std::memcpy(dst + (b * capacity + start_pos + s0) * row, src + (b * seq + s0) * row,
+                sizeof(float) * (s1 - s0) * row);
   };
   const int64_t threads = executorch::extension::get_thread_count();
   for (int64_t b = 0; b < value.size(0); ++b) {
