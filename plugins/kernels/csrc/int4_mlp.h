@@ -42,7 +42,7 @@ LLMCORE_KERNELS_CXX_API const char* int4_mlp_shape_error(const Int4MlpWeights& w
 // Activations rounded to int8 per row (int4::quantize_rows), in storage the caller keeps
 // (thread_local in the operators: a decode step reuses it).
 struct LLMCORE_KERNELS_CXX_API RoundedRows {
-  std::vector<uint8_t> a;
+  int4::CacheLineVector<uint8_t> a;  // read 32 bytes at a time by the tiles
   std::vector<float> scale, zero, means;
   // x [rows, w.k]'s rows rounded for w, split among the threads when there is more than
   // one: in the arranged order for int4 blocks; with each block's mean of x too when w has
