@@ -62,8 +62,9 @@ constexpr int64_t kBlock = 32;
 // An allocator of cache-line-aligned storage, for the buffers the tiles read 32 bytes at a
 // time (the activations rounded to int8, a prompt's unpacked weight rows). malloc aligns to
 // 16 bytes, and a buffer at 16 modulo 32 splits every other 32-byte load across two cache
-// lines: the probe's 64-token MLP pass (AVX2, one thread, on the 2-core Xeon) took 68.1-70.2
-// ms with the unpacked rows or the activations there, 63.1-64.9 on 32-byte boundaries.
+// lines: the probe's 64-token MLP pass (AVX2, one thread, on the 2-core Xeon) took 68.0-70.2
+// ms with the unpacked rows or the activations there, 60.2-64.9 on 32-byte boundaries
+// (docs/performance.md, "Buffers on cache-line boundaries").
 template <typename T>
 struct CacheLineAllocator {
   using value_type = T;
