@@ -141,7 +141,8 @@ def test_served_json_schema_and_tool_call(smollm2, tmp_path):
         jsonschema.validate(json.loads(call.function.arguments), weather["function"]["parameters"])
 
 
-LAYER_OPS = ("llmcore::int4_norm_qkv_rope.out", "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out")
+LAYER_OPS = ("llmcore::int4_norm_qkv_rope.out", "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out",
+             "llmcore::int4_linear.out")
 # recipe -> (the llmcore::int4_* operators its program must call, the XNNPACK recipe whose
 # integers it keeps)
 KERNEL_RECIPES = {

@@ -1,5 +1,6 @@
 // llmcore::int4_norm_qkv_rope.out, llmcore::int4_linear_add.out, llmcore::int4_norm_mlp_add.out:
-// a Llama layer's int4 projections, norms and residual adds (int4_layer.h says why).
+// a Llama layer's int4 projections, norms and residual adds (int4_layer.h says why), and
+// llmcore::int4_linear.out, the output layer after them.
 //
 // Registered with the ExecuTorch runtime this library links, like llmcore::int4_mlp.
 #include "int4_layer.h"
@@ -72,12 +73,17 @@ void int4_norm_qkv_rope_forward(const float* h, int64_t rows, const Int4NormQkvR
   }
 }
 
+void int4_linear_forward(const float* x, int64_t rows, const int4::PackedWeight& w, float* out,
+                         const ParallelFor& parallel) {
+  thread_local RoundedRows rounded;
+  gemm_all(rounded.round(x, rows, parallel, w), w, out, parallel);
+}
+
 void int4_linear_add_forward(const float* x, int64_t rows, const int4::PackedWeight& w, const float* residual,
                              float* out, const ParallelFor& parallel) {
-  thread_local RoundedRows rounded;
   thread_local std::vector<float> y;
   y.resize(rows * w.n);
-  gemm_all(rounded.round(x, rows, parallel, w), w, y.data(), parallel);
+  int4_linear_forward(x, rows, w, y.data(), parallel);
   // residual first, then the product: the order of `residual + linear(x)` in the module
   for (int64_t i = 0; i < rows * w.n; ++i) out[i] = residual[i] + y[i];
 }
@@ -123,6 +129,16 @@ Error resize_heads(Tensor& out, const Tensor& base, int64_t heads, int64_t head_
   sizes[d - 1] = heads;
   sizes[d] = head_dim;
   return executorch::runtime::resize_tensor(out, {sizes, static_cast<size_t>(d + 1)});
+}
+
+// `out` resized to `base`'s sizes with its last one replaced by `last`.
+Error resize_last(Tensor& out, const Tensor& base, int64_t last) {
+  executorch::aten::SizesType sizes[executorch::runtime::kTensorDimensionLimit];
+  const int64_t d = base.dim();
+  if (d < 1) return Error::InvalidArgument;
+  for (int64_t i = 0; i + 1 < d; ++i) sizes[i] = base.size(i);
+  sizes[d - 1] = last;
+  return executorch::runtime::resize_tensor(out, {sizes, static_cast<size_t>(d)});
 }
 
 }  // namespace
@@ -193,6 +209,31 @@ Tensor& int4_linear_add_out(KernelRuntimeContext& ctx, const Tensor& x, const Te
   if (rows == 0) return out;
   int4_linear_add_forward(x.const_data_ptr<float>(), rows, pw, residual.const_data_ptr<float>(),
                           out.mutable_data_ptr<float>(), et::runtime_parallel);
+  return out;
+}
+
+// llmcore::int4_linear.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_bias,
+//     Tensor? w_offsets, *, Tensor(a!) out) -> Tensor(a!)
+Tensor& int4_linear_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& w, const Tensor& w_scales,
+                        const Tensor& w_sums, const std::optional<Tensor>& w_bias,
+                        const std::optional<Tensor>& w_offsets, Tensor& out) {
+  int4::PackedWeight pw{};
+  const char* why = et::projection(w, w_scales, w_sums, &pw);
+  if (why == nullptr) why = et::block_offsets(w_offsets, &pw);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_linear: w: %s", why);
+  if (w_bias.has_value()) {
+    ET_KERNEL_CHECK_MSG(ctx, rows_of(*w_bias, pw.n) && w_bias->dim() == 1, InvalidArgument, out,
+                        "llmcore::int4_linear: w_bias must be a contiguous float32 vector of w's rows");
+    pw.bias = w_bias->const_data_ptr<float>();
+  }
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(x, pw.k), InvalidArgument, out,
+                      "llmcore::int4_linear: x must be contiguous float32 rows of w's in-features (%lld)",
+                      (long long)pw.k);
+  ET_KERNEL_CHECK(ctx, resize_last(out, x, pw.n) == Error::Ok, InvalidArgument, out);
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, pw.n), InvalidArgument, out, "llmcore::int4_linear: out must be contiguous float32");
+  const int64_t rows = x.numel() / pw.k;
+  if (rows == 0) return out;
+  int4_linear_forward(x.const_data_ptr<float>(), rows, pw, out.mutable_data_ptr<float>(), et::runtime_parallel);
   return out;
 }
 
@@ -271,5 +312,6 @@ const auto registered_norm_qkv_rope = executorch::runtime::register_kernel(
 
 }  // namespace llmcore_kernels
 
+EXECUTORCH_LIBRARY(llmcore, "int4_linear.out", llmcore_kernels::int4_linear_out);
 EXECUTORCH_LIBRARY(llmcore, "int4_linear_add.out", llmcore_kernels::int4_linear_add_out);
 EXECUTORCH_LIBRARY(llmcore, "int4_norm_mlp_add.out", llmcore_kernels::int4_norm_mlp_add_out);

@@ -4,6 +4,10 @@
 //   llmcore::int4_linear_add:     out = residual + x W^T              (the output projection)
 //   llmcore::int4_norm_mlp_add:   out = h + mlp(rms_norm(h))          (int4_mlp.h's MLP)
 //
+// and after the last layer
+//
+//   llmcore::int4_linear:         out = x W^T (+ bias)                (the output layer)
+//
 // With these and the KV-cache ops (llama::update_cache, llama::custom_sdpa) a layer is
 // six operator calls and no XNNPACK delegate: recipe 8da4w-layers. Why: a delegate call
 // costs its fixed set-up whatever it computes (~14 us a call on SmolLM2's decode step, 62
@@ -48,6 +52,10 @@ LLMCORE_KERNELS_CXX_API const char* int4_norm_qkv_rope_shape_error(const Int4Nor
 LLMCORE_KERNELS_CXX_API void int4_norm_qkv_rope_forward(const float* h, int64_t rows, const Int4NormQkvRope& a,
                                                         const float* cos, const float* sin, float* q, float* k,
                                                         float* v, const ParallelFor& parallel);
+
+// out [rows, w.n] = x [rows, w.k] W^T (+ w.bias).
+LLMCORE_KERNELS_CXX_API void int4_linear_forward(const float* x, int64_t rows, const int4::PackedWeight& w, float* out,
+                                                 const ParallelFor& parallel);
 
 // out [rows, w.n] = residual [rows, w.n] + x [rows, w.k] W^T. out may be residual.
 LLMCORE_KERNELS_CXX_API void int4_linear_add_forward(const float* x, int64_t rows, const int4::PackedWeight& w,

@@ -1,5 +1,5 @@
-// PyTorch registration of llmcore::int4_norm_qkv_rope, llmcore::int4_linear_add and
-// llmcore::int4_norm_mlp_add (schemas, CPU kernels), so that eager PyTorch and torch.export
+// PyTorch registration of llmcore::int4_norm_qkv_rope, llmcore::int4_linear_add,
+// llmcore::int4_norm_mlp_add and llmcore::int4_linear (schemas, CPU kernels), so that eager PyTorch and torch.export
 // see them. Each runs the function its ExecuTorch kernel runs (int4_layer.cpp) with ATen's
 // parallel_for, as llmcore::int4_mlp does (int4_mlp_aten.cpp).
 #include <ATen/core/Tensor.h>
@@ -86,6 +86,41 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_norm_qkv_rope(
   return {q, k, v};
 }
 
+std::vector<int64_t> last_replaced(const at::Tensor& base, int64_t last) {
+  std::vector<int64_t> sizes(base.sizes().begin(), base.sizes().end());
+  sizes.back() = last;
+  return sizes;
+}
+
+at::Tensor& int4_linear_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
+                            const at::Tensor& w_sums, const std::optional<at::Tensor>& w_bias,
+                            const std::optional<at::Tensor>& w_offsets, at::Tensor& out) {
+  constexpr const char* op = "llmcore::int4_linear";
+  llmcore_kernels::int4::PackedWeight pw = projection(op, "w", w, w_scales, w_sums);
+  const at::Tensor offsets = block_offsets(op, "w", w_offsets, &pw);
+  at::Tensor bias;
+  if (w_bias.has_value()) {
+    TORCH_CHECK(w_bias->dim() == 1, op, ": w_bias must be 1-D, got ", w_bias->sizes());
+    bias = float_rows(op, "w_bias", *w_bias, pw.n);
+    pw.bias = bias.const_data_ptr<float>();
+  }
+  const at::Tensor xc = float_rows(op, "x", x, pw.k);
+  const int64_t rows = xc.numel() / pw.k;
+  out.resize_(last_replaced(xc, pw.n));
+  TORCH_CHECK(out.is_contiguous(), op, ": out must be contiguous");
+  if (rows > 0)
+    llmcore_kernels::int4_linear_forward(xc.const_data_ptr<float>(), rows, pw, out.mutable_data_ptr<float>(),
+                                         torch_parallel);
+  return out;
+}
+
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
+                       const at::Tensor& w_sums, const std::optional<at::Tensor>& w_bias,
+                       const std::optional<at::Tensor>& w_offsets) {
+  at::Tensor out = at::empty({0}, x.options());
+  return int4_linear_out(x, w, w_scales, w_sums, w_bias, w_offsets, out);
+}
+
 at::Tensor& int4_linear_add_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
                                 const at::Tensor& w_sums, const std::optional<at::Tensor>& w_offsets,
                                 const at::Tensor& residual, at::Tensor& out) {
@@ -163,6 +198,10 @@ TORCH_LIBRARY_FRAGMENT(llmcore, m) {
   m.def(
       "int4_linear_add.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_offsets, "
       "Tensor residual, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def("int4_linear(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_bias, Tensor? w_offsets) -> Tensor");
+  m.def(
+      "int4_linear.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_bias, Tensor? w_offsets, *, "
+      "Tensor(a!) out) -> Tensor(a!)");
   m.def(
       "int4_norm_mlp_add(Tensor h, Tensor norm_weight, float eps, Tensor gate_up, Tensor gate_up_scales, "
       "Tensor gate_up_sums, Tensor? gate_up_offsets, Tensor down, Tensor down_scales, Tensor down_sums, "
@@ -178,6 +217,8 @@ TORCH_LIBRARY_IMPL(llmcore, CPU, m) {
   m.impl("int4_norm_qkv_rope.out", TORCH_FN(int4_norm_qkv_rope_out));
   m.impl("int4_linear_add", TORCH_FN(int4_linear_add));
   m.impl("int4_linear_add.out", TORCH_FN(int4_linear_add_out));
+  m.impl("int4_linear", TORCH_FN(int4_linear));
+  m.impl("int4_linear.out", TORCH_FN(int4_linear_out));
   m.impl("int4_norm_mlp_add", TORCH_FN(int4_norm_mlp_add));
   m.impl("int4_norm_mlp_add.out", TORCH_FN(int4_norm_mlp_add_out));
 }

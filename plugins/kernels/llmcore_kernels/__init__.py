@@ -15,7 +15,8 @@ Provides
   with each SwiGLU MLP then run by ``llmcore::int4_mlp``, llmcore's own int4 kernel;
 * the quantizer recipes ``8da4w-layers``, ``gguf-layers`` and ``8da8w-layers``: 8da4w's
   integers, a GGUF's own, or 8da8w's int8 ones, with each whole Llama layer run by
-  ``llmcore::int4_norm_qkv_rope``, ``llmcore::int4_linear_add`` and ``llmcore::int4_norm_mlp_add``
+  ``llmcore::int4_norm_qkv_rope``, ``llmcore::int4_linear_add`` and ``llmcore::int4_norm_mlp_add``,
+  the final norm by ``llmcore::rms_norm`` and the output layer by ``llmcore::int4_linear``
   (:mod:`llmcore_kernels.layers`; the operators take int4 blocks and int8 rows).
 
 See ``docs/custom-kernels.md`` for how this plugin is put together.
@@ -36,7 +37,7 @@ __version__ = "0.1.0"
 # Runtime operator names the native library registers (kept here, not in .ops, so that
 # listing plugins does not load the library).
 OPS = ("llmcore::rms_norm.out", "llmcore::int4_mlp.out", "llmcore::int4_norm_qkv_rope.out",
-       "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out")
+       "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out", "llmcore::int4_linear.out")
 # ExecuTorch's ops whose float32 calls libllmcore_llm_ops.so takes over (kernel keys)
 LLM_OPS = ("llama::custom_sdpa.out",)
 
@@ -175,8 +176,8 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             name="8da4w-layers",
             description="8da4w (the same integers), each Llama layer's norms, projections, RoPE, MLP and "
             "residual adds then run by three llmcore operators on llmcore's own int4 kernel, no XNNPACK "
-            "delegate inside a layer (XNNPACK keeps the output layer): faster than 8da4w on AVX2, and at "
-            "decode where XNNPACK has VNNI; needs the llmcore_kernels runtime library",
+            "delegate in the program (the final norm and the output layer on the same kernels): faster than "
+            "8da4w on AVX2, and at decode where XNNPACK has VNNI; needs the llmcore_kernels runtime library",
             source_quantize=_quantize_then("8da4w", "8da4w-layers", _swap_8da4w_layers, _LAYER_KERNEL_OPTIONS),
         ),
         dataclasses.replace(
@@ -195,7 +196,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             description="8da8w without the outlier split (int8 weights per channel, activation-aware and AWQ "
             "scales, one int8 row per token), each Llama layer then on llmcore's layer operators as in "
             "8da4w-layers, their int8 GEMM (vpmaddwd on AVX2, vpdpbusd with VNNI) reading each thread's "
-            "rows as one stream; XNNPACK keeps the output layer; needs the llmcore_kernels runtime library",
+            "rows as one stream, the output layer too; needs the llmcore_kernels runtime library",
             source_quantize=_quantize_then("8da8w", "8da8w-layers", _swap_8da8w_layers, {"outlier_split": False}),
             # the kernels take one int8 row per token: the split is off here, and refused when asked for
             options=base["8da8w"].options | {"outlier_split": (bool, False, "must stay false: llmcore's kernels "

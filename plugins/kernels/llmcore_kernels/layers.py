@@ -8,8 +8,12 @@ A layer then runs as
     h       = llmcore::int4_linear_add(a, wo, h)  # output projection + residual
     h       = llmcore::int4_norm_mlp_add(h)       # ffn norm, SwiGLU MLP, residual
 
-with no XNNPACK delegate inside it (``csrc/int4_layer.h`` says why); XNNPACK keeps the
-embedding's neighbours, the final norm and the output layer.
+with no XNNPACK delegate inside it (``csrc/int4_layer.h`` says why). After the layers, the
+final norm becomes ``llmcore::rms_norm`` (:mod:`.rmsnorm`) and the output layer (int8 per
+channel, or int4 blocks) ``llmcore::int4_linear`` on the same GEMM (:class:`KernelLinear`),
+so that no XNNPACK delegate is left: its AVX2 int8 GEMM read SmolLM2's 28 MB output layer at
+14 GB/s where llmcore's reads the MLPs at 20 (docs/performance.md, "The output layer on
+llmcore's GEMM"). A quantized linear the GEMM cannot take stays with XNNPACK.
 
 A layer qualifies when it is a pre-norm Llama block (``attention_norm``, ``attention`` with
 ``wq wk wv wo`` and an ``attn`` submodule, ``ffn_norm``, ``feed_forward``), its norms RMSNorms,
@@ -24,6 +28,7 @@ The recipe refuses a model with a layer that does not, by name and reason.
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import torch
@@ -33,6 +38,8 @@ from llmcore.errors import LlmcoreError
 from llmcore.modules import CausalAttention, RMSNorm, replace_modules
 from llmcore_kernels import mlp
 from llmcore_xnnpack.qlinear import relative_error
+
+log = logging.getLogger(__name__)
 
 # ||kernels - block|| / ||block|| (the layer's own contribution) allowed by the swap check.
 # Wider than the MLP's: the kernels norm in C++ (llmcore::rms_norm's arithmetic) and the
@@ -89,6 +96,28 @@ class KernelLayer(nn.Module):
         kinds = sorted({"int8 rows" if w.dtype == torch.int8 else f"int4 blocks of {mlp.BLOCK}"
                         for w in (self.qkv, self.wo, self.gate_up, self.down)})
         return f"heads {self.n_heads}, kv heads {self.n_kv_heads}, {' and '.join(kinds)}"
+
+
+class KernelLinear(nn.Module):
+    """``y = x W^T (+ bias)`` through ``llmcore::int4_linear``, from a ``BlockInt4Linear`` or
+    ``ChannelInt8Linear`` (the output layer): the layer operators' GEMM and int8 rounding of
+    the activations per token, the integers unchanged."""
+
+    def __init__(self, linear: nn.Module):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        mlp.register_linears(self, "w", [linear])
+        self.register_buffer("w_offsets", _stacked_offsets([linear]))
+        self.w_bias = None if linear.bias is None else nn.Parameter(
+            linear.bias.detach().float().contiguous(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.llmcore.int4_linear.default(
+            x, self.w, self.w_scales, self.w_sums, self.w_bias, self.w_offsets)
+
+    def extra_repr(self) -> str:
+        kind = "int8 rows" if self.w.dtype == torch.int8 else f"int4 blocks of {mlp.BLOCK}"
+        return f"{self.in_features}, {self.out_features}, {kind}"
 
 
 def _stacked_offsets(linears: list[nn.Module], interleave: bool = False) -> Optional[torch.Tensor]:
@@ -183,6 +212,40 @@ def swap_layers(model: nn.Module) -> tuple[int, list[str]]:
     return replace_modules(model, _is_block, layer_or_none), kept
 
 
+def _same_linear(linear: nn.Module, kernel: KernelLinear) -> Optional[str]:
+    """None when ``kernel`` computes what ``linear`` does on a random input of 3 rows."""
+    x = torch.randn(3, linear.in_features, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        error = relative_error(kernel(x), linear(x))
+    return None if error <= mlp.CHECK_TOLERANCE else f"differs from the kernel by {error:.2g} (relative)"
+
+
+def swap_outside_layers(model: nn.Module) -> list[str]:
+    """After :func:`swap_layers`: every int4 or int8 linear left (the output layer) onto
+    :class:`KernelLinear`, every RMSNorm left (the final norm) onto ``llmcore::rms_norm``;
+    returns why linears were kept (they stay with XNNPACK)."""
+    from llmcore_kernels import rmsnorm
+
+    kept: list[str] = []
+
+    def kernel_or_none(name: str, linear: nn.Module) -> Optional[KernelLinear]:
+        reason = mlp.why_not_linear("linear", linear, offsets=True, int8=True)
+        kernel = None if reason else KernelLinear(linear)
+        reason = reason or _same_linear(linear, kernel)
+        if reason is not None:
+            kept.append(f"{name}: {reason}")
+            return None
+        return kernel
+
+    for name, linear in [(n, m) for n, m in model.named_modules() if isinstance(m, mlp.QUANTIZED_LINEARS)]:
+        kernel = kernel_or_none(name, linear)
+        if kernel is not None:
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, kernel)
+    rmsnorm.swap_rms_norms(model)
+    return kept
+
+
 def apply(module: nn.Module, recipe: str, instead: str) -> nn.Module:
     """Swap every layer of ``module``, or raise for ``recipe`` naming the layers that cannot
     be swapped and why; ``instead``: the recipes to suggest (e.g. ``8da4w-mlp or 8da4w``)."""
@@ -200,4 +263,6 @@ def apply(module: nn.Module, recipe: str, instead: str) -> nn.Module:
             stage="quantize",
             fix=f"use --quantize {instead} for this model.",
         )
+    for reason in swap_outside_layers(module):
+        log.info("%s: XNNPACK keeps %s", recipe, reason)
     return module

@@ -34,6 +34,7 @@ NAMES = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"))  # gate, up,
 # ||kernel - module|| / ||module|| allowed in the swap check: both round their activations to
 # int8, and a value within float error of a rounding boundary may land on either side.
 CHECK_TOLERANCE = 2e-3
+QUANTIZED_LINEARS = (BlockInt4Linear, ChannelInt8Linear)  # the kernels' int4 blocks and int8 rows
 
 
 def pack(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -73,7 +74,8 @@ def register_int8(module: nn.Module, name: str, q: torch.Tensor, scales: torch.T
         raise ValueError(f"an int8 weight {tuple(q.shape)} needs one scale a row, got {tuple(scales.shape)}")
     module.register_buffer(name, q.to(torch.int8).contiguous())
     module.register_buffer(f"{name}_scales", scales.contiguous())
-    module.register_buffer(f"{name}_sums", (q.double().sum(1) * scales.double()).float().contiguous())
+    # the integers' sums exact in int64 (no float64 copy of the weight: 226 MB for SmolLM2's output layer)
+    module.register_buffer(f"{name}_sums", (q.sum(1, dtype=torch.int64).double() * scales.double()).float().contiguous())
 
 
 def register_linears(module: nn.Module, name: str, linears: list[nn.Module], interleave: bool = False) -> None:
@@ -133,7 +135,7 @@ def why_not_linear(role: str, p: nn.Module, offsets: bool = False, int8: bool = 
     """Why the kernels cannot take linear ``p`` (its ``role`` named in the reason), or None:
     int4 blocks of 32, with offsets only when ``offsets``; int8 per channel only when ``int8``
     (the layer operators take both, ``llmcore::int4_mlp`` neither); no outlier split."""
-    kinds = (BlockInt4Linear, ChannelInt8Linear) if int8 else (BlockInt4Linear,)
+    kinds = QUANTIZED_LINEARS if int8 else (BlockInt4Linear,)
     if not isinstance(p, kinds):
         return f"its {role} is a {type(p).__name__}, not an int4{' or int8' if int8 else ''} linear"
     if p.outlier_split:

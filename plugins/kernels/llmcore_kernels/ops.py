@@ -19,7 +19,9 @@ Operators (schemas are defined in C++, ``csrc/rms_norm_aten.cpp`` and ``csrc/int
     int8 integers in [-8, 7], ``[rows, k]``, packed as ``int4_mlp`` reads them, ``[rows, k/32, 16]``
     uint8 (:func:`llmcore_kernels.mlp.pack`; the export's, not a program's, operator).
 ``llmcore::int4_norm_qkv_rope``, ``llmcore::int4_linear_add``, ``llmcore::int4_norm_mlp_add``
-    a Llama layer's work outside attention (``csrc/int4_layer.h``). Each projection is three
+    a Llama layer's work outside attention (``csrc/int4_layer.h``);
+``llmcore::int4_linear(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_bias, Tensor? w_offsets) -> Tensor``
+    a linear on the same GEMM (the output layer after those layers). Each projection is three
     tensors: int4 blocks packed (``[rows, in/32, 16]`` uint8, bfloat16 scales ``[rows, in/32]``)
     or int8 rows (``[rows, in]`` int8, float32 scales ``[rows]``), and float32 row sums.
 """
@@ -82,6 +84,12 @@ def _int4_linear_add_fake(x, w, w_scales, w_sums, w_offsets, residual) -> torch.
     torch._check(x.shape[-1] == _in_features(w))
     torch._check(residual.shape[-1] == w.shape[0])
     return torch.empty_like(residual, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("llmcore::int4_linear")
+def _int4_linear_fake(x, w, w_scales, w_sums, w_bias, w_offsets) -> torch.Tensor:
+    torch._check(x.shape[-1] == _in_features(w))
+    return x.new_empty([*x.shape[:-1], w.shape[0]])
 
 
 @torch.library.register_fake("llmcore::int4_norm_mlp_add")

@@ -123,9 +123,21 @@ class SharedTableLinearConfig(LinearConfig):
         return super().check_constraints(node, ep)
 
 
+# Operators that only give a tensor another shape: a partition of nothing else computes
+# nothing, yet costs a delegate call each forward (its inputs and outputs bound, its
+# runtime entered: 10-25 us on a 2-core machine), where the runtime's own view is free.
+_SHAPE_ONLY = frozenset({"view_copy", "squeeze_copy", "unsqueeze_copy"})
+
+
 class FastDecompositionPartitioner(XnnpackPartitioner):
     """XNNPACK's partitioner, letting ExecuTorch take its one-retrace decomposition path
-    whenever that keeps the same ops (see :func:`llmcore_xnnpack.lowering.ops_to_not_decompose`)."""
+    whenever that keeps the same ops (see :func:`llmcore_xnnpack.lowering.ops_to_not_decompose`),
+    and leaving out partitions that only reshape (what is left of a program whose layers and
+    output layer run on other kernels, llmcore-kernels' ``-layers`` recipes)."""
+
+    def generate_partitions(self, ep):
+        return [p for p in super().generate_partitions(ep)
+                if not all(_op(n.target) in _SHAPE_ONLY for n in p.nodes if n.op == "call_function")]
 
     def ops_to_not_decompose(self, ep):
         from llmcore_xnnpack.lowering import ops_to_not_decompose
