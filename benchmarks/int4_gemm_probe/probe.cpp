@@ -179,7 +179,9 @@ int check() {
                         {6, 10, 96, true},  // 96: an odd number of blocks
                         {5, 9, 480, false}, {2, 6, 224, true},  // groups of 8, 4, 2, 1; of 4, 2, 1
                         // the largest sums a group's 16-bit lanes hold: 8 steps x 2 x 255 x -8 (or 7)
-                        {4, 8, 512, false, -8}, {3, 5, 512, false, 7}};
+                        {4, 8, 512, false, -8}, {3, 5, 512, false, 7},
+                        // the same extremes for a token or two (AVX2's int8 rows: the widened path)
+                        {2, 8, 512, false, -8}, {1, 5, 512, true, 7}};
   for (const Case& c : cases) {
     const Layer w = random_layer(c.n, c.k, c.bias, rng, c.fill);
     std::vector<float> x(c.m * c.k, 3.0f);
