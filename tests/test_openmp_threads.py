@@ -108,17 +108,17 @@ COPY_PROBE = """
 import json, os
 import numpy, torch
 torch.set_num_threads(2)
-from llmcore.runtime import _own_copy
+from llmcore.runtime import _own_last_row
 
 def threads():
     return len(os.listdir("/proc/self/task"))
 
 row = torch.from_numpy(numpy.random.default_rng(0).random(49152, dtype=numpy.float32))  # SmolLM2's logits
 before = threads()
-copy = _own_copy(row)
-after_own_copy = threads()
+copy = _own_last_row(row)
+after_own_last_row = threads()
 row.clone()  # ATen's copy, as the bindings' clone_outputs=True makes it
-print(json.dumps(dict(before=before, after_own_copy=after_own_copy, after_aten_clone=threads(),
+print(json.dumps(dict(before=before, after_own_last_row=after_own_last_row, after_aten_clone=threads(),
                       equal=bool(torch.equal(copy, row)), shared=copy.data_ptr() == row.data_ptr())))
 """
 
@@ -134,7 +134,7 @@ def test_the_logits_copy_starts_no_openmp_team():
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["equal"] and not got["shared"]
-    assert got["after_own_copy"] == got["before"]
+    assert got["after_own_last_row"] == got["before"]
     assert got["after_aten_clone"] > got["before"]
 
 
@@ -178,8 +178,8 @@ def test_generation_runs_its_tensor_ops_on_one_thread(exports):
 
 def test_a_row_numpy_cannot_hold_is_copied_by_torch():
     """bfloat16 has no numpy dtype: its row takes ATen's copy, on one thread."""
-    from llmcore.runtime import _own_copy
+    from llmcore.runtime import _own_last_row
 
     row = torch.linspace(-3, 3, 40000).to(torch.bfloat16)
-    copy = _own_copy(row)
+    copy = _own_last_row(row)
     assert copy.dtype == torch.bfloat16 and torch.equal(copy, row) and copy.data_ptr() != row.data_ptr()
