@@ -193,23 +193,30 @@ def _same_function(block: nn.Module, layer: KernelLayer) -> Optional[str]:
     return None if error <= CHECK_TOLERANCE else f"differs from the kernels by {error:.2g} (relative)"
 
 
+def _swap_checked(model: nn.Module, match, why_not, build, same_function) -> tuple[int, list[str]]:
+    """Replace each submodule ``match`` selects with ``build(module)`` where ``why_not`` gives
+    no reason against it and ``same_function(module, built)`` finds them computing the same;
+    returns (how many, why others were kept, by name)."""
+    names = {id(m): n for n, m in model.named_modules()}
+    kept: list[str] = []
+
+    def built_or_none(module: nn.Module) -> Optional[nn.Module]:
+        reason = why_not(module)
+        built = None if reason else build(module)
+        reason = reason or same_function(module, built)
+        if reason is not None:
+            kept.append(f"{names[id(module)]}: {reason}")
+            return None
+        return built
+
+    return replace_modules(model, match, built_or_none), kept
+
+
 def swap_layers(model: nn.Module) -> tuple[int, list[str]]:
     """Replace qualifying layers in place; returns (how many, why others were kept)."""
     from llmcore_kernels import ops  # noqa: F401  registers the operators
 
-    names = {id(m): n for n, m in model.named_modules()}
-    kept: list[str] = []
-
-    def layer_or_none(block: nn.Module) -> Optional[KernelLayer]:
-        reason = _why_not(block)
-        layer = None if reason else KernelLayer(block)
-        reason = reason or _same_function(block, layer)
-        if reason is not None:
-            kept.append(f"{names[id(block)]}: {reason}")
-            return None
-        return layer
-
-    return replace_modules(model, _is_block, layer_or_none), kept
+    return _swap_checked(model, _is_block, _why_not, KernelLayer, _same_function)
 
 
 def _same_linear(linear: nn.Module, kernel: KernelLinear) -> Optional[str]:
@@ -226,22 +233,9 @@ def swap_outside_layers(model: nn.Module) -> list[str]:
     returns why linears were kept (they stay with XNNPACK)."""
     from llmcore_kernels import rmsnorm
 
-    kept: list[str] = []
-
-    def kernel_or_none(name: str, linear: nn.Module) -> Optional[KernelLinear]:
-        reason = mlp.why_not_linear("linear", linear, offsets=True, int8=True)
-        kernel = None if reason else KernelLinear(linear)
-        reason = reason or _same_linear(linear, kernel)
-        if reason is not None:
-            kept.append(f"{name}: {reason}")
-            return None
-        return kernel
-
-    for name, linear in [(n, m) for n, m in model.named_modules() if isinstance(m, mlp.QUANTIZED_LINEARS)]:
-        kernel = kernel_or_none(name, linear)
-        if kernel is not None:
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent), child, kernel)
+    _, kept = _swap_checked(model, mlp.QUANTIZED_LINEARS,
+                            lambda linear: mlp.why_not_linear("linear", linear, offsets=True, int8=True),
+                            KernelLinear, _same_linear)
     rmsnorm.swap_rms_norms(model)
     return kept
 
