@@ -230,7 +230,8 @@ Tensor& int4_linear_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor
                       "llmcore::int4_linear: x must be contiguous float32 rows of w's in-features (%lld)",
                       (long long)pw.k);
   ET_KERNEL_CHECK(ctx, resize_last(out, x, pw.n) == Error::Ok, InvalidArgument, out);
-  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, pw.n), InvalidArgument, out, "llmcore::int4_linear: out must be contiguous float32");
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, pw.n), InvalidArgument, out,
+                      "llmcore::int4_linear: out must be contiguous float32");
   const int64_t rows = x.numel() / pw.k;
   if (rows == 0) return out;
   int4_linear_forward(x.const_data_ptr<float>(), rows, pw, out.mutable_data_ptr<float>(), et::runtime_parallel);

@@ -1,7 +1,7 @@
 // PyTorch registration of llmcore::int4_norm_qkv_rope, llmcore::int4_linear_add,
-// llmcore::int4_norm_mlp_add and llmcore::int4_linear (schemas, CPU kernels), so that eager PyTorch and torch.export
-// see them. Each runs the function its ExecuTorch kernel runs (int4_layer.cpp) with ATen's
-// parallel_for, as llmcore::int4_mlp does (int4_mlp_aten.cpp).
+// llmcore::int4_norm_mlp_add and llmcore::int4_linear (schemas, CPU kernels), so that eager
+// PyTorch and torch.export see them. Each runs the function its ExecuTorch kernel runs
+// (int4_layer.cpp) with ATen's parallel_for, as llmcore::int4_mlp does (int4_mlp_aten.cpp).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>

@@ -75,7 +75,8 @@ def register_int8(module: nn.Module, name: str, q: torch.Tensor, scales: torch.T
     module.register_buffer(name, q.to(torch.int8).contiguous())
     module.register_buffer(f"{name}_scales", scales.contiguous())
     # the integers' sums exact in int64 (no float64 copy of the weight: 226 MB for SmolLM2's output layer)
-    module.register_buffer(f"{name}_sums", (q.sum(1, dtype=torch.int64).double() * scales.double()).float().contiguous())
+    sums = q.sum(1, dtype=torch.int64).double() * scales.double()
+    module.register_buffer(f"{name}_sums", sums.float().contiguous())
 
 
 def register_linears(module: nn.Module, name: str, linears: list[nn.Module], interleave: bool = False) -> None:

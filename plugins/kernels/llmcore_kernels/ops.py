@@ -18,12 +18,12 @@ Operators (schemas are defined in C++, ``csrc/rms_norm_aten.cpp`` and ``csrc/int
 ``llmcore::int4_pack(Tensor q) -> Tensor``
     int8 integers in [-8, 7], ``[rows, k]``, packed as ``int4_mlp`` reads them, ``[rows, k/32, 16]``
     uint8 (:func:`llmcore_kernels.mlp.pack`; the export's, not a program's, operator).
-``llmcore::int4_norm_qkv_rope``, ``llmcore::int4_linear_add``, ``llmcore::int4_norm_mlp_add``
-    a Llama layer's work outside attention (``csrc/int4_layer.h``);
-``llmcore::int4_linear(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_bias, Tensor? w_offsets) -> Tensor``
-    a linear on the same GEMM (the output layer after those layers). Each projection is three
-    tensors: int4 blocks packed (``[rows, in/32, 16]`` uint8, bfloat16 scales ``[rows, in/32]``)
-    or int8 rows (``[rows, in]`` int8, float32 scales ``[rows]``), and float32 row sums.
+``llmcore::int4_norm_qkv_rope``, ``llmcore::int4_linear_add``, ``llmcore::int4_norm_mlp_add``, ``llmcore::int4_linear``
+    a Llama layer's work outside attention, and a linear on the same GEMM for the output layer
+    after the layers (``csrc/int4_layer.h``; ``int4_linear(x, w, w_scales, w_sums, w_bias?,
+    w_offsets?)``). Each projection is three tensors: int4 blocks packed (``[rows, in/32, 16]``
+    uint8, bfloat16 scales ``[rows, in/32]``) or int8 rows (``[rows, in]`` int8, float32 scales
+    ``[rows]``), and float32 row sums.
 """
 
 from __future__ import annotations
