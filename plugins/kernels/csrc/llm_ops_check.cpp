@@ -8,6 +8,8 @@
 //   llmcore_llm_ops_check sdpa DIR key=value...
 //       keys: batch q_len heads head_dim kv_len kv_heads start causal (0/1) scale (a number
 //       or "none") dtype (float/double/half) mask (0/1) dropout (a number) repeat (N calls)
+//       skew (bytes past a 64-byte boundary for q, k, v and out: 16 is where the Python
+//       bindings put planned memory)
 //       reads DIR/q.bin [batch,q_len,heads,head_dim], DIR/k.bin and DIR/v.bin
 //       [batch,kv_len,kv_heads,head_dim] (float32, when dtype=float), with mask=1 DIR/mask.bin
 //       [q_len,kv_len] (float32: 0 or -inf), writes DIR/out.bin;
@@ -65,15 +67,17 @@ void write_file(const std::string& path, const void* data, size_t bytes) {
   if (!f) usage("cannot write " + path);
 }
 
-// A contiguous tensor over caller-owned memory.
+// A contiguous tensor over caller-owned memory, its data `skew` bytes past a 64-byte
+// boundary (the Python bindings' planned memory lies 16 past one).
 struct Buffer {
   std::vector<TensorImpl::SizesType> sizes;
   std::vector<TensorImpl::DimOrderType> order;
   std::vector<TensorImpl::StridesType> strides;
-  std::vector<char> data;
+  std::vector<char> storage;
+  char* data = nullptr;
   std::unique_ptr<TensorImpl> impl;
 
-  Buffer(ScalarType type, std::vector<int64_t> shape, std::vector<char> bytes = {}) {
+  Buffer(ScalarType type, std::vector<int64_t> shape, std::vector<char> bytes = {}, size_t skew = 0) {
     size_t n = 1;
     for (int64_t s : shape) {
       sizes.push_back(static_cast<TensorImpl::SizesType>(s));
@@ -87,9 +91,11 @@ struct Buffer {
       order.insert(order.begin(), static_cast<TensorImpl::DimOrderType>(i));
     }
     const size_t bytes_needed = n * executorch::runtime::elementSize(type);
-    data = bytes.empty() ? std::vector<char>(bytes_needed) : std::move(bytes);
-    if (data.size() < bytes_needed) data.resize(bytes_needed);
-    impl.reset(new TensorImpl(type, static_cast<ssize_t>(shape.size()), sizes.data(), data.data(), order.data(),
+    storage.assign(bytes_needed + 64 + skew, 0);
+    const uintptr_t base = (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63};
+    data = reinterpret_cast<char*>(base) + skew;
+    std::copy(bytes.begin(), bytes.begin() + std::min(bytes.size(), bytes_needed), data);
+    impl.reset(new TensorImpl(type, static_cast<ssize_t>(shape.size()), sizes.data(), data, order.data(),
                               strides.data()));
   }
   size_t nbytes() const { return impl->nbytes(); }
@@ -148,15 +154,17 @@ int run_sdpa(const Args& a) {
   const int64_t head_dim = a.num("head_dim", 8), kv_len = a.num("kv_len", 8), kv_heads = a.num("kv_heads", heads);
   const ScalarType type = dtype_of(a.get("dtype", "float"));
   const bool from_files = type == ScalarType::Float;
+  const size_t skew = static_cast<size_t>(a.num("skew", 0));
   auto load = [&](const char* name, std::vector<int64_t> shape) {
     size_t n = 1;
     for (int64_t s : shape) n *= static_cast<size_t>(s);
-    return Buffer(type, shape, from_files ? read_file(a.dir + "/" + name, n * sizeof(float)) : std::vector<char>());
+    return Buffer(type, shape, from_files ? read_file(a.dir + "/" + name, n * sizeof(float)) : std::vector<char>(),
+                  skew);
   };
   Buffer q = load("q.bin", {batch, q_len, heads, head_dim});
   Buffer k = load("k.bin", {batch, kv_len, kv_heads, head_dim});
   Buffer v = load("v.bin", {batch, kv_len, kv_heads, head_dim});
-  Buffer out(type, {batch, q_len, heads, head_dim});
+  Buffer out(type, {batch, q_len, heads, head_dim}, {}, skew);
   const bool masked = a.num("mask", 0) != 0;
   Buffer mask(type, {q_len, kv_len},
               masked && from_files ? read_file(a.dir + "/mask.bin", q_len * kv_len * sizeof(float)) : std::vector<char>());
@@ -183,7 +191,7 @@ int run_sdpa(const Args& a) {
     us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
   }
   std::sort(us.begin(), us.end());
-  write_file(a.dir + "/out.bin", out.data.data(), out.nbytes());
+  write_file(a.dir + "/out.bin", out.data, out.nbytes());
   std::printf("us_per_call=%.3f\n", us[us.size() / 2]);
   return 0;
 }
@@ -214,7 +222,7 @@ int run_update_cache(const Args& a) {
     lookup("llama::update_cache.out")(ctx, et::Span<et::EValue*>(stack, 4));
   }
   if (ctx.failure_state() != et::Error::Ok) return 1;
-  write_file(a.dir + "/cache_out.bin", cache.data.data(), cache.nbytes());
+  write_file(a.dir + "/cache_out.bin", cache.data, cache.nbytes());
   return 0;
 }
 
