@@ -104,8 +104,8 @@ def test_custom_sdpa_matches_torch(ops_check, tmp_path, batch, q_len, heads, hea
 @pytest.mark.parametrize("skew", [0, 16, 4])
 def test_custom_sdpa_on_rows_off_cache_lines_matches_torch(ops_check, tmp_path, skew):
     """A prompt's rows 16 bytes past a cache line (where the Python bindings put planned
-    memory) are copied to aligned scratch before the kernel reads them; 4 bytes past, a row is
-    never 32-byte aligned. Every placement gives the same output, bit for bit."""
+    memory) or 4 (never 32-byte aligned) give the output of rows on a cache line, bit for bit:
+    the kernel's loads assume no alignment."""
     outputs = []
     for placement in (0, skew):
         q, k, v, got = sdpa_on_random_inputs(ops_check, tmp_path, 5, 1, 64, 9, 64, 128, 3, 20, causal=True,

@@ -234,20 +234,6 @@ struct Attention {
 // each of the item's query rows reads them.
 LLMCORE_INLINE int64_t key_block(int64_t d) { return std::max<int64_t>(4, (2048 / std::max<int64_t>(d, 1)) & ~int64_t{3}); }
 
-// A row 16 bytes past a 32-byte boundary splits every other 32-byte load across two cache
-// lines: the Python bindings place the program's planned memory there (docs/performance.md,
-// "The Python loop's memory"), where llmcore_runner's is on 64-byte boundaries. An item with
-// this many query vectors or more reads each key and value row that often, so its query rows
-// and each block of keys and values are first copied to aligned scratch when they lie so.
-constexpr int64_t kRealignQueries = 8;
-
-LLMCORE_INLINE bool misaligned(const float* p) { return reinterpret_cast<uintptr_t>(p) % 32 != 0; }
-
-// n rows of d floats, `stride` apart in src, packed d apart into dst.
-LLMCORE_INLINE void pack_rows(const float* src, int64_t stride, int64_t n, int64_t d, float* dst) {
-  for (int64_t j = 0; j < n; ++j) std::memcpy(dst + j * d, src + j * stride, d * sizeof(float));
-}
-
 // One work item: batch b, kv head g with the `group` query heads that read it, query rows
 // [i0, i1), keys [chunk * chunk_keys, +chunk_keys). Query vector qv = r * group + hh is
 // row i0 + r of head g * group + hh.
@@ -283,45 +269,22 @@ void attend_block(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t 
   };
   const int64_t blk = key_block(d);
 
-  // Aligned copies (kRealignQueries): [nq][d] query rows, then one block of [blk][d] rows.
-  const bool realign = nq >= kRealignQueries && d % kVec == 0;
-  const bool realign_q = realign && misaligned(query(0)), realign_k = realign && misaligned(k0),
-             realign_v = realign && misaligned(v0);
-  thread_local std::vector<float> aligned_scratch;
-  float* qbuf = nullptr;
-  float* rowbuf = nullptr;
-  if (realign_q || realign_k || realign_v) {
-    aligned_scratch.resize((nq + blk) * d + kVec);
-    const uintptr_t at = (reinterpret_cast<uintptr_t>(aligned_scratch.data()) + 31) & ~uintptr_t{31};
-    qbuf = reinterpret_cast<float*>(at);
-    rowbuf = qbuf + nq * d;
-    if (realign_q)
-      for (int64_t qv = 0; qv < nq; ++qv) std::memcpy(qbuf + qv * d, query(qv), d * sizeof(float));
-  }
-
   // Scores, scaled. Keys in blocks, each block read by every query vector while in L1
   // (grouped-query heads share their keys); within a block four keys at a time.
   for (int64_t jb = j0; jb < j1; jb += blk) {
     const int64_t je = std::min(j1, jb + blk);
-    const float* kb = k0 + jb * kv_row_stride;  // key jb; key j at kb + (j - jb) * ks
-    int64_t ks = kv_row_stride;
-    if (realign_k) {
-      pack_rows(kb, ks, je - jb, d, rowbuf);
-      kb = rowbuf;
-      ks = d;
-    }
     for (int64_t qv = 0; qv < nq; ++qv) {
       const int64_t hi = std::min(je, end[qv / G]);
-      const float* qr = realign_q ? qbuf + qv * d : query(qv);
+      const float* qr = query(qv);
       float* sr = scores + qv * span;
       int64_t j = jb;
       for (; j + 4 <= hi; j += 4) {
-        const float* kj = kb + (j - jb) * ks;
+        const float* kj = k0 + j * kv_row_stride;
         float dots[4];
-        dot4(qr, kj, kj + ks, kj + 2 * ks, kj + 3 * ks, d, dots);
+        dot4(qr, kj, kj + kv_row_stride, kj + 2 * kv_row_stride, kj + 3 * kv_row_stride, d, dots);
         for (int t = 0; t < 4; ++t) sr[j - j0 + t] = dots[t] * a.scale;
       }
-      for (; j < hi; ++j) sr[j - j0] = dot1(qr, kb + (j - jb) * ks, d) * a.scale;
+      for (; j < hi; ++j) sr[j - j0] = dot1(qr, k0 + j * kv_row_stride, d) * a.scale;
     }
   }
   for (int64_t qv = 0; qv < nq; ++qv) {
@@ -346,27 +309,21 @@ void attend_block(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t 
   for (int64_t jb = j0; jb < j1; jb += blk) {
     const int64_t je = std::min(j1, jb + blk);
     const float* vb = v0 + jb * kv_row_stride;
-    int64_t vs = kv_row_stride;
-    if (realign_v) {
-      pack_rows(vb, vs, je - jb, d, rowbuf);
-      vb = rowbuf;
-      vs = d;
-    }
     for (int64_t qv = 0; qv < nq; ++qv) {
       const int64_t n = std::min(je, end[qv / G]) - jb;
       if (n <= 0) continue;
       const float* p = scores + qv * span + (jb - j0);
       float* orow = output(qv);
       int64_t c = 0;
-      for (; c + 8 * kVec <= d; c += 8 * kVec) weighted_rows<8>(orow + c, vb + c, vs, p, n);
+      for (; c + 8 * kVec <= d; c += 8 * kVec) weighted_rows<8>(orow + c, vb + c, kv_row_stride, p, n);
       if (c + 4 * kVec <= d) {
-        weighted_rows<4>(orow + c, vb + c, vs, p, n);
+        weighted_rows<4>(orow + c, vb + c, kv_row_stride, p, n);
         c += 4 * kVec;
       }
-      for (; c + kVec <= d; c += kVec) weighted_rows<1>(orow + c, vb + c, vs, p, n);
+      for (; c + kVec <= d; c += kVec) weighted_rows<1>(orow + c, vb + c, kv_row_stride, p, n);
       for (; c < d; ++c) {
         float acc = orow[c];
-        for (int64_t j = 0; j < n; ++j) acc += p[j] * vb[j * vs + c];
+        for (int64_t j = 0; j < n; ++j) acc += p[j] * vb[j * kv_row_stride + c];
         orow[c] = acc;
       }
     }
