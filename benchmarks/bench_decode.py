@@ -376,10 +376,10 @@ SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 15: 2}
 def weight_bytes_per_token(pte: Path, model: str) -> int:
     """Bytes of weights a decode step reads: the whole program, except that a token
     embedding stored apart from the output layer (the quantized recipes keep their own
-    output weights) is read one row per token, not whole (the tensors the program's
-    embedding operators take; not an output layer, which has as many rows). The embedding's tensors are the
-    program's own constants with one row per vocabulary entry (the table and its scales,
-    in whatever format the recipe chose: 8da4w's default is 8-bit, gguf carries the file's)."""
+    output weights) is read one row per token, not whole. The embedding's tensors are the
+    constants the program's embedding operators take with one row per vocabulary entry (the
+    table and its scales, in whatever format the recipe chose: 8da4w's default is 8-bit, gguf
+    carries the file's); an output layer outside a delegate has as many rows, and is read whole."""
     from executorch.exir._serialize._program import deserialize_pte_binary
     from executorch.exir.schema import Tensor
 
@@ -391,8 +391,6 @@ def weight_bytes_per_token(pte: Path, model: str) -> int:
 
     vocab, _ = EMBEDDINGS[model]
     plan = deserialize_pte_binary(pte.read_bytes()).program.execution_plan[0]
-    # the tensors the embedding operators read: an output layer outside a delegate is a
-    # constant with one row per vocabulary entry too, and it is read whole
     embedding_args = {i for chain in plan.chains for instruction in chain.instructions
                       if isinstance(instruction.instr_args, KernelCall)
                       and "embedding" in plan.operators[instruction.instr_args.op_index].name

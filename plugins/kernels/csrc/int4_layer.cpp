@@ -5,7 +5,9 @@
 // Registered with the ExecuTorch runtime this library links, like llmcore::int4_mlp.
 #include "int4_layer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <optional>
 #include <vector>
 
@@ -120,25 +122,14 @@ bool rows_of(const Tensor& t, int64_t width) {
   return t.scalar_type() == ScalarType::Float && t.dim() >= 1 && t.size(t.dim() - 1) == width && et::dense(t);
 }
 
-// `out` resized to `base`'s sizes with its last one replaced by the two given.
-Error resize_heads(Tensor& out, const Tensor& base, int64_t heads, int64_t head_dim) {
+// `out` resized to `base`'s sizes with its last one replaced by `last` (one size or more).
+Error resize_last(Tensor& out, const Tensor& base, std::initializer_list<int64_t> last) {
   executorch::aten::SizesType sizes[executorch::runtime::kTensorDimensionLimit];
-  const int64_t d = base.dim();
-  if (d + 1 > static_cast<int64_t>(executorch::runtime::kTensorDimensionLimit)) return Error::InvalidArgument;
+  const int64_t d = base.dim(), n = d - 1 + static_cast<int64_t>(last.size());
+  if (d < 1 || n > static_cast<int64_t>(executorch::runtime::kTensorDimensionLimit)) return Error::InvalidArgument;
   for (int64_t i = 0; i + 1 < d; ++i) sizes[i] = base.size(i);
-  sizes[d - 1] = heads;
-  sizes[d] = head_dim;
-  return executorch::runtime::resize_tensor(out, {sizes, static_cast<size_t>(d + 1)});
-}
-
-// `out` resized to `base`'s sizes with its last one replaced by `last`.
-Error resize_last(Tensor& out, const Tensor& base, int64_t last) {
-  executorch::aten::SizesType sizes[executorch::runtime::kTensorDimensionLimit];
-  const int64_t d = base.dim();
-  if (d < 1) return Error::InvalidArgument;
-  for (int64_t i = 0; i + 1 < d; ++i) sizes[i] = base.size(i);
-  sizes[d - 1] = last;
-  return executorch::runtime::resize_tensor(out, {sizes, static_cast<size_t>(d)});
+  std::copy(last.begin(), last.end(), sizes + d - 1);
+  return executorch::runtime::resize_tensor(out, {sizes, static_cast<size_t>(n)});
 }
 
 }  // namespace
@@ -176,9 +167,9 @@ void int4_norm_qkv_rope_out(KernelRuntimeContext& ctx, const Tensor& h, const Te
                                sin.numel() == rows * head_dim,
                       InvalidArgument, , "llmcore::int4_norm_qkv_rope: cos and sin must hold one float32 row of "
                       "head_dim (%lld) per token", (long long)head_dim);
-  ET_KERNEL_CHECK(ctx, resize_heads(q, h, n_heads, head_dim) == Error::Ok, InvalidArgument, );
-  ET_KERNEL_CHECK(ctx, resize_heads(k, h, n_kv_heads, head_dim) == Error::Ok, InvalidArgument, );
-  ET_KERNEL_CHECK(ctx, resize_heads(v, h, n_kv_heads, head_dim) == Error::Ok, InvalidArgument, );
+  ET_KERNEL_CHECK(ctx, resize_last(q, h, {n_heads, head_dim}) == Error::Ok, InvalidArgument, );
+  ET_KERNEL_CHECK(ctx, resize_last(k, h, {n_kv_heads, head_dim}) == Error::Ok, InvalidArgument, );
+  ET_KERNEL_CHECK(ctx, resize_last(v, h, {n_kv_heads, head_dim}) == Error::Ok, InvalidArgument, );
   ET_KERNEL_CHECK_MSG(ctx, rows_of(q, head_dim) && rows_of(k, head_dim) && rows_of(v, head_dim), InvalidArgument, ,
                       "llmcore::int4_norm_qkv_rope: q, k and v must be contiguous float32");
   if (rows == 0) return;
@@ -229,7 +220,7 @@ Tensor& int4_linear_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor
   ET_KERNEL_CHECK_MSG(ctx, rows_of(x, pw.k), InvalidArgument, out,
                       "llmcore::int4_linear: x must be contiguous float32 rows of w's in-features (%lld)",
                       (long long)pw.k);
-  ET_KERNEL_CHECK(ctx, resize_last(out, x, pw.n) == Error::Ok, InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, resize_last(out, x, {pw.n}) == Error::Ok, InvalidArgument, out);
   ET_KERNEL_CHECK_MSG(ctx, rows_of(out, pw.n), InvalidArgument, out,
                       "llmcore::int4_linear: out must be contiguous float32");
   const int64_t rows = x.numel() / pw.k;

@@ -6,6 +6,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <initializer_list>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -26,11 +27,10 @@ at::Tensor norm_weight_of(const char* op, const at::Tensor& weight, int64_t dim)
   return float_rows(op, "the norm's weight", weight, dim);
 }
 
-// base's sizes, the last replaced by (heads, head_dim)
-std::vector<int64_t> head_sizes(const at::Tensor& base, int64_t heads, int64_t head_dim) {
+// base's sizes, the last replaced by `last` (one size or more)
+std::vector<int64_t> last_replaced(const at::Tensor& base, std::initializer_list<int64_t> last) {
   std::vector<int64_t> sizes(base.sizes().begin(), base.sizes().end() - 1);
-  sizes.push_back(heads);
-  sizes.push_back(head_dim);
+  sizes.insert(sizes.end(), last);
   return sizes;
 }
 
@@ -63,9 +63,9 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> int4_norm_qkv_rope_out(
   TORCH_CHECK(c.numel() == rows * head_dim && s.numel() == rows * head_dim, op,
               ": cos and sin must hold one row per token of h, got ", cos.sizes(), " and ", sin.sizes(), " for ",
               h.sizes());
-  q.resize_(head_sizes(hc, n_heads, head_dim));
-  k.resize_(head_sizes(hc, n_kv_heads, head_dim));
-  v.resize_(head_sizes(hc, n_kv_heads, head_dim));
+  q.resize_(last_replaced(hc, {n_heads, head_dim}));
+  k.resize_(last_replaced(hc, {n_kv_heads, head_dim}));
+  v.resize_(last_replaced(hc, {n_kv_heads, head_dim}));
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), op, ": q, k and v must be contiguous");
   if (rows > 0)
     llmcore_kernels::int4_norm_qkv_rope_forward(hc.const_data_ptr<float>(), rows, a, c.const_data_ptr<float>(),
@@ -86,12 +86,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_norm_qkv_rope(
   return {q, k, v};
 }
 
-std::vector<int64_t> last_replaced(const at::Tensor& base, int64_t last) {
-  std::vector<int64_t> sizes(base.sizes().begin(), base.sizes().end());
-  sizes.back() = last;
-  return sizes;
-}
-
 at::Tensor& int4_linear_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
                             const at::Tensor& w_sums, const std::optional<at::Tensor>& w_bias,
                             const std::optional<at::Tensor>& w_offsets, at::Tensor& out) {
@@ -106,7 +100,7 @@ at::Tensor& int4_linear_out(const at::Tensor& x, const at::Tensor& w, const at::
   }
   const at::Tensor xc = float_rows(op, "x", x, pw.k);
   const int64_t rows = xc.numel() / pw.k;
-  out.resize_(last_replaced(xc, pw.n));
+  out.resize_(last_replaced(xc, {pw.n}));
   TORCH_CHECK(out.is_contiguous(), op, ": out must be contiguous");
   if (rows > 0)
     llmcore_kernels::int4_linear_forward(xc.const_data_ptr<float>(), rows, pw, out.mutable_data_ptr<float>(),

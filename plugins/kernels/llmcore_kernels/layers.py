@@ -197,6 +197,8 @@ def _swap_checked(model: nn.Module, match, why_not, build, same_function) -> tup
     """Replace each submodule ``match`` selects with ``build(module)`` where ``why_not`` gives
     no reason against it and ``same_function(module, built)`` finds them computing the same;
     returns (how many, why others were kept, by name)."""
+    from llmcore_kernels import ops  # noqa: F401  registers the operators the modules call
+
     names = {id(m): n for n, m in model.named_modules()}
     kept: list[str] = []
 
@@ -214,8 +216,6 @@ def _swap_checked(model: nn.Module, match, why_not, build, same_function) -> tup
 
 def swap_layers(model: nn.Module) -> tuple[int, list[str]]:
     """Replace qualifying layers in place; returns (how many, why others were kept)."""
-    from llmcore_kernels import ops  # noqa: F401  registers the operators
-
     return _swap_checked(model, _is_block, _why_not, KernelLayer, _same_function)
 
 

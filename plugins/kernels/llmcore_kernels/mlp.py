@@ -74,7 +74,8 @@ def register_int8(module: nn.Module, name: str, q: torch.Tensor, scales: torch.T
         raise ValueError(f"an int8 weight {tuple(q.shape)} needs one scale a row, got {tuple(scales.shape)}")
     module.register_buffer(name, q.to(torch.int8).contiguous())
     module.register_buffer(f"{name}_scales", scales.contiguous())
-    # the integers' sums exact in int64 (no float64 copy of the weight: 226 MB for SmolLM2's output layer)
+    # the integers summed exactly in int64: no float64 copy of the weight (226 MB for
+    # SmolLM2's output layer)
     sums = q.sum(1, dtype=torch.int64).double() * scales.double()
     module.register_buffer(f"{name}_sums", sums.float().contiguous())
 
