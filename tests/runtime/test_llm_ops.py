@@ -235,6 +235,50 @@ def test_update_cache_writes_only_its_rows(ops_check, tmp_path, seq, heads, head
     assert torch.equal(got, want)
 
 
+def parallel_rounds(ops_check, **params):
+    """kernel_parallel_for run by llmcore_llm_ops_check's "parallel": one dict a round."""
+    r = run_check(ops_check, "-", "parallel", **params)
+    assert r.returncode == 0, r.stderr
+    return [dict(field.split("=") for field in line.split()) for line in r.stdout.splitlines()]
+
+
+# (begin, end, grain, threads): parts of one item, of several with a short last one, fewer
+# items than threads, one part, and a range that does not start at 0.
+@pytest.mark.parametrize("begin,end,grain,threads", [(0, 16, 1, 2), (0, 37, 5, 2), (0, 2, 1, 3), (0, 5, 8, 2),
+                                                     (7, 30, 4, 3)])
+def test_the_kernel_threads_cover_each_item_once(ops_check, begin, end, grain, threads):
+    """The pool the kernels share (kernel_threads.h): every item of every region once, in
+    parts of `grain` items; with more than one part and thread, more than one thread takes
+    part (each part busy 1 ms, so that a worker claims one before the caller is done; on a
+    2-core machine a third thread may find no core free in time, so at least two)."""
+    (round_,) = parallel_rounds(ops_check, begin=begin, end=end, grain=grain, threads=threads, work_us=1000)
+    assert round_["items"] == str(end - begin)
+    assert round_["covered_once"] == "1" and round_["parts_ok"] == "1"
+    parts = -(-(end - begin) // grain)
+    if parts == 1:
+        assert round_["threads_used"] == "1"
+    else:
+        assert 2 <= int(round_["threads_used"]) <= min(threads, parts)
+
+
+def test_the_kernel_threads_follow_the_runtime_pool_size(ops_check):
+    """The pool has as many threads as ExecuTorch's: resized to one, a region runs on the
+    calling thread alone; from one to three, on more than one."""
+    first, second = parallel_rounds(ops_check, end=12, threads=3, then_threads=1, work_us=1000)
+    assert int(first["threads_used"]) >= 2 and second["threads_used"] == "1"
+    assert first["covered_once"] == second["covered_once"] == "1"
+    first, second = parallel_rounds(ops_check, end=12, threads=1, then_threads=3, work_us=1000)
+    assert first["threads_used"] == "1" and int(second["threads_used"]) >= 2
+    assert first["covered_once"] == second["covered_once"] == "1"
+
+
+def test_a_region_opened_inside_a_region_runs_on_its_thread(ops_check):
+    """A body that calls kernel_parallel_for again (a kernel calling another) gets the
+    whole inner range on its own thread, and the outer region still covers every item."""
+    (round_,) = parallel_rounds(ops_check, end=8, threads=2, nested=1)
+    assert round_["nested_inline"] == "1" and round_["covered_once"] == "1"
+
+
 def test_the_ops_are_registered(ops_check):
     out = subprocess.run([str(ops_check), "registered"], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["llama::update_cache.out", "llama::update_cache_with_indices.out", "llama::custom_sdpa.out"]

@@ -8,9 +8,9 @@
 #include <optional>
 
 #include <executorch/runtime/kernel/kernel_includes.h>
-#include <executorch/runtime/kernel/thread_parallel_interface.h>
 
 #include "int4_mlp.h"
+#include "kernel_threads.h"
 
 namespace llmcore_kernels {
 namespace et {
@@ -82,13 +82,12 @@ inline const char* mlp_weights(const executorch::aten::Tensor& gate_up, const ex
   return int4_mlp_shape_error(*w);
 }
 
-// The runtime's thread pool, one chunk per thread: ExecuTorch's parallel_for makes one task
-// per `grain` items, and each gemm_rows call has a set-up of its own (the rows' scales
-// converted, scratch).
+// The kernels' threads (kernel_threads.h), one chunk per thread: as many as ExecuTorch's
+// pool has, but awake between the regions of a forward call. One chunk a thread because
+// each gemm_rows call has a set-up of its own (the rows' scales converted, scratch).
 inline void runtime_parallel(int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
-  const int64_t threads = std::max<int64_t>(1, executorch::extension::get_thread_count());
-  const int64_t grain = std::max<int64_t>(1, (end - begin + threads - 1) / threads);
-  executorch::extension::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) { body(b, e); });
+  const int64_t threads = kernel_thread_count();
+  kernel_parallel_for(begin, end, std::max<int64_t>(1, (end - begin + threads - 1) / threads), body);
 }
 
 }  // namespace et

@@ -30,14 +30,30 @@ void rms_norm(const float* h, int64_t rows, int64_t dim, const float* weight, do
   llmcore_kernels_rms_norm(kFloat, 2, sizes, h, weight, eps, out);
 }
 
-// Rotate the interleaved channel pairs of `heads` heads of y (each head_dim wide) by one
-// token's cos and sin rows, into out.
-void rope_heads(const float* y, int64_t heads, int64_t head_dim, const float* cos, const float* sin, float* out) {
-  for (int64_t h = 0; h < heads; ++h, y += head_dim, out += head_dim) {
-    for (int64_t i = 0; i + 1 < head_dim; i += 2) {
-      const float even = y[i], odd = y[i + 1];
-      out[i] = even * cos[i] + (-odd) * sin[i];
-      out[i + 1] = odd * cos[i + 1] + even * sin[i + 1];
+// Columns [n_begin, n_end) (even bounds) of one token's qkv row y into its rows of q, k and
+// v: q's and k's interleaved channel pairs rotated by the token's cos and sin rows, v's
+// copied. q_width and kv_width are whole heads of head_dim.
+void place_columns(const float* y, int64_t n_begin, int64_t n_end, int64_t q_width, int64_t kv_width,
+                   int64_t head_dim, const float* cos, const float* sin, float* q, float* k, float* v) {
+  // each part as (its first column, its width, where it goes, rotated or not)
+  const struct {
+    int64_t first, width;
+    float* out;
+    bool rotate;
+  } parts[3] = {{0, q_width, q, true}, {q_width, kv_width, k, true}, {q_width + kv_width, kv_width, v, false}};
+  for (const auto& part : parts) {
+    const int64_t b = std::max(n_begin, part.first), e = std::min(n_end, part.first + part.width);
+    if (b >= e) continue;
+    if (!part.rotate) {
+      std::copy(y + b, y + e, part.out + (b - part.first));
+      continue;
+    }
+    for (int64_t c = b; c < e; c += 2) {
+      const int64_t i = (c - part.first) % head_dim;
+      const float even = y[c], odd = y[c + 1];
+      float* out = part.out + (c - part.first);
+      out[0] = even * cos[i] + (-odd) * sin[i];
+      out[1] = odd * cos[i + 1] + even * sin[i + 1];
     }
   }
 }
@@ -63,16 +79,18 @@ void int4_norm_qkv_rope_forward(const float* h, int64_t rows, const Int4NormQkvR
   thread_local RoundedRows rounded;
   normed.resize(rows * dim);
   y.resize(rows * n);
-  rms_norm(h, rows, dim, a.norm_weight, a.eps, normed.data());
-  gemm_all(rounded.round(normed.data(), rows, parallel, a.qkv), a.qkv, y.data(), parallel);
+  float *nv = normed.data(), *yv = y.data();
+  // The norm, the rounding, the GEMM and RoPE in two parallel regions: each thread norms
+  // and rounds its rows, then places the columns it computed.
+  const int4::QuantizedRows x = rounded.round(nv, rows, parallel, a.qkv, [&](int64_t b, int64_t e) {
+    rms_norm(h + b * dim, e - b, dim, a.norm_weight, a.eps, nv + b * dim);
+  });
   const int64_t q_width = a.n_heads * head_dim, kv_width = a.n_kv_heads * head_dim;
-  for (int64_t t = 0; t < rows; ++t) {
-    const float* yt = y.data() + t * n;
-    const float *c = cos + t * head_dim, *s = sin + t * head_dim;
-    rope_heads(yt, a.n_heads, head_dim, c, s, q + t * q_width);
-    rope_heads(yt + q_width, a.n_kv_heads, head_dim, c, s, k + t * kv_width);
-    std::copy(yt + q_width + kv_width, yt + n, v + t * kv_width);
-  }
+  gemm_all(x, a.qkv, yv, parallel, [&](int64_t n_begin, int64_t n_end) {
+    for (int64_t t = 0; t < rows; ++t)
+      place_columns(yv + t * n, n_begin, n_end, q_width, kv_width, head_dim, cos + t * head_dim, sin + t * head_dim,
+                    q + t * q_width, k + t * kv_width, v + t * kv_width);
+  });
 }
 
 void int4_linear_forward(const float* x, int64_t rows, const int4::PackedWeight& w, float* out,
@@ -83,22 +101,25 @@ void int4_linear_forward(const float* x, int64_t rows, const int4::PackedWeight&
 
 void int4_linear_add_forward(const float* x, int64_t rows, const int4::PackedWeight& w, const float* residual,
                              float* out, const ParallelFor& parallel) {
+  thread_local RoundedRows rounded;
   thread_local std::vector<float> y;
   y.resize(rows * w.n);
-  int4_linear_forward(x, rows, w, y.data(), parallel);
-  // residual first, then the product: the order of `residual + linear(x)` in the module
-  for (int64_t i = 0; i < rows * w.n; ++i) out[i] = residual[i] + y[i];
+  float* yv = y.data();
+  gemm_all(rounded.round(x, rows, parallel, w), w, yv, parallel, [&](int64_t n_begin, int64_t n_end) {
+    // residual first, then the product: the order of `residual + linear(x)` in the module
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t c = n_begin; c < n_end; ++c) out[t * w.n + c] = residual[t * w.n + c] + yv[t * w.n + c];
+  });
 }
 
 void int4_norm_mlp_add_forward(const float* h, int64_t rows, const float* norm_weight, double eps,
                                const Int4MlpWeights& w, float* out, const ParallelFor& parallel) {
   const int64_t dim = w.gate_up.k;
-  thread_local std::vector<float> normed, y;
+  thread_local std::vector<float> normed;
   normed.resize(rows * dim);
-  y.resize(rows * dim);
-  rms_norm(h, rows, dim, norm_weight, eps, normed.data());
-  int4_mlp_forward(normed.data(), rows, w, y.data(), parallel);
-  for (int64_t i = 0; i < rows * dim; ++i) out[i] = h[i] + y[i];
+  float* nv = normed.data();
+  auto norm = [&](int64_t b, int64_t e) { rms_norm(h + b * dim, e - b, dim, norm_weight, eps, nv + b * dim); };
+  int4_mlp_forward(nv, rows, w, out, parallel, norm, /*residual=*/h);
 }
 
 using executorch::aten::ScalarType;

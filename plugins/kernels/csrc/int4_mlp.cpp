@@ -20,7 +20,6 @@
 
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
 #include <executorch/runtime/kernel/kernel_includes.h>
-#include <executorch/runtime/kernel/thread_parallel_interface.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -107,7 +106,7 @@ void silu_times(const float* gu, int64_t count, float* h) {
 }  // namespace
 
 int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, const ParallelFor& parallel,
-                                       const int4::PackedWeight& w) {
+                                       const int4::PackedWeight& w, const RangeWork& prepare) {
   const int64_t k = w.k;
   const bool block_means = w.offsets != nullptr, arranged = w.format == int4::Format::int4_blocks;
   const int64_t blocks = k / int4::kBlock;
@@ -118,6 +117,7 @@ int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, const Paral
   uint8_t* pa = a.data();
   float *ps = scale.data(), *pz = zero.data(), *pm = means.data();
   auto body = [&](int64_t b, int64_t e) {
+    if (prepare) prepare(b, e);
     int4::quantize_rows(x, k, b, e, pa, ps, pz, arranged);
     if (!block_means) return;
     for (int64_t i = b * blocks; i < e * blocks; ++i) {  // sum, then / 32, as a mean over a [.., 32] view
@@ -146,27 +146,41 @@ static void gemm_columns(const int4::QuantizedRows& x, const int4::PackedWeight&
   if (w.offsets != nullptr) int4::add_block_offsets(x, w, n_begin, n_end, y);
 }
 
-void gemm_all(const int4::QuantizedRows& x, const int4::PackedWeight& w, float* y, const ParallelFor& parallel) {
-  parallel(0, (w.n + 1) / 2, [&](int64_t b, int64_t e) { gemm_columns(x, w, 2 * b, std::min(2 * e, w.n), y); });
+void gemm_all(const int4::QuantizedRows& x, const int4::PackedWeight& w, float* y, const ParallelFor& parallel,
+              const RangeWork& finish) {
+  parallel(0, (w.n + 1) / 2, [&](int64_t b, int64_t e) {
+    const int64_t n_begin = 2 * b, n_end = std::min(2 * e, w.n);
+    gemm_columns(x, w, n_begin, n_end, y);
+    if (finish) finish(n_begin, n_end);
+  });
 }
 
-void int4_mlp_forward(const float* x, int64_t rows, const Int4MlpWeights& w, float* out, const ParallelFor& parallel) {
-  const int64_t hidden = w.gate_up.n / 2;
+void int4_mlp_forward(const float* x, int64_t rows, const Int4MlpWeights& w, float* out, const ParallelFor& parallel,
+                      const RangeWork& prepare, const float* residual) {
+  const int64_t hidden = w.gate_up.n / 2, dim = w.down.n;
   // Scratch of the calling thread, kept between calls (a decode step reuses it).
   thread_local RoundedRows rounded_x, rounded_h;
-  thread_local std::vector<float> gate_up, h;
+  thread_local std::vector<float> gate_up, h, down;
   gate_up.resize(rows * 2 * hidden);
   h.resize(rows * hidden);
   float *gu = gate_up.data(), *hv = h.data();
 
-  const int4::QuantizedRows qx = rounded_x.round(x, rows, parallel, w.gate_up);
+  const int4::QuantizedRows qx = rounded_x.round(x, rows, parallel, w.gate_up, prepare);
   // gate_up's rows interleave gate and up (row 2j: gate j, row 2j + 1: up j): a thread that
-  // computes the pairs [b, e) has what silu(gate) * up needs for hidden units [b, e).
-  parallel(0, hidden, [&](int64_t b, int64_t e) {
-    gemm_columns(qx, w.gate_up, 2 * b, 2 * e, gu);
-    for (int64_t t = 0; t < rows; ++t) silu_times(gu + t * 2 * hidden + 2 * b, e - b, hv + t * hidden + b);
+  // computes the columns [2b, 2e) has what silu(gate) * up needs for hidden units [b, e).
+  gemm_all(qx, w.gate_up, gu, parallel, [&](int64_t n_begin, int64_t n_end) {
+    for (int64_t t = 0; t < rows; ++t)
+      silu_times(gu + t * 2 * hidden + n_begin, (n_end - n_begin) / 2, hv + t * hidden + n_begin / 2);
   });
-  gemm_all(rounded_h.round(hv, rows, parallel, w.down), w.down, out, parallel);
+  const int4::QuantizedRows qh = rounded_h.round(hv, rows, parallel, w.down);
+  if (residual == nullptr) return gemm_all(qh, w.down, out, parallel);
+  down.resize(rows * dim);
+  float* dv = down.data();
+  gemm_all(qh, w.down, dv, parallel, [&](int64_t n_begin, int64_t n_end) {
+    // residual first, then the MLP's output: the order of `h + mlp(norm(h))` in the module
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t n = n_begin; n < n_end; ++n) out[t * dim + n] = residual[t * dim + n] + dv[t * dim + n];
+  });
 }
 
 using executorch::aten::ScalarType;

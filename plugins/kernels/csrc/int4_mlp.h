@@ -32,6 +32,11 @@ struct Int4MlpWeights {
 using ParallelFor =
     std::function<void(int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body)>;
 
+// Work on a range [begin, end) of rows or columns, run by the thread that handles it
+// inside a parallel region (RoundedRows::round's `prepare`, gemm_all's `finish`): a pass
+// that would otherwise be a region of its own, or run on one thread.
+using RangeWork = std::function<void(int64_t begin, int64_t end)>;
+
 // The error for packed weights of another shape than [rows, in/32, 16] (both registrations).
 LLMCORE_KERNELS_CXX_API extern const char* const kPackedShapeError;
 
@@ -46,17 +51,22 @@ struct LLMCORE_KERNELS_CXX_API RoundedRows {
   std::vector<float> scale, zero, means;
   // x [rows, w.k]'s rows rounded for w, split among the threads when there is more than
   // one: in the arranged order for int4 blocks; with each block's mean of x too when w has
-  // block offsets.
-  int4::QuantizedRows round(const float* x, int64_t rows, const ParallelFor& parallel, const int4::PackedWeight& w);
+  // block offsets. `prepare`, when given, first writes each range of x's rows (a norm).
+  int4::QuantizedRows round(const float* x, int64_t rows, const ParallelFor& parallel, const int4::PackedWeight& w,
+                            const RangeWork& prepare = nullptr);
 };
 
 // y [x.m, w.n] = x W^T (with w's block offsets when it has them: x must carry its block
-// means), W's rows split among the threads in pairs.
+// means), W's rows split among the threads in pairs. `finish`, when given, is called on
+// each range of y's columns (even bounds) once its thread has computed them.
 LLMCORE_KERNELS_CXX_API void gemm_all(const int4::QuantizedRows& x, const int4::PackedWeight& w, float* y,
-                                      const ParallelFor& parallel);
+                                      const ParallelFor& parallel, const RangeWork& finish = nullptr);
 
 // out [rows, dim] from x [rows, dim]; the weights must pass int4_mlp_shape_error.
+// `prepare` writes x's rows before they are rounded (RoundedRows::round); with `residual`
+// [rows, dim], out = residual + the MLP's output (out may be residual).
 LLMCORE_KERNELS_CXX_API void int4_mlp_forward(const float* x, int64_t rows, const Int4MlpWeights& w, float* out,
-                                              const ParallelFor& parallel);
+                                              const ParallelFor& parallel, const RangeWork& prepare = nullptr,
+                                              const float* residual = nullptr);
 
 }  // namespace llmcore_kernels

@@ -7,13 +7,15 @@
 // query head. Keys and values go in blocks of 8 KiB that stay in L1 while each of the
 // item's query rows uses them. Per query row: the scaled scores (four keys at a time),
 // a numerically stable softmax (max subtracted, a vectorised exp), then the weighted sum
-// of value rows, the output row held in registers over a whole block. Items run on
-// ExecuTorch's thread pool (parallel_for). A decode step has one item per kv head; when
-// that does not divide among the threads (SmolLM2's 3 kv heads on 2 threads), the keys are
-// cut into slices whose softmax parts are merged after (choose_key_chunks). The hot loops
+// of value rows, the output row held in registers over a whole block. Items run on the
+// kernels' threads (kernel_parallel_for, kernel_threads.h). A decode step has one item per
+// kv head; when that does not divide among the threads (SmolLM2's 3 kv heads on 2
+// threads), the keys are cut into slices whose softmax parts are merged after
+// (choose_key_chunks). The hot loops
 // are compiled twice, for x86-64-v3 (AVX2 + FMA) and the baseline, and picked at load
 // time (target_clones) where the compiler supports it.
 #include "llm_ops.h"
+#include "kernel_threads.h"
 
 #include <algorithm>
 #include <atomic>
@@ -22,7 +24,6 @@
 #include <vector>
 
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
-#include <executorch/runtime/kernel/thread_parallel_interface.h>
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define LLMCORE_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
@@ -386,7 +387,7 @@ void merge_key_chunks(const Attention& a) {
 void attend(Attention& a) {
   const int64_t base = a.batch * a.n_kv_heads * a.row_blocks;
   const int64_t keys = a.mask != nullptr ? a.kv_len : a.start_pos + a.q_len;
-  a.key_chunks = choose_key_chunks(base, keys, executorch::extension::get_thread_count());
+  a.key_chunks = choose_key_chunks(base, keys, kernel_thread_count());
   a.chunk_keys = (keys + a.key_chunks - 1) / a.key_chunks;
   thread_local std::vector<float> partial;
   if (a.key_chunks > 1) {
@@ -394,7 +395,7 @@ void attend(Attention& a) {
     a.partial = partial.data();
   }
   const int64_t items = base * a.key_chunks;
-  executorch::extension::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+  kernel_parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scratch;
     for (int64_t it = begin; it < end; ++it) {
       const int64_t chunk = it % a.key_chunks;
@@ -440,11 +441,10 @@ Tensor& update_cache_out(KernelRuntimeContext& ctx, const Tensor& value, Tensor&
     std::memcpy(dst + (b * capacity + start_pos + s0) * row, src + (b * seq + s0) * row,
                 sizeof(float) * (s1 - s0) * row);
   };
-  const int64_t threads = executorch::extension::get_thread_count();
+  const int64_t threads = kernel_thread_count();
   for (int64_t b = 0; b < value.size(0); ++b) {
     if (threads > 1 && static_cast<int64_t>(sizeof(float)) * seq * row >= kSharedCopyBytes) {
-      executorch::extension::parallel_for(0, seq, (seq + threads - 1) / threads,
-                                          [&](int64_t s0, int64_t s1) { copy(b, s0, s1); });
+      kernel_parallel_for(0, seq, (seq + threads - 1) / threads, [&](int64_t s0, int64_t s1) { copy(b, s0, s1); });
     } else {
       copy(b, 0, seq);
     }

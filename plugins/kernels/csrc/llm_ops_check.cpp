@@ -20,6 +20,13 @@
 //       keys: batch seq heads head_dim capacity start dtype indices (0/1) threads (as for sdpa)
 //       reads DIR/value.bin and DIR/cache.bin, writes the updated cache to DIR/cache_out.bin;
 //       with indices=1 runs update_cache_with_indices on DIR/indices.bin (int64 [batch,seq])
+//   llmcore_llm_ops_check parallel - key=value...
+//       keys: begin end grain threads (as for sdpa; then_threads=M resizes the pool again
+//       before a second round) calls (regions a round, default 3) work_us (each part's
+//       busy time, default 200) nested (0/1: each part calls kernel_parallel_for again)
+//       runs kernel_parallel_for (kernel_threads.h) on a body that counts each item and
+//       notes the thread; prints per round "round=R items=N covered_once=0|1
+//       parts_ok=0|1 threads_used=K nested_inline=0|1"
 // Exit status: 0 when the kernel succeeded, 1 when it failed (ExecuTorch logs the reason
 // on stderr), 2 on a usage error.
 #include <algorithm>
@@ -29,7 +36,10 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <executorch/runtime/core/evalue.h>
@@ -39,6 +49,7 @@
 #include <executorch/runtime/platform/runtime.h>
 
 #include "executorch_threadpool.h"
+#include "kernel_threads.h"
 
 namespace et = executorch::runtime;
 using executorch::aten::ScalarType;
@@ -113,7 +124,7 @@ struct Args {
 };
 
 Args parse(int argc, char** argv) {
-  if (argc < 3) usage("expected: sdpa|update_cache DIR key=value...");
+  if (argc < 3) usage("expected: sdpa|update_cache DIR key=value..., or parallel - key=value...");
   Args a;
   a.dir = argv[2];
   for (int i = 3; i < argc; ++i) {
@@ -226,11 +237,59 @@ int run_update_cache(const Args& a) {
   return 0;
 }
 
+// One round of `calls` regions over [begin, end) with kernel_parallel_for.
+void parallel_round(const Args& a, int round) {
+  const int64_t begin = a.num("begin", 0), end = a.num("end", 16), grain = a.num("grain", 1);
+  const int64_t calls = a.num("calls", 3), work_us = a.num("work_us", 200);
+  const bool nested = a.num("nested", 0) != 0;
+  std::vector<int> seen(static_cast<size_t>(std::max<int64_t>(0, end - begin)), 0);
+  std::set<std::thread::id> threads;
+  std::mutex mutex;
+  bool parts_ok = true, nested_inline = true;
+  for (int64_t call = 0; call < calls; ++call) {
+    llmcore_kernels::kernel_parallel_for(begin, end, grain, [&](int64_t b, int64_t e) {
+      const auto start = std::chrono::steady_clock::now();
+      while (std::chrono::steady_clock::now() - start < std::chrono::microseconds(work_us)) {
+      }
+      bool inline_only = true;
+      if (nested) {  // a call from inside a region runs on this thread, whole
+        const std::thread::id here = std::this_thread::get_id();
+        int64_t inner_calls = 0;
+        llmcore_kernels::kernel_parallel_for(0, 8, 1, [&](int64_t ib, int64_t ie) {
+          ++inner_calls;
+          inline_only = inline_only && std::this_thread::get_id() == here && ib == 0 && ie == 8;
+        });
+        inline_only = inline_only && inner_calls == 1;
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      threads.insert(std::this_thread::get_id());
+      parts_ok = parts_ok && (b - begin) % grain == 0 && e > b && (e - b == grain || e == end);
+      nested_inline = nested_inline && inline_only;
+      for (int64_t i = b; i < e; ++i) ++seen[static_cast<size_t>(i - begin)];
+    });
+  }
+  const bool covered_once = std::all_of(seen.begin(), seen.end(), [&](int n) { return n == calls; });
+  std::printf("round=%d items=%lld covered_once=%d parts_ok=%d threads_used=%zu nested_inline=%d\n", round,
+              static_cast<long long>(seen.size()), covered_once ? 1 : 0, parts_ok ? 1 : 0, threads.size(),
+              nested_inline ? 1 : 0);
+}
+
+int run_parallel(const Args& a) {
+  size_pool(a);
+  parallel_round(a, 1);
+  if (a.num("then_threads", 0) > 0) {
+    executorch::extension::threadpool::get_threadpool()->_unsafe_reset_threadpool(
+        static_cast<uint32_t>(a.num("then_threads", 0)));
+    parallel_round(a, 2);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   et::runtime_init();
-  if (argc < 2) usage("expected a command: registered, sdpa, update_cache");
+  if (argc < 2) usage("expected a command: registered, sdpa, update_cache, parallel");
   const std::string cmd = argv[1];
   if (cmd == "registered") {
     for (const char* name :
@@ -242,5 +301,6 @@ int main(int argc, char** argv) {
   }
   if (cmd == "sdpa") return run_sdpa(parse(argc, argv));
   if (cmd == "update_cache") return run_update_cache(parse(argc, argv));
+  if (cmd == "parallel") return run_parallel(parse(argc, argv));
   usage("unknown command " + cmd);
 }

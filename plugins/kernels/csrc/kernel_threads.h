@@ -1,0 +1,46 @@
+// llmcore-kernels: the threads llmcore's ExecuTorch kernels split their work over (the
+// int4 layer operators, llmcore::int4_mlp, and the runner's llama::custom_sdpa and
+// llama::update_cache), in place of ExecuTorch's thread pool. A library of its own,
+// libllmcore_threads.so, so that every kernel library of a process shares one pool.
+//
+// Why a pool of our own: ExecuTorch's pool puts its workers to sleep as soon as a
+// parallel_for ends, and waking one again costs more than much of the work it is woken
+// for. On the 2-core Xeon (KVM), an empty parallel_for over two threads took 1.5 us when
+// called back to back and 13-16 us after a pause of 20-500 us (median of 300 calls each):
+// the sleeping worker starts that much late. A 64-token prefill of SmolLM2 opens about 330
+// such regions (activations rounded, then a GEMM, in each of four operators a layer, and
+// the attention), a decode step about 150. Here the workers keep polling for the next
+// region for a while after each one (kPollTime in kernel_threads.cpp), so that the next
+// region of the same forward call, or of the next decode step, finds them awake. Between
+// polls they yield the CPU, so that a thread that wants it is not kept off it; then they
+// sleep. Two pools in one process would poll against each other for the same cores:
+// hence one library that all the kernels link.
+//
+// The pool has as many threads as ExecuTorch's (executorch::extension::get_thread_count,
+// which `llmcore_runner --threads` and the Python runtime's thread setting change), the
+// calling thread one of them, and follows that count when it changes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#if defined(__GNUC__)
+#define LLMCORE_THREADS_API __attribute__((visibility("default")))
+#else
+#define LLMCORE_THREADS_API
+#endif
+
+namespace llmcore_kernels {
+
+// Calls body on disjoint subranges covering [begin, end), each of `grain` items (the last
+// one fewer), and returns when all are done, as ExecuTorch's parallel_for does. The
+// threads take the subranges in order, each the next one not yet taken, so that uneven
+// ones even out. A call made while another is running (from a second thread of the
+// process, or from within a body) runs body(begin, end) on the calling thread alone.
+LLMCORE_THREADS_API void kernel_parallel_for(int64_t begin, int64_t end, int64_t grain,
+                                             const std::function<void(int64_t, int64_t)>& body);
+
+// The number of threads kernel_parallel_for spreads over: ExecuTorch's pool size.
+LLMCORE_THREADS_API int64_t kernel_thread_count();
+
+}  // namespace llmcore_kernels
