@@ -48,12 +48,16 @@ void place_columns(const float* y, int64_t n_begin, int64_t n_end, int64_t q_wid
       std::copy(y + b, y + e, part.out + (b - part.first));
       continue;
     }
-    for (int64_t c = b; c < e; c += 2) {
-      const int64_t i = (c - part.first) % head_dim;
-      const float even = y[c], odd = y[c + 1];
-      float* out = part.out + (c - part.first);
-      out[0] = even * cos[i] + (-odd) * sin[i];
-      out[1] = odd * cos[i + 1] + even * sin[i + 1];
+    // head by head from the head holding column b: no division a pair
+    for (int64_t c = b, i = (b - part.first) % head_dim; c < e; c += head_dim - i, i = 0) {
+      const int64_t pairs_end = std::min(e - c, head_dim - i);
+      const float* yh = y + c - i;
+      float* out = part.out + (c - i - part.first);
+      for (int64_t j = i; j < i + pairs_end; j += 2) {
+        const float even = yh[j], odd = yh[j + 1];
+        out[j] = even * cos[j] + (-odd) * sin[j];
+        out[j + 1] = odd * cos[j + 1] + even * sin[j + 1];
+      }
     }
   }
 }

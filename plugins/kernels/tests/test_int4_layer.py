@@ -95,8 +95,17 @@ def test_a_layer_on_the_kernels_computes_what_the_llama_block_computes(ops, rows
     assert q.shape == (1, rows, layer.n_heads, head_dim) and k.shape == v.shape == (1, rows, layer.n_kv_heads, head_dim)
     with torch.no_grad():
         normed = block.attention_norm(x)
-        v_want = block.attention.wv(normed).view(1, rows, -1, head_dim)
-    assert float((v - v_want).norm() / v_want.norm()) < 0.01
+        q_want, k_want, v_want = (proj(normed).view(1, rows, -1, head_dim) for proj in
+                                  (block.attention.wq, block.attention.wk, block.attention.wv))
+
+    def rotate(y):  # Meta's interleaved channel pairs (int4_layer.h)
+        out = torch.empty_like(y)
+        out[..., 0::2] = y[..., 0::2] * cos[..., 0::2] - y[..., 1::2] * sin[..., 0::2]
+        out[..., 1::2] = y[..., 1::2] * cos[..., 1::2] + y[..., 0::2] * sin[..., 1::2]
+        return out
+
+    for got_part, want_part in ((q, rotate(q_want)), (k, rotate(k_want)), (v, v_want)):
+        assert float((got_part - want_part).norm() / want_part.norm()) < 0.01
 
 
 def test_the_operators_check_their_inputs(ops):
@@ -282,7 +291,7 @@ def test_the_program_runs_its_layers_without_xnnpack(layers_export):
 def test_the_program_computes_what_8da4w_computes(layers_export, variant):
     """Both programs hold 8da4w's integers (with per-block offsets when asymmetric): their
     logits on one prompt agree."""
-    from llmcore import libraries
+    from llmcore import libraries, runtime
     from llmcore.runtime import Program
 
     ours = layers_export["8da4w-layers" + variant]
@@ -293,6 +302,18 @@ def test_the_program_computes_what_8da4w_computes(layers_export, variant):
     got = torch.as_tensor(Program.load(ours.pte).logits(ids, input_pos=0))
     assert float((got - want).norm() / want.norm()) < 0.02
     assert int(got.argmax()) == int(want.argmax())
+    # The kernels' threads split each projection's columns, mid-head with three (then RoPE
+    # and the residual adds run on each thread's own columns): one thread and three give
+    # the very same logits.
+    threads = runtime.runtime_threads()
+    try:
+        by_count = {}
+        for count in (1, 3):
+            runtime.use_threads(count)
+            by_count[count] = torch.as_tensor(Program.load(ours.pte).logits(ids, input_pos=0)).clone()
+    finally:
+        runtime.use_threads(threads)
+    assert torch.equal(by_count[1], by_count[3])
 
 
 @pytest.fixture(scope="module")
