@@ -70,6 +70,8 @@ def sdpa_on_random_inputs(ops_check, tmp_path, seed, batch, q_len, heads, head_d
     r = run_check(ops_check, tmp_path, "sdpa", batch=batch, q_len=q_len, heads=heads, head_dim=head_dim,
                   kv_len=kv_len, kv_heads=kv_heads, start=start, **params)
     assert r.returncode == 0, r.stderr
+    if params.get("pool") and params.get("threads", 2) > 1:  # the call found the kernels' threads awake
+        assert "kernel_threads_awake=1" in r.stdout, r.stdout
     got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).view(q.shape)
     return q, k, v, got
 
@@ -125,15 +127,17 @@ THREADED_CASES = [
 ]
 
 
+@pytest.mark.parametrize("pool", [0, 1])
 @pytest.mark.parametrize("threads", [1, 2, 3, 4])
 @pytest.mark.parametrize("batch,q_len,heads,head_dim,kv_len,kv_heads,start", THREADED_CASES)
-def test_custom_sdpa_split_across_threads_matches_torch(ops_check, tmp_path, threads, batch, q_len, heads, head_dim,
-                                                        kv_len, kv_heads, start):
+def test_custom_sdpa_split_across_threads_matches_torch(ops_check, tmp_path, pool, threads, batch, q_len, heads,
+                                                        head_dim, kv_len, kv_heads, start):
     """A call with fewer (batch, kv head, row block) items than fill the threads evenly
     slices its keys and merges the slices' softmax parts; the result must not depend on
-    how many threads there are."""
+    how many threads there are, nor on which pool runs them (pool=1: the kernels' own
+    threads, awake; else ExecuTorch's)."""
     q, k, v, got = sdpa_on_random_inputs(ops_check, tmp_path, start + heads, batch, q_len, heads, head_dim, kv_len,
-                                         kv_heads, start, causal=True, threads=threads)
+                                         kv_heads, start, causal=True, threads=threads, pool=pool)
     torch.testing.assert_close(got, reference_sdpa(q, k, v, start, True, None), rtol=2e-5, atol=2e-6)
 
 
@@ -255,6 +259,9 @@ def test_the_kernel_threads_cover_each_item_once(ops_check, begin, end, grain, t
     assert round_["items"] == str(end - begin)
     assert round_["covered_once"] == "1" and round_["parts_ok"] == "1"
     parts = -(-(end - begin) // grain)
+    # polling right after a region (the attention then runs on them), asleep 50 ms later
+    assert round_["awake_after"] == ("1" if parts > 1 else "0")
+    assert round_["awake_later"] == "0"
     if parts == 1:
         assert round_["threads_used"] == "1"
     else:

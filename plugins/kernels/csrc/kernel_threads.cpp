@@ -43,6 +43,12 @@ inline void pause_briefly() {
 
 class Pool {
  public:
+  // Whether every worker is polling: none asleep, and as many as the runtime's pool wants.
+  bool awake() {
+    return !workers_.empty() && static_cast<int64_t>(workers_.size()) + 1 == kernel_thread_count() &&
+           sleeping_.load(std::memory_order_relaxed) == 0 && owner_ == getpid();
+  }
+
   void run(int64_t begin, int64_t end, int64_t grain, const Body& body) {
     const int64_t threads = kernel_thread_count();
     grain = std::max<int64_t>(1, grain);
@@ -154,10 +160,18 @@ class Pool {
 
 int64_t kernel_thread_count() { return std::max<int64_t>(1, executorch::extension::get_thread_count()); }
 
-void kernel_parallel_for(int64_t begin, int64_t end, int64_t grain, const Body& body) {
+namespace {
+Pool& pool() {
   // Never destroyed: workers still polling when the process exits must not find it gone.
-  static Pool* const pool = new Pool;
-  pool->run(begin, end, grain, body);
+  static Pool* const instance = new Pool;
+  return *instance;
 }
+}  // namespace
+
+void kernel_parallel_for(int64_t begin, int64_t end, int64_t grain, const Body& body) {
+  pool().run(begin, end, grain, body);
+}
+
+bool kernel_threads_awake() { return pool().awake(); }
 
 }  // namespace llmcore_kernels

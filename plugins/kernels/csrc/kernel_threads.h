@@ -43,4 +43,12 @@ LLMCORE_THREADS_API void kernel_parallel_for(int64_t begin, int64_t end, int64_t
 // The number of threads kernel_parallel_for spreads over: ExecuTorch's pool size.
 LLMCORE_THREADS_API int64_t kernel_thread_count();
 
+// Whether the pool's workers are awake, polling after a recent region (a program of
+// llmcore's layer operators, whose regions follow each other within microseconds). Not
+// in a program whose other operators run on ExecuTorch's pool (XNNPACK's delegates): a
+// kernel that runs between those (the attention) does better on that pool too, whose
+// worker is the one the delegates just used, than waking a second pool's worker for the
+// same cores (the decode of SmolLM2's 8da4w program lost 10% so).
+LLMCORE_THREADS_API bool kernel_threads_awake();
+
 }  // namespace llmcore_kernels

@@ -13,7 +13,10 @@
 //       reads DIR/q.bin [batch,q_len,heads,head_dim], DIR/k.bin and DIR/v.bin
 //       [batch,kv_len,kv_heads,head_dim] (float32, when dtype=float), with mask=1 DIR/mask.bin
 //       [q_len,kv_len] (float32: 0 or -inf), writes DIR/out.bin;
-//       prints "us_per_call=..." (the median of `repeat` calls); threads=N (default: the
+//       prints "us_per_call=..." (the median of `repeat` calls); pool=1 runs an empty region
+//       on the kernels' threads before each call, so that the kernel finds them awake and
+//       runs on them (else on ExecuTorch's pool, kernel_threads.h; the line ends with
+//       "kernel_threads_awake=0|1", as the last call found them); threads=N (default: the
 //       pool's, one per core) sizes ExecuTorch's thread pool first, which decides how the
 //       kernel splits its work
 //   llmcore_llm_ops_check update_cache DIR key=value...
@@ -26,7 +29,8 @@
 //       busy time, default 200) nested (0/1: each part calls kernel_parallel_for again)
 //       runs kernel_parallel_for (kernel_threads.h) on a body that counts each item and
 //       notes the thread; prints per round "round=R items=N covered_once=0|1
-//       parts_ok=0|1 threads_used=K nested_inline=0|1"
+//       parts_ok=0|1 threads_used=K nested_inline=0|1 awake_after=0|1 awake_later=0|1"
+//       (kernel_threads_awake right after the round's last region, and 50 ms later)
 // Exit status: 0 when the kernel succeeded, 1 when it failed (ExecuTorch logs the reason
 // on stderr), 2 on a usage error.
 #include <algorithm>
@@ -193,8 +197,12 @@ int run_sdpa(const Args& a) {
   et::OpFunction op = lookup("llama::custom_sdpa.out");
   const int64_t repeat = std::max<int64_t>(1, a.num("repeat", 1));
   std::vector<double> us;
+  const bool warm = a.num("pool", 0) != 0;
+  bool awake = false;  // whether the last call found the kernels' threads awake
   for (int64_t r = 0; r < repeat; ++r) {
     et::KernelRuntimeContext ctx;
+    if (warm) llmcore_kernels::kernel_parallel_for(0, 64, 1, [](int64_t, int64_t) {});  // wakes the kernels' threads
+    awake = llmcore_kernels::kernel_threads_awake();
     auto t0 = std::chrono::steady_clock::now();
     op(ctx, et::Span<et::EValue*>(stack, 9));
     auto t1 = std::chrono::steady_clock::now();
@@ -203,7 +211,7 @@ int run_sdpa(const Args& a) {
   }
   std::sort(us.begin(), us.end());
   write_file(a.dir + "/out.bin", out.data, out.nbytes());
-  std::printf("us_per_call=%.3f\n", us[us.size() / 2]);
+  std::printf("us_per_call=%.3f kernel_threads_awake=%d\n", us[us.size() / 2], awake ? 1 : 0);
   return 0;
 }
 
@@ -268,10 +276,14 @@ void parallel_round(const Args& a, int round) {
       for (int64_t i = b; i < e; ++i) ++seen[static_cast<size_t>(i - begin)];
     });
   }
+  const bool awake_after = llmcore_kernels::kernel_threads_awake();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const bool awake_later = llmcore_kernels::kernel_threads_awake();
   const bool covered_once = std::all_of(seen.begin(), seen.end(), [&](int n) { return n == calls; });
-  std::printf("round=%d items=%lld covered_once=%d parts_ok=%d threads_used=%zu nested_inline=%d\n", round,
-              static_cast<long long>(seen.size()), covered_once ? 1 : 0, parts_ok ? 1 : 0, threads.size(),
-              nested_inline ? 1 : 0);
+  std::printf("round=%d items=%lld covered_once=%d parts_ok=%d threads_used=%zu nested_inline=%d awake_after=%d "
+              "awake_later=%d\n",
+              round, static_cast<long long>(seen.size()), covered_once ? 1 : 0, parts_ok ? 1 : 0, threads.size(),
+              nested_inline ? 1 : 0, awake_after ? 1 : 0, awake_later ? 1 : 0);
 }
 
 int run_parallel(const Args& a) {

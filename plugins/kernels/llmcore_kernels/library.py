@@ -12,8 +12,9 @@ The C++ sources (``plugins/kernels/csrc``) are built by the project's CMake
 * ``libllmcore_xnnpack_reshape.so``: XNNPACK's whole-runtime reshape only when a delegate's
   input shapes change, as ``llmcore_runner`` does (``csrc/xnnpack_reshape.cpp``); loaded
   before ExecuTorch's bindings;
-* ``libllmcore_threads.so``: the threads the first and third split their work over, one pool
-  for the process (``csrc/kernel_threads.h``); both link it, and it is found next to them.
+* ``libllmcore_threads.so``: the threads the first (and, while they are awake, the third)
+  split their work over, one pool for the process (``csrc/kernel_threads.h``); both link it,
+  and it is found next to them.
 
 They are looked up in ``$LLMCORE_KERNELS_LIB_DIR`` when it is set, else in ``build/`` of the
 checkout this package is installed from (editable installs).
