@@ -190,6 +190,22 @@ def load_program_libraries(data: Any, registry: Optional[Any] = None) -> list[st
     return loaded + load_specialized_kernels(ops, registry)
 
 
+def prepare_libraries(data: Any, registry: Optional[Any] = None) -> None:
+    """Give every installed runtime library that has a ``prepare`` the program about to
+    run (its delegates' backend ids; see :class:`llmcore.records.RuntimeLibrary`)."""
+    try:
+        delegates = tuple(pte.delegate_ids(data))
+    except Exception:  # not a readable program: loading it reports that
+        return
+    if registry is None:
+        registry = _installed_registry()
+    for provided in registry.all("runtime_libraries"):
+        if provided.record.prepare is not None:
+            with stage_errors("run", provided.plugin.name, "preparing its runtime library failed",
+                              "reinstall the plugin, or uninstall it (--debug shows the traceback)."):
+                provided.record.prepare(delegates)
+
+
 def load_specialized_kernels(ops: Iterable[str], registry: Optional[Any] = None) -> list[str]:
     """Load the built native libraries of installed plugins that specialize any of ``ops``
     (faster kernels for some dtypes, under ExecuTorch kernel keys); returns their paths.

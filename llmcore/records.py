@@ -421,6 +421,13 @@ class RuntimeLibrary(Record):
     No program needs such a library: export does not name it, and running a program that
     calls its ops loads it, when its native library is built, besides the libraries that
     provide them (:func:`llmcore.libraries.load_specialized_kernels`)."""
+    prepare: Optional[Callable[[tuple[str, ...]], None]] = None
+    """Called before each program runs in Python (``Program.load``), with the backend ids of
+    its delegates (empty when it has none), whether or not the program needs this library:
+    for a setting of the library's that depends on the program. llmcore-kernels runs its
+    kernels on threads of their own in a program with no delegate, and on ExecuTorch's pool
+    beside delegates (``plugins/kernels/csrc/kernel_threads.h``); ``llmcore_runner`` makes
+    the same choice."""
     preload: bool = False
     """Whether it is loaded, with its symbols global, before a process imports ExecuTorch's
     runtime bindings (:func:`llmcore.libraries.load_preloaded_libraries`). Such a library

@@ -21,7 +21,7 @@ import torch
 
 from llmcore import pte
 from llmcore.errors import LlmcoreError
-from llmcore.libraries import load_preloaded_libraries, load_program_libraries, missing_library_hint
+from llmcore.libraries import load_preloaded_libraries, load_program_libraries, missing_library_hint, prepare_libraries
 
 METADATA_METHODS = {
     "get_max_seq_len": int,
@@ -108,6 +108,7 @@ class Program:
 
         pte.check_header(data, label, stage="run")
         load_program_libraries(data)
+        prepare_libraries(data)
         if missing_backends(data):  # running a delegate with no backend can crash the process
             raise load_error(label, data, RuntimeError("a delegate's backend is not registered"))
         with captured_stderr() as runtime_log:

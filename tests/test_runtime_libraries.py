@@ -107,6 +107,39 @@ def test_loading_a_program_loads_the_plugin_library_first(program_with_custom_op
     assert libraries.missing_operators(program_with_custom_op) == ["llmcore_test::twice.out"]
 
 
+class PreparingPlugin:
+    def __init__(self, prepare):
+        self.prepare = prepare
+
+    @hookimpl
+    def llmcore_runtime_libraries(self):
+        return [RuntimeLibrary(name="fake_settings", description="fake", ops=(), declared=False,
+                               prepare=self.prepare)]
+
+
+def test_a_library_is_prepared_with_each_programs_delegates(program_with_custom_op):
+    """``prepare`` gets the backend ids of the program about to run: none here, XNNPACK's for
+    a delegated program; a failure in it names the plugin."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    seen = []
+    registry = load_registry(extra_plugins=[("fake", PreparingPlugin(seen.append))])
+    libraries.prepare_libraries(program_with_custom_op, registry)
+    linear = torch.nn.Linear(8, 8)
+    ep = torch.export.export(linear, (torch.ones(1, 8),))
+    delegated = bytes(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer)
+    libraries.prepare_libraries(delegated, registry)
+    assert seen == [(), ("XnnpackBackend",)]
+
+    def broken(delegates):
+        raise RuntimeError("no such setting")
+
+    with pytest.raises(LlmcoreError) as info:
+        libraries.prepare_libraries(delegated, load_registry(extra_plugins=[("fake", PreparingPlugin(broken))]))
+    assert info.value.stage == "run" and info.value.plugin == "fake"
+
+
 def test_a_library_that_cannot_load_names_its_plugin(program_with_custom_op, tmp_path, monkeypatch):
     module = tmp_path / "broken_kernels_mod.py"
     module.write_text(

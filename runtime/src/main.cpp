@@ -43,6 +43,7 @@
 #include "sampler.h"
 #include "tokenizer.h"
 #include "xnnpack_reshape.h"
+#include "kernel_threads.h"
 
 namespace {
 
@@ -429,6 +430,13 @@ int run(const Options& opt) {
     throw llmcore::RuntimeError(std::string(e.what()) + "; the program needs runtime libraries that were not found: " +
                                 kernels.missing() + " (pass --load-library PATH)");
   }
+  // llmcore's kernels on their own threads in a program with no delegate, on ExecuTorch's
+  // pool beside delegates (plugins/kernels/csrc/kernel_threads.h says why).
+  const bool own_threads = module.forward_backends() == 0;
+  llmcore_kernels::kernel_threads_use_own(own_threads);
+  if (opt.verbose)
+    std::fprintf(stderr, "llmcore_runner: llmcore's kernels on %s\n",
+                 own_threads ? "their own threads (no delegate)" : "ExecuTorch's thread pool (the program has delegates)");
   std::unique_ptr<llmcore::Tokenizer> tok = llmcore::Tokenizer::load(opt.tokenizer);
   auto t_load1 = Clock::now();
 

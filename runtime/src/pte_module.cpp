@@ -305,6 +305,10 @@ int64_t PteModule::forward_max_tokens() const {
   return info->sizes()[1];
 }
 
+size_t PteModule::forward_backends() const {
+  return forward_ ? forward_->method->method_meta().num_backends() : 0;
+}
+
 void PteModule::forward(const int64_t* tokens, int64_t n, const int64_t* pos, std::vector<float>* logits) {
   load_forward();
   et::Method& m = *forward_->method;

@@ -50,6 +50,8 @@ class PteModule {
   size_t forward_num_inputs() const;
   // Largest token count the tokens input accepts (its declared upper bound).
   int64_t forward_max_tokens() const;
+  // How many backends forward's delegates use (0: no delegate).
+  size_t forward_backends() const;
 
   // Runs forward on tokens[0..n) (and input_pos = {*pos} when pos != nullptr);
   // writes the logits of the last position to *logits.

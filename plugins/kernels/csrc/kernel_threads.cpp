@@ -166,12 +166,21 @@ Pool& pool() {
   static Pool* const instance = new Pool;
   return *instance;
 }
+std::atomic<bool> use_own{false};
 }  // namespace
 
 void kernel_parallel_for(int64_t begin, int64_t end, int64_t grain, const Body& body) {
-  pool().run(begin, end, grain, body);
+  if (use_own.load(std::memory_order_relaxed))
+    pool().run(begin, end, grain, body);
+  else
+    executorch::extension::parallel_for(begin, end, grain, body);
 }
 
+void kernel_threads_use_own(bool own) { use_own.store(own, std::memory_order_relaxed); }
+bool kernel_threads_own() { return use_own.load(std::memory_order_relaxed); }
 bool kernel_threads_awake() { return pool().awake(); }
 
 }  // namespace llmcore_kernels
+
+void llmcore_kernel_threads_use_own(int own) { llmcore_kernels::kernel_threads_use_own(own != 0); }
+int llmcore_kernel_threads_own(void) { return llmcore_kernels::kernel_threads_own() ? 1 : 0; }

@@ -1,7 +1,8 @@
 // llmcore-kernels: the threads llmcore's ExecuTorch kernels split their work over (the
 // int4 layer operators, llmcore::int4_mlp, and the runner's llama::custom_sdpa and
-// llama::update_cache), in place of ExecuTorch's thread pool. A library of its own,
-// libllmcore_threads.so, so that every kernel library of a process shares one pool.
+// llama::update_cache) in programs made of them, in place of ExecuTorch's thread pool. A
+// library of its own, libllmcore_threads.so, so that every kernel library of a process
+// shares one pool.
 //
 // Why a pool of our own: ExecuTorch's pool puts its workers to sleep as soon as a
 // parallel_for ends, and waking one again costs more than much of the work it is woken
@@ -14,7 +15,9 @@
 // region of the same forward call, or of the next decode step, finds them awake. Between
 // polls they yield the CPU, so that a thread that wants it is not kept off it; then they
 // sleep. Two pools in one process would poll against each other for the same cores:
-// hence one library that all the kernels link.
+// hence one library that all the kernels link. In a program whose delegates run on
+// ExecuTorch's pool, a second pool is the wrong choice (kernel_threads_use_own), so which
+// one runs is set for each program.
 //
 // The pool has as many threads as ExecuTorch's (executorch::extension::get_thread_count,
 // which `llmcore_runner --threads` and the Python runtime's thread setting change), the
@@ -33,22 +36,35 @@
 namespace llmcore_kernels {
 
 // Calls body on disjoint subranges covering [begin, end), each of `grain` items (the last
-// one fewer), and returns when all are done, as ExecuTorch's parallel_for does. The
-// threads take the subranges in order, each the next one not yet taken, so that uneven
-// ones even out. A call made while another is running (from a second thread of the
-// process, or from within a body) runs body(begin, end) on the calling thread alone.
+// one fewer), and returns when all are done, as ExecuTorch's parallel_for does: on the
+// kernels' own threads when kernel_threads_use_own(true) was called, else with ExecuTorch's
+// parallel_for. On the own threads, they take the subranges in order, each the next one
+// not yet taken, so that uneven ones even out; a call made while another is running (from
+// a second thread of the process, or from within a body) runs body(begin, end) on the
+// calling thread alone.
 LLMCORE_THREADS_API void kernel_parallel_for(int64_t begin, int64_t end, int64_t grain,
                                              const std::function<void(int64_t, int64_t)>& body);
 
 // The number of threads kernel_parallel_for spreads over: ExecuTorch's pool size.
 LLMCORE_THREADS_API int64_t kernel_thread_count();
 
-// Whether the pool's workers are awake, polling after a recent region (a program of
-// llmcore's layer operators, whose regions follow each other within microseconds). Not
-// in a program whose other operators run on ExecuTorch's pool (XNNPACK's delegates): a
-// kernel that runs between those (the attention) does better on that pool too, whose
-// worker is the one the delegates just used, than waking a second pool's worker for the
-// same cores (the decode of SmolLM2's 8da4w program lost 10% so).
+// Which threads kernel_parallel_for uses, set for the program about to run (the process's
+// last setting holds). The own ones for a program with no delegate, whose heavy work is all
+// llmcore's operators (8da4w-layers). ExecuTorch's pool for one with delegates: between
+// them an operator of ours does better on the worker the delegates just used than on a
+// second pool's for the same cores (SmolLM2's 8da4w-mlp decoded at 113-114 tok/s on the
+// own threads, 97-101 on them without polling, 122-134 on ExecuTorch's). The default is
+// ExecuTorch's pool. llmcore_runner and llmcore's Program.load set it.
+LLMCORE_THREADS_API void kernel_threads_use_own(bool own);
+LLMCORE_THREADS_API bool kernel_threads_own();
+
+// Whether the own threads are awake, polling after a recent region (tests).
 LLMCORE_THREADS_API bool kernel_threads_awake();
 
 }  // namespace llmcore_kernels
+
+// The same setting for callers without C++ linkage (Python's ctypes).
+extern "C" {
+LLMCORE_THREADS_API void llmcore_kernel_threads_use_own(int own);
+LLMCORE_THREADS_API int llmcore_kernel_threads_own(void);
+}

@@ -7,8 +7,8 @@
 // query head. Keys and values go in blocks of 8 KiB that stay in L1 while each of the
 // item's query rows uses them. Per query row: the scaled scores (four keys at a time),
 // a numerically stable softmax (max subtracted, a vectorised exp), then the weighted sum
-// of value rows, the output row held in registers over a whole block. Items run on the
-// kernels' threads when they are awake, else on ExecuTorch's pool (parallel_items). A
+// of value rows, the output row held in registers over a whole block. Items run on
+// kernel_parallel_for (kernel_threads.h: the kernels' own threads or ExecuTorch's pool). A
 // decode step has one item per kv head; when that does not divide among the threads
 // (SmolLM2's 3 kv heads on 2 threads), the keys are cut into slices whose softmax parts
 // are merged after (choose_key_chunks). The hot loops are compiled twice, for x86-64-v3
@@ -23,7 +23,6 @@
 #include <vector>
 
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
-#include <executorch/runtime/kernel/thread_parallel_interface.h>
 
 #include "kernel_threads.h"
 
@@ -53,19 +52,6 @@ constexpr int64_t kRowBlock = 8;  // query rows per work item (prefill)
 // (48 KiB a cache, 60 caches; ETDump of llmcore_runner's prefill, ISA view AVX2, six
 // alternating rounds): update_cache 1.86-2.25 ms in all on one thread, 1.19-1.57 shared.
 constexpr int64_t kSharedCopyBytes = 16 * 1024;
-
-// The kernels' threads when they are awake (between llmcore's layer operators, whose pool
-// they share: ExecuTorch's worker, woken beside them, shared a core with a polling one and
-// doubled the decode step's attention), else ExecuTorch's pool (between XNNPACK's
-// delegates, which run on it: waking the kernels' worker there cost 8da4w's decode 10%).
-// Either splits the items alike, so the results are the same.
-template <typename Body>
-void parallel_items(int64_t begin, int64_t end, int64_t grain, const Body& body) {
-  if (kernel_threads_awake())
-    kernel_parallel_for(begin, end, grain, body);
-  else
-    executorch::extension::parallel_for(begin, end, grain, body);
-}
 
 bool dense(const Tensor& t) {
   return executorch::runtime::tensor_is_default_dim_order(t) && executorch::runtime::tensor_is_contiguous(t);
@@ -410,7 +396,7 @@ void attend(Attention& a) {
     a.partial = partial.data();
   }
   const int64_t items = base * a.key_chunks;
-  parallel_items(0, items, 1, [&](int64_t begin, int64_t end) {
+  kernel_parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scratch;
     for (int64_t it = begin; it < end; ++it) {
       const int64_t chunk = it % a.key_chunks;
@@ -459,7 +445,7 @@ Tensor& update_cache_out(KernelRuntimeContext& ctx, const Tensor& value, Tensor&
   const int64_t threads = kernel_thread_count();
   for (int64_t b = 0; b < value.size(0); ++b) {
     if (threads > 1 && static_cast<int64_t>(sizeof(float)) * seq * row >= kSharedCopyBytes) {
-      parallel_items(0, seq, (seq + threads - 1) / threads, [&](int64_t s0, int64_t s1) { copy(b, s0, s1); });
+      kernel_parallel_for(0, seq, (seq + threads - 1) / threads, [&](int64_t s0, int64_t s1) { copy(b, s0, s1); });
     } else {
       copy(b, 0, seq);
     }

@@ -13,10 +13,10 @@
 //       reads DIR/q.bin [batch,q_len,heads,head_dim], DIR/k.bin and DIR/v.bin
 //       [batch,kv_len,kv_heads,head_dim] (float32, when dtype=float), with mask=1 DIR/mask.bin
 //       [q_len,kv_len] (float32: 0 or -inf), writes DIR/out.bin;
-//       prints "us_per_call=..." (the median of `repeat` calls); pool=1 runs an empty region
-//       on the kernels' threads before each call, so that the kernel finds them awake and
-//       runs on them (else on ExecuTorch's pool, kernel_threads.h; the line ends with
-//       "kernel_threads_awake=0|1", as the last call found them); threads=N (default: the
+//       prints "us_per_call=..." (the median of `repeat` calls); pool=1 runs the kernel on
+//       the kernels' own threads (kernel_threads_use_own), woken by an empty region before
+//       each call (else on ExecuTorch's pool; the line ends with "kernel_threads_awake=0|1",
+//       as the last call found them); threads=N (default: the
 //       pool's, one per core) sizes ExecuTorch's thread pool first, which decides how the
 //       kernel splits its work
 //   llmcore_llm_ops_check update_cache DIR key=value...
@@ -27,7 +27,7 @@
 //       keys: begin end grain threads (as for sdpa; then_threads=M resizes the pool again
 //       before a second round) calls (regions a round, default 3) work_us (each part's
 //       busy time, default 200) nested (0/1: each part calls kernel_parallel_for again)
-//       runs kernel_parallel_for (kernel_threads.h) on a body that counts each item and
+//       runs kernel_parallel_for (kernel_threads.h) on the kernels' own threads, on a body that counts each item and
 //       notes the thread; prints per round "round=R items=N covered_once=0|1
 //       parts_ok=0|1 threads_used=K nested_inline=0|1 awake_after=0|1 awake_later=0|1"
 //       (kernel_threads_awake right after the round's last region, and 50 ms later)
@@ -197,11 +197,12 @@ int run_sdpa(const Args& a) {
   et::OpFunction op = lookup("llama::custom_sdpa.out");
   const int64_t repeat = std::max<int64_t>(1, a.num("repeat", 1));
   std::vector<double> us;
-  const bool warm = a.num("pool", 0) != 0;
+  const bool own = a.num("pool", 0) != 0;
+  llmcore_kernels::kernel_threads_use_own(own);
   bool awake = false;  // whether the last call found the kernels' threads awake
   for (int64_t r = 0; r < repeat; ++r) {
     et::KernelRuntimeContext ctx;
-    if (warm) llmcore_kernels::kernel_parallel_for(0, 64, 1, [](int64_t, int64_t) {});  // wakes the kernels' threads
+    if (own) llmcore_kernels::kernel_parallel_for(0, 64, 1, [](int64_t, int64_t) {});  // wakes them
     awake = llmcore_kernels::kernel_threads_awake();
     auto t0 = std::chrono::steady_clock::now();
     op(ctx, et::Span<et::EValue*>(stack, 9));
@@ -288,6 +289,7 @@ void parallel_round(const Args& a, int round) {
 
 int run_parallel(const Args& a) {
   size_pool(a);
+  llmcore_kernels::kernel_threads_use_own(true);
   parallel_round(a, 1);
   if (a.num("then_threads", 0) > 0) {
     executorch::extension::threadpool::get_threadpool()->_unsafe_reset_threadpool(

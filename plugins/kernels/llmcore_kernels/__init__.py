@@ -48,6 +48,13 @@ def _apply_fused_rmsnorm(module, context):
     return rmsnorm.apply(module, context)
 
 
+def _threads_for_program(delegates: tuple[str, ...]) -> None:
+    """The kernels on their own threads in a program with no delegate (all its heavy work is
+    theirs: 8da4w-layers), on ExecuTorch's pool in one with delegates, whose worker they then
+    share (csrc/kernel_threads.h), as llmcore_runner chooses."""
+    library.use_own_threads(not delegates)
+
+
 @hookimpl
 def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
     return [
@@ -58,6 +65,7 @@ def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
             ops=OPS,
             python_module="llmcore_kernels.ops",
             shared_library=library.runtime_library,
+            prepare=_threads_for_program,
         ),
         RuntimeLibrary(
             name="llmcore_llm_ops",

@@ -22,6 +22,7 @@ checkout this package is installed from (editable installs).
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
@@ -33,6 +34,7 @@ RUNTIME_LIBRARY = "libllmcore_kernels.so"
 AOT_LIBRARY = "libllmcore_kernels_aot.so"
 LLM_OPS_LIBRARY = "libllmcore_llm_ops.so"
 XNNPACK_RESHAPE_LIBRARY = "libllmcore_xnnpack_reshape.so"
+THREADS_LIBRARY = "libllmcore_threads.so"
 _SOURCE_ROOT = Path(__file__).resolve().parents[3]  # the checkout, for an editable install
 
 _loaded = False
@@ -72,6 +74,32 @@ def xnnpack_reshape_library() -> Path:
     """XNNPACK's whole-runtime reshape only when a delegate's input shapes change, for a
     Python process to load before ExecuTorch's bindings (``csrc/xnnpack_reshape.cpp``)."""
     return library_path(XNNPACK_RESHAPE_LIBRARY)
+
+
+def use_own_threads(own: bool) -> bool:
+    """Run the kernels of this process on their own threads, or on ExecuTorch's pool
+    (``csrc/kernel_threads.h``, ``kernel_threads_use_own``). Returns False, and changes
+    nothing, when no library of this package is loaded in this process."""
+    try:
+        path = library_path(THREADS_LIBRARY)
+    except LlmcoreError:
+        return False
+    try:  # only a copy already loaded (as a dependency of the kernels): RTLD_NOLOAD
+        threads = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_NOLOAD)
+    except OSError:
+        return False
+    threads.llmcore_kernel_threads_use_own(ctypes.c_int(1 if own else 0))
+    return True
+
+
+def own_threads() -> bool:
+    """Whether the kernels of this process run on their own threads (False when no library
+    of this package is loaded)."""
+    try:
+        threads = ctypes.CDLL(str(library_path(THREADS_LIBRARY)), mode=os.RTLD_NOW | os.RTLD_NOLOAD)
+    except (LlmcoreError, OSError):
+        return False
+    return bool(threads.llmcore_kernel_threads_own())
 
 
 def load() -> None:

@@ -293,13 +293,16 @@ def test_the_program_computes_what_8da4w_computes(layers_export, variant):
     logits on one prompt agree."""
     from llmcore import libraries, runtime
     from llmcore.runtime import Program
+    from llmcore_kernels import library
 
     ours = layers_export["8da4w-layers" + variant]
     assert "llmcore::int4_norm_mlp_add.out" in libraries.program_operators(ours.pte.read_bytes())
     assert ours.report["parity"]["top1_agreement"] == 1.0 and ours.report["parity"]["max_abs_diff"] < 0.05
     ids = [1, 40, 50, 60, 70, 80, 90]
     want = torch.as_tensor(Program.load(layers_export["8da4w" + variant].pte).logits(ids, input_pos=0))
+    assert not library.own_threads()  # delegates: the kernels on ExecuTorch's pool
     got = torch.as_tensor(Program.load(ours.pte).logits(ids, input_pos=0))
+    assert library.own_threads()  # no delegate: on their own
     assert float((got - want).norm() / want.norm()) < 0.02
     assert int(got.argmax()) == int(want.argmax())
     # The kernels' threads split each projection's columns, mid-head with three (then RoPE
@@ -374,6 +377,16 @@ def test_llmcore_run_and_llmcore_runner_agree(layers_export, int8_layers_export,
     assert out.returncode == 0, out.stderr
     line = next(l for l in out.stdout.splitlines() if l.startswith("ids:"))
     assert [int(i) for i in line.split()[1:]] == python_ids
+
+
+def test_the_runner_puts_the_kernels_on_their_own_threads_without_delegates(layers_export, runner):
+    """llmcore_runner chooses the kernels' threads as Program.load does: their own in a
+    program with no delegate, ExecuTorch's pool in one with delegates."""
+    for name, where in (("8da4w-layers", "their own threads"), ("8da4w", "ExecuTorch's thread pool")):
+        out = subprocess.run([str(runner), str(layers_export[name].pte), "--prompt", PROMPT, "--max-new-tokens", "1",
+                              "--verbose"], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert f"llmcore's kernels on {where}" in out.stderr, name
 
 
 @pytest.mark.parametrize(
