@@ -12,9 +12,9 @@ The C++ sources (``plugins/kernels/csrc``) are built by the project's CMake
 * ``libllmcore_xnnpack_reshape.so``: XNNPACK's whole-runtime reshape only when a delegate's
   input shapes change, as ``llmcore_runner`` does (``csrc/xnnpack_reshape.cpp``); loaded
   before ExecuTorch's bindings;
-* ``libllmcore_threads.so``: the threads the first (and, while they are awake, the third)
-  split their work over, one pool for the process (``csrc/kernel_threads.h``); both link it,
-  and it is found next to them.
+* ``libllmcore_threads.so``: the threads the first and the third split their work over in a
+  program with no delegate, one pool for the process (``csrc/kernel_threads.h``,
+  :func:`use_own_threads`); both link it, and it is found next to them.
 
 They are looked up in ``$LLMCORE_KERNELS_LIB_DIR`` when it is set, else in ``build/`` of the
 checkout this package is installed from (editable installs).
