@@ -156,12 +156,10 @@ et::OpFunction lookup(const char* name) {
   return *op;
 }
 
-// threads=N: ExecuTorch's thread pool resized to N first (default: one thread per core).
-void size_pool(const Args& a) {
-  if (a.num("threads", 0) > 0) {
-    executorch::extension::threadpool::get_threadpool()->_unsafe_reset_threadpool(
-        static_cast<uint32_t>(a.num("threads", 0)));
-  }
+// ExecuTorch's thread pool resized to the count `key` gives, when it gives one.
+void size_pool(const Args& a, const char* key = "threads") {
+  if (a.num(key, 0) > 0)
+    executorch::extension::threadpool::get_threadpool()->_unsafe_reset_threadpool(static_cast<uint32_t>(a.num(key, 0)));
 }
 
 int run_sdpa(const Args& a) {
@@ -292,8 +290,7 @@ int run_parallel(const Args& a) {
   llmcore_kernels::kernel_threads_use_own(true);
   parallel_round(a, 1);
   if (a.num("then_threads", 0) > 0) {
-    executorch::extension::threadpool::get_threadpool()->_unsafe_reset_threadpool(
-        static_cast<uint32_t>(a.num("then_threads", 0)));
+    size_pool(a, "then_threads");
     parallel_round(a, 2);
   }
   return 0;

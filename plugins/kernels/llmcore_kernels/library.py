@@ -76,17 +76,21 @@ def xnnpack_reshape_library() -> Path:
     return library_path(XNNPACK_RESHAPE_LIBRARY)
 
 
+def _loaded_threads_library():
+    """``libllmcore_threads.so`` through ctypes when a copy is already loaded in this process
+    (as a dependency of the kernels: ``RTLD_NOLOAD`` loads nothing new), else None."""
+    try:
+        return ctypes.CDLL(str(library_path(THREADS_LIBRARY)), mode=os.RTLD_NOW | os.RTLD_NOLOAD)
+    except (LlmcoreError, OSError):
+        return None
+
+
 def use_own_threads(own: bool) -> bool:
     """Run the kernels of this process on their own threads, or on ExecuTorch's pool
     (``csrc/kernel_threads.h``, ``kernel_threads_use_own``). Returns False, and changes
     nothing, when no library of this package is loaded in this process."""
-    try:
-        path = library_path(THREADS_LIBRARY)
-    except LlmcoreError:
-        return False
-    try:  # only a copy already loaded (as a dependency of the kernels): RTLD_NOLOAD
-        threads = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_NOLOAD)
-    except OSError:
+    threads = _loaded_threads_library()
+    if threads is None:
         return False
     threads.llmcore_kernel_threads_use_own(ctypes.c_int(1 if own else 0))
     return True
@@ -95,11 +99,8 @@ def use_own_threads(own: bool) -> bool:
 def own_threads() -> bool:
     """Whether the kernels of this process run on their own threads (False when no library
     of this package is loaded)."""
-    try:
-        threads = ctypes.CDLL(str(library_path(THREADS_LIBRARY)), mode=os.RTLD_NOW | os.RTLD_NOLOAD)
-    except (LlmcoreError, OSError):
-        return False
-    return bool(threads.llmcore_kernel_threads_own())
+    threads = _loaded_threads_library()
+    return threads is not None and bool(threads.llmcore_kernel_threads_own())
 
 
 def load() -> None:
