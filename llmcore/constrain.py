@@ -153,7 +153,8 @@ class Constraint:
 
     def _apply_mask(self, logits: torch.Tensor) -> torch.Tensor:
         forbidden = np.unpackbits(self._mask_bytes, bitorder="little", count=self.n_vocab) == 0
-        return logits.float().reshape(-1)[: self.n_vocab].masked_fill(torch.from_numpy(forbidden), float("-inf"))
+        return torch.as_tensor(logits).float().reshape(-1)[: self.n_vocab].masked_fill(
+            torch.from_numpy(forbidden), float("-inf"))
 
     def consume(self, token: int) -> None:
         if not self._matcher.consume_token(token):

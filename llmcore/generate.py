@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+import numpy as np
 import torch
 
 from llmcore.errors import LlmcoreError, read_text_file
@@ -105,13 +106,16 @@ class Sampling:
         self._gen = torch.Generator()
         self._gen.manual_seed(self.seed if self.seed is not None else torch.seed())
 
-    def __call__(self, logits: torch.Tensor) -> int:
-        logits = logits.float()
+    def __call__(self, logits: "torch.Tensor | np.ndarray") -> int:
+        """The next token from ``logits`` (``[V]``): a tensor, or a numpy view of the
+        program's output (:meth:`llmcore.runtime.Program.read_logits`), never written to."""
         if self.temperature == 0:
             # numpy's argmax (the first maximum, as torch's): 3 us against torch's 43 on a 49k
             # vocabulary, and the gap grows right after a forward call (docs/performance.md)
-            return int(logits.detach().reshape(-1).numpy().argmax())
-        logits = logits / self.temperature
+            if isinstance(logits, np.ndarray):
+                return int(logits.argmax())
+            return int(logits.detach().float().reshape(-1).numpy().argmax())
+        logits = torch.as_tensor(logits).float() / self.temperature
         if self.top_k:
             kth = torch.topk(logits, min(self.top_k, logits.numel())).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -183,6 +187,16 @@ def next_tokens(logits: torch.Tensor, sampling: Sampling, constraint=None, room:
     return [token, *constraint.forced()][: max(1, room)]
 
 
+def reader(program) -> Callable:
+    """``read_logits(tokens, input_pos, read)`` of ``program``: its own where it has one
+    (:meth:`llmcore.runtime.Program.read_logits`, no copy of the logits), else ``read`` of
+    its ``logits`` (stand-ins such as eager PyTorch in benchmarks)."""
+    own = getattr(program, "read_logits", None)
+    if own is not None:
+        return own
+    return lambda tokens, input_pos, read: read(program.logits(tokens, input_pos))
+
+
 def generate(
     program,
     prompt_ids: list[int],
@@ -233,15 +247,16 @@ def _generate(program, prompt_ids, max_new_tokens, sampling, on_token, stop_at_e
     fed = 0  # tokens the KV cache holds
     if constraint is not None and max_new_tokens > 0:
         accept(constraint.forced()[: room()])  # the grammar's opening goes in with the prompt
+    read_logits = reader(program)
+    choose = lambda logits: next_tokens(logits, sampling, constraint, room())  # noqa: E731
     while len(generated) < max_new_tokens:
         if program.use_kv_cache:
             if fed and len(tokens) >= limit:
                 break
-            logits = program.logits(tokens[fed:], fed)
+            new = read_logits(tokens[fed:], fed, choose)
             fed = len(tokens)
         else:
-            logits = program.logits(tokens[-program.max_seq_len :])
-        new = next_tokens(logits, sampling, constraint, room())
+            new = read_logits(tokens[-program.max_seq_len :], None, choose)
         accept(new)
         if not first_tokens:  # decode is timed from here; forced opening tokens count as prompt time
             first_token_at, first_tokens = time.perf_counter(), len(generated)

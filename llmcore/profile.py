@@ -30,7 +30,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from llmcore.errors import LlmcoreError
 
@@ -62,6 +62,16 @@ class TimedProgram:
         out = self._program.logits(tokens, input_pos)
         self.calls.append((len(tokens), time.perf_counter() - start))
         return out
+
+    def read_logits(self, tokens: Sequence[int], input_pos: Optional[int], read: Callable[[Any], Any]):
+        """As the program's, timed up to ``read`` (the sampling is not the program's time)."""
+        start = time.perf_counter()
+
+        def timed_read(row):
+            self.calls.append((len(tokens), time.perf_counter() - start))
+            return read(row)
+
+        return self._program.read_logits(tokens, input_pos, timed_read)
 
 
 @dataclass

@@ -15,13 +15,15 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
 
+import numpy as np
 import torch
 
 from llmcore import pte
 from llmcore.errors import LlmcoreError
 from llmcore.libraries import load_preloaded_libraries, load_program_libraries, missing_library_hint, prepare_libraries
+from llmcore.program_bytes import in_huge_pages, read_program_bytes  # noqa: F401 (in_huge_pages: llmcore.runtime's)
 
 METADATA_METHODS = {
     "get_max_seq_len": int,
@@ -35,12 +37,15 @@ METADATA_METHODS = {
     "enable_dynamic_shape": bool,
 }
 
+T = TypeVar("T")
+
+
 class Program:
     """A loaded `.pte`: its metadata and a ``logits(tokens, input_pos)`` call."""
 
-    def __init__(self, module: Any, source: str, data: bytes):
+    def __init__(self, module: Any, source: str, data: Any):
         self._module = module
-        self._data = data  # a buffer the runtime reads from must outlive the module
+        self._data = data  # the memory the runtime reads the program from: must outlive the module
         self.source = source
         self.method_names = set(module.method_names())
         self.metadata: dict[str, Any] = {}
@@ -74,20 +79,20 @@ class Program:
              map_file: Optional[bool] = None) -> "Program":
         """Load a program, with the kernel libraries its operators need
         (:func:`llmcore.libraries.load_program_libraries`). A file is read into memory backed
-        by huge pages (:func:`in_huge_pages`, as ``llmcore_runner`` does), or with
-        ``map_file`` (default: :func:`map_program_files`' setting, ``--mmap``) mapped by the
-        runtime: a smaller resident set, a slower decode."""
+        by huge pages, its data on a 2 MiB boundary (:func:`llmcore.program_bytes.read_program_bytes`,
+        as ``llmcore_runner`` does), or with ``map_file`` (default: :func:`map_program_files`'
+        setting, ``--mmap``) mapped by the runtime: a smaller resident set, a slower decode."""
         if isinstance(source, (bytes, bytearray)):
-            return cls._load(bytes(source), "<buffer>", enable_etdump, None)
+            data = bytes(source)
+            return cls._load(data, "<buffer>", enable_etdump, None, keep=data)
         path = Path(source)
         if not path.is_file():
             raise LlmcoreError(
                 f"program {str(path)!r} does not exist.", stage="run", fix="check the path of the .pte file."
             )
         if not (_MAP_FILES if map_file is None else map_file):
-            data = path.read_bytes()
-            in_huge_pages(data)
-            return cls._load(data, str(path), enable_etdump, None)
+            memory = read_program_bytes(path)
+            return cls._load(memory.data, str(path), enable_etdump, None, keep=memory)
         # Check through a read-only mapping and let the runtime map the file itself: the
         # weights are then paged in from disk, not held in a Python bytes object too.
         with open(path, "rb") as f:
@@ -102,7 +107,9 @@ class Program:
                 data.close()
 
     @classmethod
-    def _load(cls, data, label: str, enable_etdump: bool, path: Optional[Path]) -> "Program":
+    def _load(cls, data, label: str, enable_etdump: bool, path: Optional[Path], keep: Any = None) -> "Program":
+        """``keep``: what holds the memory of ``data`` the runtime will run from (None where
+        the runtime maps ``path`` itself)."""
         load_preloaded_libraries()  # before the bindings' libraries load: see the function
         from executorch.extension.pybindings import portable_lib
 
@@ -121,7 +128,7 @@ class Program:
                     module = portable_lib._load_for_executorch_from_buffer(
                         data, enable_etdump=enable_etdump, debug_buffer_size=0
                     )
-                program, failure = cls(module, label, data if path is None else None), None
+                program, failure = cls(module, label, keep), None
                 if "forward" in program.method_names:
                     load_method(module, "forward")
             except Exception as exc:
@@ -131,13 +138,34 @@ class Program:
         return program
 
     def logits(self, tokens: Sequence[int], input_pos: Optional[int] = None) -> torch.Tensor:
-        """Logits ``[V]`` for the last of ``tokens``; with a KV cache, ``tokens`` are fed in
-        calls of at most ``max_seq_len`` (the prefill chunk of a ring-buffered program)."""
+        """Logits ``[V]`` for the last of ``tokens``, a copy the caller keeps; with a KV cache,
+        ``tokens`` are fed in calls of at most ``max_seq_len`` (the prefill chunk of a
+        ring-buffered program)."""
+        return _own_last_row(self._forward(tokens, input_pos))
+
+    def read_logits(self, tokens: Sequence[int], input_pos: Optional[int], read: Callable[[Any], T]) -> T:
+        """``read(row)`` on the logits for the last of ``tokens`` where the program left them,
+        and what it returns: ``row`` is a numpy view (or, for dtypes numpy lacks, a tensor)
+        that the program's next call overwrites, so ``read`` must not keep it.
+
+        A decode loop's way to sample: right after a call of the program its weights have
+        swept this core's caches, and every step of Python run then is slow (the first
+        torch or numpy call 24-30 us, a copy of SmolLM2's 49152 logits 26-32 us, each torch
+        call of a greedy sampler several us; 2-core Xeon, docs/performance.md). Sampling from
+        the view with numpy skips the copy and the tensor calls: ``generate`` spent 73-90 us
+        a step outside ``run_method`` instead of 149-166."""
+        return read(_last_row_view(self._forward(tokens, input_pos)))
+
+    def _forward(self, tokens: Sequence[int], input_pos: Optional[int]) -> torch.Tensor:
         if self.use_kv_cache:
             return feed_in_chunks(self._call, tokens, input_pos or 0, self.max_seq_len)
         return self._call(tokens, input_pos)
 
     def _call(self, tokens: Sequence[int], input_pos: Optional[int] = None) -> torch.Tensor:
+        """The program's output for one call; it aliases the method's memory, which the next
+        call overwrites. The bindings' own copy (``clone_outputs=True``) is an ATen copy: for
+        49152 logits it starts OpenMP's team, whose helper thread then spins beside the
+        runtime's pool (see :func:`_own_last_row`)."""
         if self.use_kv_cache and len(tokens) == 1:  # a decode step: the same two tensors, refilled
             self._step_ids[0, 0], self._step_pos[0] = tokens[0], input_pos or 0
             inputs = self._step_inputs
@@ -146,18 +174,17 @@ class Program:
             if self.use_kv_cache:
                 inputs.append(torch.tensor([input_pos or 0], dtype=torch.long))
         try:
-            # The output aliases the method's memory, which the next call overwrites, so the
-            # row returned is copied here. The bindings' own copy (clone_outputs=True) is an
-            # ATen copy: for 49152 logits it starts OpenMP's team, whose helper thread then
-            # spins beside the runtime's pool (see _own_last_row).
-            out = self._module.run_method("forward", inputs, clone_outputs=False)[0]
+            return self._module.run_method("forward", inputs, clone_outputs=False)[0]
         except Exception as exc:
             raise LlmcoreError(
                 f"running {self.source!r} failed: {type(exc).__name__}: {exc}",
                 stage="run",
                 fix="check that the program was exported by this version of llmcore and its backends run here (llmcore inspect).",
             ) from exc
-        return _own_last_row(out)
+
+    def __del__(self) -> None:
+        # the runtime runs the program from self._data's memory: the module goes first
+        self.__dict__.pop("_module", None)
 
     @property
     def module(self) -> Any:
@@ -175,13 +202,20 @@ def _own_last_row(out: torch.Tensor) -> torch.Tensor:
     and the row is found in numpy too: the first ATen operation after a call of the method
     took 30-45 us (measured on a reshape of another tensor, 2 us the second time), and the
     reshape and index cost a decode step 0.14 ms with the copy, this 0.09 (SmolLM2, 2
-    cores). Dtypes numpy lacks (bfloat16) take ATen's copy on one thread."""
+    cores)."""
+    row = _last_row_view(out)
+    return torch.from_numpy(row.copy()) if isinstance(row, np.ndarray) else row
+
+
+def _last_row_view(out: torch.Tensor) -> "np.ndarray | torch.Tensor":
+    """The last row of ``out`` as a numpy view of its memory; dtypes numpy lacks (bfloat16)
+    as a tensor, copied by ATen on one thread."""
     try:
         values = out.numpy()
     except TypeError:
         with torch_on_one_thread():
             return out.reshape(-1, out.shape[-1])[-1].clone()
-    return torch.from_numpy(values.reshape(-1, values.shape[-1])[-1].copy())
+    return values.reshape(-1, values.shape[-1])[-1]
 
 
 def load_method(module: Any, name: str) -> None:
@@ -293,32 +327,6 @@ def map_program_files(enabled: bool = True) -> None:
     """Make :meth:`Program.load` map program files by default (``--mmap``)."""
     global _MAP_FILES
     _MAP_FILES = enabled
-
-
-_MADV_COLLAPSE = 25  # Linux 6.1+: back a range with huge pages now (mm/khugepaged.c)
-_HUGE_PAGE = 2 << 20
-
-
-def in_huge_pages(data: bytes) -> bool:
-    """Ask the kernel to back ``data``'s whole 2 MiB pages with transparent huge pages now
-    (``madvise(MADV_COLLAPSE)``, whatever the system's THP mode but ``never``); False where it
-    cannot (another OS, an older kernel, no THP). Why: a decode step streams every weight once,
-    and with 4 KiB pages that is a TLB miss every 4 KiB over pages scattered in physical memory;
-    ``llmcore_runner`` reads programs into huge pages for the same reason
-    (runtime/src/mmap_data_loader.h; docs/performance.md, "The program in huge pages").
-    ``data`` must stay alive as long as the program that runs from it; its bytes do not change."""
-    if not sys.platform.startswith("linux") or len(data) < 2 * _HUGE_PAGE:
-        return False
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
-    start = (address + _HUGE_PAGE - 1) & ~(_HUGE_PAGE - 1)
-    end = (address + len(data)) & ~(_HUGE_PAGE - 1)
-    if end <= start:
-        return False
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    return libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_COLLAPSE) == 0
 
 
 def runtime_threads() -> int:

@@ -151,6 +151,42 @@ def test_logits_stay_as_returned_after_the_next_call(exports):
     assert torch.equal(first, kept)
 
 
+def test_read_logits_lends_the_row_the_next_call_overwrites(exports):
+    """``Program.read_logits`` hands ``read`` the logits where the runtime left them (no
+    copy): the same values ``logits`` copies, in memory the next call writes again."""
+    import numpy as np
+
+    from llmcore.runtime import Program
+
+    program = Program.load(exports("xnnpack").pte)
+    owned = program.logits([5, 6, 7], 0)
+    lent = program.read_logits([5, 6, 7], 0, lambda row: row)
+    assert isinstance(lent, np.ndarray) and np.array_equal(lent, owned.numpy())
+    seen = lent.copy()
+    program.read_logits([100], 3, lambda row: None)
+    assert not np.array_equal(lent, seen)  # the lent row was the program's output memory
+
+
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, seed=1), dict(temperature=0.7, top_p=0.9, seed=3)])
+def test_generation_on_lent_rows_writes_what_copied_rows_write(exports, sampling):
+    """``generate`` samples from the lent row (``read_logits``): it writes the same tokens as
+    a loop over copied logits (what a program with only ``logits`` gets), greedy and sampled."""
+    from llmcore.generate import Sampling, generate
+    from llmcore.runtime import Program
+
+    program = Program.load(exports("xnnpack").pte)
+
+    class CopiesOnly:  # the same program behind ``logits`` alone
+        def __init__(self, program):
+            self.logits = program.logits
+            for name in ("use_kv_cache", "max_seq_len", "max_context_len", "eos_ids"):
+                setattr(self, name, getattr(program, name))
+
+    lent = generate(program, [5, 6, 7], 12, Sampling(**sampling), stop_at_eos=False).generated_ids
+    copied = generate(CopiesOnly(program), [5, 6, 7], 12, Sampling(**sampling), stop_at_eos=False).generated_ids
+    assert lent == copied and len(lent) == 12
+
+
 def test_generation_runs_its_tensor_ops_on_one_thread(exports):
     """``generate`` (and the server's loop) keep PyTorch's own ops on one thread while they
     decode, and give the caller's setting back after."""
@@ -159,13 +195,13 @@ def test_generation_runs_its_tensor_ops_on_one_thread(exports):
 
     program = Program.load(exports("xnnpack").pte)
     seen = []
-    logits = program.logits
+    read_logits = program.read_logits
 
-    def recording(tokens, input_pos=None):
+    def recording(tokens, input_pos, read):
         seen.append(torch.get_num_threads())
-        return logits(tokens, input_pos)
+        return read_logits(tokens, input_pos, read)
 
-    program.logits = recording
+    program.read_logits = recording
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
