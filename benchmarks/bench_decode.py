@@ -241,6 +241,16 @@ def worker(args) -> None:
     # llmcore run's own do (Program.load has loaded the method already).
     result = generate(program, prompt, args.new_tokens, Sampling(), stop_at_eos=False)
     stats = vars(result.stats) | {"peak_rss_mib": peak_rss_mib()}
+    if args.worker != "eager":  # which threads computed: ExecuTorch's pool size, and the kernels' own threads
+        from llmcore.runtime import runtime_threads
+
+        stats["runtime_threads"] = runtime_threads()
+        try:
+            from llmcore_kernels import library
+
+            stats["kernels_own_threads"] = int(library.own_threads())
+        except ImportError:
+            pass
     print(json.dumps(stats))
 
 
@@ -346,6 +356,8 @@ def measure(targets: list, rounds: int) -> list[dict]:
         row["runner"] = label
         row["decode_runs"] = [r["decode_tok_s"] for r in results]
         row["prefill_runs"] = [r["prefill_tok_s"] for r in results]
+        if "runtime_threads" in results[0]:
+            row["runtime_threads_runs"] = [r.get("runtime_threads") for r in results]
         rows.append(row)
     return rows
 
