@@ -248,7 +248,10 @@ def _generate(program, prompt_ids, max_new_tokens, sampling, on_token, stop_at_e
     if constraint is not None and max_new_tokens > 0:
         accept(constraint.forced()[: room()])  # the grammar's opening goes in with the prompt
     read_logits = reader(program)
-    choose = lambda logits: next_tokens(logits, sampling, constraint, room())  # noqa: E731
+
+    def choose(logits) -> list[int]:  # sampled where the program left the logits, before its next call
+        return next_tokens(logits, sampling, constraint, room())
+
     while len(generated) < max_new_tokens:
         if program.use_kv_cache:
             if fed and len(tokens) >= limit:

@@ -11,7 +11,8 @@ bad for them twice over:
   kernels' 32-byte weight loads then straddle two cache lines. SmolLM2 8da4w-layers,
   ``llmcore run``'s loop, AVX2 view, three processes of three generations each: 231-242
   decode tok/s with the data 48 bytes past a line, 252-276 with it on a 2 MiB boundary,
-  both in huge pages (docs/performance.md, "The program's bytes in Python").
+  both in huge pages (docs/performance.md, "The Python loop: the program's bytes on a
+  cache line").
 - Page size. 4 KiB pages cost a TLB miss every 4 KiB of a decode step's sweep over the
   weights (:func:`in_huge_pages`).
 

@@ -150,7 +150,7 @@ class Program:
 
         A decode loop's way to sample: right after a call of the program its weights have
         swept this core's caches, and every step of Python run then is slow (the first
-        torch or numpy call 24-30 us, a copy of SmolLM2's 49152 logits 26-32 us, each torch
+        torch or numpy call 24-31 us, a copy of SmolLM2's 49152 logits 25-32 us, each torch
         call of a greedy sampler several us; 2-core Xeon, docs/performance.md). Sampling from
         the view with numpy skips the copy and the tensor calls: ``generate`` spent 73-90 us
         a step outside ``run_method`` instead of 149-166."""
