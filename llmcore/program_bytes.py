@@ -28,6 +28,7 @@ back to ``read_bytes`` and :func:`in_huge_pages`.
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import struct
 import sys
@@ -77,9 +78,10 @@ def in_huge_pages(data: bytes) -> bool:
     return _madvise(start, end - start, _MADV_COLLAPSE)
 
 
+@functools.lru_cache(maxsize=1)
 def _layout_is_known() -> bool:
     """Whether ``bytes`` objects here are the header :data:`_BYTES_HEADER` describes, then
-    the data: checked on a live object, not assumed from the version."""
+    the data: checked on a live object, not assumed from the version (once a process)."""
     if sys.implementation.name != "cpython" or not sys.platform.startswith("linux"):
         return False
     probe = bytes(range(40))
@@ -123,11 +125,11 @@ class ProgramBytes:
 def read_program_bytes(path: Path) -> ProgramBytes:
     """``path``'s bytes, on a 2 MiB boundary in huge pages where this interpreter allows (see
     the module's docstring), else as ``read_bytes`` gives them, asked into huge pages."""
-    size = path.stat().st_size
     if not _layout_is_known():
         data = path.read_bytes()
         in_huge_pages(data)
         return ProgramBytes(data)
+    size = path.stat().st_size
     header = _BYTES_HEADER.size
     # room for the header before the first 2 MiB boundary and for the trailing NUL after
     mapping = mmap.mmap(-1, size + header + 1 + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

@@ -23,7 +23,7 @@ import torch
 from llmcore import pte
 from llmcore.errors import LlmcoreError
 from llmcore.libraries import load_preloaded_libraries, load_program_libraries, missing_library_hint, prepare_libraries
-from llmcore.program_bytes import in_huge_pages, read_program_bytes  # noqa: F401 (in_huge_pages: llmcore.runtime's)
+from llmcore.program_bytes import read_program_bytes
 
 METADATA_METHODS = {
     "get_max_seq_len": int,
