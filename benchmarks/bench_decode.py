@@ -10,7 +10,9 @@ bandwidth / bytes of weights read per generated token.
     .venv/bin/python benchmarks/bench_decode.py --models gpt2 --variants eager,int8 --new-tokens 64
     .venv/bin/python benchmarks/bench_decode.py --models smollm2 --variants fp32,fp32-rmsnorm
 
-Programs are exported once into --cache (default .cache/bench) and reused.
+Programs are exported once into --cache (default .cache/bench) and reused. The Python rows
+run ``generate`` as ``llmcore run`` does, the reply's text written as it comes (to
+/dev/null), as the C++ runner's rows print theirs.
 
 Machines of one kind differ (AVX-512 VNNI or AVX2 only): the header prints the CPU model,
 its SIMD flags, the load average and the versions, and only ratios from one run compare.
@@ -222,7 +224,7 @@ def rmsnorm_ops_worker(args) -> None:
 def worker(args) -> None:
     import torch
 
-    from llmcore.generate import Sampling, generate
+    from llmcore.generate import Sampling, TextStream, TextTokenizer, generate, tokenizer_beside
     from llmcore.progress import peak_rss_mib
     from llmcore.runtime import Program
 
@@ -237,9 +239,15 @@ def worker(args) -> None:
         torch.set_num_threads(1)
         program = Program.load(args.worker)
     prompt = [int(i) % 256 + 10 for i in range(args.prompt_tokens)]
+    on_token = None
+    if args.worker != "eager" and tokenizer_beside(args.worker).is_file():
+        # the reply's text, written as it comes, as `llmcore run` and the C++ runner print it
+        sink = open(os.devnull, "w")
+        on_token = TextStream(TextTokenizer.from_file(tokenizer_beside(args.worker)),
+                              lambda text: (sink.write(text), sink.flush()))
     # No warm-up call: the prefill counts its first call, as the C++ runner's row and
     # llmcore run's own do (Program.load has loaded the method already).
-    result = generate(program, prompt, args.new_tokens, Sampling(), stop_at_eos=False)
+    result = generate(program, prompt, args.new_tokens, Sampling(), on_token=on_token, stop_at_eos=False)
     stats = vars(result.stats) | {"peak_rss_mib": peak_rss_mib()}
     if args.worker != "eager":  # which threads computed: ExecuTorch's pool size, and the kernels' own threads
         from llmcore.runtime import runtime_threads

@@ -78,6 +78,24 @@ class TextTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._call("decode", lambda: self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
+    def stream(self) -> Callable[[int], str]:
+        """A decoder for a reply as it is generated: called with each new id, it returns the
+        text that id completes, ``""`` while a character's bytes are still incomplete, special
+        tokens skipped (``decode(ids, skip_special_tokens=True)`` joined up).
+
+        It is `tokenizers`' ``DecodeStream``, which decodes only the last few ids each time.
+        Decoding the whole reply again for every new token, as llmcore did before, grew with
+        the reply: ~17 us for 128 ids here, and several times that right after a forward
+        call, whose weights have swept the core's caches (docs/performance.md)."""
+        from tokenizers.decoders import DecodeStream
+
+        state, tok = DecodeStream(skip_special_tokens=True), self._tok
+
+        def text_of(token: int) -> str:
+            return self._call("decode", lambda: state.step(tok, token)) or ""
+
+        return text_of
+
     def token_id(self, token: str) -> Optional[int]:
         return self._tok.token_to_id(token)
 
@@ -282,21 +300,16 @@ def _generate(program, prompt_ids, max_new_tokens, sampling, on_token, stop_at_e
 
 
 class TextStream:
-    """Turns token ids into printable text as they come, holding back split UTF-8."""
+    """Writes each token's text as soon as it is whole (:meth:`TextTokenizer.stream`)."""
 
     def __init__(self, tokenizer: TextTokenizer, write: Callable[[str], None]):
-        self.tokenizer = tokenizer
+        self._text_of = tokenizer.stream()
         self.write = write
-        self.ids: list[int] = []
-        self.printed = 0
 
     def __call__(self, token: int) -> None:
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)  # no <|im_end|> in the text
-        if text.endswith("\ufffd"):
-            return  # the rest of a multi-byte character is still to come
-        self.write(text[self.printed :])
-        self.printed = len(text)
+        piece = self._text_of(token)
+        if piece:
+            self.write(piece)
 
 
 def tokenizer_beside(pte_path: str | Path) -> Path:

@@ -146,7 +146,8 @@ class Program:
     def read_logits(self, tokens: Sequence[int], input_pos: Optional[int], read: Callable[[Any], T]) -> T:
         """``read(row)`` on the logits for the last of ``tokens`` where the program left them,
         and what it returns: ``row`` is a numpy view (or, for dtypes numpy lacks, a tensor)
-        that the program's next call overwrites, so ``read`` must not keep it.
+        that the program's next call overwrites, so nothing may use it after that call
+        (``llmcore serve``'s engine hands it on, to be sampled before its next call).
 
         A decode loop's way to sample: right after a call of the program its weights have
         swept this core's caches, and every step of Python run then is slow (the first

@@ -290,18 +290,29 @@ class Engine:
         return common
 
     def prefill(self, ids: list[int]):
-        """Logits after ``ids``, feeding only what the cache does not hold; and that count."""
+        """Logits after ``ids``, feeding only what the cache does not hold; and that count.
+        The logits are lent, as :meth:`step`'s."""
         keep = self.reusable(ids)
         self.cached = []  # if the call fails, nothing is known to be in the cache
-        logits = self.program.logits(ids[keep:], keep)
+        logits = self.program.read_logits(ids[keep:], keep, _lent)
         self.cached = list(ids)
         return logits, keep
 
     def step(self, tokens: list[int]):
-        """Logits after feeding ``tokens`` (one sampled token, and any a grammar forced after it)."""
-        logits = self.program.logits(tokens, len(self.cached))
+        """Logits after feeding ``tokens`` (one sampled token, and any a grammar forced after it).
+
+        The row is lent: the program's own output (:meth:`llmcore.runtime.Program.read_logits`),
+        which this engine's next call overwrites. A request samples from it before that call,
+        and requests take an engine one at a time (:class:`Server`), so no copy is made: the
+        copy cost ``generate`` about half of its Python time a step (docs/performance.md)."""
+        logits = self.program.read_logits(tokens, len(self.cached), _lent)
         self.cached.extend(tokens)
         return logits
+
+
+def _lent(row):
+    """``read`` for :meth:`llmcore.runtime.Program.read_logits` that hands the row itself back."""
+    return row
 
 
 @dataclass
@@ -348,6 +359,7 @@ def _run(engine: Engine, req: Request, emit: Callable[[str], None], cancelled: t
         constraint = Constraint(req.grammar, engine.tokenizer.json_text, engine.program.eos_ids, engine.vocab)
     generated: list[int] = []
     text, sent = "", 0
+    text_of = engine.tokenizer.stream()
 
     def first_stop(text: str) -> int:
         hits = [i for i in (text.find(s, max(0, sent - len(s))) for s in req.stop) if i >= 0]
@@ -363,10 +375,10 @@ def _run(engine: Engine, req: Request, emit: Callable[[str], None], cancelled: t
             if token in eos:
                 return "stop"
             generated.append(token)
-            decoded = engine.tokenizer.decode(generated, skip_special_tokens=True)
-            if decoded.endswith("\ufffd"):  # in the middle of a multi-byte character
+            piece = text_of(token)
+            if not piece:  # in the middle of a multi-byte character, or a special token
                 continue
-            text = decoded
+            text += piece
             cut = first_stop(text)
             if cut >= 0:
                 text = text[:cut]

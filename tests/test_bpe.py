@@ -99,3 +99,35 @@ def test_bytes_to_unicode_is_gpt2_s_alphabet():
     table = bytes_to_unicode()
     assert len(set(table.values())) == 256 and table[ord(" ")] == "Ġ" and table[ord("A")] == "A"
     assert sorted(table.values()) == sorted(pre_tokenizers.ByteLevel.alphabet())
+
+
+def whole_text_so_far(decode, ids: list[int]) -> str:
+    """What a reply shows after ``ids`` when each step decodes all ids again: the text of the
+    longest prefix that does not end inside a character (llmcore's way before ``stream``)."""
+    for k in range(len(ids), -1, -1):
+        text = decode(ids[:k], skip_special_tokens=True)
+        if not text.endswith("\ufffd"):
+            return text
+    return ""
+
+
+@pytest.mark.parametrize("style", ["smollm2", "llama3"])
+def test_streamed_text_is_the_whole_decode(style):
+    """``TextTokenizer.stream`` (the reply as `llmcore run` prints it and `llmcore serve`
+    sends it) writes, after every id, what decoding every id so far gives: with special
+    tokens skipped, multi-byte characters split over ids held back, random ids included."""
+    import random
+
+    from llmcore.generate import TextTokenizer
+
+    vocab, merges = _trained(SPECIALS[style])
+    text = byte_level_bpe_json(vocab, merges, [(t, True) for t in SPECIALS[style]], **NEW_OPTIONS[style])
+    tok, reference = TextTokenizer(text), Tokenizer.from_str(text)
+    rng = random.Random(0)
+    replies = [reference.encode(sample).ids for sample in TEXTS]
+    replies += [[rng.randrange(len(vocab)) for _ in range(40)] for _ in range(20)]
+    for ids in replies:
+        text_of, shown = tok.stream(), ""
+        for n, token in enumerate(ids, 1):
+            shown += text_of(token)
+            assert shown == whole_text_so_far(reference.decode, ids[:n]), (style, ids[:n])

@@ -18,6 +18,7 @@ import threading
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 import torch
 
@@ -228,10 +229,23 @@ def test_reused_cache_gives_the_fresh_programs_logits(engine, served):
     second = first + list(b" Then it slept")
     logits, kept = engine.prefill(second)
     assert kept == len(first) + len(b" Then")
-    assert torch.allclose(logits, fresh.logits(second, 0), atol=1e-4, rtol=1e-4)
+    assert torch.allclose(torch.as_tensor(logits), fresh.logits(second, 0), atol=1e-4, rtol=1e-4)
     other = list(b"Different start")
     _, kept = engine.prefill(other)
     assert kept == 0
+
+
+def test_engine_lends_the_programs_row_until_its_next_call(engine, served):
+    """The engine samples from the program's own logits (no copy a step): the row it returns
+    holds a fresh program's logits, and its next call writes over that same memory."""
+    from llmcore.runtime import Program
+
+    ids = list(b"Lent rows")
+    row, _ = engine.prefill(ids)
+    kept = row.copy()
+    assert np.allclose(kept, Program.load(served[1]).logits(ids, 0).numpy(), atol=1e-4, rtol=1e-4)
+    after = engine.step([int(kept.argmax())])
+    assert np.shares_memory(row, after) and not np.array_equal(row, kept)
 
 
 def test_ring_buffer_programs_reuse_only_an_exact_extension(exports):
@@ -247,7 +261,7 @@ def test_ring_buffer_programs_reuse_only_an_exact_extension(exports):
     assert ring.reusable(ids[:20]) == 0  # a shorter prefix: rows past it may be overwritten
     logits, kept = ring.prefill(ids)
     assert kept == 30
-    assert torch.allclose(logits, Program.load(result.pte).logits(ids, 0), atol=1e-4, rtol=1e-4)
+    assert torch.allclose(torch.as_tensor(logits), Program.load(result.pte).logits(ids, 0), atol=1e-4, rtol=1e-4)
 
 
 def test_queue_is_fair_and_bounded(engine):

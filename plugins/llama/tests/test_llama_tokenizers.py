@@ -19,6 +19,14 @@ def hf(info):
     return tokenizers.Tokenizer.from_str(info.json_text)
 
 
+def streamed(info, ids) -> str:
+    """The reply as llmcore prints it while generating: one id at a time."""
+    from llmcore.generate import TextTokenizer
+
+    text_of = TextTokenizer(info.json_text).stream()
+    return "".join(text_of(token) for token in ids)
+
+
 def test_bytes_to_unicode_is_a_bijection_onto_printables():
     m = bytes_to_unicode()
     assert len(set(m.values())) == 256
@@ -48,6 +56,7 @@ def test_sentencepiece_conversion_encodes_like_sentencepiece(tmp_path, kind, kwa
         assert tk.encode(text, add_special_tokens=False).ids == ids, text
         if kwargs.get("byte_fallback", True):
             assert tk.decode(ids) == sp.decode(ids), text
+            assert streamed(info, ids) == sp.decode(ids), text  # "▁" made a space, but not the first
 
 
 def test_tiktoken_conversion_encodes_like_tiktoken(tmp_path):
@@ -64,6 +73,7 @@ def test_tiktoken_conversion_encodes_like_tiktoken(tmp_path):
         ids = ref.encode(text, bos=False, eos=False, allowed_special="all")
         assert tk.encode(text, add_special_tokens=False).ids == ids, text
         assert tk.decode(ids, skip_special_tokens=False) == text
+        assert streamed(info, ids) == tk.decode(ids, skip_special_tokens=True)
 
 
 def test_tokenizer_json_used_as_is(tmp_path):
