@@ -221,6 +221,18 @@ def rmsnorm_ops_worker(args) -> None:
     print(json.dumps(rows))
 
 
+def process_counters() -> dict:
+    """This process's page faults, context switches and CPU seconds (all threads) so far: a
+    worker reports them per phase, to tell a slow round's cause (faults, waiting, a thread
+    that did not compute) from the program's own speed."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"minor_faults": usage.ru_minflt, "voluntary_switches": usage.ru_nvcsw,
+            "involuntary_switches": usage.ru_nivcsw, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "system_s": usage.ru_stime}
+
+
 def worker(args) -> None:
     import torch
 
@@ -239,16 +251,27 @@ def worker(args) -> None:
         torch.set_num_threads(1)
         program = Program.load(args.worker)
     prompt = [int(i) % 256 + 10 for i in range(args.prompt_tokens)]
-    on_token = None
+    write_text = None
     if args.worker != "eager" and tokenizer_beside(args.worker).is_file():
         # the reply's text, written as it comes, as `llmcore run` and the C++ runner print it
         sink = open(os.devnull, "w")
-        on_token = TextStream(TextTokenizer.from_file(tokenizer_beside(args.worker)),
-                              lambda text: (sink.write(text), sink.flush()))
+        write_text = TextStream(TextTokenizer.from_file(tokenizer_beside(args.worker)),
+                                lambda text: (sink.write(text), sink.flush()))
+    counted = [process_counters()]
+
+    def on_token(token: int) -> None:
+        if len(counted) == 1:  # the prompt's forward call is over
+            counted.append(process_counters())
+        if write_text is not None:
+            write_text(token)
+
     # No warm-up call: the prefill counts its first call, as the C++ runner's row and
     # llmcore run's own do (Program.load has loaded the method already).
     result = generate(program, prompt, args.new_tokens, Sampling(), on_token=on_token, stop_at_eos=False)
+    counted.append(process_counters())
     stats = vars(result.stats) | {"peak_rss_mib": peak_rss_mib()}
+    for phase, (before, after) in (("prefill", counted[:2]), ("decode", counted[1:])):
+        stats |= {f"{phase}_{key}": after[key] - before[key] for key in before}
     if args.worker != "eager":  # which threads computed: ExecuTorch's pool size, and the kernels' own threads
         from llmcore.runtime import runtime_threads
 
@@ -366,6 +389,9 @@ def measure(targets: list, rounds: int) -> list[dict]:
         row["prefill_runs"] = [r["prefill_tok_s"] for r in results]
         if "runtime_threads" in results[0]:
             row["runtime_threads_runs"] = [r.get("runtime_threads") for r in results]
+        if "prefill_cpu_s" in results[0]:  # a Python worker's counters (process_counters), per round
+            row["counters_runs"] = [{k: v for k, v in r.items() if k.split("_", 1)[0] in ("prefill", "decode")
+                                     and not k.endswith("tok_s")} for r in results]
         rows.append(row)
     return rows
 
