@@ -252,11 +252,11 @@ def worker(args) -> None:
         program = Program.load(args.worker)
     prompt = [int(i) % 256 + 10 for i in range(args.prompt_tokens)]
     write_text = None
-    if args.worker != "eager" and tokenizer_beside(args.worker).is_file():
+    tokenizer_json = tokenizer_beside(args.worker) if args.worker != "eager" else None
+    if tokenizer_json is not None and tokenizer_json.is_file():
         # the reply's text, written as it comes, as `llmcore run` and the C++ runner print it
         sink = open(os.devnull, "w")
-        write_text = TextStream(TextTokenizer.from_file(tokenizer_beside(args.worker)),
-                                lambda text: (sink.write(text), sink.flush()))
+        write_text = TextStream(TextTokenizer.from_file(tokenizer_json), lambda text: (sink.write(text), sink.flush()))
     counted = [process_counters()]
 
     def on_token(token: int) -> None:
