@@ -112,14 +112,16 @@ def _error(message: str, fix: str) -> LlmcoreError:
 def verify_with_runtime(path: str | Path, label: str) -> None:
     """Let the runtime check the program's internal consistency (no method is loaded, so no
     backend is initialised: safe for programs this runtime cannot run)."""
-    from executorch.extension.pybindings import portable_lib
+    from llmcore.libraries import runtime_bindings
+
+    bindings = runtime_bindings()
 
     from llmcore.runtime import captured_stderr
 
     with captured_stderr() as log:
         try:
-            portable_lib._load_program(
-                str(path), program_verification=portable_lib.Verification.InternalConsistency
+            bindings._load_program(
+                str(path), program_verification=bindings.Verification.InternalConsistency
             )
             failure = None
         except Exception as exc:
@@ -204,14 +206,16 @@ def _describe(program: list[pte.Method], data: bytes, label: str, file_size: int
 
 def check_runtime(inspection: Inspection) -> Inspection:
     """Mark each backend and operator as available (or not) in this process's runtime."""
-    from executorch.extension.pybindings import portable_lib
+    from llmcore.libraries import runtime_bindings
+
+    bindings = runtime_bindings()
 
     from llmcore.libraries import load_libraries_for, unregistered
 
     libraries = load_libraries_for(unregistered([op.name for op in inspection.operators]), stage="inspect",
                                    skip_failures=True)
-    backends = set(portable_lib._get_registered_backend_names())
-    operators = set(portable_lib._get_operator_names())
+    backends = set(bindings._get_registered_backend_names())
+    operators = set(bindings._get_operator_names())
     for backend in inspection.backends:
         backend.available = backend.id in backends
     for op in inspection.operators:

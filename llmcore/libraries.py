@@ -63,9 +63,7 @@ def _read(data: Any) -> tuple[list[str], list[str]]:
 
 def unregistered(ops: list[str]) -> list[str]:
     """Those of ``ops`` this process's ExecuTorch runtime has no kernel for."""
-    from executorch.extension.pybindings import portable_lib
-
-    have = set(portable_lib._get_operator_names())
+    have = set(runtime_bindings()._get_operator_names())
     return [op for op in ops if op not in have]
 
 
@@ -135,11 +133,19 @@ def load_shared_library(path: str | Path) -> None:
 
 
 def load_runtime_library(provided: Any, *, stage: str = "run") -> str:
-    """Load one plugin's runtime library here: its Python module when it has one (PyTorch
-    and ExecuTorch registration), else its native library. Returns what was loaded."""
+    """Load one plugin's runtime library here: the native library its Python module would
+    load where the record names it and the module is not imported yet, else its Python
+    module when it has one (PyTorch and ExecuTorch registration), else its runtime-only
+    native library. Returns what was loaded."""
     record, plugin = provided.record, provided.plugin
     fix = "check that the plugin is installed and built (`llmcore plugins`)."
     with stage_errors(stage, plugin.name, f"runtime library {record.name!r} could not be loaded", fix):
+        if record.module_library is not None and record.python_module not in sys.modules:
+            import torch
+
+            path = record.module_library()
+            torch.ops.load_library(str(path))
+            return str(path)
         if record.python_module:
             importlib.import_module(record.python_module)
             return record.python_module
@@ -236,6 +242,18 @@ def _load_those_built(provided_libraries: Iterable[Any]) -> list[str]:
 
 
 BINDINGS_MODULE = "executorch.extension.pybindings._C"
+
+
+def runtime_bindings() -> Any:
+    """ExecuTorch's runtime bindings: the extension module itself, not ``portable_lib``, the
+    module that re-exports it. ``portable_lib`` imports ``executorch.exir`` to define the
+    class of the warning it prints, and with it the compiler (torch._dynamo, inductor):
+    2.6-2.9 s of every ``llmcore run`` on the 2-core Xeon, for nothing a program's run uses.
+    (Its other work, finding OpenVINO's library and Windows DLL folders, is for backends
+    llmcore does not run.)"""
+    import torch  # noqa: F401  the bindings link libtorch: PyTorch loads it first
+
+    return importlib.import_module(BINDINGS_MODULE)
 
 
 def load_preloaded_libraries(registry: Optional[Any] = None) -> list[str]:

@@ -7,10 +7,12 @@ segments, and it is the only module that touches ExecuTorch's private
 
 * :func:`check_header` and :func:`read_head` refuse what is not a program, or is cut short,
   in one line;
-* :func:`read_methods` walks the table through the flatbuffer accessors (milliseconds even
-  for a large model) and gives each method's operators, delegates, instructions, inputs and
-  outputs, and the values of constant methods; :func:`operators`, :func:`delegate_ids` and
-  :func:`constant_methods` are the lists most callers want;
+* :func:`read_methods` walks the table through ExecuTorch's generated flatbuffer accessors
+  (milliseconds even for a large model) and gives each method's operators, delegates,
+  instructions, inputs and outputs, and the values of constant methods;
+* :func:`operators`, :func:`delegate_ids` and :func:`constant_methods`, the lists loading a
+  program needs, read those few fields with the ``flatbuffers`` package alone: ExecuTorch's
+  generated classes cannot be imported without its compiler (seconds; see the section);
 * :func:`read_program_table` unpacks the whole table into ``executorch.exir.schema``
   dataclasses (seconds for a large model): the authority the tests check the rest against;
   :func:`delegate_payloads` reads the segments too, for backends' tests.
@@ -18,6 +20,7 @@ segments, and it is the only module that touches ExecuTorch's private
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -40,10 +43,30 @@ _DTYPES = {
 # ---- the header ------------------------------------------------------------------------------
 
 
-def _extended_header(head: Any):
-    from executorch.exir._serialize._program import _get_extended_header
+@dataclass(frozen=True)
+class ExtendedHeader:
+    """ExecuTorch's extended header: 8 bytes into the file, after the flatbuffer's root
+    offset and identifier, the magic ``eh00``, its own length (u32), then the program
+    table's size, where the data segments start and (in a header of 32 bytes or more) their
+    size, each a little-endian u64 (ExecuTorch's "PTE file format" documentation)."""
 
-    return _get_extended_header(bytes(head[:HEAD_BYTES]))
+    program_size: int
+    segment_base_offset: int
+    segment_data_size: int
+
+
+_EXTENDED_HEADER = struct.Struct("<4sIQQQ")
+
+
+def _extended_header(head: Any) -> Optional[ExtendedHeader]:
+    """The extended header of a file starting with ``head``; None when it has none."""
+    raw = bytes(head[8 : 8 + _EXTENDED_HEADER.size])
+    if len(raw) < _EXTENDED_HEADER.size:
+        return None
+    magic, length, program_size, segment_base_offset, segment_data_size = _EXTENDED_HEADER.unpack(raw)
+    if magic != b"eh00" or length < 24:
+        return None
+    return ExtendedHeader(program_size, segment_base_offset, segment_data_size if length > 24 else 0)
 
 
 def table_size(head: Any, file_size: int) -> int:
@@ -275,19 +298,127 @@ def _constant(plan: Any, index: int) -> Any:
     return None
 
 
+# ---- what loading a program asks, without ExecuTorch's compiler -------------------------------
+#
+# Program.load asks every program which operators it calls, which backends its delegates need
+# and what its constant methods return. ExecuTorch's generated flatbuffer classes, which
+# read_methods uses, live in `executorch.exir`, and importing anything there imports the
+# compiler (torch._dynamo, inductor): 2.6-2.9 s of `llmcore run`'s start on the 2-core Xeon,
+# where the rest of loading SmolLM2 takes ~0.5 s (docs/performance.md). These few fields are
+# read with the `flatbuffers` package's table accessor instead, by their field numbers in
+# ExecuTorch's schema (executorch/exir/_serialize/program.fbs); tests/test_pte.py checks
+# the three functions below against read_methods on exported programs.
+
+_PROGRAM_EXECUTION_PLAN = 1  # table Program
+_PLAN_NAME, _PLAN_VALUES, _PLAN_INPUTS, _PLAN_OUTPUTS, _PLAN_OPERATORS, _PLAN_DELEGATES = 0, 2, 3, 4, 6, 7
+_OPERATOR_NAME, _OPERATOR_OVERLOAD = 0, 1  # table Operator
+_DELEGATE_ID = 0  # table BackendDelegate
+_EVALUE_TYPE, _EVALUE_VAL = 0, 1  # table EValue { val: KernelTypes } (a union: its type, then the table)
+_ITEMS = 0  # the only field of Int, Bool, Double, String, IntList, DoubleList and BoolList
+# union KernelTypes { Null, Int, Bool, Double, Tensor, String, IntList, DoubleList, BoolList, ... }:
+# a union's type numbers its members from 1 (0 is no value)
+_INT, _BOOL, _DOUBLE, _STRING, _INT_LIST, _DOUBLE_LIST, _BOOL_LIST = 2, 3, 4, 6, 7, 8, 9
+
+
+class _Table:
+    """One flatbuffer table, its fields asked for by number."""
+
+    def __init__(self, buf: bytes, pos: int):
+        from flatbuffers.table import Table
+
+        self._t = Table(buf, pos)
+
+    def _field(self, number: int) -> int:
+        return self._t.Offset(4 + 2 * number)  # 0: absent
+
+    def string(self, number: int) -> str:
+        o = self._field(number)
+        return self._t.String(o + self._t.Pos).decode() if o else ""
+
+    def scalar(self, number: int, flags: Any, default: Any = 0) -> Any:
+        o = self._field(number)
+        return self._t.Get(flags, o + self._t.Pos) if o else default
+
+    def table(self, number: int) -> Optional["_Table"]:
+        o = self._field(number)
+        return _Table(self._t.Bytes, self._t.Indirect(o + self._t.Pos)) if o else None
+
+    def tables(self, number: int) -> list["_Table"]:
+        o = self._field(number)
+        if not o:
+            return []
+        start = self._t.Vector(o)
+        return [_Table(self._t.Bytes, self._t.Indirect(start + 4 * i)) for i in range(self._t.VectorLen(o))]
+
+    def scalars(self, number: int, flags: Any) -> list:
+        o = self._field(number)
+        if not o:
+            return []
+        start = self._t.Vector(o)
+        return [self._t.Get(flags, start + flags.bytewidth * i) for i in range(self._t.VectorLen(o))]
+
+
+def _plans(data: Any) -> list[_Table]:
+    from flatbuffers import encode, packer
+
+    buf = bytes(data[: table_size(data, len(data))])
+    return _Table(buf, encode.Get(packer.uoffset, buf, 0)).tables(_PROGRAM_EXECUTION_PLAN)
+
+
+def _plan_value(plan: _Table, index: int) -> Any:
+    """A constant method's value ``index``, as ``_constant`` reads it."""
+    from flatbuffers import number_types as n
+
+    value = plan.tables(_PLAN_VALUES)[index]
+    kind, val = value.scalar(_EVALUE_TYPE, n.Uint8Flags), value.table(_EVALUE_VAL)
+    if val is None:
+        return None
+    if kind == _INT:
+        return int(val.scalar(_ITEMS, n.Int64Flags))
+    if kind == _BOOL:
+        return bool(val.scalar(_ITEMS, n.BoolFlags, False))
+    if kind == _DOUBLE:
+        return float(val.scalar(_ITEMS, n.Float64Flags, 0.0))
+    if kind == _STRING:
+        return val.string(_ITEMS)
+    if kind == _BOOL_LIST:
+        return [bool(v) for v in val.scalars(_ITEMS, n.BoolFlags)]
+    if kind == _DOUBLE_LIST:
+        return [float(v) for v in val.scalars(_ITEMS, n.Float64Flags)]
+    if kind == _INT_LIST:  # items index other values
+        return [_plan_value(plan, int(i)) for i in val.scalars(_ITEMS, n.Int64Flags)]
+    return None
+
+
 def operators(data: Any) -> list[str]:
-    """Operators a serialized program calls outside its delegates (each once, in order)."""
-    return list(dict.fromkeys(op for method in read_methods(data) for op in method.operators))
+    """Operators a serialized program calls outside its delegates (each once, in order), as
+    the runtime registers them (``aten::add.out``)."""
+    names = []
+    for plan in _plans(data):
+        for op in plan.tables(_PLAN_OPERATORS):
+            name, overload = op.string(_OPERATOR_NAME), op.string(_OPERATOR_OVERLOAD)
+            names.append(f"{name}.{overload}" if overload else name)
+    return list(dict.fromkeys(names))
 
 
 def delegate_ids(data: Any) -> list[str]:
     """Backend ids of the delegates a serialized program carries (each once, in order)."""
-    return list(dict.fromkeys(d for method in read_methods(data) for d in method.delegates))
+    return list(dict.fromkeys(d.string(_DELEGATE_ID) for plan in _plans(data) for d in plan.tables(_PLAN_DELEGATES)))
 
 
 def constant_methods(data: Any) -> dict[str, list]:
-    """Constant method name -> the values it returns (``get_max_seq_len`` -> ``[2048]``)."""
-    return {m.name: m.constants for m in read_methods(data) if m.constants is not None}
+    """Constant method name -> the values it returns (``get_max_seq_len`` -> ``[2048]``): the
+    methods with outputs, no inputs and nothing to call."""
+    from flatbuffers import number_types as n
+
+    constants = {}
+    for plan in _plans(data):
+        if plan.tables(_PLAN_OPERATORS) or plan.tables(_PLAN_DELEGATES) or plan.scalars(_PLAN_INPUTS, n.Int32Flags):
+            continue
+        outputs = plan.scalars(_PLAN_OUTPUTS, n.Int32Flags)
+        if outputs:
+            constants[plan.string(_PLAN_NAME)] = [_plan_value(plan, int(i)) for i in outputs]
+    return constants
 
 
 # ---- the whole table ------------------------------------------------------------------------

@@ -407,6 +407,14 @@ class RuntimeLibrary(Record):
     """Returns the path of the runtime-only native library (ExecuTorch kernels, no
     PyTorch): what a runner without Python loads. Raises `LlmcoreError` when it is not
     built."""
+    module_library: Optional[Callable[[], Path]] = None
+    """Returns the path of the native library that importing `python_module` loads (the ops'
+    PyTorch and ExecuTorch kernels in one), where running a program needs nothing else of
+    that import: a process that has not imported the module loads this in its place
+    (`Program.load`, `inspect`), since the import can cost seconds (ExecuTorch's LLM custom
+    ops import its compiler). It is loaded with `torch.ops.load_library`, as the module
+    does, so that importing the module later (an export in the same process) finds it
+    loaded and registers nothing twice. Raises `LlmcoreError` when it is not there."""
     declared: bool = True
     """Whether a program that calls its ops names it in `get_runtime_libraries`, for native
     runners to find `lib<name>.so`. False for ExecuTorch's own kernel libraries (its LLM

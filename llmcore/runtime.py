@@ -22,7 +22,13 @@ import torch
 
 from llmcore import pte
 from llmcore.errors import LlmcoreError
-from llmcore.libraries import load_preloaded_libraries, load_program_libraries, missing_library_hint, prepare_libraries
+from llmcore.libraries import (
+    load_preloaded_libraries,
+    load_program_libraries,
+    missing_library_hint,
+    prepare_libraries,
+    runtime_bindings,
+)
 from llmcore.program_bytes import read_program_bytes
 
 METADATA_METHODS = {
@@ -111,8 +117,7 @@ class Program:
         """``keep``: what holds the memory of ``data`` the runtime will run from (None where
         the runtime maps ``path`` itself)."""
         load_preloaded_libraries()  # before the bindings' libraries load: see the function
-        from executorch.extension.pybindings import portable_lib
-
+        bindings = runtime_bindings()
         pte.check_header(data, label, stage="run")
         load_program_libraries(data)
         prepare_libraries(data)
@@ -121,11 +126,11 @@ class Program:
         with captured_stderr() as runtime_log:
             try:
                 if path is not None:
-                    module = portable_lib._load_for_executorch(
+                    module = bindings._load_for_executorch(
                         str(path), enable_etdump=enable_etdump, debug_buffer_size=0
                     )
                 else:
-                    module = portable_lib._load_for_executorch_from_buffer(
+                    module = bindings._load_for_executorch_from_buffer(
                         data, enable_etdump=enable_etdump, debug_buffer_size=0
                     )
                 program, failure = cls(module, label, keep), None
@@ -265,9 +270,9 @@ def use_threads(count: int) -> None:
     (docs/performance.md)."""
     if count < 1:
         raise LlmcoreError(f"--threads {count} is not a thread count.", stage="run", fix="pass --threads 1 or more.")
-    from executorch.extension.pybindings import portable_lib
+    bindings = runtime_bindings()
 
-    reset = getattr(portable_lib, "_unsafe_reset_threadpool", None)
+    reset = getattr(bindings, "_unsafe_reset_threadpool", None)
     if reset is None:
         raise LlmcoreError("this ExecuTorch runtime cannot set its thread count.", stage="run",
                            fix="leave out --threads (the runtime uses one thread per core).")
@@ -332,9 +337,9 @@ def map_program_files(enabled: bool = True) -> None:
 
 def runtime_threads() -> int:
     """How many threads the runtime's CPU pool has now (what ``llmcore run --json`` reports)."""
-    from executorch.extension.pybindings import portable_lib
+    bindings = runtime_bindings()
 
-    return int(portable_lib._threadpool_get_thread_count())
+    return int(bindings._threadpool_get_thread_count())
 
 
 def feed_in_chunks(
@@ -428,9 +433,9 @@ def backend_target(backend_id: str) -> str:
 
 
 def registered_backends() -> set[str]:
-    from executorch.extension.pybindings import portable_lib
+    bindings = runtime_bindings()
 
-    return set(portable_lib._get_registered_backend_names())
+    return set(bindings._get_registered_backend_names())
 
 
 def missing_backends(data: bytes) -> list[str]:

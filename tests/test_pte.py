@@ -67,6 +67,36 @@ def test_lists_and_constant_methods(program):
     assert libraries.program_operators(program) == pte.operators(program)
 
 
+def test_what_a_load_reads_agrees_with_executorch_s_accessors(program, exports):
+    """The operators, delegates and constant values that ``Program.load`` reads without
+    ExecuTorch's generated classes are those ``read_methods`` finds with them, on the
+    program above and on exported LLMs (a portable KV-cache program with ``llama::`` ops,
+    an XNNPACK one, an int8 one)."""
+    sources = [program] + [exports(name).pte.read_bytes() for name in ("portable", "xnnpack", "int8")]
+    for data in sources:
+        methods = pte.read_methods(data)
+        assert pte.operators(data) == list(dict.fromkeys(op for m in methods for op in m.operators))
+        assert pte.delegate_ids(data) == list(dict.fromkeys(d for m in methods for d in m.delegates))
+        assert pte.constant_methods(data) == {m.name: m.constants for m in methods if m.constants is not None}
+    assert any(op.startswith("llama::") for op in pte.operators(sources[1]))
+    written = exports("portable").report["metadata_methods"]  # what the export put in the program
+    assert {k: pte.constant_methods(sources[1])[k] for k in written} == {
+        k: v if isinstance(v, list) else [v] for k, v in written.items()}
+
+
+def test_the_extended_header_as_executorch_reads_it(program):
+    from executorch.exir._serialize._program import _get_extended_header
+
+    broken_magic = program[:8] + b"xx00" + program[12:]
+    for head in (program, program[:64], program[:39], broken_magic, b"\0" * 64):
+        ours, theirs = pte._extended_header(head), _get_extended_header(bytes(head))
+        assert (ours is None) == (theirs is None), head[:16]
+        if ours is not None:
+            assert (ours.program_size, ours.segment_base_offset, ours.segment_data_size) == (
+                theirs.program_size, theirs.segment_base_offset, theirs.segment_data_size)
+    assert pte._extended_header(program) is not None
+
+
 def test_only_the_program_table_is_read(program):
     """The head of the file up to its program table is enough for every list."""
     size = pte.table_size(program, len(program))

@@ -215,12 +215,49 @@ def test_a_quantized_kv_cache_program_loads_executorch_kernels_by_its_operators(
     assert run.returncode == 0, run.stderr
     report = json.loads(out.with_suffix(".report.json").read_text())
     assert "executorch_llm_custom_ops" in {lib["name"] for lib in report["runtime_libraries"]}
+    # Program.load loads the custom ops' native library, not their module (which imports
+    # ExecuTorch's compiler); the module imported afterwards, as an export in the same process
+    # would, registers nothing twice. The logits equal those of a process that imported the
+    # module first.
     code = (
-        "import sys\n"
+        "import importlib, json, sys, torch\n"
+        "from llmcore.builtins.executorch_kernels import LLM_CUSTOM_OPS_MODULE\n"
         "from llmcore.runtime import Program\n"
+        "if sys.argv[2] == 'module-first':\n"
+        "    importlib.import_module(LLM_CUSTOM_OPS_MODULE)\n"
         "p = Program.load(sys.argv[1])\n"
         "assert p.runtime_libraries == [], p.runtime_libraries\n"
-        "print(p.logits([1, 2, 3], 0).shape)\n"
+        "first = p.logits([1, 2, 3], 0)\n"
+        "compiler = sorted(m for m in ('executorch.exir', 'torch._inductor') if m in sys.modules)\n"
+        "importlib.import_module(LLM_CUSTOM_OPS_MODULE)\n"
+        "again = p.logits([1, 2, 3], 0)\n"
+        "print(json.dumps({'logits': first.tolist(), 'compiler': compiler, 'same': bool(torch.equal(first, again))}))\n"
     )
-    run = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True)
+    outcomes = {}
+    for order in ("load-only", "module-first"):
+        run = subprocess.run([sys.executable, "-c", code, str(out), order], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        outcomes[order] = json.loads(run.stdout.strip().splitlines()[-1])
+        assert outcomes[order]["same"], order
+    assert outcomes["load-only"]["compiler"] == []
+    assert outcomes["load-only"]["logits"] == outcomes["module-first"]["logits"]
+
+
+def test_the_custom_ops_library_is_the_one_their_module_loads():
+    """``llm_custom_ops_library`` finds the file that importing ExecuTorch's LLM custom ops
+    loads (checked in a fresh process), so that loading it first and importing the module
+    later is one ``dlopen``."""
+    import subprocess
+
+    code = (
+        "import importlib, json, torch\n"
+        "from llmcore.builtins import executorch_kernels as ek\n"
+        "found = str(ek.llm_custom_ops_library().resolve())\n"
+        "importlib.import_module(ek.LLM_CUSTOM_OPS_MODULE)\n"
+        "from pathlib import Path\n"
+        "print(json.dumps({'found': found, 'loaded': sorted(str(Path(p).resolve()) for p in torch.ops.loaded_libraries)}))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["found"] in result["loaded"]

@@ -17,6 +17,10 @@ installed wheel.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
+from llmcore.errors import LlmcoreError
 from llmcore.hookspecs import hookimpl
 from llmcore.records import RuntimeLibrary
 
@@ -43,6 +47,22 @@ QUANTIZED_OPS = (
 )
 
 
+def llm_custom_ops_library() -> Path:
+    """The native library that importing the LLM custom ops' module loads (its PyTorch and
+    ExecuTorch kernels), found as the module finds it, in its package's folder, without
+    importing the module (it imports ExecuTorch's compiler)."""
+    spec = importlib.util.find_spec(LLM_CUSTOM_OPS_MODULE.rsplit(".", 1)[0])  # imports the parent packages only
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    found = sorted(p for folder in folders for p in Path(folder).glob("**/*custom_ops_aot_lib.*"))
+    if len(found) != 1:
+        raise LlmcoreError(
+            f"expected one custom_ops_aot_lib library in the executorch wheel's {folders}, found {len(found)}.",
+            stage="run",
+            fix="reinstall the executorch wheel this llmcore pins.",
+        )
+    return found[0]
+
+
 @hookimpl
 def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
     return [
@@ -52,6 +72,7 @@ def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
             "attention and cache updates",
             ops=LLM_CUSTOM_OPS,
             python_module=LLM_CUSTOM_OPS_MODULE,
+            module_library=llm_custom_ops_library,
             declared=False,
         ),
         RuntimeLibrary(

@@ -23,6 +23,7 @@ checkout this package is installed from (editable installs).
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 from pathlib import Path
 
@@ -111,8 +112,9 @@ def load() -> None:
     import torch
 
     # The kernels register into the runtime that the Python bindings use: import them first
-    # so that the library's dependency on libexecutorch.so resolves to the copy they loaded.
-    from executorch.extension.pybindings import portable_lib  # noqa: F401
+    # so that the library's dependency on libexecutorch.so resolves to the copy they loaded
+    # (the extension module itself: `portable_lib` imports ExecuTorch's compiler).
+    importlib.import_module("executorch.extension.pybindings._C")
 
     path = library_path(AOT_LIBRARY)
     try:
