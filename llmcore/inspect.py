@@ -113,11 +113,9 @@ def verify_with_runtime(path: str | Path, label: str) -> None:
     """Let the runtime check the program's internal consistency (no method is loaded, so no
     backend is initialised: safe for programs this runtime cannot run)."""
     from llmcore.libraries import runtime_bindings
-
-    bindings = runtime_bindings()
-
     from llmcore.runtime import captured_stderr
 
+    bindings = runtime_bindings()
     with captured_stderr() as log:
         try:
             bindings._load_program(
@@ -206,12 +204,9 @@ def _describe(program: list[pte.Method], data: bytes, label: str, file_size: int
 
 def check_runtime(inspection: Inspection) -> Inspection:
     """Mark each backend and operator as available (or not) in this process's runtime."""
-    from llmcore.libraries import runtime_bindings
+    from llmcore.libraries import load_libraries_for, runtime_bindings, unregistered
 
     bindings = runtime_bindings()
-
-    from llmcore.libraries import load_libraries_for, unregistered
-
     libraries = load_libraries_for(unregistered([op.name for op in inspection.operators]), stage="inspect",
                                    skip_failures=True)
     backends = set(bindings._get_registered_backend_names())
