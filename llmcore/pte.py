@@ -166,7 +166,8 @@ class Method:
     inputs: list[ValueInfo]
     outputs: list[ValueInfo]
     constants: Optional[list] = field(default=None)
-    """The values a constant method returns (no inputs, no calls, outputs only), else None."""
+    """The values a constant method returns (outputs only: no inputs, operators or
+    delegates), else None, as :func:`constant_methods` reads them."""
 
 
 def read_methods(data: Any) -> list[Method]:
@@ -177,14 +178,16 @@ def read_methods(data: Any) -> list[Method]:
 
     _patch_generated_flatbuffer_aliases()  # the generated modules need it (idempotent)
     table = FlatProgram.GetRootAs(bytes(data[: table_size(data, len(data))]), 0)
-    return [_method(table.ExecutionPlan(i)) for i in range(table.ExecutionPlanLength())]
+    constants = constant_methods(data)
+    return [_method(table.ExecutionPlan(i), constants) for i in range(table.ExecutionPlanLength())]
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else (value or "")
 
 
-def _method(plan: Any) -> Method:
+def _method(plan: Any, constants: dict[str, list]) -> Method:
+    """One method; ``constants``: the program's constant methods' values (:func:`constant_methods`)."""
     from executorch.exir._serialize.generated.executorch_flatbuffer.InstructionArguments import InstructionArguments
 
     operators = []
@@ -213,18 +216,15 @@ def _method(plan: Any) -> Method:
         chains.append(instructions)
     inputs = [plan.Inputs(j) for j in range(plan.InputsLength())]
     outputs = [plan.Outputs(j) for j in range(plan.OutputsLength())]
-    calls = any(i.kind != "other" for chain in chains for i in chain)
-    constants = None
-    if not inputs and outputs and not calls:
-        constants = [_constant(plan, i) for i in outputs]
+    name = _text(plan.Name())
     return Method(
-        name=_text(plan.Name()),
+        name=name,
         operators=operators,
         delegates=delegates,
         chains=chains,
         inputs=[_value_info(plan, i) for i in inputs],
         outputs=[_value_info(plan, i) for i in outputs],
-        constants=constants,
+        constants=constants.get(name),
     )
 
 
@@ -277,27 +277,6 @@ def _value_info(plan: Any, index: int) -> ValueInfo:
     return ValueInfo(kind=kinds.get(tag, "list"))
 
 
-def _constant(plan: Any, index: int) -> Any:
-    from executorch.exir._serialize.generated.executorch_flatbuffer.KernelTypes import KernelTypes
-
-    tag, val = _value(plan, index)
-    if tag == KernelTypes.Int:
-        return int(val.IntVal())
-    if tag == KernelTypes.Bool:
-        return bool(val.BoolVal())
-    if tag == KernelTypes.Double:
-        return float(val.DoubleVal())
-    if tag == KernelTypes.String:
-        return _text(val.StringVal())
-    if tag == KernelTypes.BoolList:
-        return [bool(val.Items(j)) for j in range(val.ItemsLength())]
-    if tag == KernelTypes.DoubleList:
-        return [float(val.Items(j)) for j in range(val.ItemsLength())]
-    if tag == KernelTypes.IntList:  # items index other values
-        return [_constant(plan, int(val.Items(j))) for j in range(val.ItemsLength())]
-    return None
-
-
 # ---- what loading a program asks, without ExecuTorch's compiler -------------------------------
 #
 # Program.load asks every program which operators it calls, which backends its delegates need
@@ -307,7 +286,8 @@ def _constant(plan: Any, index: int) -> Any:
 # where the rest of loading SmolLM2 takes ~0.5 s (docs/performance.md). These few fields are
 # read with the `flatbuffers` package's table accessor instead, by their field numbers in
 # ExecuTorch's schema (executorch/exir/_serialize/program.fbs); tests/test_pte.py checks
-# the three functions below against read_methods on exported programs.
+# operators and delegate_ids against read_methods on exported programs, and constant_methods
+# (which read_methods uses too) against the values the programs were given.
 
 _PROGRAM_EXECUTION_PLAN = 1  # table Program
 _PLAN_NAME, _PLAN_VALUES, _PLAN_INPUTS, _PLAN_OUTPUTS, _PLAN_OPERATORS, _PLAN_DELEGATES = 0, 2, 3, 4, 6, 7
@@ -365,11 +345,11 @@ def _plans(data: Any) -> list[_Table]:
     return _Table(buf, encode.Get(packer.uoffset, buf, 0)).tables(_PROGRAM_EXECUTION_PLAN)
 
 
-def _plan_value(plan: _Table, index: int) -> Any:
-    """A constant method's value ``index``, as ``_constant`` reads it."""
+def _plan_value(values: list[_Table], index: int) -> Any:
+    """Value ``index`` of a constant method (``values``: the method's), in Python."""
     from flatbuffers import number_types as n
 
-    value = plan.tables(_PLAN_VALUES)[index]
+    value = values[index]
     kind, val = value.scalar(_EVALUE_TYPE, n.Uint8Flags), value.table(_EVALUE_VAL)
     if val is None:
         return None
@@ -386,7 +366,7 @@ def _plan_value(plan: _Table, index: int) -> Any:
     if kind == _DOUBLE_LIST:
         return [float(v) for v in val.scalars(_ITEMS, n.Float64Flags)]
     if kind == _INT_LIST:  # items index other values
-        return [_plan_value(plan, int(i)) for i in val.scalars(_ITEMS, n.Int64Flags)]
+        return [_plan_value(values, int(i)) for i in val.scalars(_ITEMS, n.Int64Flags)]
     return None
 
 
@@ -417,7 +397,8 @@ def constant_methods(data: Any) -> dict[str, list]:
             continue
         outputs = plan.scalars(_PLAN_OUTPUTS, n.Int32Flags)
         if outputs:
-            constants[plan.string(_PLAN_NAME)] = [_plan_value(plan, int(i)) for i in outputs]
+            values = plan.tables(_PLAN_VALUES)
+            constants[plan.string(_PLAN_NAME)] = [_plan_value(values, int(i)) for i in outputs]
     return constants
 
 

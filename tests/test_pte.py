@@ -68,10 +68,10 @@ def test_lists_and_constant_methods(program):
 
 
 def test_what_a_load_reads_agrees_with_executorch_s_accessors(program, exports):
-    """The operators, delegates and constant values that ``Program.load`` reads without
-    ExecuTorch's generated classes are those ``read_methods`` finds with them, on the
-    program above and on exported LLMs (a portable KV-cache program with ``llama::`` ops,
-    an XNNPACK one, an int8 one)."""
+    """The operators and delegates that ``Program.load`` reads without ExecuTorch's
+    generated classes are those ``read_methods`` finds with them, on the program above and on
+    exported LLMs (a portable KV-cache program with ``llama::`` ops, an XNNPACK one, an int8
+    one); the constant values (one reader for both) are those the export wrote."""
     sources = [program] + [exports(name).pte.read_bytes() for name in ("portable", "xnnpack", "int8")]
     for data in sources:
         methods = pte.read_methods(data)
