@@ -23,7 +23,6 @@ checkout this package is installed from (editable installs).
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
 from pathlib import Path
 
@@ -111,10 +110,11 @@ def load() -> None:
         return
     import torch
 
+    from llmcore.libraries import runtime_bindings
+
     # The kernels register into the runtime that the Python bindings use: import them first
-    # so that the library's dependency on libexecutorch.so resolves to the copy they loaded
-    # (the extension module itself: `portable_lib` imports ExecuTorch's compiler).
-    importlib.import_module("executorch.extension.pybindings._C")
+    # so that the library's dependency on libexecutorch.so resolves to the copy they loaded.
+    runtime_bindings()
 
     path = library_path(AOT_LIBRARY)
     try:
