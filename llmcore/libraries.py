@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -241,7 +242,9 @@ def _load_those_built(provided_libraries: Iterable[Any]) -> list[str]:
     return loaded
 
 
-BINDINGS_MODULE = "executorch.extension.pybindings._C"
+# The bindings' extension module: `_C` from ExecuTorch 1.5, `_portable_lib` before (the
+# MPS plugin's environment keeps 1.4). The first that is installed is the one.
+BINDINGS_MODULES = ("executorch.extension.pybindings._C", "executorch.extension.pybindings._portable_lib")
 
 
 def runtime_bindings() -> Any:
@@ -253,7 +256,14 @@ def runtime_bindings() -> Any:
     llmcore does not run.)"""
     import torch  # noqa: F401  the bindings link libtorch: PyTorch loads it first
 
-    return importlib.import_module(BINDINGS_MODULE)
+    for name in BINDINGS_MODULES:
+        if name in sys.modules:
+            return sys.modules[name]
+    for name in BINDINGS_MODULES:
+        if importlib.util.find_spec(name) is not None:
+            return importlib.import_module(name)
+    raise ModuleNotFoundError(f"no ExecuTorch runtime bindings: none of {', '.join(BINDINGS_MODULES)} is installed",
+                              name=BINDINGS_MODULES[0])
 
 
 def load_preloaded_libraries(registry: Optional[Any] = None) -> list[str]:
@@ -261,16 +271,26 @@ def load_preloaded_libraries(registry: Optional[Any] = None) -> list[str]:
     imports ExecuTorch's bindings (:attr:`llmcore.records.RuntimeLibrary.preload`); returns
     their paths. After the import nothing is loaded: the bindings' libraries are bound by
     then. One that is not built, or does not load, is passed over."""
-    if BINDINGS_MODULE in sys.modules:
+    if any(name in sys.modules for name in BINDINGS_MODULES):
         return []
     if registry is None:
         registry = _installed_registry()
     return _load_those_built(p for p in registry.all("runtime_libraries") if p.record.preload)
 
 
-@functools.lru_cache(maxsize=1)
 def _installed_registry() -> Any:
-    """The installed plugins, discovered once per process (every program load asks)."""
+    """The installed plugins, discovered once per process (every program load asks) for each
+    setting of ``LLMCORE_LOAD_PLUGINS``, which decides which of them load: a registry made
+    while it named none must not stand for the plugins of a later load without it."""
+    from llmcore.plugins import ALLOWLIST_ENV
+
+    return _registry_allowing(os.environ.get(ALLOWLIST_ENV))
+
+
+@functools.lru_cache(maxsize=4)
+def _registry_allowing(allowlist: Optional[str]) -> Any:
+    """The registry ``load_registry`` makes under this setting (it reads the setting itself:
+    ``allowlist`` is the cache's key)."""
     from llmcore.plugins import load_registry
 
     return load_registry()

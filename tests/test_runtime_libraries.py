@@ -166,6 +166,21 @@ def test_a_missing_kernel_error_says_which_library_is_needed(program_with_custom
                      "shared_library": None, "error": "no installed plugin provides it"}]
 
 
+def test_a_load_finds_the_plugins_of_its_own_allowlist(monkeypatch):
+    """Program loads find plugins through a registry made once per process; one made while
+    ``LLMCORE_LOAD_PLUGINS`` named none must not stand for a later load without the
+    setting (it did: the kernels of every later program went unprepared)."""
+    from llmcore.plugins import ALLOWLIST_ENV
+
+    monkeypatch.delenv(ALLOWLIST_ENV, raising=False)
+    everything = {p.name for p in libraries._installed_registry().plugins}
+    assert everything == {p.name for p in load_registry().plugins}
+    monkeypatch.setenv(ALLOWLIST_ENV, "")  # only the built-in records
+    assert {p.name for p in libraries._installed_registry().plugins} == {p.name for p in load_registry().plugins}
+    monkeypatch.delenv(ALLOWLIST_ENV)
+    assert {p.name for p in libraries._installed_registry().plugins} == everything
+
+
 def test_the_environment_variable_loads_native_libraries(program_with_custom_op, tmp_path, monkeypatch):
     monkeypatch.setenv(libraries.RUNTIME_LIBRARIES_ENV, str(tmp_path / "libnothere.so"))
     with pytest.raises(LlmcoreError, match="libnothere.so"):
