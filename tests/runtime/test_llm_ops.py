@@ -252,20 +252,37 @@ def parallel_rounds(ops_check, **params):
                                                      (7, 30, 4, 3)])
 def test_the_kernel_threads_cover_each_item_once(ops_check, begin, end, grain, threads):
     """The pool the kernels share (kernel_threads.h): every item of every region once, in
-    parts of `grain` items; with more than one part and thread, more than one thread takes
-    part (each part busy 1 ms, so that a worker claims one before the caller is done; on a
-    2-core machine a third thread may find no core free in time, so at least two)."""
-    (round_,) = parallel_rounds(ops_check, begin=begin, end=end, grain=grain, threads=threads, work_us=1000)
-    assert round_["items"] == str(end - begin)
-    assert round_["covered_once"] == "1" and round_["parts_ok"] == "1"
+    parts of `grain` items, on no more threads in a region than it has parts (a thread
+    takes part by taking one); with more than one part and thread, more than one thread
+    takes part (each part busy 3 ms, so that a worker claims one before the caller is done;
+    on a 2-core machine a third thread may find no core free in time, so at least two).
+    Three regions a round, four rounds: a region's parts may go to other threads in the
+    next, so the threads of a round together can outnumber its parts."""
+    rounds = parallel_rounds(ops_check, begin=begin, end=end, grain=grain, threads=threads, work_us=3000, rounds=4)
     parts = -(-(end - begin) // grain)
-    # polling right after a region (the attention then runs on them), asleep 50 ms later
-    assert round_["awake_after"] == ("1" if parts > 1 else "0")
-    assert round_["awake_later"] == "0"
-    if parts == 1:
-        assert round_["threads_used"] == "1"
+    for round_ in rounds:
+        assert round_["items"] == str(end - begin)
+        assert round_["covered_once"] == "1" and round_["parts_ok"] == "1"
+        assert 1 <= int(round_["region_threads_max"]) <= min(threads, parts)
+    if parts == 1:  # run on the caller alone: the pool's threads never started
+        assert all(r["threads_used"] == "1" and r["awake_after"] == "0" for r in rounds)
     else:
-        assert 2 <= int(round_["threads_used"]) <= min(threads, parts)
+        assert max(int(r["region_threads_max"]) for r in rounds) >= 2
+
+
+@pytest.mark.parametrize("end,threads", [(2, 2), (16, 3)])
+def test_the_kernel_threads_poll_after_a_region_then_sleep(ops_check, end, threads):
+    """After a region the workers keep polling (the attention runs between two layer
+    operators' regions, and finds them awake), and 50 ms later they are asleep. Polling is
+    certain while less than the poll time has passed since the region began, every
+    worker's polling having started after that: short regions (parts of 20 us), and a
+    round whose check came later (the caller kept off its core by a busy host) tells
+    nothing; one of sixteen must come in time."""
+    rounds = parallel_rounds(ops_check, end=end, threads=threads, work_us=20, rounds=16)
+    assert all(r["awake_later"] == "0" for r in rounds)
+    timely = [r for r in rounds if int(r["since_region_us"]) < int(r["poll_us"])]
+    assert timely, [r["since_region_us"] for r in rounds]
+    assert all(r["awake_after"] == "1" for r in timely), [(r["since_region_us"], r["awake_after"]) for r in timely]
 
 
 def test_the_kernel_threads_follow_the_runtime_pool_size(ops_check):

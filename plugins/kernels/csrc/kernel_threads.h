@@ -60,6 +60,10 @@ LLMCORE_THREADS_API bool kernel_threads_own();
 
 // Whether the own threads are awake, polling after a recent region (tests).
 LLMCORE_THREADS_API bool kernel_threads_awake();
+// How long, in microseconds of wall time, an idle worker polls before it sleeps (tests: a
+// worker's polling starts after the region it last took part in began, so all are awake
+// when less than this has passed since then).
+LLMCORE_THREADS_API int64_t kernel_threads_poll_time_us();
 
 }  // namespace llmcore_kernels
 

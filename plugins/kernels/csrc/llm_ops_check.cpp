@@ -29,8 +29,12 @@
 //       busy time, default 200) nested (0/1: each part calls kernel_parallel_for again)
 //       runs kernel_parallel_for (kernel_threads.h) on the kernels' own threads, on a body that counts each item and
 //       notes the thread; prints per round "round=R items=N covered_once=0|1
-//       parts_ok=0|1 threads_used=K nested_inline=0|1 awake_after=0|1 awake_later=0|1"
-//       (kernel_threads_awake right after the round's last region, and 50 ms later)
+//       parts_ok=0|1 threads_used=K region_threads_max=J nested_inline=0|1 awake_after=0|1
+//       awake_later=0|1 since_region_us=T poll_us=P" (threads_used: the threads that took
+//       a part in any of the round's regions; region_threads_max: the most in one region;
+//       kernel_threads_awake right after the round's last region, T microseconds after
+//       that region began, and 50 ms later; P: how long an idle worker polls);
+//       rounds=N runs N rounds (default 1)
 // Exit status: 0 when the kernel succeeded, 1 when it failed (ExecuTorch logs the reason
 // on stderr), 2 on a usage error.
 #include <algorithm>
@@ -250,10 +254,14 @@ void parallel_round(const Args& a, int round) {
   const int64_t calls = a.num("calls", 3), work_us = a.num("work_us", 200);
   const bool nested = a.num("nested", 0) != 0;
   std::vector<int> seen(static_cast<size_t>(std::max<int64_t>(0, end - begin)), 0);
-  std::set<std::thread::id> threads;
+  std::set<std::thread::id> threads, region_threads;
+  size_t region_threads_max = 0;
   std::mutex mutex;
   bool parts_ok = true, nested_inline = true;
+  std::chrono::steady_clock::time_point region_start;
   for (int64_t call = 0; call < calls; ++call) {
+    region_threads.clear();
+    region_start = std::chrono::steady_clock::now();
     llmcore_kernels::kernel_parallel_for(begin, end, grain, [&](int64_t b, int64_t e) {
       const auto start = std::chrono::steady_clock::now();
       while (std::chrono::steady_clock::now() - start < std::chrono::microseconds(work_us)) {
@@ -270,28 +278,34 @@ void parallel_round(const Args& a, int round) {
       }
       std::lock_guard<std::mutex> lock(mutex);
       threads.insert(std::this_thread::get_id());
+      region_threads.insert(std::this_thread::get_id());
       parts_ok = parts_ok && (b - begin) % grain == 0 && e > b && (e - b == grain || e == end);
       nested_inline = nested_inline && inline_only;
       for (int64_t i = b; i < e; ++i) ++seen[static_cast<size_t>(i - begin)];
     });
+    region_threads_max = std::max(region_threads_max, region_threads.size());
   }
   const bool awake_after = llmcore_kernels::kernel_threads_awake();
+  const auto since_region = std::chrono::steady_clock::now() - region_start;
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const bool awake_later = llmcore_kernels::kernel_threads_awake();
   const bool covered_once = std::all_of(seen.begin(), seen.end(), [&](int n) { return n == calls; });
-  std::printf("round=%d items=%lld covered_once=%d parts_ok=%d threads_used=%zu nested_inline=%d awake_after=%d "
-              "awake_later=%d\n",
+  std::printf("round=%d items=%lld covered_once=%d parts_ok=%d threads_used=%zu region_threads_max=%zu "
+              "nested_inline=%d awake_after=%d awake_later=%d since_region_us=%lld poll_us=%lld\n",
               round, static_cast<long long>(seen.size()), covered_once ? 1 : 0, parts_ok ? 1 : 0, threads.size(),
-              nested_inline ? 1 : 0, awake_after ? 1 : 0, awake_later ? 1 : 0);
+              region_threads_max, nested_inline ? 1 : 0, awake_after ? 1 : 0, awake_later ? 1 : 0,
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::microseconds>(since_region).count()),
+              static_cast<long long>(llmcore_kernels::kernel_threads_poll_time_us()));
 }
 
 int run_parallel(const Args& a) {
   size_pool(a);
   llmcore_kernels::kernel_threads_use_own(true);
-  parallel_round(a, 1);
+  const int64_t rounds = std::max<int64_t>(1, a.num("rounds", 1));
+  for (int64_t round = 1; round <= rounds; ++round) parallel_round(a, static_cast<int>(round));
   if (a.num("then_threads", 0) > 0) {
     size_pool(a, "then_threads");
-    parallel_round(a, 2);
+    parallel_round(a, static_cast<int>(rounds + 1));
   }
   return 0;
 }
