@@ -14,7 +14,7 @@
 //       [batch,kv_len,kv_heads,head_dim] (float32, when dtype=float), with mask=1 DIR/mask.bin
 //       [q_len,kv_len] (float32: 0 or -inf), writes DIR/out.bin;
 //       prints "us_per_call=..." (the median of `repeat` calls); pool=1 runs the kernel on
-//       the kernels' own threads (kernel_threads_use_own), woken by an empty region before
+//       the kernels' own threads (kernel_threads_use_own), woken by empty regions before
 //       each call (else on ExecuTorch's pool; the line ends with "kernel_threads_awake=0|1",
 //       as the last call found them); threads=N (default: the
 //       pool's, one per core) sizes ExecuTorch's thread pool first, which decides how the
@@ -204,7 +204,11 @@ int run_sdpa(const Args& a) {
   bool awake = false;  // whether the last call found the kernels' threads awake
   for (int64_t r = 0; r < repeat; ++r) {
     et::KernelRuntimeContext ctx;
-    if (own) llmcore_kernels::kernel_parallel_for(0, 64, 1, [](int64_t, int64_t) {});  // wakes them
+    // Wakes them with an empty region. On a busy host (or more threads than cores) one
+    // may get its core only after another's poll time ran out: again, up to 100 times.
+    for (int tries = 0; own && tries < 100 && !llmcore_kernels::kernel_threads_awake(); ++tries) {
+      llmcore_kernels::kernel_parallel_for(0, 64, 1, [](int64_t, int64_t) {});
+    }
     awake = llmcore_kernels::kernel_threads_awake();
     auto t0 = std::chrono::steady_clock::now();
     op(ctx, et::Span<et::EValue*>(stack, 9));
