@@ -7,12 +7,12 @@ segments, and it is the only module that touches ExecuTorch's private
 
 * :func:`check_header` and :func:`read_head` refuse what is not a program, or is cut short,
   in one line;
-* :func:`read_methods` walks the table through ExecuTorch's generated flatbuffer accessors
-  (milliseconds even for a large model) and gives each method's operators, delegates,
-  instructions, inputs and outputs, and the values of constant methods;
-* :func:`operators`, :func:`delegate_ids` and :func:`constant_methods`, the lists loading a
-  program needs, read those few fields with the ``flatbuffers`` package alone: ExecuTorch's
-  generated classes cannot be imported without its compiler (seconds; see the section);
+* :func:`read_methods` walks the table (milliseconds even for a large model) and gives each
+  method's operators, delegates, instructions, inputs and outputs, and the values of
+  constant methods; :func:`operators`, :func:`delegate_ids` and :func:`constant_methods`
+  read the few fields loading a program needs. All of them read with the ``flatbuffers``
+  package alone: ExecuTorch's generated classes cannot be imported without its compiler
+  (seconds; see the section);
 * :func:`read_program_table` unpacks the whole table into ``executorch.exir.schema``
   dataclasses (seconds for a large model): the authority the tests check the rest against;
   :func:`delegate_payloads` reads the segments too, for backends' tests.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
@@ -34,8 +33,7 @@ HEAD_BYTES = 64
 _DTYPES = {
     "BYTE": "uint8", "CHAR": "int8", "SHORT": "int16", "INT": "int32", "LONG": "int64",
     "HALF": "float16", "FLOAT": "float32", "DOUBLE": "float64", "BOOL": "bool",
-    "BFLOAT16": "bfloat16", "QINT8": "qint8", "QUINT8": "quint8", "QINT32": "qint32",
-    "COMPLEX64": "complex64", "COMPLEX128": "complex128", "UINT16": "uint16",
+    "BFLOAT16": "bfloat16", "QINT8": "qint8", "QUINT8": "quint8", "QINT32": "qint32", "UINT16": "uint16",
     "UINT32": "uint32", "UINT64": "uint64",
 }
 
@@ -172,132 +170,93 @@ class Method:
 
 def read_methods(data: Any) -> list[Method]:
     """Every method of a serialized program (``bytes``, or a mapping of the file); only the
-    program table is read. Raises what the flatbuffer accessors raise on a damaged table."""
-    from executorch.exir._serialize._flatbuffer_program import _patch_generated_flatbuffer_aliases
-    from executorch.exir._serialize.generated.executorch_flatbuffer.Program import Program as FlatProgram
-
-    _patch_generated_flatbuffer_aliases()  # the generated modules need it (idempotent)
-    table = FlatProgram.GetRootAs(bytes(data[: table_size(data, len(data))]), 0)
+    program table is read, without ExecuTorch's compiler (below). Raises what the
+    flatbuffer accessor raises on a damaged table."""
     constants = constant_methods(data)
-    return [_method(table.ExecutionPlan(i), constants) for i in range(table.ExecutionPlanLength())]
+    return [_method(plan, constants) for plan in _plans(data)]
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else (value or "")
-
-
-def _method(plan: Any, constants: dict[str, list]) -> Method:
+def _method(plan: "_Table", constants: dict[str, list]) -> Method:
     """One method; ``constants``: the program's constant methods' values (:func:`constant_methods`)."""
-    from executorch.exir._serialize.generated.executorch_flatbuffer.InstructionArguments import InstructionArguments
+    from flatbuffers import number_types as n
 
-    operators = []
-    for j in range(plan.OperatorsLength()):
-        op = plan.Operators(j)
-        name, overload = _text(op.Name()), _text(op.Overload())
-        operators.append(f"{name}.{overload}" if overload else name)
-    delegates = [_text(plan.Delegates(j).Id()) for j in range(plan.DelegatesLength())]
+    operators = [_operator_name(op) for op in plan.tables(_PLAN_OPERATORS)]
+    delegates = [d.string(_DELEGATE_ID) for d in plan.tables(_PLAN_DELEGATES)]
     chains = []
-    for c in range(plan.ChainsLength()):
-        chain = plan.Chains(c)
+    for chain in plan.tables(_PLAN_CHAINS):
         instructions = []
-        for k in range(chain.InstructionsLength()):
-            instruction = chain.Instructions(k)
-            kind, args = instruction.InstrArgsType(), instruction.InstrArgs()
-            if kind == InstructionArguments.KernelCall:
-                call = _table_class("KernelCall")()
-                call.Init(args.Bytes, args.Pos)
-                instructions.append(Instruction("kernel", operators[call.OpIndex()]))
-            elif kind == InstructionArguments.DelegateCall:
-                call = _table_class("DelegateCall")()
-                call.Init(args.Bytes, args.Pos)
-                instructions.append(Instruction("delegate", delegates[call.DelegateIndex()]))
+        for instruction in chain.tables(_CHAIN_INSTRUCTIONS):
+            kind, args = instruction.scalar(_INSTRUCTION_TYPE, n.Uint8Flags), instruction.table(_INSTRUCTION_ARGS)
+            if kind == _KERNEL_CALL and args is not None:
+                instructions.append(Instruction("kernel", operators[args.scalar(_CALL_INDEX, n.Int32Flags)]))
+            elif kind == _DELEGATE_CALL and args is not None:
+                instructions.append(Instruction("delegate", delegates[args.scalar(_CALL_INDEX, n.Int32Flags)]))
             else:
                 instructions.append(Instruction("other"))
         chains.append(instructions)
-    inputs = [plan.Inputs(j) for j in range(plan.InputsLength())]
-    outputs = [plan.Outputs(j) for j in range(plan.OutputsLength())]
-    name = _text(plan.Name())
+    values = plan.tables(_PLAN_VALUES)
+    name = plan.string(_PLAN_NAME)
     return Method(
         name=name,
         operators=operators,
         delegates=delegates,
         chains=chains,
-        inputs=[_value_info(plan, i) for i in inputs],
-        outputs=[_value_info(plan, i) for i in outputs],
+        inputs=[_value_info(values[i]) for i in plan.scalars(_PLAN_INPUTS, n.Int32Flags)],
+        outputs=[_value_info(values[i]) for i in plan.scalars(_PLAN_OUTPUTS, n.Int32Flags)],
         constants=constants.get(name),
     )
 
 
-@lru_cache(maxsize=None)
-def _enum_names(enum: type) -> dict[int, str]:
-    """value -> name of a generated flatbuffer enum class."""
-    return {v: n for n, v in vars(enum).items() if not n.startswith("_") and isinstance(v, int)}
+def _value_info(value: "_Table") -> ValueInfo:
+    from flatbuffers import number_types as n
 
-
-@lru_cache(maxsize=None)
-def _table_class(name: str) -> type:
-    import importlib
-
-    from executorch.exir._serialize.generated import executorch_flatbuffer
-
-    return getattr(importlib.import_module(f"{executorch_flatbuffer.__name__}.{name}"), name)
-
-
-def _value(plan: Any, index: int) -> tuple[int, Any]:
-    """(KernelTypes tag, the typed flatbuffer table) of value ``index`` of a method."""
-    from executorch.exir._serialize.generated.executorch_flatbuffer.KernelTypes import KernelTypes
-
-    value = plan.Values(index)
-    tag, table = value.ValType(), value.Val()
-    name = _enum_names(KernelTypes).get(tag)
-    if table is None or name in (None, "NONE"):
-        return tag, None
-    typed = _table_class(name)()
-    typed.Init(table.Bytes, table.Pos)
-    return tag, typed
-
-
-def _value_info(plan: Any, index: int) -> ValueInfo:
-    from executorch.exir._serialize.generated.executorch_flatbuffer.KernelTypes import KernelTypes
-    from executorch.exir._serialize.generated.executorch_flatbuffer.ScalarType import ScalarType
-
-    tag, val = _value(plan, index)
-    if tag == KernelTypes.Tensor:
-        scalar = _enum_names(ScalarType).get(val.ScalarType(), str(val.ScalarType()))
+    kind, val = value.scalar(_EVALUE_TYPE, n.Uint8Flags), value.table(_EVALUE_VAL)
+    if kind == _TENSOR and val is not None:
+        number = val.scalar(_TENSOR_SCALAR_TYPE, n.Int8Flags)
+        scalar = _SCALAR_TYPES.get(number, str(number))
         return ValueInfo(
             kind="tensor",
             dtype=_DTYPES.get(scalar, scalar.lower()),
-            shape=[int(val.Sizes(j)) for j in range(val.SizesLength())],
-            dynamic={0: None, 1: "bound", 2: "unbound"}.get(int(val.ShapeDynamism())),
+            shape=[int(d) for d in val.scalars(_TENSOR_SIZES, n.Int32Flags)],
+            dynamic={0: None, 1: "bound", 2: "unbound"}.get(int(val.scalar(_TENSOR_SHAPE_DYNAMISM, n.Int8Flags))),
         )
-    kinds = {
-        KernelTypes.Int: "int", KernelTypes.Bool: "bool", KernelTypes.Double: "float",
-        KernelTypes.String: "str", KernelTypes.Null: "none",
-    }
-    return ValueInfo(kind=kinds.get(tag, "list"))
+    kinds = {_NULL: "none", _INT: "int", _BOOL: "bool", _DOUBLE: "float", _STRING: "str"}
+    return ValueInfo(kind=kinds.get(kind, "list"))
 
 
 # ---- what loading a program asks, without ExecuTorch's compiler -------------------------------
 #
 # Program.load asks every program which operators it calls, which backends its delegates need
-# and what its constant methods return. ExecuTorch's generated flatbuffer classes, which
-# read_methods uses, live in `executorch.exir`, and importing anything there imports the
-# compiler (torch._dynamo, inductor): 2.6-2.9 s of `llmcore run`'s start on the 2-core Xeon,
-# where the rest of loading SmolLM2 takes ~0.5 s (docs/performance.md). These few fields are
-# read with the `flatbuffers` package's table accessor instead, by their field numbers in
-# ExecuTorch's schema (executorch/exir/_serialize/program.fbs); tests/test_pte.py checks
-# operators and delegate_ids against read_methods on exported programs, and constant_methods
-# (which read_methods uses too) against the values the programs were given.
+# and what its constant methods return; `llmcore inspect` and `profile` ask for its methods.
+# ExecuTorch's generated flatbuffer classes live in `executorch.exir`, and importing anything
+# there imports the compiler (torch._dynamo, inductor): 2.6-2.9 s of `llmcore run`'s start on
+# the 2-core Xeon, where the rest of loading SmolLM2 takes ~0.5 s (docs/performance.md). The
+# fields are read with the `flatbuffers` package's table accessor instead, by their field
+# numbers in ExecuTorch's schema (executorch/exir/_serialize/program.fbs, scalar_type.fbs);
+# tests/test_pte.py checks every reader here against ExecuTorch's own unpacking of exported
+# programs (read_program_table), and constant_methods against the values they were given.
 
 _PROGRAM_EXECUTION_PLAN = 1  # table Program
-_PLAN_NAME, _PLAN_VALUES, _PLAN_INPUTS, _PLAN_OUTPUTS, _PLAN_OPERATORS, _PLAN_DELEGATES = 0, 2, 3, 4, 6, 7
+_PLAN_NAME, _PLAN_VALUES, _PLAN_INPUTS, _PLAN_OUTPUTS, _PLAN_CHAINS, _PLAN_OPERATORS, _PLAN_DELEGATES = (
+    0, 2, 3, 4, 5, 6, 7)  # table ExecutionPlan
+_CHAIN_INSTRUCTIONS = 2  # table Chain
+_INSTRUCTION_TYPE, _INSTRUCTION_ARGS = 0, 1  # table Instruction { instr_args: InstructionArguments }
+_KERNEL_CALL, _DELEGATE_CALL = 1, 2  # union InstructionArguments { KernelCall, DelegateCall, MoveCall, ... }
+_CALL_INDEX = 0  # KernelCall.op_index, DelegateCall.delegate_index
 _OPERATOR_NAME, _OPERATOR_OVERLOAD = 0, 1  # table Operator
 _DELEGATE_ID = 0  # table BackendDelegate
 _EVALUE_TYPE, _EVALUE_VAL = 0, 1  # table EValue { val: KernelTypes } (a union: its type, then the table)
 _ITEMS = 0  # the only field of Int, Bool, Double, String, IntList, DoubleList and BoolList
 # union KernelTypes { Null, Int, Bool, Double, Tensor, String, IntList, DoubleList, BoolList, ... }:
 # a union's type numbers its members from 1 (0 is no value)
-_INT, _BOOL, _DOUBLE, _STRING, _INT_LIST, _DOUBLE_LIST, _BOOL_LIST = 2, 3, 4, 6, 7, 8, 9
+_NULL, _INT, _BOOL, _DOUBLE, _TENSOR, _STRING, _INT_LIST, _DOUBLE_LIST, _BOOL_LIST = 1, 2, 3, 4, 5, 6, 7, 8, 9
+_TENSOR_SCALAR_TYPE, _TENSOR_SIZES, _TENSOR_SHAPE_DYNAMISM = 0, 2, 8  # table Tensor
+_SCALAR_TYPES = {  # enum ScalarType
+    0: "BYTE", 1: "CHAR", 2: "SHORT", 3: "INT", 4: "LONG", 5: "HALF", 6: "FLOAT", 7: "DOUBLE", 11: "BOOL",
+    12: "QINT8", 13: "QUINT8", 14: "QINT32", 15: "BFLOAT16", 16: "QUINT4X2", 17: "QUINT2X4", 22: "BITS16",
+    23: "FLOAT8E5M2", 24: "FLOAT8E4M3FN", 25: "FLOAT8E5M2FNUZ", 26: "FLOAT8E4M3FNUZ", 27: "UINT16", 28: "UINT32",
+    29: "UINT64",
+}
 
 
 class _Table:
@@ -373,12 +332,12 @@ def _plan_value(values: list[_Table], index: int) -> Any:
 def operators(data: Any) -> list[str]:
     """Operators a serialized program calls outside its delegates (each once, in order), as
     the runtime registers them (``aten::add.out``)."""
-    names = []
-    for plan in _plans(data):
-        for op in plan.tables(_PLAN_OPERATORS):
-            name, overload = op.string(_OPERATOR_NAME), op.string(_OPERATOR_OVERLOAD)
-            names.append(f"{name}.{overload}" if overload else name)
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(_operator_name(op) for plan in _plans(data) for op in plan.tables(_PLAN_OPERATORS)))
+
+
+def _operator_name(op: _Table) -> str:
+    name, overload = op.string(_OPERATOR_NAME), op.string(_OPERATOR_OVERLOAD)
+    return f"{name}.{overload}" if overload else name
 
 
 def delegate_ids(data: Any) -> list[str]:
