@@ -233,6 +233,20 @@ def process_counters() -> dict:
             "system_s": usage.ru_stime}
 
 
+def huge_page_mib() -> float:
+    """How much of this process's memory transparent huge pages back (the program's weights
+    are read into memory that asks for them, as the runner's are): a decode slower than the
+    runner's beside it may be one whose weights the kernel could not give huge pages."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
 def worker(args) -> None:
     import torch
 
@@ -269,7 +283,7 @@ def worker(args) -> None:
     # llmcore run's own do (Program.load has loaded the method already).
     result = generate(program, prompt, args.new_tokens, Sampling(), on_token=on_token, stop_at_eos=False)
     counted.append(process_counters())
-    stats = vars(result.stats) | {"peak_rss_mib": peak_rss_mib()}
+    stats = vars(result.stats) | {"peak_rss_mib": peak_rss_mib(), "huge_page_mib": huge_page_mib()}
     for phase, (before, after) in (("prefill", counted[:2]), ("decode", counted[1:])):
         stats |= {f"{phase}_{key}": after[key] - before[key] for key in before}
     if args.worker != "eager":  # which threads computed: ExecuTorch's pool size, and the kernels' own threads
@@ -389,6 +403,8 @@ def measure(targets: list, rounds: int) -> list[dict]:
         row["prefill_runs"] = [r["prefill_tok_s"] for r in results]
         if "runtime_threads" in results[0]:
             row["runtime_threads_runs"] = [r.get("runtime_threads") for r in results]
+        if "huge_page_mib" in results[0]:
+            row["huge_page_mib_runs"] = [r["huge_page_mib"] for r in results]
         if "prefill_cpu_s" in results[0]:  # a Python worker's counters (process_counters), per round
             row["counters_runs"] = [{k: v for k, v in r.items() if k.split("_", 1)[0] in ("prefill", "decode")
                                      and not k.endswith("tok_s")} for r in results]
