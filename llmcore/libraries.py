@@ -257,9 +257,6 @@ def runtime_bindings() -> Any:
     import torch  # noqa: F401  the bindings link libtorch: PyTorch loads it first
 
     for name in BINDINGS_MODULES:
-        if name in sys.modules:
-            return sys.modules[name]
-    for name in BINDINGS_MODULES:
         if importlib.util.find_spec(name) is not None:
             return importlib.import_module(name)
     raise ModuleNotFoundError(f"no ExecuTorch runtime bindings: none of {', '.join(BINDINGS_MODULES)} is installed",

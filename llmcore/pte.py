@@ -172,12 +172,13 @@ def read_methods(data: Any) -> list[Method]:
     """Every method of a serialized program (``bytes``, or a mapping of the file); only the
     program table is read, without ExecuTorch's compiler (below). Raises what the
     flatbuffer accessor raises on a damaged table."""
-    constants = constant_methods(data)
-    return [_method(plan, constants) for plan in _plans(data)]
+    plans = _plans(data)
+    constants = _constants_of(plans)
+    return [_method(plan, constants) for plan in plans]
 
 
 def _method(plan: "_Table", constants: dict[str, list]) -> Method:
-    """One method; ``constants``: the program's constant methods' values (:func:`constant_methods`)."""
+    """One method; ``constants``: the program's constant methods' values (:func:`_constants_of`)."""
     from flatbuffers import number_types as n
 
     operators = [_operator_name(op) for op in plan.tables(_PLAN_OPERATORS)]
@@ -348,10 +349,15 @@ def delegate_ids(data: Any) -> list[str]:
 def constant_methods(data: Any) -> dict[str, list]:
     """Constant method name -> the values it returns (``get_max_seq_len`` -> ``[2048]``): the
     methods with outputs, no inputs and nothing to call."""
+    return _constants_of(_plans(data))
+
+
+def _constants_of(plans: list[_Table]) -> dict[str, list]:
+    """:func:`constant_methods` of a table already parsed (``plans``: its methods)."""
     from flatbuffers import number_types as n
 
     constants = {}
-    for plan in _plans(data):
+    for plan in plans:
         if plan.tables(_PLAN_OPERATORS) or plan.tables(_PLAN_DELEGATES) or plan.scalars(_PLAN_INPUTS, n.Int32Flags):
             continue
         outputs = plan.scalars(_PLAN_OUTPUTS, n.Int32Flags)
