@@ -2,7 +2,8 @@
 
 Errors the user can act on are printed as one line (``llmcore: error: [stage/plugin] ...
 Fix: ...``) with exit code 2; ``--debug`` adds the traceback. Unexpected exceptions exit
-with code 1 and the same one-line treatment.
+with code 1 and the same one-line treatment. Ctrl-C prints one line too, and the command
+then ends killed by SIGINT (status 130 in a shell), as :func:`die_of_sigint` explains.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import gc
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 import traceback
@@ -358,7 +360,29 @@ def console_main() -> int:
     their own process."""
     code = main()
     freeze_before_exit()
+    if code == EXIT_INTERRUPTED:
+        die_of_sigint()
     return code
+
+
+def die_of_sigint() -> None:
+    """End the process killed by SIGINT, as any program Ctrl-C stops, after its one line.
+
+    A shell reads that as status 130 and stops a loop or script around the command (a plain
+    ``exit(130)`` does not tell it the user pressed Ctrl-C), and Python's ``subprocess`` reads
+    ``-SIGINT``. It is also the only status Python 3.11 lets ``python -m llmcore`` give
+    reliably: when a caught KeyboardInterrupt had passed through an ``exec``/``eval`` of a
+    string on its way up (dataclasses and sympy run such strings all through an export),
+    the interpreter still counts it as unhandled and, after ``exit(130)``, kills itself with
+    SIGINT, so the status depended on where the Ctrl-C landed (CI saw ``-2`` once for
+    ``ctrl-c-during-lower``).
+    Everything the command wrote or removed is done by now; atexit handlers do not run."""
+    if os.name != "posix":
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def freeze_before_exit() -> None:

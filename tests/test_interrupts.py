@@ -42,3 +42,40 @@ def test_handler_is_restored_and_nothing_is_remembered_afterwards():
     assert signal.getsignal(signal.SIGINT) is before
     with StageLog(quiet=True).stage("emit"):
         pass  # no stale interrupt
+
+
+# A command interrupted where the KeyboardInterrupt reaches ``main`` directly, and one where
+# it first passes through ``exec`` of a string (as inside dataclasses or sympy during an
+# export): run with ``python -m`` (as the tests run llmcore), Python 3.11 ends the second
+# killed by SIGINT even after ``main`` caught it and returned 130.
+_INTERRUPTED_COMMAND = """
+import os, signal, sys
+import llmcore.cli as cli
+
+def interrupted(argv=None):
+    try:
+        if sys.argv[1] == "exec":
+            exec("os.kill(os.getpid(), signal.SIGINT)\\nimport time\\ntime.sleep(5)")
+        else:
+            os.kill(os.getpid(), signal.SIGINT)
+            import time
+            time.sleep(5)
+    except KeyboardInterrupt:
+        print("llmcore: interrupted; nothing was written.", file=sys.stderr)
+        return cli.EXIT_INTERRUPTED
+
+cli.main = interrupted
+raise SystemExit(cli.console_main())
+"""
+
+
+@pytest.mark.parametrize("through", ["exec", "direct"])
+def test_an_interrupted_command_ends_killed_by_sigint_wherever_the_interrupt_landed(through, tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "interrupted_command.py").write_text(_INTERRUPTED_COMMAND)
+    done = subprocess.run([sys.executable, "-m", "interrupted_command", through], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGINT, done.stderr
+    assert done.stderr.strip().splitlines() == ["llmcore: interrupted; nothing was written."], done.stderr

@@ -159,7 +159,7 @@ def test_interrupted_matrix_resumes_and_every_program_runs(tmp_path):
         time.sleep(0.2)
     driver.send_signal(signal.SIGINT)
     stdout, stderr = driver.communicate(timeout=120)
-    assert driver.returncode == 130, stderr
+    assert driver.returncode == -signal.SIGINT, stderr  # killed by SIGINT: 130 in a shell
     assert "the same command resumes" in stderr
     first = {c["cell"]: c["status"] for c in read_json(out / "matrix.json")["cells"]}
     done_first = {cell for cell, status in first.items() if status == "ok"}
