@@ -117,6 +117,18 @@ def test_custom_sdpa_on_rows_off_cache_lines_matches_torch(ops_check, tmp_path, 
     assert torch.equal(outputs[0], outputs[1])
 
 
+def test_custom_sdpa_timed_cold_computes_what_it_computes_warm(ops_check, tmp_path):
+    """cold=1 (the timing of docs/performance.md: 64 MiB read before each call, so that the
+    cache rows come from memory) runs the same kernel on the same rows: the same output."""
+    outputs = []
+    for cold in (0, 1):
+        q, k, v, got = sdpa_on_random_inputs(ops_check, tmp_path, 11, 1, 1, 9, 64, 1024, 3, 500, causal=True,
+                                             repeat=3, cold=cold)
+        outputs.append(got)
+    torch.testing.assert_close(outputs[1], reference_sdpa(q, k, v, 500, True, None), rtol=2e-5, atol=2e-6)
+    assert torch.equal(outputs[0], outputs[1])
+
+
 THREADED_CASES = [
     # batch, q_len, heads, head_dim, kv_len, kv_heads, start
     pytest.param(1, 1, 9, 64, 1024, 3, 300, id="decode-3-kv-heads"),
