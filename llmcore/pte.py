@@ -208,10 +208,17 @@ def _method(plan: "_Table", constants: dict[str, list]) -> Method:
     )
 
 
+def _evalue(value: "_Table") -> tuple[int, Optional["_Table"]]:
+    """An EValue's member of the KernelTypes union: its type number and its table."""
+    from flatbuffers import number_types as n
+
+    return value.scalar(_EVALUE_TYPE, n.Uint8Flags), value.table(_EVALUE_VAL)
+
+
 def _value_info(value: "_Table") -> ValueInfo:
     from flatbuffers import number_types as n
 
-    kind, val = value.scalar(_EVALUE_TYPE, n.Uint8Flags), value.table(_EVALUE_VAL)
+    kind, val = _evalue(value)
     if kind == _TENSOR and val is not None:
         number = val.scalar(_TENSOR_SCALAR_TYPE, n.Int8Flags)
         scalar = _SCALAR_TYPES.get(number, str(number))
@@ -309,8 +316,7 @@ def _plan_value(values: list[_Table], index: int) -> Any:
     """Value ``index`` of a constant method (``values``: the method's), in Python."""
     from flatbuffers import number_types as n
 
-    value = values[index]
-    kind, val = value.scalar(_EVALUE_TYPE, n.Uint8Flags), value.table(_EVALUE_VAL)
+    kind, val = _evalue(values[index])
     if val is None:
         return None
     if kind == _INT:
