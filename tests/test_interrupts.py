@@ -56,6 +56,10 @@ _INTERRUPTED_COMMAND = """
 import os, signal, sys
 import llmcore.cli as cli
 
+# Ctrl-C raises KeyboardInterrupt even where SIGINT was inherited as ignored (a shell's
+# `cmd &`), as llmcore's own handler during an export does (progress.remembered_interrupts).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 def interrupted(argv=None):
     try:
         if sys.argv[1] == "exec":
