@@ -190,9 +190,16 @@ def test_kernel_recipes_answer_as_their_xnnpack_recipe_does(smollm2, smollm2_ggu
                                                              cli):
     """The kernels keep the XNNPACK recipe's integers (8da4w's, the GGUF's or 8da8w's): the program
     calls them, answers Paris, and its next-token distribution after the templated question
-    stays close to that recipe's program (measured, 8da4w-mlp: KL 0.011, max |logit
-    difference| 1.4, the same top token; both programs round their activations to int8 per
-    token, XNNPACK and the kernel each their own way)."""
+    stays close to that recipe's program: both round their activations to int8 per token,
+    XNNPACK and the kernel each their own way, and XNNPACK's way depends on the CPU.
+
+    The bound admits what XNNPACK's own instruction sets differ by. Measured on an AVX-512
+    VNNI Xeon, natively and under benchmarks/isa_view.py's avx2 view, KL(XNNPACK || kernels)
+    after the question: 8da4w-mlp 0.010 / 0.015, 8da4w-layers 0.013 / 0.020, 8da8w-layers
+    0.011 / 0.018, gguf-layers 0.040 / 0.075 (0.0515 on an AVX2-only EPYC). The kernels'
+    logits are bit for bit the same under both views; XNNPACK's gguf program differs from
+    itself across them by KL 0.083, and from the unquantized-activation model (the same
+    Q4_1 weights in float32, --quantize none) by 0.101 / 0.127, where gguf-layers is 0.072."""
     import torch
 
     from llmcore import libraries
@@ -219,4 +226,4 @@ def test_kernel_recipes_answer_as_their_xnnpack_recipe_does(smollm2, smollm2_ggu
     base = torch.as_tensor(Program.load(base_pte).logits(ids, 0)).flatten().log_softmax(-1)
     kernels = torch.as_tensor(Program.load(pte).logits(ids, 0)).flatten().log_softmax(-1)
     assert int(base.argmax()) == int(kernels.argmax())
-    assert float((base.exp() * (base - kernels)).sum()) < 0.05
+    assert float((base.exp() * (base - kernels)).sum()) < 0.1
