@@ -430,6 +430,20 @@ def memory_bandwidth_gbs(size_mib: int = 1024, repeats: int = 5) -> float:
     return buf.numel() * 4 / best / 1e9
 
 
+def last_level_cache_mib() -> float | None:
+    """The largest CPU cache's size as Linux reports it (cpu0's); None where it does not."""
+    sizes = {"K": 1 / 1024, "M": 1.0, "G": 1024.0}
+    best = None
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+            mib = float(text[:-1]) * sizes[text[-1]] if text[-1] in sizes else float(text) / 2**20
+        except (OSError, ValueError):
+            continue
+        best = max(best or 0.0, mib)
+    return best
+
+
 # bytes per element of ExecuTorch's scalar types (exir.scalar_type.ScalarType) in weights
 SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 15: 2}
 
@@ -521,6 +535,10 @@ def main() -> None:
                   "(instructions only: caches, bandwidth and clocks stay this machine's)")
     bandwidth = memory_bandwidth_gbs()
     print(f"memory read bandwidth here: {bandwidth:.1f} GB/s ({os.cpu_count()} threads)")
+    cache = last_level_cache_mib()
+    if cache:
+        print(f"# last-level cache {cache:.0f} MiB: a program smaller than that may decode from the cache, above "
+              "its 'bw limit' (a limit of memory, not of the cache)")
     other_pythons = [(py, env_label(py)) for py in args.also_python]
     runners = [(Path(args.runner), "c++")]
     for spec in args.also_runner:
