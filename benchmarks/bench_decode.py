@@ -267,13 +267,15 @@ def worker(args) -> None:
         # the loop's tensor ops) would spin beside it on the same cores (as `llmcore run`).
         torch.set_num_threads(1)
         program = Program.load(args.worker)
-    prompt = [int(i) % 256 + 10 for i in range(args.prompt_tokens)]
+    prompt = [int(i) % 256 + 10 for i in range(args.prompt_tokens)]  # a program without a tokenizer
     write_text = None
     tokenizer_json = tokenizer_beside(args.worker) if args.worker != "eager" else None
     if tokenizer_json is not None and tokenizer_json.is_file():
+        tokenizer = TextTokenizer.from_file(tokenizer_json)
+        prompt = tokenizer.encode(runner_prompt(args))  # the C++ runner's row runs the same text
         # the reply's text, written as it comes, as `llmcore run` and the C++ runner print it
         sink = open(os.devnull, "w")
-        write_text = TextStream(TextTokenizer.from_file(tokenizer_json), lambda text: (sink.write(text), sink.flush()))
+        write_text = TextStream(tokenizer, lambda text: (sink.write(text), sink.flush()))
     counted = [process_counters()]
 
     def on_token(token: int) -> None:
@@ -302,6 +304,12 @@ def worker(args) -> None:
     print(json.dumps(stats))
 
 
+def runner_prompt(args) -> str:
+    """The prompt both the C++ runner's rows and the Python rows run: --prompt-tokens words,
+    as many tokens in SmolLM2's and GPT-2's tokenizers."""
+    return " ".join(["the"] * args.prompt_tokens)
+
+
 def run_worker(target: str, model: str, args, python: str = sys.executable, view: str = "native",
                env: dict | None = None) -> dict:
     cmd = [python, __file__, "--worker", target, "--model", model,
@@ -322,8 +330,7 @@ def run_cpp_runner(runner: Path, pte: Path, args, view: str = "native") -> dict 
     if not runner_can_load(runner, pte):
         print(f"# {runner} cannot load {pte} (missing operators?): row skipped", file=sys.stderr)
         return None
-    prompt = " ".join(["the"] * args.prompt_tokens)
-    out = isa_view.run_in_view(view, [str(runner), str(pte), "--prompt", prompt, "--max-new-tokens",
+    out = isa_view.run_in_view(view, [str(runner), str(pte), "--prompt", runner_prompt(args), "--max-new-tokens",
                                       str(args.new_tokens), "--temperature", "0"], capture_output=True, text=True)
     for line in out.stderr.splitlines()[::-1]:
         if line.startswith("stats:"):
