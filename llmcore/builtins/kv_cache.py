@@ -192,7 +192,26 @@ def _capped_attention(q, keys, values, mask, scale, softcap) -> torch.Tensor:
                               softcap).transpose(1, 2)
 
 
-class CustomOpKVAttention(nn.Module):
+class _CachedAttention(nn.Module):
+    """What both cached attentions below hold: the heads, the context, the window and its
+    ring (``slots``: rows of a sliding layer's cache, None without a window), the scores'
+    scale and soft cap, and the ``k_cache`` / ``v_cache`` buffers, ``batch`` dimensions
+    ahead of [rows, kv heads, head dim]."""
+
+    def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, capacity: int, window: Optional[int],
+                 scale: Optional[float], softcap: Optional[float], slots: Optional[int], batch: tuple[int, ...]):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.capacity = capacity
+        self.window = _window(window, capacity)
+        self.slots = slots if self.window is not None else None
+        self.scale, self.softcap = scale, softcap
+        shape = (*batch, self.slots or capacity, n_kv_heads, head_dim)
+        self.register_buffer("k_cache", untouched_zeros(shape), persistent=False)
+        self.register_buffer("v_cache", untouched_zeros(shape), persistent=False)
+
+
+class CustomOpKVAttention(_CachedAttention):
     """Cached attention through ``llama::update_cache`` + ``llama::custom_sdpa``.
 
     With ``slots`` (a sliding layer's ring buffer), the cache has that many rows, position
@@ -212,18 +231,11 @@ class CustomOpKVAttention(nn.Module):
         softcap: Optional[float] = None,
         slots: Optional[int] = None,
     ):
-        super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.capacity = capacity
-        self.window = _window(window, capacity)
-        self.slots = slots if self.window is not None else None
-        self.scale, self.softcap = scale, softcap
+        # [B, S, H, D]: the ops' layout
+        super().__init__(n_heads, n_kv_heads, head_dim, capacity, window, scale, softcap, slots, batch=(1,))
         self.masks = masks if masks is not None else WindowMasks(capacity)
         if self.window is not None or softcap is not None:
             self.masks.windows.add((self.window, self.slots))
-        shape = (1, self.slots or capacity, n_kv_heads, head_dim)  # [B, S, H, D]: the ops' layout
-        self.register_buffer("k_cache", untouched_zeros(shape), persistent=False)
-        self.register_buffer("v_cache", untouched_zeros(shape), persistent=False)
 
     def forward(self, q, k, v, input_pos: Optional[torch.Tensor] = None):
         register_llama_ops()
@@ -252,7 +264,7 @@ class CustomOpKVAttention(nn.Module):
         return y.reshape(bsz, seq_len, self.n_heads * self.head_dim).to(q.dtype)
 
 
-class StaticKVAttention(nn.Module):
+class StaticKVAttention(_CachedAttention):
     """Cached attention in plain PyTorch: ``index_put_`` writes, masked SDPA over the
     filled part of the cache (over the whole ring buffer of a sliding layer that has one,
     as :class:`CustomOpKVAttention`)."""
@@ -268,17 +280,9 @@ class StaticKVAttention(nn.Module):
         softcap: Optional[float] = None,
         slots: Optional[int] = None,
     ):
-        super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.capacity = capacity
-        self.window = _window(window, capacity)
-        self.slots = slots if self.window is not None else None
-        self.scale, self.softcap = scale, softcap
         # [S, H, D], batch of one: the written dimension comes first, which is the form
         # of in-place index_put the ExecuTorch runtime accepts.
-        shape = (self.slots or capacity, n_kv_heads, head_dim)
-        self.register_buffer("k_cache", untouched_zeros(shape), persistent=False)
-        self.register_buffer("v_cache", untouched_zeros(shape), persistent=False)
+        super().__init__(n_heads, n_kv_heads, head_dim, capacity, window, scale, softcap, slots, batch=())
 
     def forward(self, q, k, v, input_pos: Optional[torch.Tensor] = None):
         bsz, seq_len = q.shape[0], q.shape[1]
