@@ -419,8 +419,10 @@ def export_cell(options: dict[str, Any], perplexity_text: Optional[str], tracker
     from llmcore.pipeline import export
     from llmcore.progress import peak_rss_mib, reset_peak_rss, return_free_memory
 
-    if tracker is not None:
-        tracker.started.remote(options["output"])
+    if tracker is not None:  # waited for: a start sent just before the worker is killed still counts
+        import ray
+
+        ray.get(tracker.started.remote(options["output"]))
     _remove_stale_scratch()
     return_free_memory()  # what the worker's previous cell freed
     reset_peak_rss()  # this cell's peak, not the worker's

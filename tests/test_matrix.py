@@ -204,12 +204,14 @@ def test_killed_worker_is_retried_and_a_broken_cell_fails_alone(tmp_path):
     killed = None
     deadline = time.monotonic() + 300
     while killed is None and time.monotonic() < deadline and driver.poll() is None:
-        pids = ray_workers(good)
-        if pids:
-            time.sleep(3)  # into the export
-            os.kill(pids[0], signal.SIGKILL)
-            killed = pids[0]
-        time.sleep(0.1)
+        # killed inside the export: once its worker has made the cell's scratch folder (a fixed
+        # wait after the title appeared could land after a fast machine's export had finished)
+        exporting = [pid for pid in ray_workers(good)
+                     if list(Path(tempfile.gettempdir()).glob(f"llmcore-matrix-{pid}-*"))]
+        if exporting:
+            os.kill(exporting[0], signal.SIGKILL)
+            killed = exporting[0]
+        time.sleep(0.05)
     stdout, stderr = driver.communicate(timeout=300)
     assert killed is not None, stderr
     cells = {c["cell"]: c for c in read_json(out / "matrix.json")["cells"]}
