@@ -396,11 +396,16 @@ void attend(Attention& a) {
     a.partial = partial.data();
   }
   const int64_t items = base * a.key_chunks;
+  // A causal prompt's later row blocks see more keys; the threads take items one at a time
+  // in order, so the row blocks go last to first: the dearest items first, the cheapest
+  // ones fill in at the end (SmolLM2's 64-token prompt on two threads, llmcore_llm_ops_check
+  // sdpa q_len=64 heads=9 kv_heads=3 head_dim=64 kv_len=1024 repeat=300 threads=2 pool=1,
+  // first to last against last to first alternating: 99.2-118.6 us against 93.0-112.7).
   kernel_parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scratch;
     for (int64_t it = begin; it < end; ++it) {
       const int64_t chunk = it % a.key_chunks;
-      const int64_t blk = (it / a.key_chunks) % a.row_blocks;
+      const int64_t blk = a.row_blocks - 1 - (it / a.key_chunks) % a.row_blocks;
       const int64_t g = (it / (a.key_chunks * a.row_blocks)) % a.n_kv_heads;
       const int64_t b = it / (a.key_chunks * a.row_blocks * a.n_kv_heads);
       const int64_t i0 = blk * kRowBlock;
