@@ -575,6 +575,7 @@ def main() -> None:
             rows = model_rows(model, view, args, bandwidth, runners, other_pythons)
             results.extend(rows)
             print_table(model, view, rows, args)
+            print_targets(model, view, rows)
         variants = args.variants.split(",")
         if "fp32-rmsnorm" in variants and "fp32" in variants and model in VARIANT_MODELS["fp32-rmsnorm"]:
             ab = fused_rmsnorm_ab(model, args)
@@ -672,6 +673,49 @@ def print_table(model: str, view: str, rows: list[dict], args) -> None:
                                    f"best decode vs {PEER_REFERENCE}'s", f"paired prefill vs {PEER_REFERENCE}",
                                    f"paired decode vs {PEER_REFERENCE}", "paired prefill vs c++",
                                    "paired decode vs c++", "prefill per round", "decode per round"]))
+
+
+# Issue 14's targets, for the rows that carry them: 4-bit programs against llama.cpp's Q4_0
+# (paired, the same round), int8 ones against the bandwidth limit, the Python loop against the
+# C++ runner on the same program.
+FOUR_BIT_VARIANTS = ("8da4w", "8da4w-mlp", "8da4w-layers", "8da4w-gs128", "8da4w-hqq", "8da4w-emb8", "8da4w-emb4",
+                     "gguf", "gguf-layers")
+INT8_VARIANTS = ("int8", "8da8w", "8da8w-layers")
+TARGETS = (  # (what, the rows it applies to, the row's figure, the bound it must reach)
+    ("decode >= 1.2x Q4_0", FOUR_BIT_VARIANTS, "decode_paired_x_llama_cpp", 1.2),
+    ("prefill >= 2x Q4_0", FOUR_BIT_VARIANTS, "prefill_paired_x_llama_cpp", 2.0),
+    ("int8 decode >= 80% of bw limit", INT8_VARIANTS, "of_bw_limit", 0.8),
+    ("Python decode within 5% of c++", FOUR_BIT_VARIANTS + INT8_VARIANTS, "decode_paired_x_runner", 0.95),
+    ("Python prefill within 5% of c++", FOUR_BIT_VARIANTS + INT8_VARIANTS, "prefill_paired_x_runner", 0.95),
+)
+
+
+def target_verdicts(rows: list[dict], cache_mib: float | None = None) -> list[list[str]]:
+    """One line per (target, row that carries its figure): the target, the row, the figure
+    and whether it is met. Rows of other runners (--also-runner, --also-python) are left out:
+    the targets are the default runner's and the default Python loop's. A program smaller
+    than the last-level cache (``cache_mib``) may decode from the cache: its share of the
+    memory bandwidth limit is shown but not judged."""
+    lines = []
+    for what, variants, key, bound in TARGETS:
+        for r in rows:
+            if r["variant"] in variants and r["runner"] in ("c++", "python") and r.get(key) is not None:
+                shown = f"{r[key]:.0%}" if key == "of_bw_limit" else f"{r[key]:.2f}x"
+                verdict = "met" if r[key] >= bound else "MISSED"
+                if key == "of_bw_limit" and cache_mib and (r.get("file_mib") or 0) < cache_mib:
+                    verdict = f"not judged (the program fits the {cache_mib:.0f} MiB cache)"
+                lines.append([what, f"{r['variant']} ({r['runner']})", shown, verdict])
+    return lines
+
+
+def print_targets(model: str, view: str, rows: list[dict]) -> None:
+    from tabulate import tabulate
+
+    lines = target_verdicts(rows, last_level_cache_mib())
+    if not lines:
+        return
+    print(f"\n## {model}, {view}: issue 14's targets (for an AVX2-only CPU; ratios paired by round)")
+    print(tabulate(lines, headers=["target", "row", "figure", "verdict"]))
 
 
 # llama.cpp's formats measured beside SmolLM2 (Q4_1 is the file llmcore exports from; the others

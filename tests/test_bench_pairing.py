@@ -43,3 +43,31 @@ def test_no_round_in_common_gives_no_ratio():
     mine = {"rounds": [0], "decode_runs": [10.0]}
     theirs = {"rounds": [1], "decode_runs": [5.0]}
     assert bench_decode.paired_ratio(mine, theirs, "decode") is None
+
+
+def test_target_verdicts_read_the_paired_figures_of_the_default_rows():
+    rows = [
+        {"variant": "8da4w-layers", "runner": "c++", "decode_paired_x_llama_cpp": 1.25, "prefill_paired_x_llama_cpp": 1.9},
+        {"variant": "8da4w-layers", "runner": "python", "decode_paired_x_llama_cpp": 1.1,
+         "prefill_paired_x_llama_cpp": 2.1, "decode_paired_x_runner": 0.96, "prefill_paired_x_runner": 0.9},
+        {"variant": "8da4w-layers", "runner": "c++ old", "decode_paired_x_llama_cpp": 3.0},  # --also-runner: not a target row
+        {"variant": "8da8w", "runner": "c++", "of_bw_limit": 0.85, "decode_paired_x_llama_cpp": 0.8},
+        {"variant": "fp32", "runner": "c++", "decode_paired_x_llama_cpp": 0.5},  # no target for fp32
+        {"variant": "llama.cpp Q4_0", "runner": "llama-bench"},
+    ]
+    verdicts = {(what, row): (figure, verdict) for what, row, figure, verdict in bench_decode.target_verdicts(rows)}
+    assert verdicts == {
+        ("decode >= 1.2x Q4_0", "8da4w-layers (c++)"): ("1.25x", "met"),
+        ("decode >= 1.2x Q4_0", "8da4w-layers (python)"): ("1.10x", "MISSED"),
+        ("prefill >= 2x Q4_0", "8da4w-layers (c++)"): ("1.90x", "MISSED"),
+        ("prefill >= 2x Q4_0", "8da4w-layers (python)"): ("2.10x", "met"),
+        ("int8 decode >= 80% of bw limit", "8da8w (c++)"): ("85%", "met"),
+        ("Python decode within 5% of c++", "8da4w-layers (python)"): ("0.96x", "met"),
+        ("Python prefill within 5% of c++", "8da4w-layers (python)"): ("0.90x", "MISSED"),
+    }
+
+
+def test_a_program_inside_the_cache_is_not_judged_against_the_bandwidth_limit():
+    row = {"variant": "8da8w-layers", "runner": "c++", "of_bw_limit": 0.5, "file_mib": 238.5}
+    assert bench_decode.target_verdicts([row], cache_mib=32.0)[0][3] == "MISSED"
+    assert bench_decode.target_verdicts([row], cache_mib=300.0)[0][3].startswith("not judged")
