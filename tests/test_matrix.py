@@ -62,6 +62,11 @@ def ray_workers(cell: str) -> list[int]:
     return pids
 
 
+def scratch_folders(pid: int) -> list[Path]:
+    """The scratch folders a matrix worker with this pid has left (export_cell makes one per cell)."""
+    return list(Path(tempfile.gettempdir()).glob(f"llmcore-matrix-{pid}-*"))
+
+
 def check_program_runs(report_path: Path) -> None:
     """The program answers the way the eager model rebuilt from its report does."""
     from llmcore.evaluate import eager_reference
@@ -206,8 +211,7 @@ def test_killed_worker_is_retried_and_a_broken_cell_fails_alone(tmp_path):
     while killed is None and time.monotonic() < deadline and driver.poll() is None:
         # killed inside the export: once its worker has made the cell's scratch folder (a fixed
         # wait after the title appeared could land after a fast machine's export had finished)
-        exporting = [pid for pid in ray_workers(good)
-                     if list(Path(tempfile.gettempdir()).glob(f"llmcore-matrix-{pid}-*"))]
+        exporting = [pid for pid in ray_workers(good) if scratch_folders(pid)]
         if exporting:
             os.kill(exporting[0], signal.SIGKILL)
             killed = exporting[0]
@@ -221,5 +225,5 @@ def test_killed_worker_is_retried_and_a_broken_cell_fails_alone(tmp_path):
     assert cells["broken/xnnpack/none"]["status"] == "failed"
     assert "[load" in cells["broken/xnnpack/none"]["error"]
     assert leftovers(out) == []
-    assert not list(Path(tempfile.gettempdir()).glob(f"llmcore-matrix-{killed}-*"))  # its scratch folder was cleared
+    assert not scratch_folders(killed)  # its scratch folder was cleared
     check_program_runs(Path(cells[good]["output"]).with_suffix(".report.json"))
