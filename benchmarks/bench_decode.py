@@ -575,7 +575,7 @@ def main() -> None:
             rows = model_rows(model, view, args, bandwidth, runners, other_pythons)
             results.extend(rows)
             print_table(model, view, rows, args)
-            print_targets(model, view, rows)
+            print_targets(model, view, rows, cache)
         variants = args.variants.split(",")
         if "fp32-rmsnorm" in variants and "fp32" in variants and model in VARIANT_MODELS["fp32-rmsnorm"]:
             ab = fused_rmsnorm_ab(model, args)
@@ -708,10 +708,10 @@ def target_verdicts(rows: list[dict], cache_mib: float | None = None) -> list[li
     return lines
 
 
-def print_targets(model: str, view: str, rows: list[dict]) -> None:
+def print_targets(model: str, view: str, rows: list[dict], cache_mib: float | None) -> None:
     from tabulate import tabulate
 
-    lines = target_verdicts(rows, last_level_cache_mib())
+    lines = target_verdicts(rows, cache_mib)
     if not lines:
         return
     print(f"\n## {model}, {view}: issue 14's targets (for an AVX2-only CPU; ratios paired by round)")
