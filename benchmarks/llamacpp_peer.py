@@ -9,7 +9,7 @@ build takes 15-25 minutes; later runs reuse the binary.
     .venv/bin/python benchmarks/llamacpp_peer.py run MODEL.gguf   # build if needed, then bench
     .venv/bin/python benchmarks/llamacpp_peer.py run MODEL.gguf --isa-view avx2
 
-The tools are built for this machine (``GGML_NATIVE``). For an ISA view (``isa_view.py``)
+The tools are built for this machine (``GGML_NATIVE``). For an ISA view (``llmcore/testing/isa_view.py``)
 only the CPU backend, ``libggml-cpu.so``, is built again, for the view's instruction sets
 (under a minute), and the same tools load it through ``LD_LIBRARY_PATH``.
 """
@@ -32,7 +32,7 @@ SDIST = "llama-cpp-python==0.3.36"
 
 
 TOOLS = ("llama-bench", "llama-quantize", "llama-perplexity")
-# ISA view -> the CPU backend's instruction sets (ggml's own options); see isa_view.py
+# ISA view -> the CPU backend's instruction sets (ggml's own options); see llmcore/testing/isa_view.py
 VIEW_CPU_FLAGS = {
     "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
              "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF"],
@@ -156,7 +156,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--isa-view", default="native", help="native, or a view of isa_view.py (avx2)")
+    parser.add_argument("--isa-view", default="native", help="native, or a view of llmcore/testing/isa_view.py (avx2)")
     args = parser.parse_args()
     cache = Path(args.cache)
     print(build_llama_bench(cache))

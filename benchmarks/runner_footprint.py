@@ -1,6 +1,7 @@
 """Size and start-up of C++ runner builds: the binary plus every shared library ``ldd``
 resolves for it, and the wall time of loading a program and exiting (``--max-new-tokens 0``,
-median of 7). Compares runners built against different ExecuTorch wheels.
+median of 7). Compares runners built against different ExecuTorch wheels. A runner whose
+greedy tokens on the program are not the Python runtime's is refused, not measured.
 
     .venv/bin/python benchmarks/runner_footprint.py PROGRAM.pte new=build/llmcore_runner old=OLD/llmcore_runner
 """
@@ -40,9 +41,16 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
+    from llmcore.agreement import check
+
     pte = argv[0]
     for spec in argv[1:]:
         label, _, runner = spec.rpartition("=")
+        # A runner that loads fast and answers wrongly is not measured (llmcore/agreement.py).
+        (agreement,) = check(pte, runner, "Hello", 16)
+        if not agreement.agrees:
+            print(f"{label or runner}: refused, its tokens are not Python's: {agreement.line()}")
+            continue
         libs_bytes, libs = footprint(runner)
         heavy = sorted({os.path.basename(lib) for lib in libs if HEAVY.search(os.path.basename(lib))})
         times = start_up_s(runner, pte)

@@ -2,7 +2,10 @@
 
 The template comes from the checkpoint (a GGUF's ``tokenizer.chat_template``, say) and is
 saved by ``llmcore export`` in ``tokenizer_config.json`` next to ``tokenizer.json``, the
-way Hugging Face keeps it.
+way Hugging Face keeps it. A model without one (a base model, nanoGPT) can be given one
+with ``--chat-template``: a Jinja file, or one of :data:`BUILTIN_TEMPLATES` by name, as
+llama-server and vLLM take it. ``export`` records it in ``tokenizer_config.json``; ``serve``,
+``chat`` and ``run --chat`` use it in place of the saved one.
 """
 
 from __future__ import annotations
@@ -11,9 +14,36 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from llmcore.errors import LlmcoreError
+from llmcore import nesting
+from llmcore.errors import LlmcoreError, describe, read_text_file
 
 CONFIG_FILE = "tokenizer_config.json"
+
+# The templates llmcore carries, for ``--chat-template NAME``. None writes ``bos_token``: a
+# program's BOS comes from its metadata (llmcore.generate.prompt_ids_for), as for every prompt.
+BUILTIN_TEMPLATES = {
+    # ChatML (OpenAI's; Qwen, SmolLM2, Hermes fine-tunes)
+    "chatml": (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+    # Llama 3's role headers
+    "llama3": (
+        "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+        "{{ m['content'] }}<|eot_id|>{% endfor %}"
+        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    ),
+    # Zephyr's: a tag line per turn, each turn closed by the end-of-sequence token
+    "zephyr": (
+        "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    ),
+}
+TEMPLATE_CHOICES = f"a built-in template ({', '.join(BUILTIN_TEMPLATES)}) or a Jinja file"
+# The text each built-in closes an assistant turn with. A model trained on that format has
+# it as a special token that is also its EOS; a base model given the format with
+# --chat-template has it as plain text, so replies stop at the text too (serve, chat).
+END_OF_TURN = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>"}
 
 
 def tokenizer_config(chat_template: Optional[str], bos_token: Optional[str], eos_token: Optional[str]) -> str:
@@ -28,26 +58,28 @@ class ChatTemplate:
     Rendered in Jinja's immutable sandbox, as transformers' ``apply_chat_template`` does: the
     template comes with the checkpoint and must not reach Python objects beyond its inputs."""
 
-    def __init__(self, template: str, bos_token: str = "", eos_token: str = ""):
+    def __init__(self, template: str, bos_token: str = "", eos_token: str = "", *,
+                 origin: str = "the model's chat template"):
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        self._template = env.from_string(template)
+        try:
+            self._template = env.from_string(template)
+        except Exception as exc:  # a TemplateSyntaxError; a RecursionError past Python's nesting
+            line = getattr(exc, "lineno", None)
+            raise LlmcoreError(f"{origin} is not a Jinja template: {describe(exc)}"
+                               + (f" (line {line})" if line else ""), stage="chat-template",
+                               fix=f"correct the template, or pass --chat-template with {TEMPLATE_CHOICES}.") from None
         self.source = template
         self.bos_token, self.eos_token = bos_token, eos_token
+        # a built-in's turn end (found by its text, so a template export recorded from one counts)
+        name = next((n for n, t in BUILTIN_TEMPLATES.items() if t == template), None)
+        self.end_of_turn: Optional[str] = END_OF_TURN.get(name) if name else None
 
-    @classmethod
-    def beside(cls, tokenizer_path: str | Path) -> Optional["ChatTemplate"]:
-        """The template saved next to ``tokenizer_path`` by ``llmcore export``, or None."""
-        config_path = Path(tokenizer_path).with_name(CONFIG_FILE)
-        try:
-            config = json.loads(config_path.read_text())
-        except (OSError, ValueError):
-            config = {}
-        template = config.get("chat_template")
-        if not template:
-            return None
-        return cls(template, config.get("bos_token") or "", config.get("eos_token") or "")
+    @property
+    def stop_strings(self) -> list[str]:
+        """Texts a reply ends at besides the program's EOS ids: the built-in format's turn end."""
+        return [self.end_of_turn] if self.end_of_turn else []
 
     @property
     def tool_calls_tagged(self) -> bool:
@@ -70,15 +102,56 @@ class ChatTemplate:
             ) from None
 
 
-def apply_template(tokenizer_path: str | Path, user_message: str) -> str:
-    template = ChatTemplate.beside(tokenizer_path)
+def template_source(value: str) -> str:
+    """The Jinja text ``--chat-template VALUE`` names: a built-in's, else the file's at that
+    path (names first: a file called ``chatml`` is ``./chatml``). Compiled here, so that a
+    bad template fails before a model is loaded."""
+    if value in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[value]
+    if not Path(value).exists():
+        raise LlmcoreError(f"--chat-template {value!r} is neither a built-in template nor a file.", stage="cli",
+                           fix=f"name {TEMPLATE_CHOICES}.")
+    source = read_text_file(value, "--chat-template file", "cli", f"name {TEMPLATE_CHOICES}.")
+    ChatTemplate(source, origin=f"--chat-template {value!r}")
+    return source
+
+
+def load_template(tokenizer_path: str | Path, option: Optional[str] = None) -> Optional[ChatTemplate]:
+    """The template conversations are written with: ``--chat-template``'s when given
+    (:func:`template_source`), else the one ``llmcore export`` saved next to
+    ``tokenizer_path``; None when neither gives one. The BOS and EOS texts come from the
+    saved config either way (Zephyr's format closes each turn with the EOS token)."""
+    config_path = Path(tokenizer_path).with_name(CONFIG_FILE)
+    try:
+        config = nesting.loads(config_path.read_text(encoding="utf-8"), what=f"{CONFIG_FILE} {str(config_path)!r}",
+                               stage="tokenizer", fix="export the model again, or delete that file.")
+    except (OSError, ValueError):
+        config = {}
+    config = config if isinstance(config, dict) else {}
+    template = template_source(option) if option else config.get("chat_template")
+    if not template:
+        return None
+    origin = f"--chat-template {option!r}" if option else f"the chat template in {str(config_path)!r}"
+    return ChatTemplate(template, config.get("bos_token") or "", config.get("eos_token") or "", origin=origin)
+
+
+def apply_template(tokenizer_path: str | Path, user_message: str, option: Optional[str] = None) -> str:
+    """``run --chat``: one user message as the model's chat template writes it."""
+    template = load_template(tokenizer_path, option)
     if template is None:
         raise LlmcoreError(
             "this model has no chat template.",
             stage="run",
-            fix=f"drop --chat, or export from a checkpoint that carries one ({CONFIG_FILE} next to the tokenizer).",
+            fix=f"pass --chat-template with {TEMPLATE_CHOICES}, drop --chat, or export from a checkpoint that "
+            f"carries one ({CONFIG_FILE} next to the tokenizer).",
         )
     return template.render([{"role": "user", "content": user_message}])
+
+
+def add_template_option(parser, what: str) -> None:
+    """``--chat-template`` for ``export``, ``run``, ``chat`` and ``serve``; ``what`` it does there."""
+    parser.add_argument("--chat-template", metavar="NAME|FILE",
+                        help=f"{what}: {TEMPLATE_CHOICES}")
 
 
 # ---- llmcore chat: a conversation in the terminal -----------------------------------------------
@@ -93,6 +166,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int)
+    add_template_option(p, "the chat template, in place of the one saved with the program")
     p.set_defaults(func=cmd_chat)
 
 
@@ -112,10 +186,11 @@ def cmd_chat(args) -> int:
                            fix="pass a positive --max-new-tokens.")
     Sampling(temperature=args.temperature, top_p=args.top_p)  # refuses bad values before loading
     tokenizer_path = args.tokenizer or tokenizer_beside(args.pte)
-    template = ChatTemplate.beside(tokenizer_path)
+    template = load_template(tokenizer_path, args.chat_template)
     if template is None:
         raise LlmcoreError("this model has no chat template.", stage="chat",
-                           fix="use `llmcore run --prompt` with the prompt in the model's own format.")
+                           fix=f"pass --chat-template with {TEMPLATE_CHOICES}, or use `llmcore run --prompt` with "
+                           "the prompt in the model's own format.")
     engine = Engine(args.pte, str(tokenizer_path))
     context = engine.program.max_context_len
     start = [{"role": "system", "content": args.system}] if args.system else []
@@ -143,7 +218,7 @@ def cmd_chat(args) -> int:
                   file=sys.stderr)
             continue
         request = Request(ids, min(args.max_new_tokens, context - len(ids)), args.temperature, args.top_p,
-                          args.seed, [], False, False)
+                          args.seed, template.stop_strings, False, False)
         began = time.perf_counter()
         try:
             outcome = run(engine, request, lambda text: (sys.stdout.write(text), sys.stdout.flush()),

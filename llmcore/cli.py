@@ -20,6 +20,7 @@ import traceback
 import warnings
 from typing import Any, Optional, Sequence
 
+from llmcore import nesting
 from llmcore.errors import LlmcoreError
 
 EXIT_ERROR = 2
@@ -69,7 +70,8 @@ def _key_values(pairs: Sequence[str], flag: str) -> dict[str, Any]:
                 f"{flag} expects KEY=VALUE, got {pair!r}.", stage="cli", fix=f"write e.g. {flag} group_size=32."
             )
         try:
-            out[key.strip()] = yaml.safe_load(raw)
+            out[key.strip()] = nesting.yaml_loads(raw, what=f"{flag} {key.strip()}", stage="cli",
+                                                  fix=f"write e.g. {flag} group_size=32.")
         except yaml.YAMLError:
             out[key.strip()] = raw
     return out
@@ -123,6 +125,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         "print_graph": args.print_graph or None,
         "whole_graph_lowering": args.whole_graph_lowering or None,
         "seed": args.seed,
+        "chat_template": args.chat_template,
         "quiet": args.quiet or None,
     }
     options = build_options(recipe, flags)
@@ -222,7 +225,8 @@ def _json_schema_constraint(path: str, program, tokenizer):
     from llmcore.constrain import Constraint, GrammarError, json_schema_grammar
 
     try:
-        schema = json.loads(Path(path).read_text())
+        schema = nesting.loads(Path(path).read_text(), what=f"--json-schema {path}", stage="cli",
+                               fix="pass a file holding one JSON schema object.")
     except (OSError, ValueError) as exc:
         raise LlmcoreError(f"--json-schema {path}: cannot read a JSON schema from it ({exc}).", stage="cli",
                            fix="pass a file holding one JSON schema object.") from None
@@ -249,8 +253,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     program = Program.load(args.pte)
     tokenizer = TextTokenizer.from_file(tokenizer_path)
     prompt = args.prompt
-    if args.chat:
-        prompt = chat.apply_template(tokenizer_path, prompt)
+    if args.chat or args.chat_template:
+        prompt = chat.apply_template(tokenizer_path, prompt, args.chat_template)
     ids = prompt_ids_for(program, tokenizer, prompt)
     constraint = _json_schema_constraint(args.json_schema, program, tokenizer) if args.json_schema else None
     if not program.use_kv_cache and len(ids) > program.max_seq_len and not args.json:
@@ -284,6 +288,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from llmcore import chat
+
     parser = argparse.ArgumentParser(prog="llmcore", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks and library logs")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -311,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run to_edge on the whole graph, not on two of the model's identical blocks (slower; the same program)",
     )
     p.add_argument("--seed", type=int, help="seed for random init and calibration")
+    chat.add_template_option(p, "the chat template to record in tokenizer_config.json, in place of the checkpoint's")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("-o", "--output", help="the .pte to write")
     p.set_defaults(func=cmd_export)
@@ -328,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int)
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
+    chat.add_template_option(p, "with --chat (which it implies), the chat template in place of the program's")
     p.add_argument("--tokenizer", help="tokenizer.json (default: the one next to the .pte)")
     p.add_argument("--json", action="store_true", help="print ids, text and stats as one JSON object")
     p.add_argument("--json-schema", metavar="FILE",
@@ -336,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
     from llmcore import inspect as inspect_command, profile as profile_command
     inspect_command.add_parser(sub), profile_command.add_parser(sub)
-    from llmcore import chat, evaluate, matrix, serve
+    from llmcore import evaluate, matrix, serve
 
     evaluate.add_parser(sub)
     matrix.add_parser(sub)

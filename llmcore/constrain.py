@@ -32,6 +32,9 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from llmcore import nesting
+from llmcore.errors import LlmcoreError
+
 TOOL_TAG_OPEN, TOOL_TAG_CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -244,8 +247,8 @@ def parse_tool_call(text: str, tagged: bool) -> Optional[dict]:
             return None
         body = body[len(TOOL_TAG_OPEN): -len(TOOL_TAG_CLOSE)]
     try:
-        call = json.loads(body)
-    except ValueError:
+        call = nesting.loads(body, what="the model's tool call", stage="serve")
+    except (ValueError, LlmcoreError):  # not JSON, or nested past the limit: a reply, not a call
         return None
     if isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get("arguments"), dict):
         return call

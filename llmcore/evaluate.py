@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
+from llmcore import nesting
 from llmcore.errors import LlmcoreError, read_text_file
 
 
@@ -244,7 +245,8 @@ def evaluate(pte: str, text_path: str, max_tokens: Optional[int], window: Option
     else:
         report_path = Path(pte).with_name(Path(pte).stem + ".report.json")
         try:
-            report = json.loads(report_path.read_text())
+            report = nesting.loads(report_path.read_text(), what=f"the report {str(report_path)!r}", stage="eval",
+                                   fix="keep the report llmcore export wrote next to the .pte, or pass --no-eager.")
         except (OSError, ValueError):
             raise LlmcoreError(
                 f"the eager reference is rebuilt from {report_path.name}, which is missing or unreadable.",

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from llmcore import nesting
 from llmcore.errors import LlmcoreError, describe
 from llmcore.recipe import ExportOptions, build_options, parse_recipe, short_repr
 
@@ -261,7 +262,8 @@ def load_matrix(path: str, root: Optional[str] = None) -> Matrix:
     import yaml
 
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = nesting.yaml_loads(Path(path).read_text(encoding="utf-8"), what=f"matrix {path!r}", stage="matrix",
+                                  fix="list the models, backends and recipes one level deep (docs/matrix.md).")
     except OSError as exc:
         raise _matrix_error(f"cannot read matrix {path!r}: {exc.strerror or exc}.", fix="check the path.") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
@@ -329,11 +331,13 @@ def installed_versions() -> dict[str, str]:
 
 def content_key(options: ExportOptions, versions: dict[str, str], cache: dict) -> str:
     """What decides a cell's program: its options (not where it is written), the bytes of
-    its checkpoint and tokenizer, and the installed llmcore and plugin versions."""
+    its checkpoint, tokenizer and chat template file, and the installed llmcore and plugin
+    versions."""
     fields = dataclasses.asdict(options)
     for key in ("output", "quiet"):
         fields.pop(key)
-    inputs = {k: _file_digest(Path(fields[k]), cache) for k in ("checkpoint", "tokenizer") if fields[k]}
+    inputs = {k: _file_digest(Path(fields[k]), cache) for k in ("checkpoint", "tokenizer", "chat_template")
+              if fields[k]}
     blob = json.dumps({"options": fields, "inputs": inputs, "versions": versions},
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -349,7 +353,7 @@ def completed_report(cell: Cell, perplexity_text: Optional[str] = None) -> Optio
     """The cell's report if its outputs are all there and were made from the same inputs
     (and, when a perplexity is asked for, scored on the same text)."""
     try:
-        report = json.loads(cell.report_path.read_text())
+        report = nesting.loads(cell.report_path.read_text(), what=str(cell.report_path), stage="matrix")
         outputs = report["outputs"]
         record = report.get("matrix", {})
         if record.get("key") != cell.key:
@@ -360,7 +364,7 @@ def completed_report(cell: Cell, perplexity_text: Optional[str] = None) -> Optio
             return None
         if not Path(outputs["tokenizer"]).is_file():
             return None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, LlmcoreError):  # not a report llmcore wrote: export again
         return None
     return report
 

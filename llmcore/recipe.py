@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, get_args, get_origin, get_type_hints
 
+from llmcore import nesting
 from llmcore.errors import LlmcoreError
 
 DEFAULT_PROMPT = "Once upon a time, there was a little robot who"
@@ -59,6 +60,9 @@ class ExportOptions:
     (``--whole-graph-lowering``; slower, the same program: for checking)."""
     seed: int = 0
     """Seed for random initialisation and calibration."""
+    chat_template: Optional[str] = None
+    """A chat template to record in ``tokenizer_config.json`` in place of the checkpoint's:
+    a built-in's name or a Jinja file (``--chat-template``, llmcore.chat)."""
     quiet: bool = False
     """No progress on stderr."""
 
@@ -173,13 +177,8 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
             fix="pass a YAML text file to --recipe, saved as UTF-8.",
         ) from None
     try:
-        data = yaml.safe_load(text)
-    except RecursionError:
-        raise LlmcoreError(
-            f"recipe {str(path)!r} nests lists or mappings too deeply to read.",
-            stage="recipe",
-            fix="write one `key: value` per line, e.g. `quantize: int8-dynamic`.",
-        ) from None
+        data = nesting.yaml_loads(text, what=f"recipe {str(path)!r}", stage="recipe",
+                                  fix="write one `key: value` per line, e.g. `quantize: int8-dynamic`.")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

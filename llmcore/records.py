@@ -434,7 +434,7 @@ class RuntimeLibrary(Record):
     its delegates (empty when it has none), whether or not the program needs this library:
     for a setting of the library's that depends on the program. llmcore-kernels runs its
     kernels on threads of their own in a program with no delegate, and on ExecuTorch's pool
-    beside delegates (``plugins/kernels/csrc/kernel_threads.h``); ``llmcore_runner`` makes
+    beside delegates (``runtime/kernels/kernel_threads.h``); ``llmcore_runner`` makes
     the same choice."""
     preload: bool = False
     """Whether it is loaded, with its symbols global, before a process imports ExecuTorch's

@@ -33,10 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from llmcore import nesting
 from llmcore.errors import LlmcoreError
 
 DEFAULT_MAX_QUEUE = 16
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+# The roles OpenAI's chat API takes. "developer" is its newer name for "system" (o1 and later
+# models); chat templates know only "system", so it reaches them as that.
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class RequestError(Exception):
@@ -113,17 +117,21 @@ def chat_messages(body: dict) -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise RequestError(400, f"messages[{i}] must be an object with a string 'role'.", f"messages[{i}]")
-        message = {"role": m["role"], "content": _text_content(m, i)}
+        if m["role"] not in ROLES:
+            raise RequestError(400, f"messages[{i}].role is {m['role'][:40]!r}; it must be one of "
+                               f"{', '.join(ROLES)}.", f"messages[{i}].role", "invalid_value")
+        role = "system" if m["role"] == "developer" else m["role"]
+        message = {"role": role, "content": _text_content(m, i)}
         calls = m.get("tool_calls")
-        if m["role"] == "assistant" and calls:
+        if role == "assistant" and calls:
             if not isinstance(calls, list) or not all(
                     isinstance(c, dict) and isinstance(c.get("function"), dict)
                     and isinstance(c["function"].get("name"), str) for c in calls):
                 raise RequestError(400, f"messages[{i}].tool_calls must be a list of function calls.",
                                    f"messages[{i}].tool_calls")
-            message["tool_calls"] = [_call_for_template(c) for c in calls]
+            message["tool_calls"] = [_call_for_template(c, f"messages[{i}].tool_calls") for c in calls]
             call_ids.update(c.get("id") for c in calls if isinstance(c.get("id"), str))
-        if m["role"] == "tool":
+        if role == "tool":
             call_id = m.get("tool_call_id")
             if not isinstance(call_id, str) or call_id not in call_ids:
                 raise RequestError(400, f"messages[{i}] is a tool result for call {call_id!r}, which no earlier "
@@ -133,14 +141,17 @@ def chat_messages(body: dict) -> list[dict]:
     return out
 
 
-def _call_for_template(call: dict) -> dict:
+def _call_for_template(call: dict, where: str) -> dict:
     """An OpenAI tool call as chat templates read it: ``arguments`` as an object when it is JSON."""
     function = dict(call["function"])
     if isinstance(function.get("arguments"), str):
         try:
-            function["arguments"] = json.loads(function["arguments"])
+            function["arguments"] = nesting.loads(function["arguments"], stage="serve",
+                                                  what=f"the 'arguments' string of a call in {where}")
         except ValueError:
             pass
+        except LlmcoreError as exc:
+            raise RequestError(400, exc.message, where) from None
     return {"id": call.get("id"), "type": "function", "function": function}
 
 
@@ -454,8 +465,8 @@ class Server:
     def chat_ids(self, body: dict) -> list[int]:
         messages = chat_messages(body)
         if self.template is None:
-            raise RequestError(400, "this model has no chat template: send a raw prompt to /v1/completions.",
-                               "messages")
+            raise RequestError(400, "this model has no chat template: send a raw prompt to /v1/completions, or "
+                               "start the server with --chat-template.", "messages")
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
         if tools and "tools" not in self.template.source:
             messages = tools_in_system_message(messages, tools)
@@ -535,9 +546,11 @@ def create_app(server: Server):
 
     async def read_body(request: HttpRequest) -> Any:
         try:
-            return json.loads(await request.body())
+            return nesting.loads(await request.body(), what="the request body", stage="serve")
         except (ValueError, UnicodeDecodeError):
             raise RequestError(400, "the request body is not valid JSON.") from None
+        except LlmcoreError as exc:  # nested past the limit
+            raise RequestError(400, exc.message) from None
 
     async def complete(request: HttpRequest, chat: bool):
         try:
@@ -547,6 +560,8 @@ def create_app(server: Server):
             # chat requests take tools and response_format; the template decides the call format
             tagged = bool(server.template and server.template.tool_calls_tagged) if chat else None
             req = parse_request(body, ids_of, server.program.max_context_len, tagged)
+            if chat and server.template is not None:  # a built-in format's turn end (llmcore.chat.END_OF_TURN)
+                req.stop = req.stop + [s for s in server.template.stop_strings if s not in req.stop]
             engine = await server.acquire(req.prompt_ids)
         except RequestError as err:
             return error_response(err)
@@ -690,6 +705,8 @@ def create_app(server: Server):
 
 
 def add_parser(subparsers) -> None:
+    from llmcore.chat import add_template_option
+
     p = subparsers.add_parser("serve", help="an OpenAI-compatible HTTP server over a .pte program")
     p.add_argument("pte")
     p.add_argument("--host", default="127.0.0.1")
@@ -699,6 +716,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--parallel", type=int, default=1, help="program instances, each with its own KV cache")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help="requests that may wait for a free instance; more get 503 with Retry-After")
+    add_template_option(p, "the chat template of /v1/chat/completions, in place of the one saved with the program")
     p.set_defaults(func=cmd_serve)
 
 
@@ -707,16 +725,16 @@ def cmd_serve(args) -> int:
 
     import uvicorn
 
-    from llmcore.chat import ChatTemplate
+    from llmcore.chat import load_template
     from llmcore.generate import tokenizer_beside
 
     if args.parallel < 1 or args.max_queue < 0:
         raise LlmcoreError("--parallel must be at least 1 and --max-queue at least 0.", stage="serve",
                            fix="pass --parallel 1 (the default) or more.")
     tokenizer_path = str(args.tokenizer or tokenizer_beside(args.pte))
+    template = load_template(tokenizer_path, args.chat_template)  # before the programs load: a bad one fails fast
     engines = [Engine(args.pte, tokenizer_path) for _ in range(args.parallel)]
-    server = Server(engines, args.model_name or Path(args.pte).stem, ChatTemplate.beside(tokenizer_path),
-                    args.max_queue)
+    server = Server(engines, args.model_name or Path(args.pte).stem, template, args.max_queue)
     print(f"[llmcore] serving {args.pte} as {server.model_id!r} ({args.parallel} instance"
           f"{'s' * (args.parallel != 1)}) on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning")

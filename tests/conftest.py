@@ -31,6 +31,7 @@ def exports(tmp_path_factory):
         "int8": dict(plugins=["xnnpack"], quantize="int8-dynamic"),
         "nocache": dict(plugins=["xnnpack"], skip_transforms=["kv-cache"]),
         "static-cache": dict(plugins=["xnnpack"], transforms=["kv-cache-static"]),
+        "chatml": dict(plugins=["xnnpack"], chat_template="chatml"),  # a base model given a chat template
         # Gemma 3's layout (llmcore-gemma): sliding layers with ring buffers of 31 rows, so
         # a call takes at most 16 tokens and longer prompts are fed in chunks
         "ring": dict(model="gemma", config="gemma3-tiny", plugins=["xnnpack"]),

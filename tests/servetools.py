@@ -1,5 +1,6 @@
 """Starting ``llmcore serve`` for tests: a copy of a program with a chat template of the
-test's choosing, served as a subprocess on a free loopback port."""
+test's choosing (or the one its export saved), served as a subprocess on a free loopback
+port."""
 
 from __future__ import annotations
 
@@ -12,21 +13,27 @@ import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Optional, Sequence
 
 import pytest
 
 
 @contextmanager
-def serve_program(source_pte: Path, folder: Path, template: str, name: str = "tiny"):
-    """Yields (base URL, served .pte path); the server is stopped on exit."""
+def serve_program(source_pte: Path, folder: Path, template: Optional[str], name: str = "tiny",
+                  args: Sequence[str] = ()):
+    """Yields (base URL, served .pte path); the server is stopped on exit. ``template`` None
+    keeps the ``tokenizer_config.json`` the export wrote; ``args`` go to ``llmcore serve``."""
     pte = folder / f"{name}.pte"
     shutil.copy(source_pte, pte)
     shutil.copy(source_pte.with_name("tokenizer.json"), folder / "tokenizer.json")
-    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    if template is None:
+        shutil.copy(source_pte.with_name("tokenizer_config.json"), folder / "tokenizer_config.json")
+    else:
+        (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "llmcore", "serve", str(pte), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "llmcore", "serve", str(pte), "--port", str(port), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
@@ -45,3 +52,14 @@ def serve_program(source_pte: Path, folder: Path, template: str, name: str = "ti
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def reference(pte: Path, prompt_text: str, max_tokens: int) -> str:
+    """Greedy text of a freshly loaded program (what ``llmcore run`` generates)."""
+    from llmcore.generate import Sampling, TextTokenizer, generate, prompt_ids_for
+    from llmcore.runtime import Program
+
+    program = Program.load(pte)
+    tokenizer = TextTokenizer.from_file(pte.with_name("tokenizer.json"))
+    out = generate(program, prompt_ids_for(program, tokenizer, prompt_text), max_tokens, Sampling())
+    return tokenizer.decode(out.generated_ids, skip_special_tokens=True)

@@ -294,6 +294,24 @@ def inputs(tmp_path_factory, exports) -> Path:
     (fx / "programs" / "notes.pte").write_text("hello, I am not a program\n")
     _vulkan_program(fx / "programs" / "vulkan.pte")
 
+    # nested 100,000 levels deep (llmcore/nesting.py)
+    deep = "[" * 100_000 + "]" * 100_000
+    (fx / "deep").mkdir()
+    (fx / "deep" / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {"a": 0}, "x": ' + deep + "}}")
+    (fx / "deep" / "schema.json").write_text('{"type": "object", "x": ' + deep + "}")
+    (fx / "deep.yaml").write_text("model: nanogpt\nconfig: tiny\ntransforms: " + deep + "\n")
+    for name, source, model_type in (("llama-deep-config", "llama-missing", "llama"),
+                                     ("gpt2-deep-config", "gpt2-missing", "gpt2")):
+        shutil.copytree(fx / source, fx / name)
+        (fx / name / "config.json").write_text('{"model_type": "%s", "x": %s}' % (model_type, deep))
+    (fx / "deep-config").mkdir()
+    shutil.copy(good.pte, fx / "deep-config" / "tiny.pte")
+    shutil.copy(good.tokenizer_path, fx / "deep-config" / "tokenizer.json")
+    (fx / "deep-config" / "tokenizer_config.json").write_text('{"chat_template": ' + deep + "}")
+
+    # chat templates
+    (fx / "broken.jinja").write_text("{% for m in messages %}{{ m['content'] }")
+
     # plugins installed as distributions
     install_fake_distribution(fx / "site-broken", "llmcore-broken", "broken", "llmcore_broken", BROKEN_PLUGIN)
     install_fake_distribution(fx / "site-impostor", "llmcore-impostor", "impostor", "llmcore_impostor", IMPOSTOR_PLUGIN)
@@ -425,6 +443,30 @@ MATRIX = [
          "No such file"),
     case("run-corrupt-tokenizer", ["run", "{fx}/corrupt-tokenizer/tiny.pte", "--prompt", "hi"],
          "not a valid tokenizer.json"),
+    # documents nested past the limit (Python's parsers recursed into a RecursionError)
+    case("tokenizer-json-too-deep", [*EXPORT, "--tokenizer", "{fx}/deep/tokenizer.json"], "deep/tokenizer.json",
+         "more than 512 deep"),
+    case("llama-tokenizer-json-too-deep", [*LLAMA_EXPORT, "--tokenizer", "{fx}/deep/tokenizer.json"],
+         "deep/tokenizer.json", "more than 512 deep"),
+    case("llama-config-too-deep", ["export", "--model", "llama", "--checkpoint", "{fx}/llama-deep-config"],
+         "llama-deep-config/config.json", "more than 512 deep"),
+    case("gpt2-config-too-deep", ["export", "--model", "nanogpt", "--checkpoint", "{fx}/gpt2-deep-config"],
+         "gpt2-deep-config/config.json", "more than 512 deep"),
+    case("checkpoint-config-too-deep", ["export", "--checkpoint", "{fx}/llama-deep-config"],
+         "llama-deep-config/config.json", "more than 512 deep"),
+    case("recipe-too-deep", ["export", "--recipe", "{fx}/deep.yaml"], "deep.yaml", "deeper than its parser can follow"),
+    case("run-json-schema-too-deep", ["run", "{fx}/good/tiny.pte", "--prompt", "hi", "--json-schema",
+                                      "{fx}/deep/schema.json"], "--json-schema", "more than 512 deep"),
+    case("run-chat-tokenizer-config-too-deep", ["run", "{fx}/deep-config/tiny.pte", "--chat", "--prompt", "hi"],
+         "deep-config/tokenizer_config.json", "more than 512 deep"),
+    # chat templates (--chat-template)
+    case("chat-template-unknown-name", ["run", "{fx}/good/tiny.pte", "--chat-template", "chatlm", "--prompt", "hi"],
+         "--chat-template 'chatlm'", "chatml, llama3, zephyr"),
+    case("chat-template-missing-file", ["serve", "{fx}/good/tiny.pte", "--chat-template", "{fx}/nosuch.jinja"],
+         "nosuch.jinja", "neither a built-in template nor a file"),
+    case("chat-template-does-not-compile", ["chat", "{fx}/good/tiny.pte", "--chat-template", "{fx}/broken.jinja"],
+         "broken.jinja", "not a Jinja template", "line 1"),
+    case("export-chat-template-unknown", [*EXPORT, "--chat-template", "nosuch"], "--chat-template 'nosuch'"),
 ]
 
 

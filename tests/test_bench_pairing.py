@@ -71,3 +71,24 @@ def test_a_program_inside_the_cache_is_not_judged_against_the_bandwidth_limit():
     row = {"variant": "8da8w-layers", "runner": "c++", "of_bw_limit": 0.5, "file_mib": 238.5}
     assert bench_decode.target_verdicts([row], cache_mib=32.0)[0][3] == "MISSED"
     assert bench_decode.target_verdicts([row], cache_mib=300.0)[0][3].startswith("not judged")
+
+
+
+def test_a_runner_row_whose_tokens_are_not_pythons_is_refused_and_not_printed(capsys):
+    """Issue 58: the bench timed a runner that printed blank lines. A runner row is kept only
+    when the Python runtime, following its tokens, finds each one its own choice (up to a
+    near tie): ``follow`` stands in for that check here (tests/test_agreement.py tests it)."""
+    rows = [{"variant": "gguf", "runner": "python"},
+            {"variant": "gguf", "runner": "c++", "ids": [198, 198]},
+            {"variant": "gguf", "runner": "c++ old", "ids": [5, 6]},
+            {"variant": "8da4w", "runner": "c++", "ids": None},
+            {"variant": "llama.cpp Q4_0", "runner": "llama-bench"}]
+    verdicts = {"c++": {"agrees": False, "line": "gguf (c++): its token at step 0 of 2 (198) scores 3 logits below"},
+                "c++ old": {"agrees": True, "line": "gguf (c++ old): each of its 2 tokens is Python's choice"}}
+    kept = bench_decode.refuse_wrong_rows(rows, follow=lambda r: verdicts[r["runner"]])
+    assert [(r["variant"], r["runner"]) for r in kept] == [("gguf", "python"), ("gguf", "c++ old"),
+                                                           ("llama.cpp Q4_0", "llama-bench")]
+    err = capsys.readouterr().err
+    assert "row refused, its tokens are not Python's: gguf (c++): its token at step 0" in err
+    assert "row refused, its tokens are not Python's: the runner printed no ids" in err
+    assert rows[1]["refused"].startswith("gguf (c++)")

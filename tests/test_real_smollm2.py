@@ -194,7 +194,7 @@ def test_kernel_recipes_answer_as_their_xnnpack_recipe_does(smollm2, smollm2_ggu
     XNNPACK and the kernel each their own way, and XNNPACK's way depends on the CPU.
 
     The bound admits what XNNPACK's own instruction sets differ by. Measured on an AVX-512
-    VNNI Xeon, natively and under benchmarks/isa_view.py's avx2 view, KL(XNNPACK || kernels)
+    VNNI Xeon, natively and under llmcore/testing/isa_view.py's avx2 view, KL(XNNPACK || kernels)
     after the question: 8da4w-mlp 0.010 / 0.015, 8da4w-layers 0.013 / 0.020, 8da8w-layers
     0.011 / 0.018, gguf-layers 0.040 / 0.075 (0.0515 on an AVX2-only EPYC). The kernels'
     logits are bit for bit the same under both views; XNNPACK's gguf program differs from

@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 import torch
 
+from servetools import reference, serve_program
+
 openai = pytest.importorskip("openai")
 
 TEMPLATE = (
@@ -34,8 +36,6 @@ MODEL = "tiny"
 @pytest.fixture(scope="module")
 def served(exports, tmp_path_factory):
     """(base URL, .pte path) of a server over the tiny program with a chat template."""
-    from servetools import serve_program
-
     with serve_program(exports("xnnpack").pte, tmp_path_factory.mktemp("serve"), TEMPLATE) as running:
         yield running
 
@@ -43,17 +43,6 @@ def served(exports, tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(served):
     return openai.OpenAI(base_url=served[0] + "/v1", api_key="unused", max_retries=0)
-
-
-def reference(pte, prompt_text: str, max_tokens: int) -> str:
-    """Greedy text of a freshly loaded program (what ``llmcore run`` generates)."""
-    from llmcore.generate import Sampling, TextTokenizer, generate, prompt_ids_for
-    from llmcore.runtime import Program
-
-    program = Program.load(pte)
-    tokenizer = TextTokenizer.from_file(pte.with_name("tokenizer.json"))
-    out = generate(program, prompt_ids_for(program, tokenizer, prompt_text), max_tokens, Sampling())
-    return tokenizer.decode(out.generated_ids, skip_special_tokens=True)
 
 
 def chat_prompt(*contents: str) -> str:
@@ -167,6 +156,45 @@ def test_bad_input_gets_an_openai_error_and_the_server_stays_up(served, client, 
     assert code == status and body["error"]["param"] == param and body["error"]["message"]
     ok = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "ok?"}], max_tokens=2)
     assert ok.choices[0].message.role == "assistant"
+
+
+def test_an_unknown_role_is_a_400_and_developer_speaks_as_system(served, client):
+    """OpenAI answers an unknown role with a 400 naming ``messages[i].role``; ``developer``
+    (its newer name for ``system``) reaches the template as ``system``."""
+    _, pte = served
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"},
+                                                              {"role": "wizard", "content": "hi"}], max_tokens=2)
+    error = refused.value.body
+    assert refused.value.status_code == 400 and error["param"] == "messages[1].role"
+    assert "'wizard'" in error["message"] and error["code"] == "invalid_value"
+    messages = [{"role": "developer", "content": "Answer briefly"}, {"role": "user", "content": "hi"}]
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0)
+    assert reply.choices[0].message.content == reference(pte, "Answer briefly [system]\nhi [user]\n>", 6)
+
+
+DEEP = 100_000  # levels of nesting in a 200 KB body: Python's json recursed until RecursionError, a plain 500
+
+
+@pytest.mark.parametrize("data", [
+    b"[" * DEEP + b"]" * DEEP,
+    json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "metadata": "@"}).encode()
+    .replace(b'"@"', b"[" * DEEP + b"]" * DEEP),
+], ids=["array", "inside-a-request"])
+def test_a_body_nested_past_the_limit_is_a_400_and_the_server_stays_up(served, client, data):
+    code, body, headers = post(served[0], "/v1/chat/completions", data)
+    assert code == 400 and headers["content-type"] == "application/json"
+    assert body["error"]["type"] == "invalid_request_error" and "more than 512 deep" in body["error"]["message"]
+    ok = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "ok?"}], max_tokens=2)
+    assert ok.choices[0].message.role == "assistant"
+
+
+def test_tool_call_arguments_nested_past_the_limit_are_a_400(served):
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "[" * DEEP}}
+    data = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"},
+                                                    {"role": "assistant", "content": None, "tool_calls": [call]}]})
+    code, body, _ = post(served[0], "/v1/chat/completions", data.encode())
+    assert code == 400 and body["error"]["param"] == "messages[1].tool_calls"
 
 
 def test_context_overflow_has_its_code(served):

@@ -1,8 +1,9 @@
 // The int4 GEMM probe (int4_gemm.h): checks the kernel, and times it on SmolLM2-135M's
 // linear layers, for the comparison with XNNPACK's GEMMs in docs/performance.md.
 //
-//   c++ -O3 -std=c++17 -ffp-contract=off -pthread -Iplugins/kernels/csrc
+//   c++ -O3 -std=c++17 -ffp-contract=off -pthread -Iplugins/kernels/csrc -Iruntime/kernels
 //       benchmarks/int4_gemm_probe/probe.cpp plugins/kernels/csrc/int4_gemm.cpp -o int4_probe
+//   (runtime/kernels: cpu_isa.h, the instruction-set choice int4_gemm.cpp shares with the runner)
 //   int4_probe check
 //       the best code this CPU runs (AVX-512 VNNI, AVX2; LLMCORE_KERNELS_MAX_ISA=avx2
 //       or =portable caps it) against the portable loops and both against a double-precision

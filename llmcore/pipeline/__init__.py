@@ -97,10 +97,13 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
         options.quantize, options.quantize_options, options.plugins, registry
     )
     transforms = transform.select_transforms(options, registry, options.model)
+    chat_template = chat.template_source(options.chat_template) if options.chat_template else None
 
     with log.stage("load"):
         loaded = load_model(options, registry)
     meta = loaded.metadata
+    if chat_template is not None:  # --chat-template: recorded in place of the checkpoint's
+        meta = loaded.metadata = dataclasses.replace(meta, chat_template=chat_template)
     if options.quantize is None and recipe is None:
         recipe, recipe_options = quantize.default_for_checkpoint(
             loaded.stored_weights, options.plugins, registry, options.quantize_options or {}

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
+from llmcore import nesting
 from llmcore.errors import LlmcoreError, stage_errors
 from llmcore.plugins import Registry
 from llmcore.recipe import ExportOptions
@@ -155,7 +155,7 @@ def architecture_of(checkpoint: Path) -> Optional[str]:
     config = folder / "config.json"
     if config.is_file():
         try:
-            model_type = json.loads(config.read_text()).get("model_type")
+            model_type = nesting.loads(config.read_text(), what=f"config.json {str(config)!r}").get("model_type")
             return model_type if isinstance(model_type, str) else None
         except (OSError, ValueError, AttributeError):
             return None

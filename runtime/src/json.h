@@ -96,6 +96,9 @@ class Parser {
   }
 
  private:
+  // Arrays and objects inside one another, at most: parse_value recurses once per level, so a
+  // document of 100,000 '[' would overflow the stack. The same limit as llmcore's Python
+  // readers (llmcore/nesting.py), so both runners refuse the same files.
   static constexpr int kMaxDepth = 512;
 
   [[noreturn]] void fail(const std::string& msg) const {
@@ -122,10 +125,13 @@ class Parser {
     return false;
   }
 
+  // `depth`: the arrays and objects around this value.
   void parse_value(Value& out, int depth) {
-    if (depth > kMaxDepth) fail("nesting too deep");
     if (pos_ >= s_.size()) fail("unexpected end of input");
     char c = s_[pos_];
+    if ((c == '{' || c == '[') && depth >= kMaxDepth) {
+      fail("nesting too deep: more than " + std::to_string(kMaxDepth) + " arrays or objects inside one another");
+    }
     switch (c) {
       case '{': parse_object(out, depth); return;
       case '[': parse_array(out, depth); return;

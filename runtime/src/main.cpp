@@ -17,7 +17,7 @@
 // LLMCORE_RUNTIME_LIBRARIES (':'-separated), then looks for lib<name>.so of each
 // declared library in the folders of LLMCORE_RUNTIME_LIBRARIES and next to itself.
 // KV-cache programs' llama::update_cache / llama::custom_sdpa kernels are linked in
-// (plugins/kernels/csrc/llm_ops.cpp).
+// (runtime/kernels/llm_ops.cpp).
 //
 // --etdump FILE records every `forward` call with ExecuTorch's ETDump event tracer
 // (operator and delegate timings) and writes it to FILE at the end, for
@@ -431,7 +431,7 @@ int run(const Options& opt) {
                                 kernels.missing() + " (pass --load-library PATH)");
   }
   // llmcore's kernels on their own threads in a program with no delegate, on ExecuTorch's
-  // pool beside delegates (plugins/kernels/csrc/kernel_threads.h says why).
+  // pool beside delegates (runtime/kernels/kernel_threads.h says why).
   const bool own_threads = module.forward_backends() == 0;
   llmcore_kernels::kernel_threads_use_own(own_threads);
   if (opt.verbose)
@@ -586,6 +586,9 @@ int run(const Options& opt) {
                ttft_ms, prefill_tok_s, decode_tok_s, peak_rss_mib(), n_prompt, generated.size(),
                ms_since(t_load0, t_load1), stop_reason.c_str());
   if (opt.verbose) {
+    std::fprintf(stderr, "llmcore_runner: program pages given back after the runtime freed them: %llu KiB (%llu KiB read "
+                 "back when loaded again)\n", (unsigned long long)(module.released_bytes() >> 10),
+                 (unsigned long long)(module.restored_bytes() >> 10));
     const llmcore::XnnpackReshapeCounts r = llmcore::xnnpack_reshape_counts();
     std::fprintf(stderr, "llmcore_runner: XNNPACK runtime reshapes: %llu run, %llu skipped (input shapes unchanged)%s\n",
                  (unsigned long long)r.done, (unsigned long long)r.skipped,

@@ -152,6 +152,9 @@ PteModule::PteModule(const std::string& path, bool map_file) : path_(path) {
   program_.reset(new ProgramHolder(std::move(program.get())));
 }
 
+uint64_t PteModule::released_bytes() const { return loader_->release_counts().released_bytes; }
+uint64_t PteModule::restored_bytes() const { return loader_->release_counts().restored_bytes; }
+
 PteModule::~PteModule() {
   forward_.reset();
   program_.reset();

@@ -53,6 +53,11 @@ class PteModule {
   // How many backends forward's delegates use (0: no delegate).
   size_t forward_backends() const;
 
+  // Bytes of the program the loader gave back after the runtime freed them, and bytes it
+  // read back because the runtime loaded them again (mmap_data_loader.h).
+  uint64_t released_bytes() const;
+  uint64_t restored_bytes() const;
+
   // Runs forward on tokens[0..n) (and input_pos = {*pos} when pos != nullptr);
   // writes the logits of the last position to *logits.
   void forward(const int64_t* tokens, int64_t n, const int64_t* pos, std::vector<float>* logits);

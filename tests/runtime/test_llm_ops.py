@@ -1,5 +1,5 @@
 """The runner's own llama::update_cache, llama::update_cache_with_indices and
-llama::custom_sdpa kernels (plugins/kernels/csrc/llm_ops.cpp).
+llama::custom_sdpa kernels (runtime/kernels/llm_ops.cpp).
 
 * Kernel level: build/llmcore_llm_ops_check runs them through the ExecuTorch operator
   registry on raw buffers; the results are compared with attention written out in torch

@@ -246,7 +246,7 @@ RESHAPES_RE = re.compile(r"XNNPACK runtime reshapes: (\d+) run, (\d+) skipped")
 
 def test_xnnpack_reshapes_only_when_input_shapes_change(binaries, programs, hf_tok):
     """The runner answers XNNPACK's whole-runtime reshape itself when a delegate's input
-    shapes are those of its last reshape (plugins/kernels/csrc/xnnpack_reshape.cpp). A
+    shapes are those of its last reshape (runtime/kernels/xnnpack_reshape.cpp). A
     prompt longer than one call changes the shapes three times (full chunk, remainder, one
     token): the greedy tokens must still be the Python reference loop's, and the same as
     with every reshape passed on (LLMCORE_XNNPACK_RESHAPE=always)."""
@@ -716,7 +716,7 @@ def test_tokenizer_long_runs_match_hf(binaries, programs, tmp_path):
 
 
 # --------------------------------------------------------------------------
-# benchmarks/isa_view.py: the runner as on an AVX2-only CPU
+# llmcore/testing/isa_view.py: the runner as on an AVX2-only CPU
 # --------------------------------------------------------------------------
 
 
@@ -730,8 +730,7 @@ def test_isa_view_hides_newer_features_and_keeps_greedy_tokens(binaries, program
 
     if shutil.which("cc") is None:
         pytest.skip("no C compiler for the preload library")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import isa_view
+    from llmcore.testing import isa_view
 
     pte = programs / "kv.pte"
     prompt = "Hello the world"

@@ -7,6 +7,8 @@
 // multiply-add would round once where torch rounds twice.
 #include "int4_gemm.h"
 
+#include "cpu_isa.h"
+
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -70,36 +72,9 @@ void min_max_portable(const float* x, int64_t k, float* lo, float* hi) {
   *hi = b;
 }
 
-#if LLMCORE_HAVE_X86
-bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
-#endif
-
-// The GEMM's instruction set: the best this CPU has, capped by LLMCORE_KERNELS_MAX_ISA
-// ("portable", "avx2"; benchmarks/isa_view.py sets it, as it caps ATen and oneDNN by
-// theirs).
-enum class Isa { portable, avx2, avx512_vnni };
-
-Isa gemm_isa() {
-  static const Isa isa = [] {
-    Isa best = Isa::portable;
-#if LLMCORE_HAVE_X86
-    if (cpu_has_avx2()) best = Isa::avx2;
-    if (best == Isa::avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512vnni"))
-      best = Isa::avx512_vnni;
-#endif
-    const char* cap = std::getenv("LLMCORE_KERNELS_MAX_ISA");
-    if (cap == nullptr || *cap == '\0') return best;
-    if (std::strcmp(cap, "portable") == 0) return Isa::portable;
-    if (std::strcmp(cap, "avx2") == 0) return std::min(best, Isa::avx2);
-    std::fprintf(stderr, "llmcore-kernels: LLMCORE_KERNELS_MAX_ISA=%s is not one of portable, avx2; ignored\n", cap);
-    return best;
-  }();
-  return isa;
-}
+// The GEMM's instruction set (cpu_isa.h): the best this CPU has, capped by
+// LLMCORE_KERNELS_MAX_ISA.
+Isa gemm_isa() { return kernels_isa(); }
 
 #if LLMCORE_HAVE_X86
 LLMCORE_AVX2 void min_max_avx2(const float* x, int64_t k, float* lo, float* hi) {
@@ -321,16 +296,7 @@ void pack_row(const int8_t* q, int64_t k, uint8_t* out) {
 
 bool uses_avx2() { return gemm_isa() != Isa::portable; }
 
-const char* gemm_isa_name() {
-  switch (gemm_isa()) {
-    case Isa::avx512_vnni:
-      return "AVX-512 VNNI";
-    case Isa::avx2:
-      return "AVX2";
-    default:
-      return "portable";
-  }
-}
+const char* gemm_isa_name() { return isa_name(gemm_isa()); }
 
 void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a, float* scale,
                    float* zero, bool arranged, bool portable) {

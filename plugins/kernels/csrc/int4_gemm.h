@@ -65,8 +65,8 @@ constexpr int64_t kBlock = 32;
 // lines: the probe's 64-token MLP pass (AVX2, one thread, on the 2-core Xeon) took 68.0-70.2
 // ms with the unpacked rows or the activations there, 60.2-64.9 on 32-byte boundaries. On
 // two threads the probe showed no change; the runner's 64-token prefill MLP, median of five
-// ETDumps, 44.5 ms before and 41.5 after (docs/performance.md, "Buffers on cache-line
-// boundaries").
+// ETDumps, 44.5 ms before and 41.5 after (docs/performance.md, "What was tried":
+// tile buffers on cache lines).
 template <typename T>
 struct CacheLineAllocator {
   using value_type = T;
@@ -154,7 +154,7 @@ LLMCORE_INT4_API void pack_row(const int8_t* q, int64_t k, uint8_t* out);
 bool uses_avx2();
 
 // Which code gemm_rows runs here: "AVX-512 VNNI" (vpdpbusd on 256-bit registers), "AVX2" or
-// "portable"; LLMCORE_KERNELS_MAX_ISA=avx2 or =portable caps it (benchmarks/isa_view.py).
+// "portable"; LLMCORE_KERNELS_MAX_ISA=avx2 or =portable caps it (llmcore/testing/isa_view.py).
 const char* gemm_isa_name();
 
 }  // namespace int4

@@ -8,7 +8,8 @@ Provides
   ``build/libllmcore_kernels_aot.so`` (PyTorch registration);
 * the specialized runtime library ``llmcore_llm_ops``: the C++ runner's attention kernel
   (``llama::custom_sdpa`` on float32), which Python processes then run instead of
-  ExecuTorch's own (``build/libllmcore_llm_ops.so``; see ``csrc/llm_ops.cpp``);
+  ExecuTorch's own (``build/libllmcore_llm_ops.so``, built by the runtime from
+  ``runtime/kernels/llm_ops.cpp``);
 * the source transform ``fused-rmsnorm`` (``--transforms fused-rmsnorm``): Llama-style
   RMSNorm modules become one call of ``llmcore::rms_norm``;
 * the quantizer recipe ``8da4w-mlp`` (``--quantize 8da4w-mlp``): llmcore-xnnpack's ``8da4w``,
@@ -51,7 +52,7 @@ def _apply_fused_rmsnorm(module, context):
 def _threads_for_program(delegates: tuple[str, ...]) -> None:
     """The kernels on their own threads in a program with no delegate (all its heavy work is
     theirs: 8da4w-layers), on ExecuTorch's pool in one with delegates, whose worker they then
-    share (csrc/kernel_threads.h), as llmcore_runner chooses."""
+    share (runtime/kernels/kernel_threads.h), as llmcore_runner chooses."""
     library.use_own_threads(not delegates)
 
 

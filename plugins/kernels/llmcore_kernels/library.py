@@ -1,19 +1,21 @@
 """Finding and loading the native libraries of llmcore-kernels.
 
-The C++ sources (``plugins/kernels/csrc``) are built by the project's CMake
-(``make runner``) into the build folder:
+The project's CMake (``make runner``) builds them into the build folder: the first two from
+this plugin's C++ sources (``plugins/kernels/csrc``), the others from the runtime's
+(``runtime/kernels``: code ``llmcore_runner`` links, which this package loads into Python
+processes too):
 
 * ``libllmcore_kernels.so``: the ExecuTorch kernels, registered with the runtime on load;
 * ``libllmcore_kernels_aot.so``: their PyTorch registration; it links the first, so loading
   it in Python registers the ops with both PyTorch and the ExecuTorch runtime;
 * ``libllmcore_llm_ops.so``: ``llmcore_runner``'s attention kernel (``llama::custom_sdpa``)
   for Python processes, registered for float32 tensors under ExecuTorch kernel keys beside
-  ExecuTorch's own kernel of that op (``csrc/llm_ops.cpp``);
+  ExecuTorch's own kernel of that op (``runtime/kernels/llm_ops.cpp``);
 * ``libllmcore_xnnpack_reshape.so``: XNNPACK's whole-runtime reshape only when a delegate's
-  input shapes change, as ``llmcore_runner`` does (``csrc/xnnpack_reshape.cpp``); loaded
-  before ExecuTorch's bindings;
+  input shapes change, as ``llmcore_runner`` does (``runtime/kernels/xnnpack_reshape.cpp``);
+  loaded before ExecuTorch's bindings;
 * ``libllmcore_threads.so``: the threads the first and the third split their work over in a
-  program with no delegate, one pool for the process (``csrc/kernel_threads.h``,
+  program with no delegate, one pool for the process (``runtime/kernels/kernel_threads.h``,
   :func:`use_own_threads`); both link it, and it is found next to them.
 
 They are looked up in ``$LLMCORE_KERNELS_LIB_DIR`` when it is set, else in ``build/`` of the
@@ -72,7 +74,7 @@ def llm_ops_library() -> Path:
 
 def xnnpack_reshape_library() -> Path:
     """XNNPACK's whole-runtime reshape only when a delegate's input shapes change, for a
-    Python process to load before ExecuTorch's bindings (``csrc/xnnpack_reshape.cpp``)."""
+    Python process to load before ExecuTorch's bindings (``runtime/kernels/xnnpack_reshape.cpp``)."""
     return library_path(XNNPACK_RESHAPE_LIBRARY)
 
 
@@ -87,7 +89,7 @@ def _loaded_threads_library():
 
 def use_own_threads(own: bool) -> bool:
     """Run the kernels of this process on their own threads, or on ExecuTorch's pool
-    (``csrc/kernel_threads.h``, ``kernel_threads_use_own``). Returns False, and changes
+    (``runtime/kernels/kernel_threads.h``, ``kernel_threads_use_own``). Returns False, and changes
     nothing, when no library of this package is loaded in this process."""
     threads = _loaded_threads_library()
     if threads is None:

@@ -215,7 +215,8 @@ def test_the_gemm_probe_checks_the_kernel(tmp_path):
     probe = tmp_path / "int4_probe"
     subprocess.run(
         [compiler, "-O2", "-std=c++17", "-ffp-contract=off", "-pthread", "-Wno-psabi",
-         f"-I{root / 'plugins/kernels/csrc'}", str(root / "benchmarks/int4_gemm_probe/probe.cpp"),
+         f"-I{root / 'plugins/kernels/csrc'}", f"-I{root / 'runtime/kernels'}",  # cpu_isa.h: the runtime's
+         str(root / "benchmarks/int4_gemm_probe/probe.cpp"),
          str(root / "plugins/kernels/csrc/int4_gemm.cpp"), "-o", str(probe)],
         check=True, timeout=300,
     )

@@ -1,6 +1,6 @@
 """libllmcore_xnnpack_reshape.so in Python processes: XNNPACK's whole-runtime reshape only
-when a delegate's input shapes changed (csrc/xnnpack_reshape.cpp; llmcore_runner links the
-same code, tested in tests/runtime/test_runner.py).
+when a delegate's input shapes changed (runtime/kernels/xnnpack_reshape.cpp; llmcore_runner
+links the same code, tested in tests/runtime/test_runner.py).
 
 Each run is a fresh interpreter: whether the library takes effect depends on what was loaded
 before ExecuTorch's bindings. The authority is the same program with every reshape passed

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
+
+from llmcore import nesting
+from llmcore.errors import LlmcoreError
 
 GGUF_MAGIC = b"GGUF"
 LLAMA2C_V1_MAGIC = 0x616B3432  # "ak42", llama2.c export format versions >= 1
@@ -82,7 +84,9 @@ def hf_files(path: Path) -> Optional[tuple[Path, list[Path]]]:
         index = folder / index_name
         if index.is_file():
             try:
-                weight_map = json.loads(index.read_text())["weight_map"]
+                weight_map = nesting.loads(index.read_text(), what=str(index), plugin="llama")["weight_map"]
+            except LlmcoreError:
+                raise
             except Exception:
                 return None
             return config, [folder / f for f in sorted(set(weight_map.values()))]
@@ -103,7 +107,7 @@ def hf_architecture(path: Path) -> Optional[str]:
     if found is None:
         return None
     try:
-        model_type = json.loads(found[0].read_text()).get("model_type")
+        model_type = nesting.loads(found[0].read_text(), what=str(found[0]), plugin="llama").get("model_type")
     except (OSError, ValueError, AttributeError):
         return None
     return model_type if isinstance(model_type, str) else None

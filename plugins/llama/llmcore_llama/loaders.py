@@ -7,7 +7,6 @@ tokenizer and fills in :class:`ModelMetadata`.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import pickle
@@ -20,6 +19,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 import numpy as np
 import torch
 
+from llmcore import nesting
 from llmcore.checkpoints import check_state_dict
 from llmcore.errors import LlmcoreError
 from llmcore.records import LoadedModel, LoadOptions, ModelMetadata, Tokenizer
@@ -303,7 +303,9 @@ def load_meta(path: Path, options: LoadOptions) -> LoadedModel:
         )
     params_path, shard_paths = found
     try:
-        params = json.loads(params_path.read_text())
+        params = nesting.loads(params_path.read_text(), what=str(params_path), plugin=PLUGIN)
+    except LlmcoreError:
+        raise
     except Exception as e:
         raise load_error(f"could not read {params_path}: {e}") from e
     if not isinstance(params, dict):
@@ -536,7 +538,9 @@ def load_hf(path: Path, options: LoadOptions, arch: HFArchitecture = LLAMA_HF) -
         )
     config_path, files = found
     try:
-        cfg = json.loads(config_path.read_text())
+        cfg = nesting.loads(config_path.read_text(), what=str(config_path), plugin=plugin)
+    except LlmcoreError:
+        raise
     except Exception as e:
         raise load_error(
             f"could not read {config_path}: {e}", fix="check the config.json of the checkpoint.", plugin=plugin

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
+from llmcore import nesting
 from llmcore.bpe import byte_level_bpe_json, bytes_to_unicode
+from llmcore.errors import LlmcoreError
 
 # --------------------------------------------------------------------------------------
 # Shared pieces
@@ -529,13 +531,28 @@ def _adds_bos(post_processor: Optional[dict], bos_id: int) -> Optional[bool]:
     return False
 
 
+def _neighbour(path: Path, name: str) -> dict:
+    """The JSON object in the file ``name`` next to ``path``, or {} when there is none or it
+    cannot be read (it only adds facts); one nested past llmcore's limit is refused by name."""
+    found = path.with_name(name)
+    if not found.is_file():
+        return {}
+    try:
+        data = nesting.loads(found.read_text(encoding="utf-8"), what=str(found), plugin="llama")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def tokenizer_json_info(path: Path) -> TokenizerInfo:
     """A ``tokenizer.json`` used verbatim; BOS/EOS from it and its HF neighbours."""
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     try:
-        doc = json.loads(text)
+        doc = nesting.loads(text, what=str(path), plugin="llama")
         vocab = doc["model"]["vocab"]
+    except LlmcoreError:
+        raise
     except Exception as e:
         raise TokenizerError(f"{path} is not a Hugging Face tokenizer.json ({e})")
     by_id: dict[int, str] = {}
@@ -547,20 +564,8 @@ def tokenizer_json_info(path: Path) -> TokenizerInfo:
         by_id[int(t["id"])] = t["content"]
     ids_by_token = {t: i for i, t in by_id.items()}
 
-    config = {}
-    cfg_path = path.with_name("tokenizer_config.json")
-    if cfg_path.is_file():
-        try:
-            config = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except Exception:
-            config = {}
-    gen = {}
-    gen_path = path.with_name("generation_config.json")
-    if gen_path.is_file():
-        try:
-            gen = json.loads(gen_path.read_text(encoding="utf-8"))
-        except Exception:
-            gen = {}
+    config = _neighbour(path, "tokenizer_config.json")
+    gen = _neighbour(path, "generation_config.json")
 
     bos_tok = _token_content(config.get("bos_token"))
     bos = ids_by_token.get(bos_tok, -1) if bos_tok else -1

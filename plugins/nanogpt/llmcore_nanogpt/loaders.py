@@ -11,13 +11,13 @@ is refused, and the code never runs.
 
 from __future__ import annotations
 
-import json
 import pickle
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
+from llmcore import nesting
 from llmcore.checkpoints import check_state_dict
 from llmcore.errors import LlmcoreError
 from llmcore.records import LoadedModel, LoadOptions, Tokenizer
@@ -150,7 +150,8 @@ def claims_hf(path: Path) -> bool:
         return False
     folder = path if path.is_dir() else path.parent
     try:
-        return json.loads((folder / "config.json").read_text()).get("model_type") == "gpt2"
+        config = folder / "config.json"
+        return nesting.loads(config.read_text(), what=str(config), plugin="nanogpt").get("model_type") == "gpt2"
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -158,7 +159,7 @@ def claims_hf(path: Path) -> bool:
 def load_hf(path: Path, options: LoadOptions, tokenizer: Optional[Tokenizer]) -> LoadedModel:
     folder = path if path.is_dir() else path.parent
     try:
-        hf = json.loads((folder / "config.json").read_text())
+        hf = nesting.loads((folder / "config.json").read_text(), what=str(folder / "config.json"), plugin="nanogpt")
     except (OSError, ValueError) as exc:
         raise _error(f"cannot read {folder / 'config.json'}: {exc}", "check the config.json of the checkpoint.") from None
     if hf.get("model_type", "gpt2") != "gpt2":

@@ -8,10 +8,10 @@ byte-level vocabulary (256 bytes + ``<|endoftext|>``) that needs no files.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
+from llmcore import nesting
 from llmcore.bpe import byte_level_bpe_json, bytes_to_unicode
 from llmcore.errors import LlmcoreError
 from llmcore.records import Tokenizer
@@ -72,16 +72,16 @@ def load_tokenizer(path: Path) -> Tokenizer:
     try:
         if merges_path is None:
             text = vocab_path.read_text(encoding="utf-8")
-            doc = json.loads(text)
+            doc = nesting.loads(text, what=str(vocab_path), plugin="nanogpt")
             model = doc.get("model") if isinstance(doc, dict) else None
             if not isinstance(model, dict) or not isinstance(model.get("vocab"), dict):
                 raise ValueError("it has no BPE model with a token -> id vocabulary (model.vocab)")
             return Tokenizer(text, description=str(vocab_path))
-        vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
+        vocab = nesting.loads(vocab_path.read_text(encoding="utf-8"), what=str(vocab_path), plugin="nanogpt")
         if not isinstance(vocab, dict) or not all(type(v) is int for v in vocab.values()):
             raise ValueError(f"{vocab_path.name} must map tokens to integer ids")
         text = tokenizer_json(vocab, _read_merges(merges_path))
-    except (OSError, ValueError, RecursionError) as exc:
+    except (OSError, ValueError) as exc:
         what = str(vocab_path) if merges_path is None else f"{vocab_path} + {merges_path.name}"
         raise LlmcoreError(
             f"tokenizer {what!r} is unreadable or corrupt: {getattr(exc, 'strerror', None) or exc}",

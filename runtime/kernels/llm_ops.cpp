@@ -12,8 +12,9 @@
 // decode step has one item per kv head; when that does not divide among the threads
 // (SmolLM2's 3 kv heads on 2 threads), the keys are cut into slices whose softmax parts
 // are merged after (choose_key_chunks). The hot loops are compiled twice, for x86-64-v3
-// (AVX2 + FMA) and the baseline, and picked at load time (target_clones) where the
-// compiler supports it.
+// (AVX2 + FMA) and the baseline, and one is picked once per process by cpu_isa.h's
+// kernels_isa() (LLMCORE_KERNELS_MAX_ISA=portable forces the baseline code on any CPU, so
+// both are tested wherever the tests run).
 #include "llm_ops.h"
 
 #include <algorithm>
@@ -24,15 +25,16 @@
 
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
 
+#include "cpu_isa.h"
 #include "kernel_threads.h"
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define LLMCORE_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
+#if defined(__GNUC__) && defined(__x86_64__)
+#define LLMCORE_X86_64_V3 1
 #else
-#define LLMCORE_MULTIVERSION
+#define LLMCORE_X86_64_V3 0
 #endif
-// The helpers are inlined into each clone of attend_block, so they are compiled for its
-// target too.
+// The helpers are inlined into each compilation of attend_block, so they are compiled for
+// its target too.
 #define LLMCORE_INLINE inline __attribute__((always_inline))
 
 namespace llmcore_kernels {
@@ -239,9 +241,8 @@ LLMCORE_INLINE int64_t key_block(int64_t d) { return std::max<int64_t>(4, (2048 
 // One work item: batch b, kv head g with the `group` query heads that read it, query rows
 // [i0, i1), keys [chunk * chunk_keys, +chunk_keys). Query vector qv = r * group + hh is
 // row i0 + r of head g * group + hh.
-LLMCORE_MULTIVERSION
-void attend_block(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t i1, int64_t chunk,
-                  std::vector<float>& scratch) {
+LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t i1,
+                                      int64_t chunk, std::vector<float>& scratch) {
   const int64_t d = a.head_dim, G = a.group;
   const int64_t rows = i1 - i0, nq = rows * G;
   const int64_t all_keys = a.mask != nullptr ? a.kv_len : a.start_pos + a.q_len;
@@ -343,6 +344,28 @@ void attend_block(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t 
   }
 }
 
+// attend_block's two compilations, and the one this process runs (cpu_isa.h).
+using AttendBlock = void (*)(const Attention&, int64_t, int64_t, int64_t, int64_t, int64_t, std::vector<float>&);
+
+void attend_block_baseline(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t i1, int64_t chunk,
+                           std::vector<float>& scratch) {
+  attend_block_body(a, b, g, i0, i1, chunk, scratch);
+}
+
+#if LLMCORE_X86_64_V3
+__attribute__((target("arch=x86-64-v3"))) void attend_block_v3(const Attention& a, int64_t b, int64_t g, int64_t i0,
+                                                               int64_t i1, int64_t chunk, std::vector<float>& scratch) {
+  attend_block_body(a, b, g, i0, i1, chunk, scratch);
+}
+#endif
+
+AttendBlock attend_block_for_this_cpu() {
+#if LLMCORE_X86_64_V3
+  if (kernels_isa() >= Isa::avx2) return attend_block_v3;
+#endif
+  return attend_block_baseline;
+}
+
 // How many slices to cut each item's keys into. A decode step has one item per (batch,
 // kv head): SmolLM2's 3 kv heads on 2 threads would leave one thread idle a third of the
 // time. Slicing the keys gives a count of items that divides evenly among the threads;
@@ -401,6 +424,7 @@ void attend(Attention& a) {
   // ones fill in at the end (SmolLM2's 64-token prompt on two threads, llmcore_llm_ops_check
   // sdpa q_len=64 heads=9 kv_heads=3 head_dim=64 kv_len=1024 repeat=300 threads=2 pool=1,
   // first to last against last to first alternating: 99.2-118.6 us against 93.0-112.7).
+  static const AttendBlock attend_block = attend_block_for_this_cpu();
   kernel_parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scratch;
     for (int64_t it = begin; it < end; ++it) {

@@ -1,4 +1,4 @@
-// llmcore-kernels: kernel_parallel_for's pool (kernel_threads.h says why it exists).
+// llmcore runtime: kernel_parallel_for's pool (kernel_threads.h says why it exists).
 //
 // A region: the caller publishes the body and its parts, bumps `generation_` and takes
 // parts itself; each worker, polling or woken, sees the new generation, takes parts until

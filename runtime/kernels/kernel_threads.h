@@ -1,8 +1,8 @@
-// llmcore-kernels: the threads llmcore's ExecuTorch kernels split their work over (the
-// int4 layer operators, llmcore::int4_mlp, and the runner's llama::custom_sdpa and
-// llama::update_cache) in programs made of them, in place of ExecuTorch's thread pool. A
-// library of its own, libllmcore_threads.so, so that every kernel library of a process
-// shares one pool.
+// llmcore runtime: the threads llmcore's ExecuTorch kernels split their work over (the
+// runner's llama::custom_sdpa and llama::update_cache, and the kernels plugin's int4 layer
+// operators and llmcore::int4_mlp) in programs made of them, in place of ExecuTorch's thread
+// pool. A library of its own, libllmcore_threads.so (target llmcore_threads, owned by
+// runtime/CMakeLists.txt), so that every kernel library of a process shares one pool.
 //
 // Why a pool of our own: ExecuTorch's pool puts its workers to sleep as soon as a
 // parallel_for ends, and waking one again costs more than much of the work it is woken

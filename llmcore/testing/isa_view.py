@@ -1,14 +1,16 @@
 """ISA views: run ExecuTorch and llama.cpp on this machine as on a CPU with fewer features.
 
-This project's issues name an AVX2-only x86 (AMD EPYC, AVX2 + FMA, no AVX-512, no VNNI), and
-a session may get a machine with AVX-512 VNNI instead. Which kernels run is decided at run
-time from the CPU's features, so the AVX2 code paths can be measured here by hiding the
+Which kernels run is decided at run time from the CPU's features: XNNPACK's by cpuinfo,
+llmcore's own by cpu_isa.h. A wrong answer on one instruction set and not another is the
+kind of bug no single machine finds (issue 58), so the tests run the C++ runner and the
+Python runtime in every view the machine can present (tests/runtime/test_recipes_agree.py),
+and the benchmarks measure the AVX2 code paths on an AVX-512 machine. The views hide the
 newer features from the code that picks kernels:
 
 - ExecuTorch: ``isa_view.c``, preloaded (``LD_PRELOAD``), clears them from cpuinfo's
   feature table before XNNPACK reads it; the report it writes proves it took effect. In a
-  Python process ATen, MKL and oneDNN are narrowed too, by their own variables.
-  (``llmcore_runner``'s attention kernels have an AVX2 clone and a baseline one, never AVX-512.)
+  Python process ATen, MKL and oneDNN are narrowed too, by their own variables, and
+  llmcore's kernels (the int GEMMs, the runner's attention) by ``LLMCORE_KERNELS_MAX_ISA``.
 - llama.cpp: its CPU backend (``libggml-cpu.so``) built for the view's instruction sets
   (``llamacpp_peer.build_cpu_backend``), used by the same tools through ``LD_LIBRARY_PATH``.
 
@@ -16,11 +18,20 @@ A view hides instructions, not the machine: caches, memory bandwidth and the cor
 at AVX2 code stay this machine's, so its figures compare llmcore with llama.cpp in one
 run, not with figures taken on a real AVX2-only CPU.
 
-    .venv/bin/python benchmarks/isa_view.py avx2    # build the shim, show what it hides
+The views:
+
+- ``native``: the machine as it is.
+- ``avx2``: an x86-64-v3 CPU without AVX-512 or VNNI (the AVX2-only EPYC): XNNPACK's AVX2
+  kernels, llmcore's AVX2 GEMMs and attention.
+- ``sse4``: an x86-64 without AVX (x86-64-v2): XNNPACK's SSE kernels, llmcore's portable
+  loops and baseline attention. What any x86-64 machine without AVX2 runs.
+
+    .venv/bin/python -m llmcore.testing.isa_view avx2    # build the shim, show what it hides
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import subprocess
@@ -28,9 +39,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, for main()'s runner
 SOURCE = Path(__file__).with_suffix(".c")
-DEFAULT_CACHE = ROOT / ".cache" / "isa-view"
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmcore" / "isa-view"
 
 # view -> cpuinfo features to hide (fnmatch patterns; None: the machine as it is)
 VIEWS: dict[str, tuple[str, ...] | None] = {
@@ -38,12 +49,16 @@ VIEWS: dict[str, tuple[str, ...] | None] = {
     # AVX2 + FMA + F16C: every AVX-512 and AVX10 extension, AMX, and the VEX-coded VNNI
     # and its successors (which XNNPACK also uses for its int8 dot products).
     "avx2": ("avx512*", "avx10*", "amx*", "avxvnni", "avx_vnni*", "avx_ne_convert"),
+    # SSE4.2 and POPCNT: every AVX extension, FMA (3 and 4), F16C, XOP and AMX.
+    "sse4": ("avx*", "fma*", "f16c", "xop", "amx*"),
 }
 # The same narrowing for the libraries torch brings into a Python process (ExecuTorch's
 # custom ops reach ATen's vectorized code and MKL's BLAS), and for llmcore-kernels' int4
 # GEMM (which asks the CPU itself, not cpuinfo): their own switches.
 LIBRARY_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-                        "LLMCORE_KERNELS_MAX_ISA": "avx2"}}
+                        "LLMCORE_KERNELS_MAX_ISA": "avx2"},
+               "sse4": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+                        "ONEDNN_MAX_CPU_ISA": "SSE41", "LLMCORE_KERNELS_MAX_ISA": "portable"}}
 # cpuinfo's names -> the kernel's (/proc/cpuinfo), to check the table against what Linux
 # reports: a layout the shim misreads would show features the CPU lacks, or miss some.
 PROC_NAMES = {
@@ -62,8 +77,27 @@ def check_view(view: str) -> None:
         raise SystemExit(f"isa_view: unknown view {view!r}; known: {', '.join(VIEWS)}")
 
 
+# view -> the features a CPU needs to present it (/proc/cpuinfo's names)
+NEEDS: dict[str, tuple[str, ...]] = {"native": (), "avx2": ("avx2", "fma", "f16c"), "sse4": ("sse4_2", "popcnt")}
+
+
+def presentable_views() -> list[str]:
+    """The views this machine can present, native first: those whose kept features it has
+    and that hide something it has (on an AVX2-only CPU the avx2 view is the native one)."""
+    flags = proc_flags()
+    views = ["native"]
+    for view, patterns in VIEWS.items():
+        if patterns is None or not all(f in flags for f in NEEDS[view]):
+            continue
+        if any(fnmatch.fnmatch(f, p) for f in flags for p in patterns):
+            views.append(view)
+    return views
+
+
 def shim(cache: Path = DEFAULT_CACHE) -> Path:
-    """The preload library, compiled here with the system's C compiler (once per source change)."""
+    """The preload library, compiled here with the system's C compiler (once per source
+    change; written under another name and renamed, so that processes building it at once
+    never load a half-written file)."""
     out = cache / "isa_view.so"
     if out.is_file() and out.stat().st_mtime >= SOURCE.stat().st_mtime:
         return out
@@ -71,7 +105,10 @@ def shim(cache: Path = DEFAULT_CACHE) -> Path:
     if not compiler:
         raise SystemExit("isa_view: no C compiler (cc) to build the preload library; install gcc or clang")
     cache.mkdir(parents=True, exist_ok=True)
-    subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(out), str(SOURCE), "-ldl", "-lpthread"], check=True)
+    partial = out.with_name(f"isa_view.{os.getpid()}.so")
+    subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(partial), str(SOURCE), "-ldl", "-lpthread"],
+                   check=True)
+    os.replace(partial, out)
     return out
 
 

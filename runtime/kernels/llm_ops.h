@@ -24,8 +24,9 @@
 //   Dropout is refused.
 //
 // Registered with EXECUTORCH_LIBRARY into the runtime they are linked with. Built as an
-// object library for llmcore_runner only (plugins/kernels/CMakeLists.txt): a Python
-// process has ExecuTorch's own registrations of these names.
+// object library linked into llmcore_runner (runtime/CMakeLists.txt); a Python process
+// has ExecuTorch's own registrations of these names, so libllmcore_llm_ops.so registers
+// the attention kernel there under float32 kernel keys only (LLMCORE_LLM_OPS_KEYED).
 #pragma once
 
 #include <cstdint>
