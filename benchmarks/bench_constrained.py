@@ -51,8 +51,8 @@ def export(args: list[str], out: Path) -> Path:
 def measure(pte: Path, prompt: str, new_tokens: int, rounds: int) -> dict:
     import torch
 
-    from llmcore.constrain import Constraint, json_schema_grammar
-    from llmcore.generate import Sampling, TextTokenizer, generate, prompt_ids_for
+    from llmcore.runtime.constrain import Constraint, json_schema_grammar
+    from llmcore.runtime.generate import Sampling, TextTokenizer, generate, prompt_ids_for
     from llmcore.runtime import Program
 
     torch.set_num_threads(1)  # as the CLI: the program computes on the runtime's own pool

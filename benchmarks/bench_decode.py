@@ -253,7 +253,7 @@ def huge_page_mib() -> float:
 def worker(args) -> None:
     import torch
 
-    from llmcore.generate import Sampling, TextStream, TextTokenizer, generate, tokenizer_beside
+    from llmcore.runtime.generate import Sampling, TextStream, TextTokenizer, generate, tokenizer_beside
     from llmcore.progress import peak_rss_mib
     from llmcore.runtime import Program
 
@@ -352,7 +352,7 @@ def run_cpp_runner(runner: Path, pte: Path, args, view: str = "native") -> dict 
 
 
 def follow_runner(pte: Path, runner_stats: dict, args, view: str = "native", label: str = "llmcore_runner") -> dict:
-    """The Python runtime, in ``view``, on the runner's own tokens (:func:`llmcore.agreement.follow`):
+    """The Python runtime, in ``view``, on the runner's own tokens (:func:`llmcore.runtime.agreement.follow`):
     ``{"agrees": ..., "line": ...}``. A runner whose tokens are not Python's choices (up to
     a near tie) gives no figures."""
     request = {"pte": str(pte), "prompt": runner_prompt(args), "ids": runner_stats["ids"],
@@ -364,7 +364,7 @@ def follow_runner(pte: Path, runner_stats: dict, args, view: str = "native", lab
 
 def follow_worker() -> None:
     """``--worker follow``: the request of :func:`follow_runner` on stdin, its answer on stdout."""
-    from llmcore.agreement import RunnerRun, follow
+    from llmcore.runtime.agreement import RunnerRun, follow
 
     request = json.loads(sys.stdin.read())
     agreement = follow(request["pte"], request["prompt"], RunnerRun(request["ids"], stats=request["stats"]),

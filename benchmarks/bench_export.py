@@ -64,9 +64,10 @@ def run_one(spec: dict) -> None:
     the process set up as the ``llmcore export`` command sets up its own."""
     import dataclasses
 
-    from llmcore.cli import set_up_threads
+    from llmcore.cli import one_openmp_thread_per_worker, torch_on_every_core
 
-    set_up_threads("export")  # before torch is imported
+    if one_openmp_thread_per_worker():  # before torch is imported
+        torch_on_every_core()  # the export's eager work on every core
     from llmcore.pipeline import export
     from llmcore.recipe import ExportOptions
 

@@ -1,7 +1,7 @@
 """`llmcore matrix` on a local Ray against the same cells one after another in one process.
 
 Not a test. Both sides export the same cells through the same function (the one a Ray
-worker runs, :func:`llmcore.matrix.export_cell`), on this machine, in this run:
+worker runs, :func:`llmcore.apps.matrix.export_cell`), on this machine, in this run:
 
 - **Ray**: ``llmcore matrix`` as a user runs it (a fresh output folder, local Ray with one
   worker per core, a fresh worker process per cell), wall time of the whole command;
@@ -61,7 +61,7 @@ def run_ray(matrix_file: Path, output: Path) -> tuple[float, dict]:
 
 
 def run_in_process(matrix_file: Path, output: Path) -> tuple[float, dict]:
-    from llmcore.matrix import check_cell, export_cell, load_matrix
+    from llmcore.apps.matrix import check_cell, export_cell, load_matrix
     from llmcore.plugins import load_registry
 
     start = time.perf_counter()

@@ -138,7 +138,7 @@ def main() -> None:
             rows.append({"what": "llmcore eager fp32 (dequantized GGUF)", "ppl": reference, "reference": reference})
         runner = [run_cpp_runner(Path(args.runner), pte, args) for _ in range(args.repeat)]
         python = [run_worker(str(pte), "smollm2", args) for _ in range(args.repeat)]
-        # A runner round whose tokens are not Python's choices is no figure (llmcore/agreement.py).
+        # A runner round whose tokens are not Python's choices is no figure (llmcore/runtime/agreement.py).
         for i, r in enumerate(runner):
             verdict = follow_runner(pte, r, args, label=f"{recipe} (c++ runner)") if r else None
             if verdict is not None and not verdict["agrees"]:

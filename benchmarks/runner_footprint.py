@@ -41,12 +41,12 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    from llmcore.agreement import check
+    from llmcore.runtime.agreement import check
 
     pte = argv[0]
     for spec in argv[1:]:
         label, _, runner = spec.rpartition("=")
-        # A runner that loads fast and answers wrongly is not measured (llmcore/agreement.py).
+        # A runner that loads fast and answers wrongly is not measured (llmcore/runtime/agreement.py).
         (agreement,) = check(pte, runner, "Hello", 16)
         if not agreement.agrees:
             print(f"{label or runner}: refused, its tokens are not Python's: {agreement.line()}")

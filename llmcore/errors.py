@@ -8,7 +8,7 @@ as one line; the traceback appears only with ``--debug``.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Iterable, Iterator, Optional, Union
 
 
 class LlmcoreError(Exception):
@@ -110,3 +110,28 @@ def read_text_file(path, what: str, stage: str, fix: str) -> str:
         raise LlmcoreError(
             f"cannot read {what} {str(path)!r}: {getattr(exc, 'strerror', None) or exc}.", stage=stage, fix=fix
         ) from None
+
+
+def module_installed(name: str) -> bool:
+    """Whether ``import name`` would find the module (it is not imported)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package that is missing, or broken
+        return False
+
+
+def require_extra(what: str, extra: Optional[str], modules: Iterable[str], *, stage: str,
+                  distribution: str = "llmcore") -> None:
+    """One :class:`LlmcoreError` when a module ``what`` needs is not installed, naming the
+    optional-dependency group that brings it:
+    ``llmcore serve needs the 'serve' extra: pip install 'llmcore[serve]' (missing: uvicorn)``."""
+    missing = [m for m in modules if not module_installed(m)]
+    if not missing:
+        return
+    if extra:
+        raise LlmcoreError(f"{what} needs the {extra!r} extra: pip install '{distribution}[{extra}]' "
+                           f"(missing: {', '.join(missing)})", stage=stage)
+    raise LlmcoreError(f"{what} needs modules that are not installed: {', '.join(missing)}.", stage=stage,
+                       fix="install the packages that provide them.")

@@ -1,4 +1,4 @@
-"""The llmcore extension API: six hooks, one per kind of extension.
+"""The llmcore extension API: seven hooks, one per kind of extension.
 
 A plugin is a Python module (or object) that implements any of these hooks with
 ``@llmcore.hookimpl`` and is published under the entry-point group ``llmcore``::
@@ -8,7 +8,8 @@ A plugin is a Python module (or object) that implements any of these hooks with
 
 Each hook takes no arguments and returns a list of typed records from
 :mod:`llmcore.records`. Hooks must be cheap: they describe what a plugin offers and hand
-over factories; heavy imports happen inside those factories.
+over factories; heavy imports happen inside those factories
+(:class:`~llmcore.records.Lazy` is one that imports a module's function when called).
 
 llmcore calls each plugin's implementation separately, so that every record is known to
 come from one plugin. The order in which pluggy would call hooks (last registered first)
@@ -24,7 +25,15 @@ from __future__ import annotations
 
 import pluggy
 
-from llmcore.records import Backend, ModelFamily, PostPass, QuantizerRecipe, RuntimeLibrary, SourceTransform
+from llmcore.records import (
+    Backend,
+    Command,
+    ModelFamily,
+    PostPass,
+    QuantizerRecipe,
+    RuntimeLibrary,
+    SourceTransform,
+)
 
 PROJECT = "llmcore"
 
@@ -247,6 +256,54 @@ def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
                     description="a fused RMSNorm kernel",
                     ops=("my_kernels::rms_norm.out",),
                     python_module="my_kernels.ops",
+                )
+            ]
+    """
+
+
+@hookspec
+def llmcore_commands() -> list[Command]:
+    """Subcommands of the ``llmcore`` command line.
+
+    Called each time ``llmcore`` builds its parser: every :class:`~llmcore.records.Command`
+    becomes ``llmcore NAME``, with the arguments its ``add_arguments`` adds and ``run``
+    called with the parsed arguments. llmcore's own commands come through this hook too:
+    ``export``, ``plugins`` and ``run`` from the core (``llmcore.builtins.commands``), and
+    ``inspect``, ``profile``, ``eval``, ``matrix``, ``serve`` and ``chat`` from the
+    applications (``llmcore.apps``). Two plugins giving the same name make ``llmcore NAME``
+    an error that names both. A command whose ``needs`` are not installed fails in one line
+    naming its ``extra``.
+
+    Example::
+
+        from llmcore import hookimpl
+        from llmcore.records import Command
+
+
+        def add_arguments(parser):
+            parser.add_argument("pte", help="the .pte program")
+            parser.add_argument("--delegated", action="store_true", help="only methods with delegates")
+
+
+        def list_methods(args):
+            from pathlib import Path
+
+            from llmcore.runtime.pte import read_methods
+
+            for method in read_methods(Path(args.pte).read_bytes()):
+                if method.delegates or not args.delegated:
+                    print(f"{method.name}: {len(method.operators)} operators, {len(method.delegates)} delegates")
+            return 0
+
+
+        @hookimpl
+        def llmcore_commands():
+            return [
+                Command(
+                    name="methods",
+                    help="list a .pte's methods",
+                    add_arguments=add_arguments,
+                    run=list_methods,
                 )
             ]
     """

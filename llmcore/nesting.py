@@ -12,8 +12,8 @@ runner's reader (``runtime/src/json.h``), so both runners refuse the same files.
 model ships comes near it: a tokenizer.json nests 4 deep, a config.json 3.
 
 Not read here: a tokenizer.json handed to the ``tokenizers`` library (Rust's serde_json stops
-at 128 levels with an error, which llmcore.generate.TextTokenizer reports), and a GGUF, none
-of whose strings is JSON (its chat template is Jinja, compiled by llmcore.chat; its nested
+at 128 levels with an error, which llmcore.runtime.generate.TextTokenizer reports), and a GGUF, none
+of whose strings is JSON (its chat template is Jinja, compiled by llmcore.runtime.chat_template; its nested
 arrays are walked under their own limit by the llama plugin's formats.py).
 """
 

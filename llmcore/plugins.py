@@ -20,12 +20,18 @@ import pluggy
 
 from llmcore import hookspecs
 from llmcore.errors import LlmcoreError, PluginConflictError, choose_one_of
-from llmcore.records import Backend, ModelFamily, PostPass, QuantizerRecipe, RuntimeLibrary, SourceTransform
+from llmcore.records import Backend, Command, ModelFamily, PostPass, QuantizerRecipe, RuntimeLibrary, SourceTransform
 
 ENTRY_POINT_GROUP = "llmcore"
 ALLOWLIST_ENV = "LLMCORE_LOAD_PLUGINS"
-# Plugins that ship inside the core package and always load: name -> module.
-BUILTIN_PLUGINS = {"kv-cache": "llmcore.builtins.kv_cache", "executorch-kernels": "llmcore.builtins.executorch_kernels"}
+# Plugins that ship inside the core package and always load: name -> module. The commands
+# too: the core's own (export, plugins, run) and the applications' (llmcore.apps).
+BUILTIN_PLUGINS = {
+    "kv-cache": "llmcore.builtins.kv_cache",
+    "executorch-kernels": "llmcore.builtins.executorch_kernels",
+    "core-commands": "llmcore.builtins.commands",
+    "apps": "llmcore.apps",
+}
 
 # kind -> (hook name, record type, what the CLI calls one, and several)
 KINDS: dict[str, tuple[str, type, str, str]] = {
@@ -35,6 +41,7 @@ KINDS: dict[str, tuple[str, type, str, str]] = {
     "backends": ("llmcore_partitioners", Backend, "backend", "backends"),
     "post_passes": ("llmcore_post_passes", PostPass, "post-pass", "post-passes"),
     "runtime_libraries": ("llmcore_runtime_libraries", RuntimeLibrary, "runtime library", "runtime libraries"),
+    "commands": ("llmcore_commands", Command, "command", "commands"),
 }
 
 R = TypeVar("R")
@@ -170,7 +177,11 @@ class Registry:
     def names(self, kind: str) -> list[str]:
         return sorted(self._items[kind])
 
-    def all(self, kind: str) -> list[Provided]:
+    def all(self, kind: str, *, by_name: bool = True) -> list[Provided]:
+        """Every record of a kind, by name; or in the order the plugins were registered (the
+        built-in ones first), as ``llmcore --help`` lists the commands."""
+        if not by_name:
+            return list(self._items[kind].values())
         return [self._items[kind][name] for name in sorted(self._items[kind])]
 
     def get(self, kind: str, name: str, *, stage: str) -> Provided:

@@ -62,7 +62,7 @@ class ExportOptions:
     """Seed for random initialisation and calibration."""
     chat_template: Optional[str] = None
     """A chat template to record in ``tokenizer_config.json`` in place of the checkpoint's:
-    a built-in's name or a Jinja file (``--chat-template``, llmcore.chat)."""
+    a built-in's name or a Jinja file (``--chat-template``, llmcore.runtime.chat_template)."""
     quiet: bool = False
     """No progress on stderr."""
 

@@ -3,11 +3,13 @@
 Every hook in :mod:`llmcore.hookspecs` returns a list of these dataclasses. They carry
 *factories* (plain callables) rather than built objects, so that listing plugins never
 imports a heavy backend: ExecuTorch backends, torchao or vendor SDKs are imported only
-when a factory is called for an export that uses them.
+when a factory is called for an export that uses them. :class:`Lazy` makes such a factory
+from a module's and a function's names.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -46,6 +48,33 @@ class Record:
             stage="plugins",
             fix=f"rename it, e.g. {fixed!r}." if fixed else f"give it a name, e.g. 'my-{self.kind.replace(' ', '-')}'.",
         )
+
+
+# --------------------------------------------------------------------------------------
+# Factories
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A factory that imports ``module`` only when it is called, then calls its ``name`` with the
+    same arguments: ``Lazy("llmcore_vulkan.attention", "apply")(module, context)`` is
+    ``llmcore_vulkan.attention.apply(module, context)``.
+
+    This exists because a hook must not import what its factories need (torch, ExecuTorch, a
+    vendor SDK): listing plugins would pay for every backend. Without it, each plugin wrote a
+    two-line function per factory that imported its target and forwarded the call. A factory
+    that does more than forward (binds an option, adapts the arguments) stays a function.
+    Nothing is imported or checked when a ``Lazy`` is made; a misspelt target fails when it is
+    first called, as such a function did (``tests/test_discovery.py`` resolves every
+    installed plugin's).
+    """
+
+    module: str
+    name: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(self.module), self.name)(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------------------
@@ -387,7 +416,7 @@ class RuntimeLibrary(Record):
     program needs from the operators it calls, names them in the program
     (the `get_runtime_libraries` constant method) and in the export report, and loads
     them before it runs a program (`llmcore run`, `profile`, `eval`; see
-    :func:`llmcore.runtime.load_program_libraries`).
+    :func:`llmcore.runtime.libraries.load_program_libraries`).
 
     `name` is also the library's file name for native runners: `llmcore_runner` looks
     for `lib<name>.so` next to itself and in `LLMCORE_RUNTIME_LIBRARIES`.
@@ -428,7 +457,7 @@ class RuntimeLibrary(Record):
     process whichever loads first (the same name registered twice as fallback aborts it).
     No program needs such a library: export does not name it, and running a program that
     calls its ops loads it, when its native library is built, besides the libraries that
-    provide them (:func:`llmcore.libraries.load_specialized_kernels`)."""
+    provide them (:func:`llmcore.runtime.libraries.load_specialized_kernels`)."""
     prepare: Optional[Callable[[tuple[str, ...]], None]] = None
     """Called before each program runs in Python (``Program.load``), with the backend ids of
     its delegates (empty when it has none), whether or not the program needs this library:
@@ -438,7 +467,47 @@ class RuntimeLibrary(Record):
     the same choice."""
     preload: bool = False
     """Whether it is loaded, with its symbols global, before a process imports ExecuTorch's
-    runtime bindings (:func:`llmcore.libraries.load_preloaded_libraries`). Such a library
+    runtime bindings (:func:`llmcore.runtime.libraries.load_preloaded_libraries`). Such a library
     registers no ops: it changes what ExecuTorch's own libraries do by defining functions
     they call, which the dynamic linker binds to the first definition it finds when they
     load. In a process that imported the bindings before, it is not loaded."""
+
+
+# --------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command(Record):
+    """A subcommand of the ``llmcore`` command line: ``llmcore NAME ...``.
+
+    ``add_arguments(parser)`` adds the command's arguments to its ``argparse`` subparser (and
+    may set the parser's ``description`` and ``epilog``); ``run(args)`` runs it with the parsed
+    ``argparse.Namespace`` and returns the exit status. Both are called only for the command
+    the user names (``add_arguments`` for every command when the parser is built: keep its
+    imports light). An :class:`~llmcore.errors.LlmcoreError` it raises is printed as one
+    line, as for llmcore's own commands.
+
+    ``needs`` lists the modules the command imports that a plain install may lack, and
+    ``extra`` the optional-dependency group of the plugin's distribution that brings them:
+    when one is missing, ``llmcore NAME`` fails in one line naming the extra
+    (``pip install 'llmcore[serve]'``) before ``run`` is called.
+
+    ``runs_program``: the command runs the ``.pte`` given as its ``pte`` argument in this
+    process. It gets ``--threads`` and ``--mmap`` (the size of the ExecuTorch runtime's
+    thread pool, and how the program's file is read), and PyTorch's own ops on its main
+    thread keep to one thread, off the cores of the runtime's workers. ``eager``: it also
+    runs eager PyTorch on its main thread (export's calibration, eval's reference model),
+    which then uses every core. Whatever the command, the runtime's workers start no OpenMP
+    teams of their own: ``llmcore`` sets that up before torch is imported.
+    """
+
+    kind: ClassVar[str] = "command"
+    help: str
+    add_arguments: Callable[[Any], None]
+    run: Callable[[Any], int]
+    extra: Optional[str] = None
+    needs: tuple[str, ...] = ()
+    runs_program: bool = False
+    eager: bool = False

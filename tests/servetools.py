@@ -56,7 +56,7 @@ def serve_program(source_pte: Path, folder: Path, template: Optional[str], name:
 
 def reference(pte: Path, prompt_text: str, max_tokens: int) -> str:
     """Greedy text of a freshly loaded program (what ``llmcore run`` generates)."""
-    from llmcore.generate import Sampling, TextTokenizer, generate, prompt_ids_for
+    from llmcore.runtime.generate import Sampling, TextTokenizer, generate, prompt_ids_for
     from llmcore.runtime import Program
 
     program = Program.load(pte)

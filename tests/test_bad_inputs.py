@@ -34,6 +34,7 @@ import pytest
 
 from clitools import LLMCORE, run_cli
 from fakeplugins import install_fake_distribution
+from programs import vulkan_program
 
 EXPORT = ["export", "--model", "nanogpt", "--config", "tiny"]
 LLAMA_EXPORT = ["export", "--model", "llama", "--config", "tiny"]
@@ -90,30 +91,6 @@ def _write_hf_gpt2(folder: Path, config, state: dict, mutate: Callable[[dict], N
     save_file(tensors, str(folder / "model.safetensors"))
 
 
-HF_LLAMA_NAMES = {
-    "attention.wq.weight": "self_attn.q_proj.weight",
-    "attention.wk.weight": "self_attn.k_proj.weight",
-    "attention.wv.weight": "self_attn.v_proj.weight",
-    "attention.wo.weight": "self_attn.o_proj.weight",
-    "feed_forward.w1.weight": "mlp.gate_proj.weight",
-    "feed_forward.w2.weight": "mlp.down_proj.weight",
-    "feed_forward.w3.weight": "mlp.up_proj.weight",
-    "attention_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-}
-GGUF_LLAMA_NAMES = {
-    "attention.wq.weight": "attn_q.weight",
-    "attention.wk.weight": "attn_k.weight",
-    "attention.wv.weight": "attn_v.weight",
-    "attention.wo.weight": "attn_output.weight",
-    "feed_forward.w1.weight": "ffn_gate.weight",
-    "feed_forward.w2.weight": "ffn_down.weight",
-    "feed_forward.w3.weight": "ffn_up.weight",
-    "attention_norm.weight": "attn_norm.weight",
-    "ffn_norm.weight": "ffn_norm.weight",
-}
-
-
 def _llama_state(config):
     """Random tensors with Meta names and the shapes of a llama model of ``config``."""
     import torch
@@ -131,6 +108,8 @@ def _llama_state(config):
 def _write_hf_llama(folder: Path, config, mutate: Callable[[dict], None]) -> None:
     from safetensors.torch import save_file
 
+    from llmcore_llama.testing import HF_LAYER_NAMES
+
     tensors = {}
     for key, value in _llama_state(config).items():
         if key == "tok_embeddings.weight":
@@ -141,7 +120,7 @@ def _write_hf_llama(folder: Path, config, mutate: Callable[[dict], None]) -> Non
             tensors["lm_head.weight"] = value
         else:
             _, i, rest = key.split(".", 2)
-            tensors[f"model.layers.{i}.{HF_LLAMA_NAMES[rest]}"] = value
+            tensors[f"model.layers.{i}.{HF_LAYER_NAMES[rest]}"] = value
     mutate(tensors)
     folder.mkdir()
     hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": config.dim,
@@ -154,37 +133,11 @@ def _write_hf_llama(folder: Path, config, mutate: Callable[[dict], None]) -> Non
 
 
 def write_gguf(path: Path, config, *, arch: str = "llama", raw: Optional[dict] = None) -> None:
-    """A llama GGUF of ``config`` with F32 tensors; ``raw`` maps GGUF tensor names to
+    """A llama GGUF of ``config`` with F32 tensors; ``raw`` maps Meta tensor names to
     ``(ggml type, uint8 blocks)`` stored as they are."""
-    import gguf
-    import numpy as np
+    from llmcore_llama.testing import write_llama_gguf
 
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(config.n_layers)
-    w.add_context_length(config.max_seq_len)
-    w.add_embedding_length(config.dim)
-    w.add_feed_forward_length(config.hidden_dim)
-    w.add_head_count(config.n_heads)
-    w.add_head_count_kv(config.n_kv_heads)
-    w.add_rope_freq_base(config.rope_theta)
-    w.add_layer_norm_rms_eps(config.norm_eps)
-    w.add_vocab_size(config.vocab_size)
-    raw = raw or {}
-    for key, value in _llama_state(config).items():
-        if key in ("tok_embeddings.weight", "norm.weight", "output.weight"):
-            name = {"tok_embeddings.weight": "token_embd.weight", "norm.weight": "output_norm.weight"}.get(key, key)
-        else:
-            _, i, rest = key.split(".", 2)
-            name = f"blk.{i}.{GGUF_LLAMA_NAMES[rest]}"
-        if name in raw:
-            qtype, blocks = raw[name]
-            w.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=qtype)
-        else:
-            w.add_tensor(name, value.numpy().astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_llama_gguf(path, _llama_state(config), config, arch=arch, raw=raw)
 
 
 def _q8_k_blocks(rows: int, cols: int):
@@ -196,26 +149,6 @@ def _q8_k_blocks(rows: int, cols: int):
     values, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_K]
     blocks = np.random.default_rng(0).integers(0, 256, size=(rows, cols // values * nbytes), dtype=np.uint8)
     return gguf.GGMLQuantizationType.Q8_K, blocks
-
-
-def _vulkan_program(path: Path) -> None:
-    """A tiny program lowered ahead of time for Vulkan, which this runtime lacks."""
-    import torch
-
-    partitioner = pytest.importorskip("executorch.backends.vulkan.partitioner.vulkan_partitioner")
-    from executorch.exir import to_edge_transform_and_lower
-
-    class Tiny(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = torch.nn.Linear(8, 8)
-
-        def forward(self, x):
-            return torch.relu(self.linear(x)) + 1.0
-
-    exported = torch.export.export(Tiny().eval(), (torch.randn(2, 8),))
-    edge = to_edge_transform_and_lower(exported, partitioner=[partitioner.VulkanPartitioner()])
-    path.write_bytes(edge.to_executorch().buffer)
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +199,7 @@ def inputs(tmp_path_factory, exports) -> Path:
     )
     write_gguf(fx / "gpt2-arch.gguf", tiny, arch="gpt2")
     wide = dataclasses.replace(tiny, dim=256, n_heads=4, n_kv_heads=2, hidden_dim=512)
-    write_gguf(fx / "q8k.gguf", wide, raw={"blk.0.ffn_down.weight": _q8_k_blocks(256, 512)})
+    write_gguf(fx / "q8k.gguf", wide, raw={"layers.0.feed_forward.w2.weight": _q8_k_blocks(256, 512)})
 
     # tokenizers
     (fx / "bad-merges").mkdir()
@@ -292,7 +225,7 @@ def inputs(tmp_path_factory, exports) -> Path:
     (fx / "programs" / "truncated.pte").write_bytes(program[: len(program) // 2])
     (fx / "programs" / "header-only.pte").write_bytes(program[:6])
     (fx / "programs" / "notes.pte").write_text("hello, I am not a program\n")
-    _vulkan_program(fx / "programs" / "vulkan.pte")
+    vulkan_program(fx / "programs" / "vulkan.pte")
 
     # nested 100,000 levels deep (llmcore/nesting.py)
     deep = "[" * 100_000 + "]" * 100_000

@@ -118,7 +118,7 @@ def test_streamed_text_is_the_whole_decode(style):
     tokens skipped, multi-byte characters split over ids held back, random ids included."""
     import random
 
-    from llmcore.generate import TextTokenizer
+    from llmcore.runtime.generate import TextTokenizer
 
     vocab, merges = _trained(SPECIALS[style])
     text = byte_level_bpe_json(vocab, merges, [(t, True) for t in SPECIALS[style]], **NEW_OPTIONS[style])

@@ -49,7 +49,7 @@ def test_serve_takes_a_builtin_template_for_a_model_without_one(plain, tmp_path)
 
 
 def test_export_records_the_template_and_serve_uses_it_unasked(exports, tmp_path):
-    from llmcore.chat import BUILTIN_TEMPLATES
+    from llmcore.runtime.chat_template import BUILTIN_TEMPLATES
 
     result = exports("chatml")
     saved = json.loads(result.pte.with_name("tokenizer_config.json").read_text())
@@ -60,7 +60,7 @@ def test_export_records_the_template_and_serve_uses_it_unasked(exports, tmp_path
 
 
 def test_run_chat_with_a_template_file(plain, cli, tmp_path):
-    from llmcore.generate import TextTokenizer
+    from llmcore.runtime.generate import TextTokenizer
 
     template = tmp_path / "turns.jinja"
     template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
@@ -89,7 +89,7 @@ def test_chat_in_the_terminal_takes_a_builtin_template(plain):
 @pytest.mark.parametrize("name", ["chatml", "llama3", "zephyr"])
 def test_builtin_templates_write_their_formats(name):
     """Each built-in, against its format written out by hand."""
-    from llmcore.chat import BUILTIN_TEMPLATES, ChatTemplate
+    from llmcore.runtime.chat_template import BUILTIN_TEMPLATES, ChatTemplate
 
     expected = {
         "chatml": CHATML,
@@ -105,7 +105,7 @@ def test_a_builtin_format_ends_a_reply_at_its_turn_end_even_as_plain_text():
     """A base model given ChatML has ``<|im_end|>`` as plain text, not as its EOS token: the
     reply stops at the text (serve and chat take it as a stop string), as it would at EOS in
     a model trained on the format. A template of the model's own adds none: its EOS ids end it."""
-    from llmcore.chat import BUILTIN_TEMPLATES, ChatTemplate
+    from llmcore.runtime.chat_template import BUILTIN_TEMPLATES, ChatTemplate
 
     assert ChatTemplate(BUILTIN_TEMPLATES["chatml"]).stop_strings == ["<|im_end|>"]
     assert ChatTemplate(BUILTIN_TEMPLATES["llama3"]).stop_strings == ["<|eot_id|>"]

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from llmcore.pipeline.delegates import _Unrecorded, recorded_delegate_outputs, recorded_outputs
+from llmcore import upstream
+from llmcore.pipeline.delegates import _Unrecorded, recorded_outputs
 
 
 def _lowered_tiny_llama(monkeypatch):
@@ -41,7 +42,7 @@ def test_every_delegate_call_of_a_decoder_is_answered_from_its_record(monkeypatc
     from executorch.exir.passes.spec_prop_pass import SpecPropPass
 
     edge = _lowered_tiny_llama(monkeypatch)
-    with recorded_delegate_outputs() as counts:
+    with upstream.applied("recorded_delegate_outputs") as counts:
         edge.transform([SpecPropPass()])
     assert counts["recorded"] >= 3 and counts["traced"] == 0, counts
 

@@ -1,15 +1,23 @@
 """Plugin discovery: broken plugins are skipped, conflicts name both packages, the
-allowlist restricts loading, and partitioner order follows --plugins, not pluggy."""
+allowlist restricts loading, partitioner order follows --plugins, not pluggy, and listing
+plugins imports no backend (their factories import it, ``Lazy`` ones when called)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib
 import json
 import os
+import subprocess
+import sys
+from typing import Iterator
 
 import pytest
 
 from llmcore.errors import LlmcoreError, PluginConflictError
-from llmcore.plugins import load_registry
+from llmcore.plugins import BUILTIN_PLUGINS, KINDS, load_registry
+from llmcore.records import Lazy
 
 import fakeplugins
 from fakeplugins import (
@@ -111,7 +119,7 @@ def test_hook_returning_wrong_type_is_reported(monkeypatch):
 def test_a_misspelt_hook_is_reported_naming_it(monkeypatch):
     monkeypatch.setenv("LLMCORE_LOAD_PLUGINS", "")
     registry = load_registry(extra_plugins=[("typo", MisspeltHookPlugin()), ("ok", RecipePlugin("fine"))])
-    assert [p.name for p in registry.plugins] == ["kv-cache", "executorch-kernels", "ok"]  # skipped; the others load
+    assert [p.name for p in registry.plugins] == [*BUILTIN_PLUGINS, "ok"]  # skipped; the others load
     (failure,) = registry.failures
     assert failure.name == "typo"
     assert "llmcore_partitioner (did you mean llmcore_partitioners?)" in failure.error
@@ -170,3 +178,60 @@ def test_partitioner_order_follows_the_user_not_pluggy(monkeypatch, tmp_path, or
     result = export(options, registry)
     assert fakeplugins.CALLS == order
     assert [b["name"] for b in result.report["backends"]] == order
+
+
+def test_a_lazy_factory_imports_its_module_only_when_called(fake_site, monkeypatch):
+    site, _ = fake_site
+    (site / "lazy_target.py").write_text("def scale(x, *, by=2):\n    return x * by\n")
+    monkeypatch.delitem(sys.modules, "lazy_target", raising=False)
+    factory = Lazy("lazy_target", "scale")
+    assert "lazy_target" not in sys.modules
+    assert factory(3, by=3) == 9 and "lazy_target" in sys.modules
+
+
+def _lazy_factories(value) -> Iterator[Lazy]:
+    """The :class:`Lazy` factories a record holds (loaders of a family, a partial's function)."""
+    if isinstance(value, Lazy):
+        yield value
+    elif isinstance(value, functools.partial):
+        yield from _lazy_factories(value.func)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for found in dataclasses.fields(value):
+            yield from _lazy_factories(getattr(value, found.name))
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _lazy_factories(item)
+
+
+def test_every_lazy_factory_of_the_installed_plugins_names_a_function_its_module_defines():
+    """A ``Lazy`` imports nothing until an export calls it, so a misspelt module or function
+    would show only then: every installed plugin's is resolved here."""
+    registry = load_registry()
+    factories = {
+        factory
+        for kind in KINDS
+        for name in registry.names(kind)
+        for factory in _lazy_factories(registry.get(kind, name, stage="test").record)
+    }
+    assert Lazy("llmcore_xnnpack.partition", "partitioners") in factories
+    unresolved = []
+    for factory in factories:
+        try:
+            module = importlib.import_module(factory.module)
+        except ModuleNotFoundError as missing:
+            if not f"{factory.module}.".startswith(f"{missing.name}."):
+                continue  # the module is there; a dependency of it is not installed here
+            module = None
+        if not callable(getattr(module, factory.name, None)):
+            unresolved.append(factory)
+    assert unresolved == []
+
+
+def test_listing_the_installed_plugins_imports_no_backend():
+    code = (
+        "import sys\nfrom llmcore.plugins import load_registry\nload_registry()\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'executorch', 'torchao', 'coremltools', 'gguf', "
+        "'transformers', 'safetensors'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -90,14 +90,27 @@ def test_every_fused_pass_rewrites_operators_only():
             assert list(inspect.signature(cls.__init__).parameters) == ["self"], cls
 
 
-def test_another_executorch_s_conversion_runs_unfused(monkeypatch):
+def test_another_executorch_s_conversion_fails_loudly_and_runs_unfused_when_switched_off(monkeypatch):
+    """The fused conversion repeats ``_generate_edge_program``'s steps: on a release whose
+    function is not the one mirrored it refuses, naming the patch; switched off, ExecuTorch's
+    own function runs."""
+    import dataclasses
+
     from executorch.exir import EdgeCompileConfig
     from executorch.exir.program import _program as exir
 
+    from llmcore import upstream
+
     called = []
     original = exir._generate_edge_program
-    monkeypatch.setattr(edge, "MIRRORED_SOURCE", frozenset({"another"}))
     monkeypatch.setattr(exir, "_generate_edge_program", lambda *a, **k: called.append(a) or original(*a, **k))
+    record = upstream.PATCHES["fused_edge_passes"]
+    another = {target: ("another",) for target in record.relies_on}
+    monkeypatch.setitem(upstream.PATCHES, record.name, dataclasses.replace(record, relies_on=another))
+    with pytest.raises(upstream.UpstreamPatchError, match="fused_edge_passes"):
+        edge.generate_edge_program(EdgeCompileConfig(), _aten_program())
+    assert not called
+    monkeypatch.setenv(upstream.SWITCH, "fused_edge_passes")
     edge.generate_edge_program(EdgeCompileConfig(), _aten_program())
     assert len(called) == 1
 

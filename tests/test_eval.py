@@ -10,7 +10,7 @@ import torch
 from clitools import ROOT
 
 from llmcore.errors import LlmcoreError
-from llmcore.evaluate import score_llama_perplexity
+from llmcore.apps.evaluate import score_llama_perplexity
 
 TEXT = ROOT / "benchmarks" / "data" / "alice-chapter1.txt"
 
@@ -77,7 +77,7 @@ def fake_kv_model(calls: list | None = None):
 def test_sliding_scores_every_token_once_with_its_windows_context():
     """Windows of 8 overlapping by 4: each token after the first scored once, with the
     logits of the full window prefix before it; each window's context in one prefill call."""
-    from llmcore.evaluate import score
+    from llmcore.apps.evaluate import score
 
     ids = [(5 * i + 2) % VOCAB for i in range(21)]
     nlls, scored_until = [], 0
@@ -151,7 +151,7 @@ def test_compare_runs_both_in_lockstep_and_measures_kl_by_hand():
     computation; a program equal to its eager model has KL 0 and agrees everywhere."""
     from functools import partial
 
-    from llmcore.evaluate import compare, llama_perplexity_positions, score_llama_perplexity
+    from llmcore.apps.evaluate import compare, llama_perplexity_positions, score_llama_perplexity
 
     ids = [BOS] + [int(t) for t in torch.randint(1, VOCAB, (40,), generator=torch.Generator().manual_seed(3))]
     positions = partial(llama_perplexity_positions, ids=ids, ctx=16, bos_id=BOS)

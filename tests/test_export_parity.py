@@ -50,7 +50,7 @@ def test_pte_matches_eager_at_three_lengths(exports, variant):
 def test_a_mapped_program_computes_what_a_read_one_does(exports):
     """``Program.load`` reads a file into huge pages by default and maps it with
     ``map_file=True`` (``--mmap``): where the bytes live, not what they compute."""
-    from llmcore.program_bytes import in_huge_pages
+    from llmcore.runtime.program_bytes import in_huge_pages
 
     tokens = list(range(3, 40))
     pte = exports("xnnpack").pte

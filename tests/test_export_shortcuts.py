@@ -10,7 +10,8 @@ from typing import List, Union
 import torch
 import torch.fx.config as fx_config
 
-from llmcore.pipeline import capture, lower
+from llmcore import upstream
+from llmcore.pipeline import capture
 
 
 class _Tiny(torch.nn.Module):
@@ -73,7 +74,7 @@ def test_the_serializer_reads_each_class_s_type_hints_once_and_writes_the_same_j
 
     _dataclass.get_type_hints = counted
     try:
-        with lower.type_hints_read_once():
+        with upstream.applied("type_hints_read_once"):
             assert json.dumps(tree, cls=_dataclass._DataclassEncoder) == expected
         assert sorted(c.__name__ for c in calls) == ["_Leaf", "_Tree"]
         assert _dataclass.get_type_hints is counted  # put back

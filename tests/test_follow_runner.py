@@ -1,4 +1,4 @@
-"""llmcore.agreement: the Python runtime follows the C++ runner's tokens and says whether
+"""llmcore.runtime.agreement: the Python runtime follows the C++ runner's tokens and says whether
 each is its own greedy choice (up to a near tie), and where the runner went wrong.
 
 The authority is the Python runtime on the same program (``llmcore run``'s); a stand-in
@@ -13,14 +13,14 @@ import sys
 
 import pytest
 
-from llmcore.agreement import NEAR_TIE, Agreement, RunnerRun, follow, parse_runner_output
+from llmcore.runtime.agreement import NEAR_TIE, Agreement, RunnerRun, follow, parse_runner_output
 
 PROMPT = "abc"
 
 
 def greedy_ids(pte, steps: int) -> list[int]:
     """``llmcore run``'s greedy tokens, through the same generate loop."""
-    from llmcore.generate import Sampling, TextTokenizer, generate, prompt_ids_for, tokenizer_beside
+    from llmcore.runtime.generate import Sampling, TextTokenizer, generate, prompt_ids_for, tokenizer_beside
     from llmcore.runtime import Program
 
     program = Program.load(pte)
@@ -71,7 +71,7 @@ def test_the_runners_output_is_read_with_its_text_and_stats():
 
 
 def test_the_check_fails_in_one_line_when_a_runner_prints_other_tokens(exports, tmp_path):
-    """``python -m llmcore.agreement`` (what ``make demo`` runs) against a stand-in runner
+    """``python -m llmcore.runtime.agreement`` (what ``make demo`` runs) against a stand-in runner
     that answers newlines, as the broken runner did: exit 1, one line saying where."""
     pte = exports("xnnpack").pte
     ids = greedy_ids(pte, 8)
@@ -81,7 +81,7 @@ def test_the_check_fails_in_one_line_when_a_runner_prints_other_tokens(exports, 
     fake.chmod(0o755)
     if all(i == 0 for i in ids):
         pytest.skip("the program's own answer is token 0")
-    done = subprocess.run([sys.executable, "-m", "llmcore.agreement", str(pte), "--runner", str(fake), "--prompt",
+    done = subprocess.run([sys.executable, "-m", "llmcore.runtime.agreement", str(pte), "--runner", str(fake), "--prompt",
                            PROMPT, "--max-new-tokens", "8", "--show-text"], capture_output=True, text=True,
                           env=os.environ | {"PYTHONWARNINGS": "ignore"})
     errors = [line for line in done.stderr.splitlines() if line.startswith("llmcore: error:")]

@@ -369,7 +369,7 @@ def _load_gguf_bytes(data: bytes):
     if not isinstance(result, LlmcoreError):
         assert result.metadata.vocab_size > 0 and result.module is not None
         if result.tokenizer is not None:
-            from llmcore.generate import TextTokenizer
+            from llmcore.runtime.generate import TextTokenizer
 
             outcome(lambda: TextTokenizer(result.tokenizer.json_text).encode("abcd"))
     return result
@@ -421,7 +421,7 @@ def _nanogpt_tokenizer(folder: Path, names: tuple[str, str], vocab: bytes, merge
     (folder / names[1]).write_bytes(merges)
     result = outcome(lambda: load_tokenizer(folder))
     if not isinstance(result, LlmcoreError):
-        from llmcore.generate import TextTokenizer
+        from llmcore.runtime.generate import TextTokenizer
 
         doc = json.loads(result.json_text)
         assert isinstance(doc["model"]["vocab"], dict)
@@ -463,7 +463,7 @@ def _tokenizer_json_seed() -> dict:
 
 
 def _text_tokenizer(text: str):
-    from llmcore.generate import TextTokenizer
+    from llmcore.runtime.generate import TextTokenizer
 
     tok = outcome(lambda: TextTokenizer(text))
     if not isinstance(tok, LlmcoreError):

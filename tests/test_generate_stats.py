@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from llmcore.generate import Sampling, generate
+from llmcore.runtime.generate import Sampling, generate
 
 
 class SlowPrompt:

@@ -60,3 +60,16 @@ def test_the_quantizer_example_quantizes():
     model = recipe.source_quantize(nn.Sequential(nn.Linear(32, 32)), {})
     assert type(model[0].weight).__name__ != "Parameter"  # a torchao quantized tensor
     assert model(torch.randn(1, 32)).shape == (1, 32)
+
+
+def test_the_command_example_lists_a_programs_methods(exports, capsys):
+    import argparse
+
+    module = types.ModuleType("example")
+    exec(example("llmcore_commands"), module.__dict__)
+    (command,) = module.llmcore_commands()
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    assert command.run(parser.parse_args([str(exports("xnnpack").pte), "--delegated"])) == 0
+    (line,) = capsys.readouterr().out.splitlines()  # only forward holds a delegate
+    assert line.startswith("forward: ") and line.endswith(" delegates") and " 0 delegates" not in line

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from clitools import read_json, run_cli
+from programs import vulkan_program
 
 TINY = ["export", "--model", "nanogpt", "--config", "tiny"]
 
@@ -28,7 +29,7 @@ def programs(tmp_path_factory):
     paths["truncated"].write_bytes(data[: len(data) // 2])
     paths["damaged"] = folder / "damaged.pte"
     paths["damaged"].write_bytes(_damage(data))
-    paths["vulkan"] = _vulkan_program(folder)
+    paths["vulkan"] = vulkan_program(folder / "vulkan.pte")
     paths["missing_op"] = _program_with_missing_operator(folder)
     return paths
 
@@ -39,29 +40,6 @@ def _damage(data: bytes) -> bytes:
 
     size = _get_extended_header(data).program_size
     return data[:64] + b"\xff" * (size - 64) + data[size:]
-
-
-def _vulkan_program(folder):
-    """A tiny static-shape program lowered ahead of time for Vulkan: the wheel can write it
-    on Linux, but its runtime has no VulkanBackend to run it."""
-    import torch
-
-    partitioner = pytest.importorskip("executorch.backends.vulkan.partitioner.vulkan_partitioner")
-    from executorch.exir import to_edge_transform_and_lower
-
-    class Tiny(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = torch.nn.Linear(8, 8)
-
-        def forward(self, x):
-            return torch.relu(self.linear(x)) + 1.0
-
-    exported = torch.export.export(Tiny().eval(), (torch.randn(2, 8),))
-    edge = to_edge_transform_and_lower(exported, partitioner=[partitioner.VulkanPartitioner()])
-    path = folder / "vulkan.pte"
-    path.write_bytes(edge.to_executorch().buffer)
-    return path
 
 
 def _program_with_missing_operator(folder):
@@ -127,7 +105,7 @@ def test_inspect_agrees_with_the_runtimes_method_meta(programs):
     """The shapes and dtypes inspect reads from the flatbuffer are the ones the runtime sees."""
     from executorch.extension.pybindings import portable_lib
 
-    from llmcore.libraries import load_program_libraries
+    from llmcore.runtime.libraries import load_program_libraries
 
     _, data = _inspect_json(programs["int8"])
     pte_bytes = programs["int8"].read_bytes()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmcore.pipeline.lower import LeanDependencyViewer, lean_dependency_viewers
+from llmcore import upstream
+from llmcore.pipeline.lower import LeanDependencyViewer
 
 
 class Branchy(torch.nn.Module):
@@ -45,7 +46,7 @@ def test_the_viewers_are_swapped_only_while_lowering():
     from torch.fx.passes.infra import partitioner
 
     original = partitioner._DependencyViewer
-    with lean_dependency_viewers():
+    with upstream.applied("lean_dependency_viewers"):
         assert partitioner._DependencyViewer is LeanDependencyViewer
     assert partitioner._DependencyViewer is original
 
@@ -136,7 +137,7 @@ def test_grouped_partitions_are_the_same_with_the_mask_merge_check():
         return sorted(sorted(n.name for n in p.nodes) for p in partitions)
 
     expected = proposed()
-    with lean_dependency_viewers():
+    with upstream.applied("lean_dependency_viewers"):
         fast = proposed()
     assert group.GroupBasedPartitioner._can_merge_partitions is not lower._can_merge_partitions
     # relu's producer stays out (a single-node partition): merging it would be the cycle.
@@ -166,6 +167,37 @@ def test_legalize_order_is_torch_legalize_graph_order():
     ours = [n.name for n in legalize_order(gm.graph)]
     theirs = [n.name for n in legalize_graph(gm).graph.nodes]
     assert any("assert" in name for name in theirs)
+    assert ours == theirs
+
+
+def test_sorting_in_place_again_gives_torch_s_order_again():
+    """torch.fx's legalize_graph copies the nodes into a new graph, so after it each node's
+    users are listed in the sorted order, and the next sort (the next delegate cut out) reads
+    them so. Sorted in place, the users are listed the same way: two nodes that become ready
+    together keep torch's order."""
+    import copy
+
+    from executorch.exir import lowered_backend_module
+    from torch.fx.passes.tools_common import legalize_graph
+
+    graph = torch.fx.Graph()
+    x, p = graph.placeholder("x"), graph.placeholder("p")
+    a = graph.call_function(torch.add, (x, p))  # x's first user, ready after p
+    b = graph.call_function(torch.neg, (x,))
+    graph.output(graph.call_function(torch.mul, (a, b)))
+    in_place = torch.fx.GraphModule(torch.nn.Module(), graph)
+    copied = copy.deepcopy(in_place)
+
+    def sort_twice(gm, legalize):
+        gm = legalize(gm)  # x, p, b, a, ...: b is listed before a
+        p_node = next(n for n in gm.graph.nodes if n.name == "p")
+        p_node.append(next(n for n in gm.graph.nodes if n.name == "x"))  # p first: a and b ready together
+        return [n.name for n in legalize(gm).graph.nodes]
+
+    theirs = sort_twice(copied, legalize_graph)
+    with upstream.applied("legalize_in_place"):
+        ours = sort_twice(in_place, lowered_backend_module.legalize_graph)
+    assert theirs.index("neg") < theirs.index("add")
     assert ours == theirs
 
 
@@ -204,8 +236,6 @@ def test_constant_inputs_are_torchs_parameters_buffers_and_constants():
 def test_constant_inputs_are_listed_once_only_while_matching_nodes():
     """While a config partitioner matches nodes, ``is_constant_data`` gives torch's answers
     for its program (from the set) and for any other; ExecuTorch's function is back after."""
-    from llmcore.pipeline.lower import constant_inputs_listed_once
-
     config = pytest.importorskip("executorch.exir.backend.canonical_partitioners.config_partitioner")
     partitioner = config.ConfigerationBasedPartitioner
     original, is_constant_data = partitioner.get_matched_nodes_from_configs, config.is_constant_data
@@ -221,7 +251,7 @@ def test_constant_inputs_are_listed_once_only_while_matching_nodes():
 
     partitioner.get_matched_nodes_from_configs = matched
     try:
-        with constant_inputs_listed_once():
+        with upstream.applied("constant_inputs_listed_once"):
             partitioner.get_matched_nodes_from_configs(object(), ep)
         assert answers and all(answers)
         assert config.is_constant_data is is_constant_data
@@ -240,7 +270,7 @@ def _lowered_graph_alive(monkeypatch, forget: bool) -> bool:
 
     xnnpack = pytest.importorskip("executorch.backends.xnnpack.partition.xnnpack_partitioner")
     if not forget:
-        monkeypatch.setattr(lower, "forget_lowered_nodes", lambda: 0)
+        monkeypatch.setenv(upstream.SWITCH, "forget_lowered_nodes")
     backend = Backend(name="cpu", description="XNNPACK", partitioners=lambda o: [xnnpack.XnnpackPartitioner()])
     exported = torch.export.export(Branchy(), (torch.randn(2, 8), torch.randn(2, 8)))
     edge = lower.lower(exported, [(Provided(backend, PluginInfo("test", "test")), {})], {})

@@ -21,7 +21,7 @@ import yaml
 
 from clitools import LLMCORE, read_json, run_cli
 from llmcore.errors import LlmcoreError
-from llmcore.matrix import TASK_PREFIX, content_key, expand, installed_versions
+from llmcore.apps.matrix import TASK_PREFIX, content_key, expand, installed_versions
 from llmcore.recipe import ExportOptions
 
 
@@ -69,7 +69,7 @@ def scratch_folders(pid: int) -> list[Path]:
 
 def check_program_runs(report_path: Path) -> None:
     """The program answers the way the eager model rebuilt from its report does."""
-    from llmcore.evaluate import eager_reference
+    from llmcore.apps.evaluate import eager_reference
     from llmcore.runtime import Program
 
     report = read_json(report_path)

@@ -107,10 +107,10 @@ def test_the_nanogpt_plugins_json_files(tmp_path):
 
 
 def test_the_cores_readers(tmp_path):
-    from llmcore.chat import load_template
-    from llmcore.cli import _key_values
-    from llmcore.constrain import parse_tool_call
-    from llmcore.matrix import load_matrix
+    from llmcore.apps.matrix import load_matrix
+    from llmcore.builtins.commands import _key_values
+    from llmcore.runtime.chat_template import load_template
+    from llmcore.runtime.constrain import parse_tool_call
 
     matrix = tmp_path / "release.yaml"
     matrix.write_text("models: " + DEEP + "\n")

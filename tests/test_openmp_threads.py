@@ -108,7 +108,7 @@ COPY_PROBE = """
 import json, os
 import numpy, torch
 torch.set_num_threads(2)
-from llmcore.runtime import _own_last_row
+from llmcore.runtime.program import _own_last_row
 
 def threads():
     return len(os.listdir("/proc/self/task"))
@@ -171,7 +171,7 @@ def test_read_logits_lends_the_row_the_next_call_overwrites(exports):
 def test_generation_on_lent_rows_writes_what_copied_rows_write(exports, sampling):
     """``generate`` samples from the lent row (``read_logits``): it writes the same tokens as
     a loop over copied logits (what a program with only ``logits`` gets), greedy and sampled."""
-    from llmcore.generate import Sampling, generate
+    from llmcore.runtime.generate import Sampling, generate
     from llmcore.runtime import Program
 
     program = Program.load(exports("xnnpack").pte)
@@ -190,7 +190,7 @@ def test_generation_on_lent_rows_writes_what_copied_rows_write(exports, sampling
 def test_generation_runs_its_tensor_ops_on_one_thread(exports):
     """``generate`` (and the server's loop) keep PyTorch's own ops on one thread while they
     decode, and give the caller's setting back after."""
-    from llmcore.generate import Sampling, generate
+    from llmcore.runtime.generate import Sampling, generate
     from llmcore.runtime import Program
 
     program = Program.load(exports("xnnpack").pte)
@@ -214,7 +214,7 @@ def test_generation_runs_its_tensor_ops_on_one_thread(exports):
 
 def test_a_row_numpy_cannot_hold_is_copied_by_torch():
     """bfloat16 has no numpy dtype: its row takes ATen's copy, on one thread."""
-    from llmcore.runtime import _own_last_row
+    from llmcore.runtime.program import _own_last_row
 
     row = torch.linspace(-3, 3, 40000).to(torch.bfloat16)
     copy = _own_last_row(row)

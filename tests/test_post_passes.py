@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from llmcore import upstream
 from llmcore.pipeline import emit
 from llmcore.plugins import PluginInfo, Provided
 from llmcore.records import PostPass
@@ -75,7 +76,7 @@ def test_quant_fusion_runs_where_the_graph_quantizes():
     plain = _edge()
     with pytest.MonkeyPatch.context() as m:
         m.setattr(_program, "quant_fusion_and_const_prop_pass", lambda p: calls.append(p) or original(p))
-        with emit.quant_fusion_only_where_quantized():
+        with upstream.applied("quant_fusion_only_where_quantized"):
             _program.quant_fusion_and_const_prop_pass(quantized.exported_program())
             _program.quant_fusion_and_const_prop_pass(plain.exported_program())
         assert _program.quant_fusion_and_const_prop_pass is not original

@@ -20,7 +20,7 @@ import struct
 import pytest
 
 from clitools import run_cli
-from llmcore.profile import DELEGATE_OVERHEAD
+from llmcore.apps.profile import DELEGATE_OVERHEAD
 
 TINY = ["export", "--model", "nanogpt", "--config", "tiny"]
 XNNPACK_OPS = ("Fully Connected (NC, F32) GEMM", "Add (ND, F32)")
@@ -55,7 +55,7 @@ def _etdump_for(pte: bytes, runs: int) -> bytes:
     from executorch.devtools.etdump.serialize import serialize_to_etdump_flatcc
     from executorch.exir import schema
 
-    from llmcore.pte import read_program_table
+    from llmcore.runtime.pte import read_program_table
 
     plan = next(p for p in read_program_table(pte).execution_plan if p.name == "forward")
     run_data = []
@@ -104,7 +104,7 @@ def _delegated_linears(pte) -> int:
 
 
 def _kernel_instructions(pte) -> set:
-    from llmcore.profile import _plan_instructions
+    from llmcore.apps.profile import _plan_instructions
 
     return {i.name for i in _plan_instructions(pte.read_bytes()).values() if i.kind == "kernel"}
 

@@ -1,5 +1,5 @@
 """A program file's bytes for the bindings: the file's content, as a ``bytes`` object, with
-the data on a 2 MiB boundary (llmcore.program_bytes), and the mapping given back only when
+the data on a 2 MiB boundary (llmcore.runtime.program_bytes), and the mapping given back only when
 nothing refers to them."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from llmcore import program_bytes
-from llmcore.program_bytes import read_program_bytes
+from llmcore.runtime import program_bytes
+from llmcore.runtime.program_bytes import read_program_bytes
 
 pytestmark = pytest.mark.skipif(
     sys.implementation.name != "cpython" or not sys.platform.startswith("linux"),

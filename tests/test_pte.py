@@ -1,4 +1,4 @@
-"""llmcore.pte, the one reader of `.pte` programs: the header check, and the fast reading of
+"""llmcore.runtime.pte, the one reader of `.pte` programs: the header check, and the fast reading of
 methods, operators, delegates and constant methods against ExecuTorch's own unpacking."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from llmcore import libraries, pte
+from llmcore.runtime import libraries, pte
 from llmcore.errors import LlmcoreError
 
 CONSTANTS = {"get_n": 7, "flag": True, "ratio": 0.5, "ids": [3, 4, 5], "get_runtime_libraries": ["a_lib", "b_lib"]}

@@ -14,7 +14,8 @@ import textwrap
 import pytest
 import torch
 
-from llmcore import hookimpl, libraries
+from llmcore import hookimpl
+from llmcore.runtime import libraries
 from llmcore.errors import LlmcoreError
 from llmcore.plugins import load_registry
 from llmcore.records import RuntimeLibrary

@@ -5,7 +5,7 @@ The program is the tiny nanoGPT (random weights, byte-level tokenizer, 128 posit
 given a chat template that starts with the first message's text: conversations that start
 differently then share no cached tokens, so each greedy reference below is computed on
 the same path as the server's (a full prefill from position 0). Authorities: ``llmcore run
---json`` and :func:`llmcore.generate.generate` on a freshly loaded program for the text,
+--json`` and :func:`llmcore.runtime.generate.generate` on a freshly loaded program for the text,
 the ``openai`` package for the protocol, the fresh program's logits for the cache reuse.
 """
 
@@ -220,7 +220,7 @@ def test_client_gone_mid_stream_leaves_the_server_working(served, client):
 
 @pytest.fixture(scope="module")
 def engine(served):
-    from llmcore.serve import Engine
+    from llmcore.runtime.session import Engine
 
     _, pte = served
     return Engine(str(pte), str(pte.with_name("tokenizer.json")))
@@ -228,7 +228,7 @@ def engine(served):
 
 def test_generation_stops_when_cancelled(engine, monkeypatch):
     """A client that goes away sets the event; the loop stops at the next token."""
-    from llmcore.serve import Request, run
+    from llmcore.runtime.session import Request, run
 
     cancelled = threading.Event()
     step = engine.step
@@ -241,7 +241,7 @@ def test_generation_stops_when_cancelled(engine, monkeypatch):
         return step(token)
 
     monkeypatch.setattr(engine, "step", counting_step)
-    req = Request(list(b"cancel me"), 50, 0.0, 1.0, None, [], False, False)
+    req = Request(list(b"cancel me"), 50, 0.0, 1.0, None, [])
     out = run(engine, req, lambda text: None, cancelled)
     assert len(steps) == 3 and out.completion_tokens == 3
 
@@ -278,7 +278,7 @@ def test_engine_lends_the_programs_row_until_its_next_call(engine, served):
 
 def test_ring_buffer_programs_reuse_only_an_exact_extension(exports):
     from llmcore.runtime import Program
-    from llmcore.serve import Engine
+    from llmcore.runtime.session import Engine
 
     result = exports("ring")
     ring = Engine(str(result.pte), str(result.pte.with_name("tokenizer.json")))
@@ -293,7 +293,7 @@ def test_ring_buffer_programs_reuse_only_an_exact_extension(exports):
 
 
 def test_queue_is_fair_and_bounded(engine):
-    from llmcore.serve import RequestError, Server
+    from llmcore.apps.serve import RequestError, Server
 
     async def scenario():
         server = Server([engine], MODEL, max_queue=2)
@@ -340,7 +340,8 @@ def test_chat_in_the_terminal_keeps_history_and_reuses_the_cache(served):
 def test_parallel_instances_go_to_the_one_whose_cache_fits(engine, served):
     """With --parallel, a free instance whose cache already holds the start of the prompt is
     preferred: the next turn of a conversation lands where its history is."""
-    from llmcore.serve import Engine, Server
+    from llmcore.apps.serve import Server
+    from llmcore.runtime.session import Engine
 
     other = Engine(str(served[1]), str(served[1].with_name("tokenizer.json")))
     conversation = list(b"a conversation so far")

@@ -187,7 +187,7 @@ def test_run_json_schema_cli(served, cli, tmp_path):
 
 
 def test_tools_are_described_to_a_template_that_does_not_render_them():
-    from llmcore.serve import tools_in_system_message
+    from llmcore.apps.serve import tools_in_system_message
 
     plain = tools_in_system_message([{"role": "user", "content": "hi"}], [WEATHER])
     assert plain[0]["role"] == "system" and '"name": "wx"' in plain[0]["content"] and plain[1]["content"] == "hi"
@@ -199,7 +199,7 @@ def test_tools_are_described_to_a_template_that_does_not_render_them():
 def test_tool_arguments_take_only_the_listed_properties_unless_the_schema_says_otherwise(served):
     import torch
 
-    from llmcore.constrain import Constraint, Tool, tool_call_grammar
+    from llmcore.runtime.constrain import Constraint, Tool, tool_call_grammar
 
     tokenizer = served[1].with_name("tokenizer.json").read_text()  # byte-level: token id = byte value
     for extra, comma_allowed in ((None, False), (True, True)):
@@ -220,8 +220,8 @@ def test_sampling_the_models_pick_first_gives_the_masked_distribution(served, te
     frequencies of a step with a few allowed tokens match the masked softmax."""
     import torch
 
-    from llmcore.constrain import Constraint, json_schema_grammar
-    from llmcore.generate import Sampling
+    from llmcore.runtime.constrain import Constraint, json_schema_grammar
+    from llmcore.runtime.generate import Sampling
 
     tokenizer = served[1].with_name("tokenizer.json").read_text()  # byte-level: token id = byte value
     grammar = json_schema_grammar({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
@@ -260,8 +260,8 @@ def test_forced_tokens_go_to_the_program_together_and_change_nothing(served):
     """What the grammar forces (the opening of a tool call, the next key of a schema) is fed
     in one call with the sampled token: greedy generation writes the same tokens as one
     forward pass per token, in fewer calls."""
-    from llmcore.constrain import Constraint, Tool, tool_call_grammar
-    from llmcore.generate import Sampling, generate
+    from llmcore.runtime.constrain import Constraint, Tool, tool_call_grammar
+    from llmcore.runtime.generate import Sampling, generate
     from llmcore.runtime import Program
 
     pte = served[1]

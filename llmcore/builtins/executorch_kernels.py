@@ -5,7 +5,7 @@ quantized programs call outside their delegates (``quantized_decomposed::``: 4-b
 byte embeddings, per-token (de)quantization) live in libraries that the ``executorch``
 wheel registers with the runtime only when their Python modules are imported. Declared here
 as :class:`~llmcore.records.RuntimeLibrary` records, they are found the way every custom
-operator library is: from the operators a program calls (:mod:`llmcore.libraries`), loaded
+operator library is: from the operators a program calls (:mod:`llmcore.runtime.libraries`), loaded
 before it runs (the parity check, ``llmcore run``, ``profile``, ``eval``, ``inspect``) and
 listed in the export report. They are not named in a program's ``get_runtime_libraries``
 (``declared=False``): ``llmcore_runner`` links both.

@@ -16,15 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from llmcore import __version__, chat, libraries
+from llmcore import __version__
 from llmcore.errors import LlmcoreError
-from llmcore.generate import TOKENIZER_FILE, TextTokenizer
 from llmcore.pipeline import capture, emit, lower, parity, quantize, report, transform, write
 from llmcore.pipeline.load import detect_family, load_model
 from llmcore.plugins import Registry, load_registry
 from llmcore.progress import StageLog, limit_heap_fragmentation, remembered_interrupts
 from llmcore.recipe import ExportOptions
 from llmcore.records import ModelMetadata, TransformContext
+from llmcore.runtime import libraries
+from llmcore.runtime.chat_template import CONFIG_FILE as TOKENIZER_CONFIG_FILE, template_source, tokenizer_config
+from llmcore.runtime.generate import TOKENIZER_FILE, TextTokenizer
 
 
 # Programs get at most this many positions unless --max-seq-len asks for more: a KV cache
@@ -97,7 +99,7 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
         options.quantize, options.quantize_options, options.plugins, registry
     )
     transforms = transform.select_transforms(options, registry, options.model)
-    chat_template = chat.template_source(options.chat_template) if options.chat_template else None
+    chat_template = template_source(options.chat_template) if options.chat_template else None
 
     with log.stage("load"):
         loaded = load_model(options, registry)
@@ -178,7 +180,7 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
 
     # Custom-operator libraries that the graph calls: in the report, loaded here for the
     # parity check, and named in the program unless every runtime has them (ExecuTorch's
-    # own; llmcore/libraries.py).
+    # own; llmcore/runtime/libraries.py).
     runtime_libs = libraries.libraries_for_operators(libraries.graph_operators(exported), registry)
     methods = metadata_methods(meta, max_seq_len, context)
     declared = [p.record.name for p in runtime_libs if p.record.declared]
@@ -259,7 +261,7 @@ def _export(options: ExportOptions, registry: Optional[Registry]) -> ExportResul
         }
         with log.stage("write", collect=False):  # the parity run drops no graph
             bundle.stage(tokenizer_path, tokenizer.json_text)
-            bundle.stage(tokenizer_path.with_name(chat.CONFIG_FILE), _tokenizer_config(tokenizer, meta))
+            bundle.stage(tokenizer_path.with_name(TOKENIZER_CONFIG_FILE), _tokenizer_config(tokenizer, meta))
             data["stages"] = log.as_dicts()
             bundle.stage(report_path, report.to_json(data))
             bundle.commit()
@@ -304,7 +306,7 @@ def _tokenizer_config(tokenizer: TextTokenizer, meta: ModelMetadata) -> str:
         return tokenizer.decode([i]) if 0 <= i < tokenizer.vocab_size else None
 
     eos = token(meta.eos_ids[0]) if meta.eos_ids else None
-    return chat.tokenizer_config(meta.chat_template, token(meta.bos_id), eos)
+    return tokenizer_config(meta.chat_template, token(meta.bos_id), eos)
 
 
 def metadata_methods(meta: ModelMetadata, max_seq_len: int, context: TransformContext) -> dict[str, Any]:

@@ -8,7 +8,8 @@ fake-tensor rule for that node rebuilds the delegate's original program as a mod
 fake tensors, once per delegate per pass: on SmolLM2-135M (32 delegates) about 10 s of
 an export, for outputs whose shapes the program already records.
 
-:func:`recorded_delegate_outputs` answers from that record instead: each output of the
+:func:`recorded_outputs` answers from that record instead (installed while retracing by
+the ``recorded_delegate_outputs`` patch of :mod:`llmcore.upstream`): each output of the
 delegate's program has a traced value whose sizes are integers or symbols of the
 program's own inputs (``s0``: the sequence length). Binding those symbols to the sizes
 of the call's actual arguments gives the outputs' sizes in the caller's symbols; they are
@@ -16,19 +17,15 @@ made as new contiguous fake tensors of the recorded dtypes, which is what runnin
 graph gives for the contiguous outputs a delegate returns. Anything else (an output size
 that is an expression, a non-contiguous or non-tensor output, arguments that do not
 match the record, outputs other than user outputs) takes ExecuTorch's own rule, so this is
-a shortcut that never changes a program: ``tests/test_delegates.py`` checks that
-``to_executorch`` writes the same bytes with and without it.
+a shortcut that never changes a program: ``plugins/xnnpack/tests/test_lowering.py`` checks
+that the export writes the same bytes with and without it.
 """
 
 from __future__ import annotations
 
-import logging
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
-
-log = logging.getLogger(__name__)
 
 
 class _Unrecorded(Exception):
@@ -92,40 +89,3 @@ def recorded_outputs(lowered_module, args: tuple) -> Any:
             raise _Unrecorded("an output is not a contiguous tensor")
         outputs.append(torch.empty([_size(d, bindings) for d in recorded.shape], dtype=recorded.dtype))
     return torch.utils._pytree.tree_unflatten(outputs, program.call_spec.out_spec)
-
-
-@contextmanager
-def recorded_delegate_outputs() -> Iterator[dict]:
-    """While active, fake-tensor tracing of ``executorch_call_delegate`` answers from each
-    delegate's recorded outputs when it can (:func:`recorded_outputs`). Yields the counts
-    of calls answered so (``recorded``) and traced by ExecuTorch's rule (``traced``)."""
-    counts = {"recorded": 0, "traced": 0}
-    try:
-        from torch._higher_order_ops.executorch_call_delegate import executorch_call_delegate
-        from torch._higher_order_ops.utils import registered_hop_fake_fns
-    except ImportError:  # another torch: its own rule, unchanged
-        yield counts
-        return
-    original = registered_hop_fake_fns.get(executorch_call_delegate)
-    if original is None:
-        yield counts
-        return
-
-    def fake(lowered_module, *args):
-        try:
-            out = recorded_outputs(lowered_module, args)
-        except _Unrecorded as why:
-            counts["traced"] += 1
-            log.debug("delegate traced: %s", why)
-            return original(lowered_module, *args)
-        counts["recorded"] += 1
-        return out
-
-    registered_hop_fake_fns[executorch_call_delegate] = fake
-    try:
-        yield counts
-    finally:
-        registered_hop_fake_fns[executorch_call_delegate] = original
-        if counts["recorded"] or counts["traced"]:
-            log.info("delegate calls answered from their records: %d, traced: %d", counts["recorded"], counts["traced"])
-

@@ -15,19 +15,16 @@ seen them in its own retrace, and the run of passes costs one retrace. Only pass
 override nothing else of substance) are fused, and only runs of them that are adjacent
 in ExecuTorch's own order; the others run as ExecuTorch runs them.
 
-This mirrors ``_generate_edge_program`` step for step, and is used only while that
-function's source is the one it mirrors (:data:`MIRRORED_SOURCE`); otherwise ExecuTorch's
-own runs. ``plugins/xnnpack/tests/test_lowering.py`` compares the programs written through
-here with ExecuTorch's whole-graph lowering, byte for byte.
+This mirrors ``_generate_edge_program`` step for step: it is the ``fused_edge_passes``
+patch of :mod:`llmcore.upstream`, whose record holds the digest of the source it mirrors
+(an ExecuTorch whose function differs fails loudly; switched off, ExecuTorch's own runs).
+``plugins/xnnpack/tests/test_lowering.py`` compares the programs written through here with
+ExecuTorch's whole-graph lowering, byte for byte.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import logging
-
-log = logging.getLogger(__name__)
+from llmcore import upstream
 
 # ExecuTorch's passes that override only ``call_operator`` (and ``__init__`` without
 # arguments), or, for ScalarToTensorPass, also ``call`` only to report whether it changed
@@ -43,18 +40,6 @@ OPERATOR_LOCAL_PASSES = frozenset(
         "MemoryFormatOpsPass",
     }
 )
-
-# sha256 of ``executorch.exir.program._program._generate_edge_program``'s source, for the
-# ExecuTorch releases whose steps :func:`generate_edge_program` repeats (1.5.1)
-MIRRORED_SOURCE = frozenset({"231b0ef63ff582cb"})
-
-
-def _source_digest(function) -> str:
-    try:
-        return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
-    except (OSError, TypeError):
-        return ""
-
 
 def fused(passes: list) -> list:
     """``passes`` with each run of two or more adjacent operator-local passes (see the
@@ -90,8 +75,7 @@ def generate_edge_program(config, program, core_aten_ops_exception_list=None, pr
     its operator-local passes fused."""
     from executorch.exir.program import _program as exir
 
-    if _source_digest(exir._generate_edge_program) not in MIRRORED_SOURCE:
-        log.info("to_edge: ExecuTorch's edge conversion is not the one mirrored; running it unfused")
+    if not upstream.active("fused_edge_passes"):
         return exir._generate_edge_program(config, program, core_aten_ops_exception_list, preserve_ops)
 
     # the steps of ExecuTorch's _generate_edge_program, in its order

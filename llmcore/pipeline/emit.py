@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
+from llmcore import upstream
 from llmcore.errors import stage_errors
-from llmcore.libraries import graph_operators, operator_name
-from llmcore.pipeline.delegates import recorded_delegate_outputs
 from llmcore.plugins import Provided, Registry
 from llmcore.records import PostPass
+from llmcore.runtime.libraries import graph_operators, operator_name
 
 
 def select_post_passes(registry: Registry, backends: list[str]) -> list[Provided]:
@@ -29,7 +28,7 @@ def called_operators(edge) -> set[str]:
 
 def apply_post_passes(edge, passes: list[Provided]):
     """Each pass re-traces the lowered program; delegate calls answer from their records
-    (:mod:`llmcore.pipeline.delegates`) instead of running their graphs again. A pass that
+    (the ``recorded_delegate_outputs`` patch) instead of running their graphs again. A pass that
     names the operators it rewrites is skipped where the graph calls none of them."""
     for provided in passes:
         post: PostPass = provided.record
@@ -37,7 +36,7 @@ def apply_post_passes(edge, passes: list[Provided]):
             continue
         fix = "report it to the plugin's authors (--debug shows the traceback)."
         with stage_errors("post-passes", provided.plugin.name, f"post-pass {post.name!r} failed", fix), \
-                recorded_delegate_outputs():
+                upstream.applied("recorded_delegate_outputs"):
             edge = edge.transform([post.create()])
     return edge
 
@@ -58,8 +57,8 @@ def to_executorch(edge, etrecord_path: Optional[str] = None, edge_copy: Any = No
         run_reinplace_pass=True,
     )
     fix = "run with --debug for the traceback; a post-pass or backend left the graph in a state ExecuTorch cannot plan."
-    with stage_errors("emit", None, "to_executorch failed", fix), recorded_delegate_outputs(), \
-            quant_fusion_only_where_quantized():
+    with stage_errors("emit", None, "to_executorch failed", fix), upstream.applied("recorded_delegate_outputs"), \
+            upstream.applied("quant_fusion_only_where_quantized"):
         program = edge.to_executorch(config)
     if etrecord_path and edge_copy is not None:
         from executorch.devtools import generate_etrecord
@@ -79,7 +78,9 @@ def copy_for_etrecord(edge):
 
 
 # Operator namespaces whose quantize / dequantize operators every pattern of ExecuTorch's
-# QuantFusionPass starts from (tests/test_post_passes.py checks its patterns).
+# QuantFusionPass starts from (tests/test_post_passes.py checks its patterns): where the
+# graph outside the delegates calls none, the ``quant_fusion_only_where_quantized`` patch
+# skips the pass.
 QUANTIZE_NAMESPACES = ("quantized_decomposed", "torchao")
 
 
@@ -91,35 +92,3 @@ def is_quantize_operator(node) -> bool:
         return False
     namespace, _, op = name.partition("::")
     return namespace in QUANTIZE_NAMESPACES and "quantize" in op
-
-
-@contextmanager
-def quant_fusion_only_where_quantized() -> Iterator[None]:
-    """``to_executorch``'s quant fusion, skipped on a graph it cannot change.
-
-    ``do_quant_fusion_and_const_prop`` first runs ExecuTorch's QuantFusionPass, which
-    matches 23 patterns, each starting from a quantize or dequantize operator, over the
-    graph outside the delegates (0.6 s on SmolLM2-135M, whose delegates hold every such
-    operator), then propagates constants. Where the graph calls no quantize or dequantize
-    operator, reads no dtype through ``getattr`` and has every node's value, the pass does
-    nothing but drop dead code: that, and the constant propagation, is what runs instead.
-    The programs are byte-identical (``plugins/xnnpack/tests/test_lowering.py`` compares
-    them with the pass run)."""
-    from executorch.exir.passes.constant_prop_pass import constant_prop_pass
-    from executorch.exir.program import _program
-
-    original = _program.quant_fusion_and_const_prop_pass
-
-    def fusion_where_quantized(program):
-        nodes = [n for n in program.graph_module.graph.nodes if n.op == "call_function"]
-        if any(is_quantize_operator(n) or n.target is getattr or "val" not in n.meta for n in nodes):
-            return original(program)
-        program.graph_module.graph.eliminate_dead_code()
-        program.graph_module.recompile()
-        return constant_prop_pass(program)
-
-    _program.quant_fusion_and_const_prop_pass = fusion_where_quantized
-    try:
-        yield
-    finally:
-        _program.quant_fusion_and_const_prop_pass = original

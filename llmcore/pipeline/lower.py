@@ -7,17 +7,15 @@ what is left. The order comes from the user's list, never from plugin registrati
 from __future__ import annotations
 
 import collections
-import functools
-import importlib
 import logging
 import operator
-import sys
 from collections import Counter
-from contextlib import ExitStack, contextmanager
-from typing import Any, Iterator
+from contextlib import ExitStack
+from typing import Any
 
 import torch
 
+from llmcore import upstream
 from llmcore.errors import LlmcoreError, stage_errors
 from llmcore.plugins import Provided, Registry
 from llmcore.recipe import check_plugin_options
@@ -60,6 +58,17 @@ def resolve_backends(names: list[str], backend_options: dict, registry: Registry
     return resolved
 
 
+# The patches of llmcore.upstream applied while lowering, entered in this order (so left in
+# the reverse): the backends' own come after them.
+LOWERING_PATCHES = (
+    "lean_dependency_viewers",
+    "legalize_in_place",
+    "constant_inputs_listed_once",
+    "type_hints_read_once",
+    "forget_lowered_nodes",
+)
+
+
 def edge_compile_config(backends: list[Backend]):
     from executorch.exir import EdgeCompileConfig
 
@@ -92,14 +101,12 @@ def lower(
     first_plugin = backends[0][0].plugin.name if backends else None
     fix = "try the backends one at a time to find the one that fails (--debug shows the traceback)."
     with stage_errors("lower", first_plugin, f"lowering to {names} failed", fix), ExitStack() as contexts:
-        contexts.enter_context(lean_dependency_viewers())
-        contexts.enter_context(legalize_in_place())
-        contexts.enter_context(constant_inputs_listed_once())
-        contexts.enter_context(type_hints_read_once())
-        contexts.callback(forget_lowered_nodes)
+        for patch in LOWERING_PATCHES:
+            contexts.enter_context(upstream.applied(patch))
         for provided, opts in backends:
             if provided.record.while_lowering is not None:
                 contexts.enter_context(provided.record.while_lowering(opts))
+        upstream.warn_unknown_switch_names()  # the backends in use have registered theirs
         from llmcore.pipeline import repeated as repeated_blocks
 
         # on both paths, so that they lower the same program (see gather_block_nodes)
@@ -117,7 +124,10 @@ def lower(
         )
 
 
-# ---- partitioning memory --------------------------------------------------------------------
+# What the patches of llmcore.upstream install while lowering follows: each is swapped in,
+# and out, in llmcore/upstream.py, whose records say what it replaces and why.
+
+# ---- partitioning memory (the ``lean_dependency_viewers`` patch) -----------------------------
 
 # The partitioners that group supported nodes into delegates (torch.fx's
 # CapabilityBasedPartitioner and ExecuTorch's GroupBasedPartitioner, which XNNPACK uses) first
@@ -234,89 +244,7 @@ def _can_merge_partitions(self, p1, p2, partitions_by_id) -> bool:
     return not viewer.reaches((users_1 | users_2) & ~merged, merged)
 
 
-@contextmanager
-def lean_dependency_viewers() -> Iterator[None]:
-    """Let the partitioners use :class:`LeanDependencyViewer` (and ExecuTorch's group
-    partitioner its mask-based merge check) while lowering."""
-    swapped = []
-    for name in _VIEWER_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        if isinstance(getattr(module, "_DependencyViewer", None), type):
-            swapped.append((module, "_DependencyViewer", module._DependencyViewer))
-            module._DependencyViewer = LeanDependencyViewer
-        group = getattr(module, "GroupBasedPartitioner", None)
-        if isinstance(group, type) and "_can_merge_partitions" in vars(group):
-            swapped.append((group, "_can_merge_partitions", vars(group)["_can_merge_partitions"]))
-            group._can_merge_partitions = _can_merge_partitions
-    try:
-        yield
-    finally:
-        for owner, name, original in reversed(swapped):
-            setattr(owner, name, original)
-
-
-# ---- what partitioners remember ------------------------------------------------------------
-
-
-def forget_lowered_nodes() -> int:
-    """Drop the references to graph nodes that ExecuTorch's lowering keeps in module-level
-    state once it is done; returns how many it dropped.
-
-    Two such places kept the whole lowered program alive after the export had let go of
-    it (on SmolLM2-135M: the graph, the 32 lowered layers and the program's top-level
-    constants, ~76 MiB, until the process ended, with every later collection walking them):
-    the ``WhyNoPartition`` loggers of XNNPACK's GEMM and node configs, each holding the last
-    node it turned down (read only by a debug message), and the unbounded cache of
-    ``executorch.exir.backend.utils.is_same_node``, keyed by pairs of nodes of every graph
-    it compared (reading it again only saves a comparison)."""
-    from executorch.exir.backend import utils
-
-    dropped = utils.is_same_node.cache_info().currsize
-    utils.is_same_node.cache_clear()
-    for name, module in list(sys.modules.items()):
-        if not name.startswith("executorch.") or module is None:
-            continue
-        for value in list(vars(module).values()):
-            if isinstance(value, utils.WhyNoPartition) and value.node is not None:
-                value.node = None
-                dropped += 1
-    return dropped
-
-
-# ---- serializing delegates ------------------------------------------------------------------
-
-_DATACLASS_SERIALIZER = "executorch.exir._serialize._dataclass"
-
-
-@contextmanager
-def type_hints_read_once() -> Iterator[None]:
-    """While lowering, ExecuTorch's dataclass-to-JSON encoder (which XNNPACK, Vulkan and QNN
-    serialize their delegate graphs with) reads each class's type hints once instead of once
-    per field of every object: ``typing.get_type_hints`` re-evaluates a class's annotations on
-    every call, ~0.5 s of SmolLM2-135M's 32 XNNPACK delegates. A class's hints do not change,
-    so the JSON, and the delegate, are the same."""
-    try:
-        module = importlib.import_module(_DATACLASS_SERIALIZER)
-    except ImportError:
-        yield
-        return
-    original = getattr(module, "get_type_hints", None)
-    if original is None:
-        yield
-        return
-    module.get_type_hints = functools.lru_cache(maxsize=None)(original)
-    try:
-        yield
-    finally:
-        module.get_type_hints = original
-
-
-# ---- matching nodes to a partitioner's configs ---------------------------------------------
-
-_CONFIG_PARTITIONER = "executorch.exir.backend.canonical_partitioners.config_partitioner"
+# ---- matching nodes to a partitioner's configs (``constant_inputs_listed_once``) -------------
 
 
 def constant_input_names(exported) -> frozenset:
@@ -331,49 +259,15 @@ def constant_input_names(exported) -> frozenset:
     )
 
 
-@contextmanager
-def constant_inputs_listed_once() -> Iterator[None]:
-    """While a config-based partitioner (XNNPACK's) matches nodes, ``is_constant_data`` looks
-    names up in one set per program: ExecuTorch's asks the graph signature, which rebuilds
-    its parameter, buffer and constant mappings on every call, and it is called for every
-    node of every candidate partition (about 1 s of SmolLM2-135M's lowering). The program
-    does not change while nodes are matched."""
-    try:
-        module = importlib.import_module(_CONFIG_PARTITIONER)
-    except ImportError:
-        yield
-        return
-    partitioner = getattr(module, "ConfigerationBasedPartitioner", None)
-    original = vars(partitioner).get("get_matched_nodes_from_configs") if isinstance(partitioner, type) else None
-    if original is None or not callable(getattr(module, "is_constant_data", None)):
-        yield
-        return
-    is_constant_data = module.is_constant_data
-
-    def get_matched_nodes_from_configs(self, ep):
-        names = constant_input_names(ep)
-        module.is_constant_data = lambda program, node: (
-            node.name in names if program is ep else is_constant_data(program, node))
-        try:
-            return original(self, ep)
-        finally:
-            module.is_constant_data = is_constant_data
-
-    partitioner.get_matched_nodes_from_configs = get_matched_nodes_from_configs
-    try:
-        yield
-    finally:
-        partitioner.get_matched_nodes_from_configs = original
-
-
-# ---- cutting delegates out of the graph ----------------------------------------------------
+# ---- cutting delegates out of the graph (``legalize_in_place``) -----------------------------
 
 # After cutting each partition out of the graph, ExecuTorch's ``create_submodule_from_nodes``
 # re-sorts the whole graph with torch.fx's ``legalize_graph``, which copies every node into a
 # new graph and recompiles the module's Python code: once per delegate, over the whole
 # program (on SmolLM2-135M, 32 times over ~3000 nodes, about 6 s). The order is what
 # matters; :func:`legalize_order` computes the same one and the nodes are moved into it in
-# place, and the code is generated once, when lowering ends.
+# place (each node's users listed in it, as the copy lists them: the next sort reads them),
+# and the code is generated once, when lowering ends.
 
 # torch.fx's legalize_graph puts these first among the nodes that become ready (runtime
 # assertions before data-dependent operators); the same list, for the same order.
@@ -417,34 +311,3 @@ def legalize_order(graph) -> list:
     if len(order) < len(nodes):
         raise RuntimeError(f"Input graph has cycles, unable to add {[node for node in indeg if indeg[node] != 0]}")
     return order
-
-
-@contextmanager
-def legalize_in_place() -> Iterator[None]:
-    """While lowering, ``create_submodule_from_nodes`` sorts the graph in place
-    (:func:`legalize_order`) and each module sorted so is recompiled once, at the end."""
-    try:
-        module = importlib.import_module("executorch.exir.lowered_backend_module")
-    except ImportError:
-        yield
-        return
-    original = getattr(module, "legalize_graph", None)
-    if original is None:
-        yield
-        return
-    pending: dict = {}  # id -> module whose code is out of date
-
-    def legalize(gm):
-        root = gm.graph._root
-        for node in legalize_order(gm.graph):
-            root.prepend(node)  # to the end: the nodes end up in that order
-        pending[id(gm)] = gm
-        return gm
-
-    module.legalize_graph = legalize
-    try:
-        yield
-    finally:
-        module.legalize_graph = original
-        for gm in pending.values():
-            gm.recompile()

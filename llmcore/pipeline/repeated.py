@@ -685,13 +685,15 @@ def edge_template(template, partitioners: list, config):
     which no partitioner keeps. Saves ~1 s on SmolLM2-135M's two kept blocks; the programs
     are byte-identical (``plugins/xnnpack/tests/test_lowering.py`` compares this path with
     ExecuTorch's whole-graph lowering). The conversion to the edge dialect that follows runs
-    its operator-local passes fused (:mod:`llmcore.pipeline.edge`). Any other case takes
+    its operator-local passes fused (:mod:`llmcore.pipeline.edge`). Any other case, or the
+    ``decomposed_in_one_retrace`` patch of :mod:`llmcore.upstream` switched off, takes
     ExecuTorch's own function."""
     from executorch.exir.program import _program as exir
 
+    from llmcore import upstream
     from llmcore.pipeline import edge
 
-    if len(partitioners) == 1:
+    if len(partitioners) == 1 and upstream.active("decomposed_in_one_retrace"):
         program = exir._apply_pre_decomposition_transforms(template, partitioners)
         kept, check = partitioners[0].ops_to_not_decompose(program)
         if check is None:

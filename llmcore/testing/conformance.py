@@ -128,7 +128,7 @@ def calibration_of(loaded):
     """The :class:`~llmcore.records.Calibration` a calibrated recipe receives for ``loaded``
     (a model without its KV cache yet, so one call of up to ``max_seq_len`` tokens): for
     quantizing an eager twin the way the pipeline quantizes the exported model."""
-    from llmcore.generate import TextTokenizer
+    from llmcore.runtime.generate import TextTokenizer
     from llmcore.pipeline import text_ids
     from llmcore.pipeline.quantize import calibration_for
 
@@ -169,6 +169,16 @@ def transformed_tiny(
     )
     applied = transform.apply_transforms(loaded, chosen, context)
     return loaded.module.eval(), context, applied
+
+
+def diff_from_tiny(module, family: str, *, seed: int = 0, **options) -> float:
+    """How far ``module`` (``family``'s tiny model from :func:`transformed_tiny`) moves the
+    logits from the untransformed tiny model: :func:`~llmcore.testing.equivalence.max_logit_diff`,
+    which takes ``options`` (``use_kv_cache``, ``lengths``)."""
+    from llmcore.testing.equivalence import max_logit_diff
+
+    loaded = tiny_model(family, seed)
+    return max_logit_diff(module, loaded.module.eval(), vocab_size=loaded.metadata.vocab_size, **options)
 
 
 def export_tiny(
@@ -260,7 +270,7 @@ def check_export(
     ask the runtime); a plugin that states it is checked against the runtime.
     ``min_matmuls`` defaults to :func:`transformer_linear_layers` of the family.
     """
-    from llmcore.pte import delegate_ids
+    from llmcore.runtime.pte import delegate_ids
 
     record, _plugin = backend_record(backend)
     runtime_id = record.runtime_id

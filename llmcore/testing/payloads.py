@@ -13,6 +13,6 @@ from typing import Union
 
 def delegate_payloads(pte: Union[bytes, bytearray, Path, str]) -> list[tuple[str, bytes]]:
     """``(backend_id, processed_bytes)`` for every delegate of every method, in order."""
-    from llmcore import pte as reader
+    from llmcore.runtime import pte as reader
 
     return reader.delegate_payloads(pte if isinstance(pte, (bytes, bytearray)) else Path(pte).read_bytes())

@@ -18,7 +18,7 @@
 // its PLT, and a definition found first in symbol lookup wins. llmcore_runner links this
 // file, so the executable's definitions come first. A Python process loads it as
 // libllmcore_xnnpack_reshape.so with RTLD_GLOBAL before it imports ExecuTorch's bindings
-// (llmcore.libraries.load_preloaded_libraries); imported later, it changes nothing, as
+// (llmcore.runtime.libraries.load_preloaded_libraries); imported later, it changes nothing, as
 // the bindings' libraries are bound when they load. Each definition forwards to
 // XNNPACK's own, looked up in the loaded libexecutorch_backend_xnnpack.so.
 //

@@ -396,7 +396,7 @@ class KernelLibraries {
 // The thread count when --threads is not given: one for a program under 16 MiB, whose
 // operators are too small for a second thread to pay for waking it; 0 (the runtime's
 // choice, one per core) otherwise. The same rule as llmcore's Python commands
-// (llmcore/runtime.py, default_threads), where the measurements behind it are cited.
+// (llmcore/runtime/program.py, default_threads), where the measurements behind it are cited.
 unsigned default_threads(const std::string& pte) {
   struct stat st {};
   if (stat(pte.c_str(), &st) != 0) return 0;  // loading it reports the error

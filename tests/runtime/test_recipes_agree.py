@@ -13,7 +13,7 @@ So the model here is shaped to reach that path: a random Llama with 64-wide head
 matrix, whole pages) and two layers (two delegates loading it). Its output layer is scaled
 up so that its choices are clear (a random model's top logits are otherwise within a near
 tie of each other), and a runner that computes something else picks tokens Python scores
-far below its own (:func:`llmcore.agreement.follow` checks every token of the runner's).
+far below its own (:func:`llmcore.runtime.agreement.follow` checks every token of the runner's).
 On the loader before the fix this test fails for ``gguf``, ``8da4w``, ``8da8w`` and
 ``int8-dynamic`` in the default and trap loads, in every view (checked on the Zen 4 EPYC).
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from llmcore.agreement import LOAD_MODES
+from llmcore.runtime.agreement import LOAD_MODES
 from llmcore.testing import isa_view
 from test_runner import RUNNER, binaries  # noqa: F401  (the fixture builds the runner)
 
@@ -77,9 +77,9 @@ def recipe_programs(tmp_path_factory) -> dict[str, Path]:
 
 
 def agreements(view: str, programs: dict[str, Path], runner: Path = RUNNER) -> list[dict]:
-    """``python -m llmcore.agreement`` on every program under ``view``: one record per
+    """``python -m llmcore.runtime.agreement`` on every program under ``view``: one record per
     program and load mode."""
-    command = [sys.executable, "-m", "llmcore.agreement", *map(str, programs.values()), "--runner", str(runner),
+    command = [sys.executable, "-m", "llmcore.runtime.agreement", *map(str, programs.values()), "--runner", str(runner),
                "--prompt", PROMPT, "--max-new-tokens", str(STEPS), "--modes", ",".join(LOAD_MODES), "--json"]
     done = isa_view.run_in_view(view, command, capture_output=True, text=True, timeout=900)
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from llmcore.generate import Sampling, nucleus
+from llmcore.runtime.generate import Sampling, nucleus
 from test_runner import binaries, built_tool  # noqa: F401
 
 

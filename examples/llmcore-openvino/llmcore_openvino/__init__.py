@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from llmcore import hookimpl
 from llmcore.errors import LlmcoreError
-from llmcore.records import Backend, EdgeSettings, SourceTransform
+from llmcore.records import Backend, EdgeSettings, Lazy, SourceTransform
 
 __version__ = "0.1.0"
 
@@ -66,12 +66,6 @@ def llmcore_partitioners() -> list[Backend]:
     ]
 
 
-def _attention(module, context):
-    from llmcore_openvino.attention import apply
-
-    return apply(module, context)
-
-
 @hookimpl
 def llmcore_source_transforms() -> list[SourceTransform]:
     return [
@@ -79,7 +73,7 @@ def llmcore_source_transforms() -> list[SourceTransform]:
             name="openvino-attention",
             description="programs without a KV cache (replaces kv-cache, whose input_pos.item() reaches "
             "OpenVINO delegates as a SymInt), attention from matmul + finite additive mask + softmax",
-            apply=_attention,
+            apply=Lazy("llmcore_openvino.attention", "apply"),
             order=60,
             backends=(BACKEND,),
             automatic=True,

@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from llmcore.modules import CausalAttention
-from llmcore.testing.conformance import BackendConformance, export_tiny, tiny_model, transformed_tiny
-from llmcore.testing.equivalence import attention_diff, max_logit_diff
+from llmcore.testing.conformance import BackendConformance, diff_from_tiny, export_tiny, transformed_tiny
+from llmcore.testing.equivalence import attention_diff
 from llmcore_openvino.attention import AdditiveMaskAttention
 
 PARITY_TOL = 1e-2
@@ -41,8 +41,7 @@ def test_transformed_model_matches_original(family):
     module, context, applied = transformed_tiny(family, ["openvino"])
     assert applied == ["openvino-attention"] and not context.use_kv_cache  # kv-cache replaced
     assert not any(type(m) is CausalAttention for m in module.modules())
-    loaded = tiny_model(family)
-    assert max_logit_diff(module, loaded.module.eval(), vocab_size=loaded.metadata.vocab_size) <= 1e-5
+    assert diff_from_tiny(module, family) <= 1e-5
 
 
 def test_kv_cache_static_is_refused_clearly():

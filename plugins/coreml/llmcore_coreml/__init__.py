@@ -21,7 +21,7 @@ package from a ``.pte``.
 from __future__ import annotations
 
 from llmcore import hookimpl
-from llmcore.records import Backend, EdgeSettings, QuantizerRecipe, SourceTransform
+from llmcore.records import Backend, EdgeSettings, Lazy, QuantizerRecipe, SourceTransform
 
 __version__ = "0.1.0"
 
@@ -31,24 +31,6 @@ RUNS_ON = (
     "Apple devices (macOS, iOS; iOS 18 / macOS 15 for programs with a KV cache) through Core ML, "
     "with an ExecuTorch runtime built with the Core ML backend"
 )
-
-
-def _partitioners(options: dict) -> list:
-    from llmcore_coreml.partition import make_partitioners
-
-    return make_partitioners(options)
-
-
-def _attention(module, context):
-    from llmcore_coreml.attention import apply
-
-    return apply(module, context)
-
-
-def _pt2e_8w(options: dict):
-    from llmcore_coreml.quant import weight_only_int8_quantizer
-
-    return weight_only_int8_quantizer(options)
 
 
 def _torchao_8w(module, options: dict):
@@ -69,7 +51,7 @@ def llmcore_partitioners() -> list[Backend]:
         Backend(
             name=BACKEND,
             description="Core ML: Apple CPU, GPU and Neural Engine (macOS, iOS)",
-            partitioners=_partitioners,
+            partitioners=Lazy("llmcore_coreml.partition", "make_partitioners"),
             edge=EdgeSettings(check_ir_validity=False),
             runtime_id=RUNTIME_ID,
             runs_on=RUNS_ON,
@@ -116,7 +98,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             description="int8 weights (per output channel) with Core ML's own pt2e CoreMLQuantizer; lowers like "
             "coreml-8w, but its pattern matching costs ~90 s whatever the model size",
             backends=(BACKEND,),
-            pt2e_quantizer=_pt2e_8w,
+            pt2e_quantizer=Lazy("llmcore_coreml.quant", "weight_only_int8_quantizer"),
         ),
     ]
 
@@ -128,7 +110,7 @@ def llmcore_source_transforms() -> list[SourceTransform]:
             name="coreml-attention",
             description="attention through Core ML's fused SDPA (coreml::sdpa); the custom-op KV cache becomes a "
             "cache Core ML converts (index_put_ into [S, H, D] buffers)",
-            apply=_attention,
+            apply=Lazy("llmcore_coreml.attention", "apply"),
             order=60,
             backends=(BACKEND,),
             automatic=True,

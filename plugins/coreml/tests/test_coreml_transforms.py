@@ -17,8 +17,8 @@ import torch
 
 from llmcore.builtins.kv_cache import CustomOpKVAttention, StaticKVAttention
 from llmcore.modules import CausalAttention
-from llmcore.testing.conformance import tiny_model, transformed_tiny
-from llmcore.testing.equivalence import attention_diff, max_logit_diff
+from llmcore.testing.conformance import diff_from_tiny, transformed_tiny
+from llmcore.testing.equivalence import attention_diff
 from llmcore_coreml.attention import CoreMLAttention, CoreMLKVAttention
 
 MODEL_TOL = 1e-5
@@ -55,8 +55,7 @@ def test_cache_program_matches_original(family):
     assert context.use_kv_cache and not context.use_sdpa_with_kv_cache
     assert not any(isinstance(m, CustomOpKVAttention) for m in module.modules())
     assert any(isinstance(m, CoreMLKVAttention) for m in module.modules())
-    loaded = tiny_model(family)
-    diff = max_logit_diff(module, loaded.module.eval(), vocab_size=loaded.metadata.vocab_size, use_kv_cache=True)
+    diff = diff_from_tiny(module, family, use_kv_cache=True)
     assert diff <= MODEL_TOL, diff
 
 
@@ -65,8 +64,7 @@ def test_no_cache_program_matches_original(family):
     module, context, applied = transformed_tiny(family, ["coreml"], skip_transforms=["kv-cache"])
     assert applied == ["coreml-attention"] and not context.use_kv_cache
     assert any(isinstance(m, CoreMLAttention) for m in module.modules())
-    loaded = tiny_model(family)
-    diff = max_logit_diff(module, loaded.module.eval(), vocab_size=loaded.metadata.vocab_size)
+    diff = diff_from_tiny(module, family)
     assert diff <= MODEL_TOL, diff
 
 

@@ -26,10 +26,11 @@ See ``docs/custom-kernels.md`` for how this plugin is put together.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 from llmcore import hookimpl
 from llmcore.errors import LlmcoreError
-from llmcore.records import QuantizerRecipe, RuntimeLibrary, SourceTransform
+from llmcore.records import Lazy, QuantizerRecipe, RuntimeLibrary, SourceTransform
 
 from llmcore_kernels import library
 
@@ -41,12 +42,6 @@ OPS = ("llmcore::rms_norm.out", "llmcore::int4_mlp.out", "llmcore::int4_norm_qkv
        "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out", "llmcore::int4_linear.out")
 # ExecuTorch's ops whose float32 calls libllmcore_llm_ops.so takes over (kernel keys)
 LLM_OPS = ("llama::custom_sdpa.out",)
-
-
-def _apply_fused_rmsnorm(module, context):
-    from llmcore_kernels import rmsnorm
-
-    return rmsnorm.apply(module, context)
 
 
 def _threads_for_program(delegates: tuple[str, ...]) -> None:
@@ -98,7 +93,7 @@ def llmcore_source_transforms() -> list[SourceTransform]:
             name="fused-rmsnorm",
             description="swap Llama-style RMSNorm modules for the fused llmcore::rms_norm kernel "
             "(programs then need the llmcore_kernels runtime library)",
-            apply=_apply_fused_rmsnorm,
+            apply=Lazy("llmcore_kernels.rmsnorm", "apply"),
             order=60,
         )
     ]
@@ -144,22 +139,8 @@ def _quantize_gguf_layers(module, options: dict):
     return layers.apply(quantize_gguf(module, options), "gguf-layers", "gguf")
 
 
-def _swap_mlps(module):
-    from llmcore_kernels import mlp
-
-    return mlp.apply(module)
-
-
-def _swap_8da4w_layers(module):
-    from llmcore_kernels import layers
-
-    return layers.apply(module, "8da4w-layers", "8da4w-mlp or 8da4w")
-
-
-def _swap_8da8w_layers(module):
-    from llmcore_kernels import layers
-
-    return layers.apply(module, "8da8w-layers", "8da8w")
+# layers.apply(module, recipe, instead): the *-layers recipes' swap, each with its own names
+_SWAP_LAYERS = Lazy("llmcore_kernels.layers", "apply")
 
 
 @hookimpl
@@ -178,7 +159,8 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             "llmcore::int4_mlp: gate, up and down in one operator on llmcore's own int4 kernel "
             "(vpmaddubsw on AVX2, vpdpbusd with AVX-512 VNNI), the rest by XNNPACK; for models whose "
             "attention 8da4w-layers refuses; needs the llmcore_kernels runtime library",
-            source_quantize=_quantize_then("8da4w", "8da4w-mlp", _swap_mlps, _MLP_KERNEL_OPTIONS),
+            source_quantize=_quantize_then("8da4w", "8da4w-mlp", Lazy("llmcore_kernels.mlp", "apply"),
+                                           _MLP_KERNEL_OPTIONS),
         ),
         dataclasses.replace(
             base["8da4w"],
@@ -187,7 +169,10 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             "residual adds then run by three llmcore operators on llmcore's own int4 kernel, no XNNPACK "
             "delegate in the program (the final norm and the output layer on the same kernels): faster than "
             "8da4w on AVX2, and at decode where XNNPACK has VNNI; needs the llmcore_kernels runtime library",
-            source_quantize=_quantize_then("8da4w", "8da4w-layers", _swap_8da4w_layers, _LAYER_KERNEL_OPTIONS),
+            source_quantize=_quantize_then(
+                "8da4w", "8da4w-layers", partial(_SWAP_LAYERS, recipe="8da4w-layers", instead="8da4w-mlp or 8da4w"),
+                _LAYER_KERNEL_OPTIONS,
+            ),
         ),
         dataclasses.replace(
             base["gguf"],
@@ -206,7 +191,10 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             "scales, one int8 row per token), each Llama layer then on llmcore's layer operators as in "
             "8da4w-layers, their int8 GEMM (vpmaddwd on AVX2, vpdpbusd with VNNI) reading each thread's "
             "rows as one stream, the output layer too; needs the llmcore_kernels runtime library",
-            source_quantize=_quantize_then("8da8w", "8da8w-layers", _swap_8da8w_layers, {"outlier_split": False}),
+            source_quantize=_quantize_then(
+                "8da8w", "8da8w-layers", partial(_SWAP_LAYERS, recipe="8da8w-layers", instead="8da8w"),
+                {"outlier_split": False},
+            ),
             # the kernels take one int8 row per token: the split is off here, and refused when asked for
             options=base["8da8w"].options | {"outlier_split": (bool, False, "must stay false: llmcore's kernels "
                                                               "take one int8 row per token")},

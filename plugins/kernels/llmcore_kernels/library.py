@@ -112,7 +112,7 @@ def load() -> None:
         return
     import torch
 
-    from llmcore.libraries import runtime_bindings
+    from llmcore.runtime.libraries import runtime_bindings
 
     # The kernels register into the runtime that the Python bindings use: import them first
     # so that the library's dependency on libexecutorch.so resolves to the copy they loaded.

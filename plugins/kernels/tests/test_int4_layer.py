@@ -273,7 +273,7 @@ def layers_export(kernel_library, tmp_path_factory):
 
 
 def test_the_program_runs_its_layers_without_xnnpack(layers_export):
-    from llmcore import libraries
+    from llmcore.runtime import libraries
 
     result = layers_export["8da4w-layers"]
     ops = libraries.program_operators(result.pte.read_bytes())
@@ -291,7 +291,8 @@ def test_the_program_runs_its_layers_without_xnnpack(layers_export):
 def test_the_program_computes_what_8da4w_computes(layers_export, variant):
     """Both programs hold 8da4w's integers (with per-block offsets when asymmetric): their
     logits on one prompt agree."""
-    from llmcore import libraries, runtime
+    from llmcore import runtime
+    from llmcore.runtime import libraries
     from llmcore.runtime import Program
     from llmcore_kernels import library
 
@@ -335,7 +336,7 @@ def int8_layers_export(kernel_library, tmp_path_factory):
 
 
 def test_the_int8_program_computes_what_8da8w_computes(int8_layers_export):
-    from llmcore import libraries
+    from llmcore.runtime import libraries
     from llmcore.runtime import Program
 
     ours = int8_layers_export["8da8w-layers"]
@@ -400,7 +401,7 @@ def test_the_runner_puts_the_kernels_on_their_own_threads_without_delegates(laye
     ],
 )
 def test_the_families_built_on_llama_layers(kernel_library, tmp_path, family, config, refused):
-    from llmcore import libraries
+    from llmcore.runtime import libraries
     from llmcore.pipeline import export
     from llmcore.plugins import load_registry
     from llmcore.recipe import ExportOptions

@@ -178,7 +178,7 @@ def mlp_export(kernel_library, tmp_path_factory):
 
 
 def test_the_program_calls_the_kernel_and_matches_its_eager_model(mlp_export):
-    from llmcore import libraries
+    from llmcore.runtime import libraries
 
     ops = libraries.program_operators(mlp_export.pte.read_bytes())
     assert "llmcore::int4_mlp.out" in ops

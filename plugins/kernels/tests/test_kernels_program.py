@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-from llmcore import libraries
+from llmcore.runtime import libraries
 from llmcore.plugins import load_registry
 from llmcore.recipe import ExportOptions
 from llmcore_kernels import OPS

@@ -16,7 +16,7 @@ import sys
 # reached libllmcore_llm_ops.so's kernel (None: the library is not loaded in this process).
 _RUN = r"""
 import ctypes, json, sys
-from llmcore import libraries
+from llmcore.runtime import libraries
 first = sys.argv[2]
 if first == "llm_ops":  # the specialized library before ExecuTorch's custom ops
     from executorch.extension.pybindings import portable_lib
@@ -46,7 +46,7 @@ def _max_difference(a: list, b: list) -> float:
 
 
 def test_python_runs_the_runners_attention_kernel_with_executorchs_results(kv_export, kernel_library):
-    from llmcore import libraries
+    from llmcore.runtime import libraries
     from llmcore_kernels import library
 
     assert "llama::custom_sdpa.out" in libraries.program_operators(kv_export.pte.read_bytes())
@@ -65,7 +65,7 @@ def test_python_runs_the_runners_attention_kernel_with_executorchs_results(kv_ex
 
 def test_no_program_needs_the_specialized_library(kv_export):
     """Export does not name it, and inspect does not list it as a requirement."""
-    from llmcore import libraries
+    from llmcore.runtime import libraries
     from llmcore.plugins import load_registry
 
     registry = load_registry()

@@ -17,7 +17,7 @@ import sys
 # A prefill chunk, a shorter one, then decode steps: three shapes, each reused.
 _RUN = r"""
 import ctypes, json, sys
-from llmcore import libraries
+from llmcore.runtime import libraries
 if sys.argv[2] == "bindings-first":
     from executorch.extension.pybindings import portable_lib  # too early for the library
 from llmcore.runtime import Program

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from llmcore.hookspecs import hookimpl
-from llmcore.records import CheckpointLoader, LoadedModel, LoadOptions, ModelFamily
+from llmcore.records import CheckpointLoader, Lazy, LoadedModel, LoadOptions, ModelFamily
 
 from . import formats
 from .config import CONFIG_DESCRIPTIONS, CONFIGS
@@ -37,9 +37,7 @@ def random_decoder(cfg, options: LoadOptions, *, family: str, name: str, tiny: b
     it the tiny byte-level tokenizer when the user passes none."""
     import torch
 
-    from llmcore.records import ModelMetadata, Tokenizer
-
-    from .loaders import load_error, resolve_dtype, resolve_tokenizer
+    from .loaders import load_error, loaded_model, resolve_dtype, resolve_tokenizer
     from .model import Transformer, init_random
     from .tokenization import tiny_tokenizer
 
@@ -61,31 +59,7 @@ def random_decoder(cfg, options: LoadOptions, *, family: str, name: str, tiny: b
             fix="pass a tokenizer that fits the config, or none.",
             plugin=family,
         )
-    metadata = ModelMetadata(
-        vocab_size=cfg.vocab_size,
-        max_seq_len=cfg.max_seq_len,
-        bos_id=tok.bos_id if tok else -1,
-        eos_ids=tuple(tok.eos_ids) if tok else (),
-        n_bos=tok.n_bos if tok else 0,
-        chat_template=tok.chat_template if tok else None,
-    )
-    return LoadedModel(
-        module=model,
-        metadata=metadata,
-        tokenizer=Tokenizer(json_text=tok.json_text, description=tok.description) if tok else None,
-        family=family,
-        source=f"random:{name}",
-    )
-
-
-def _lazy(name: str):
-    def load(path: Path, options: LoadOptions) -> LoadedModel:
-        from . import loaders
-
-        return getattr(loaders, name)(Path(path), options)
-
-    load.__name__ = name
-    return load
+    return loaded_model(model, cfg, tok, family=family, source=f"random:{name}")
 
 
 LOADERS = (
@@ -93,28 +67,28 @@ LOADERS = (
         name="gguf",
         description="GGUF file of llama architecture (F32/F16/BF16, Q8_0, Q4_0/1, Q5_0/1, Q4_K/Q5_K/Q6_K) with its embedded tokenizer",
         matches=lambda p: formats.is_gguf(Path(p)),
-        load=_lazy("load_gguf"),
+        load=Lazy("llmcore_llama.loaders", "load_gguf"),
         claims=lambda p: formats.gguf_architecture(Path(p)) == "llama",
     ),
     CheckpointLoader(
         name="hf",
         description="Hugging Face LlamaForCausalLM folder: config.json + *.safetensors (+ tokenizer.json)",
         matches=lambda p: formats.is_hf(Path(p)),
-        load=_lazy("load_hf"),
+        load=Lazy("llmcore_llama.loaders", "load_hf"),
         claims=lambda p: formats.hf_architecture(Path(p)) == "llama",
     ),
     CheckpointLoader(
         name="meta",
         description="Meta checkpoint: params.json + consolidated.*.pth (+ tokenizer.model), read with weights_only",
         matches=lambda p: formats.is_meta(Path(p)),
-        load=_lazy("load_meta"),
+        load=Lazy("llmcore_llama.loaders", "load_meta"),
         claims=lambda p: formats.is_meta(Path(p)),  # params.json + consolidated.*.pth: Meta's llama format
     ),
     CheckpointLoader(
         name="llama2c",
         description="llama2.c fp32 checkpoint (.bin, legacy header or version 1)",
         matches=lambda p: formats.is_llama2c(Path(p)),
-        load=_lazy("load_llama2c"),
+        load=Lazy("llmcore_llama.loaders", "load_llama2c"),
         claims=lambda p: formats.is_llama2c(Path(p)),
     ),
 )

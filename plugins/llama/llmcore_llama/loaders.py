@@ -124,7 +124,13 @@ def finish(
             raise load_error(message, fix="pass the tokenizer that ships with these weights.", plugin=plugin)
         log.warning("%s; ignoring the tokenizer found next to the checkpoint", message)
         tokenizer = None
+    return loaded_model(model, config, tokenizer, family=plugin, source=source)
 
+
+def loaded_model(model: torch.nn.Module, config: LlamaConfig, tokenizer: Optional[TokenizerInfo], *, family: str,
+                 source: str) -> LoadedModel:
+    """``model`` (of ``config``) as a loader hands it over: its metadata from the config and
+    the tokenizer, which is in ``tokenizer.json`` form (None: the model has none)."""
     metadata = ModelMetadata(
         vocab_size=config.vocab_size,
         max_seq_len=config.max_seq_len,
@@ -137,7 +143,7 @@ def finish(
         module=model,
         metadata=metadata,
         tokenizer=Tokenizer(json_text=tokenizer.json_text, description=tokenizer.description) if tokenizer else None,
-        family=plugin,
+        family=family,
         source=source,
     )
 

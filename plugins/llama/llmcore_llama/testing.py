@@ -277,6 +277,89 @@ def finish_gguf(writer, tensors: dict) -> dict:
     return stored
 
 
+# A decoder layer's tensors: the decoder's (Meta) name -> Hugging Face's and llama.cpp's, for
+# tests that write checkpoints (written out apart from the loaders' own tables, which they check).
+HF_LAYER_NAMES = {
+    "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wk.weight": "self_attn.k_proj.weight",
+    "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "attention_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+GGUF_LAYER_NAMES = {
+    "attention_norm.weight": "attn_norm.weight",
+    "attention.wq.weight": "attn_q.weight",
+    "attention.wk.weight": "attn_k.weight",
+    "attention.wv.weight": "attn_v.weight",
+    "attention.wo.weight": "attn_output.weight",
+    "ffn_norm.weight": "ffn_norm.weight",
+    "feed_forward.w1.weight": "ffn_gate.weight",
+    "feed_forward.w2.weight": "ffn_down.weight",
+    "feed_forward.w3.weight": "ffn_up.weight",
+}
+
+
+def gguf_name(meta_name: str) -> str:
+    """The GGUF tensor name of a Meta parameter name (``layers.0.attention.wq.weight`` ->
+    ``blk.0.attn_q.weight``)."""
+    top = {"tok_embeddings.weight": "token_embd.weight", "norm.weight": "output_norm.weight", "output.weight": "output.weight"}
+    if meta_name in top:
+        return top[meta_name]
+    _, i, rest = meta_name.split(".", 2)
+    return f"blk.{i}.{GGUF_LAYER_NAMES[rest]}"
+
+
+def write_llama_gguf(path: Path, sd: dict, c, *, types: dict | None = None, arch: str = "llama",
+                     tokenizer: dict | None = None, raw: dict | None = None, metadata=None) -> dict:
+    """Write `sd` (the decoder's Meta names and layout, of :class:`~llmcore_llama.config.LlamaConfig`
+    ``c``) as a GGUF. `types` maps meta names to a GGMLQuantizationType (default F32); `raw`
+    maps meta names to ready-made raw blocks (uint8 arrays) with their type; `tokenizer` gives
+    the tokenizer keys; `metadata(writer)` adds more keys. Returns {gguf name: (ggml type,
+    stored array)}."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(c.n_layers)
+    w.add_context_length(c.max_seq_len)
+    w.add_embedding_length(c.dim)
+    w.add_feed_forward_length(c.hidden_dim)
+    w.add_head_count(c.n_heads)
+    w.add_head_count_kv(c.n_kv_heads)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_layer_norm_rms_eps(c.norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    w.add_rope_dimension_count(c.resolved_head_dim)
+    if tokenizer:
+        w.add_tokenizer_model(tokenizer["model"])
+        if "pre" in tokenizer:
+            w.add_tokenizer_pre(tokenizer["pre"])
+        w.add_token_list(tokenizer["tokens"])
+        w.add_token_types(tokenizer["types"])
+        if "merges" in tokenizer:
+            w.add_token_merges(tokenizer["merges"])
+        if "scores" in tokenizer:
+            w.add_token_scores(tokenizer["scores"])
+        w.add_bos_token_id(tokenizer["bos"])
+        w.add_eos_token_id(tokenizer["eos"])
+        w.add_add_bos_token(tokenizer.get("add_bos", False))
+        if "add_space_prefix" in tokenizer:
+            w.add_add_space_prefix(tokenizer["add_space_prefix"])
+        if tokenizer.get("chat_template"):
+            w.add_chat_template(tokenizer["chat_template"])
+    if metadata is not None:
+        metadata(w)
+    types, raw = types or {}, raw or {}
+    tensors = {}
+    for name, t in sd.items():
+        qt, arr = raw[name] if name in raw else (types.get(name), t.detach().float().numpy())
+        tensors[gguf_name(name)] = (qt, arr)
+    return finish_gguf(w, tensors)
+
+
 # The matrices of a decoder layer as llama.cpp names them (for quantizing a test GGUF).
 GGUF_LAYER_MATRICES = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
                        "ffn_up.weight", "ffn_down.weight")

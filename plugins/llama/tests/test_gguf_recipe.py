@@ -171,7 +171,7 @@ def test_q8_0_token_embedding_keeps_its_integers(tmp_path):
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    from llmcore.pte import read_program_table
+    from llmcore.runtime.pte import read_program_table
     from llmcore_xnnpack.torchao_quant import StoredByteEmbedding
 
     folder = write_checkpoint(tmp_path, {**TYPES, "tok_embeddings.weight": Q.Q8_0})

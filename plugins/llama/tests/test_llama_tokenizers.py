@@ -21,7 +21,7 @@ def hf(info):
 
 def streamed(info, ids) -> str:
     """The reply as llmcore prints it while generating: one id at a time."""
-    from llmcore.generate import TextTokenizer
+    from llmcore.runtime.generate import TextTokenizer
 
     text_of = TextTokenizer(info.json_text).stream()
     return "".join(text_of(token) for token in ids)

@@ -43,7 +43,7 @@ def _refuse_without_mps() -> None:
 _refuse_without_mps()
 
 from llmcore import hookimpl  # noqa: E402
-from llmcore.records import Backend, EdgeSettings, SourceTransform  # noqa: E402
+from llmcore.records import Backend, EdgeSettings, Lazy, SourceTransform  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -56,12 +56,6 @@ def _partitioners(options: dict) -> list:
     from llmcore_mps.partition import make_partitioner
 
     return [make_partitioner(options["fp16"])]
-
-
-def _static_length(module, context):
-    from llmcore_mps.static import apply
-
-    return apply(module, context)
 
 
 @hookimpl
@@ -86,7 +80,7 @@ def llmcore_source_transforms() -> list[SourceTransform]:
             name="mps-static-length",
             description="run the model on max_seq_len padded positions with a finite causal mask, so MPS sees static "
             "shapes; no KV cache (replaces kv-cache)",
-            apply=_static_length,
+            apply=Lazy("llmcore_mps.static", "apply"),
             order=60,
             backends=(BACKEND,),
             automatic=True,

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from llmcore.errors import LlmcoreError
-from llmcore.testing.conformance import tiny_model, transformed_tiny
-from llmcore.testing.equivalence import attention_diff, max_logit_diff
+from llmcore.testing.conformance import diff_from_tiny, tiny_model, transformed_tiny
+from llmcore.testing.equivalence import attention_diff
 
 # ExecuTorch 1.5 removed MPS: there llmcore-mps refuses to import (and the main env does
 # not install it), so this module skips; `make test-mps` runs it on executorch 1.4.1.
@@ -40,16 +40,14 @@ def test_static_length_program_matches_original(family):
     assert applied == ["mps-static-length"]  # kv-cache is replaced: MPS programs have no cache
     assert not context.use_kv_cache
     assert isinstance(module, StaticLength) and module.length == 128
-    loaded = tiny_model(family)
-    diff = max_logit_diff(module, loaded.module.eval(), vocab_size=loaded.metadata.vocab_size, lengths=(1, 17, 64, 128))
+    diff = diff_from_tiny(module, family, lengths=(1, 17, 64, 128))
     assert diff <= MODEL_TOL, diff
 
 
 def test_shorter_program_length(family="llama"):
     module, _context, _applied = transformed_tiny(family, ["mps"], max_seq_len=32)
     assert module.length == 32
-    loaded = tiny_model(family)
-    diff = max_logit_diff(module, loaded.module.eval(), vocab_size=loaded.metadata.vocab_size, lengths=(1, 9, 32))
+    diff = diff_from_tiny(module, family, lengths=(1, 9, 32))
     assert diff <= MODEL_TOL, diff
 
 

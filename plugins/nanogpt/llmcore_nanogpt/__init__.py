@@ -10,6 +10,7 @@ from llmcore import hookimpl
 from llmcore.errors import LlmcoreError
 from llmcore.records import (
     CheckpointLoader,
+    Lazy,
     LoadedModel,
     LoadOptions,
     ModelFamily,
@@ -107,16 +108,6 @@ def _build_random(name: str, options: LoadOptions) -> LoadedModel:
 
 
 def _loader(name: str, description: str, matches_name: str, load_name: str, claims_name: str) -> CheckpointLoader:
-    def matches(path: Path) -> bool:
-        from llmcore_nanogpt import loaders
-
-        return getattr(loaders, matches_name)(path)
-
-    def claims(path: Path) -> bool:
-        from llmcore_nanogpt import loaders
-
-        return getattr(loaders, claims_name)(path)
-
     def load(path: Path, options: LoadOptions) -> LoadedModel:
         from llmcore_nanogpt import loaders
 
@@ -129,7 +120,8 @@ def _loader(name: str, description: str, matches_name: str, load_name: str, clai
         loaded.tokenizer = _tokenizer_for(loaded.module.config.vocab_size, options, path)
         return _finish(loaded, options)
 
-    return CheckpointLoader(name, description, matches, load, claims=claims)
+    return CheckpointLoader(name, description, Lazy("llmcore_nanogpt.loaders", matches_name), load,
+                            claims=Lazy("llmcore_nanogpt.loaders", claims_name))
 
 
 @hookimpl

@@ -22,7 +22,7 @@ package without ``QNN_SDK_ROOT`` downloads an SDK, so every import goes through
 from __future__ import annotations
 
 from llmcore import hookimpl
-from llmcore.records import Backend, EdgeSettings, QuantizerRecipe, SourceTransform
+from llmcore.records import Backend, EdgeSettings, Lazy, QuantizerRecipe, SourceTransform
 
 __version__ = "0.1.0"
 
@@ -96,18 +96,6 @@ def _quantizer(quant_dtype: str, act_observer_minmax: bool, annotate_matmul_16a8
     return make
 
 
-def _single_head(module, context):
-    from llmcore_qnn.transforms import single_head_attention
-
-    return single_head_attention(module, context)
-
-
-def _linear_to_conv2d(module, context):
-    from llmcore_qnn.transforms import linear_to_conv2d
-
-    return linear_to_conv2d(module, context)
-
-
 @hookimpl
 def llmcore_partitioners() -> list[Backend]:
     return [
@@ -161,7 +149,7 @@ def llmcore_source_transforms() -> list[SourceTransform]:
             name="qnn-single-head-attention",
             description="multi-head attention as a loop of single-head attentions (HTP runs 2-D matmuls "
             "best), finite causal mask; a KV cache becomes plain PyTorch (QNN lacks the llama:: ops)",
-            apply=_single_head,
+            apply=Lazy("llmcore_qnn.transforms", "single_head_attention"),
             order=60,
             backends=(BACKEND,),
             automatic=True,
@@ -169,7 +157,7 @@ def llmcore_source_transforms() -> list[SourceTransform]:
         SourceTransform(
             name="qnn-linear-to-conv2d",
             description="every nn.Linear as a 1x1 conv2d (faster on HTP); parameters and ties kept",
-            apply=_linear_to_conv2d,
+            apply=Lazy("llmcore_qnn.transforms", "linear_to_conv2d"),
             order=70,
             backends=(BACKEND,),
             automatic=True,

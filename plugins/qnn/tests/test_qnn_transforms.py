@@ -17,8 +17,8 @@ from torch import nn
 
 from llmcore.builtins.kv_cache import CustomOpKVAttention, StaticKVAttention
 from llmcore.modules import CausalAttention
-from llmcore.testing.conformance import tiny_model, transformed_tiny
-from llmcore.testing.equivalence import attention_diff, max_logit_diff
+from llmcore.testing.conformance import diff_from_tiny, tiny_model, transformed_tiny
+from llmcore.testing.equivalence import attention_diff
 from llmcore_qnn.transforms import (
     MASK_VALUE,
     Conv2dLinear,
@@ -94,8 +94,7 @@ def test_no_cache_program_matches_original(family):
     assert not any(isinstance(m, (CausalAttention, nn.Linear)) and type(m) in (CausalAttention, nn.Linear)
                    for m in module.modules())
     assert any(isinstance(m, SingleHeadAttention) for m in module.modules())
-    loaded = tiny_model(family)
-    diff = max_logit_diff(module, loaded.module.eval(), vocab_size=loaded.metadata.vocab_size)
+    diff = diff_from_tiny(module, family)
     assert diff <= MODEL_TOL, diff
 
 
@@ -107,8 +106,7 @@ def test_cached_program_matches_original(family, extra):
     assert context.use_kv_cache and not context.use_sdpa_with_kv_cache
     assert not any(isinstance(m, (CustomOpKVAttention, StaticKVAttention)) for m in module.modules())
     assert any(isinstance(m, SingleHeadStaticKVAttention) for m in module.modules())
-    loaded = tiny_model(family)
-    diff = max_logit_diff(module, loaded.module.eval(), vocab_size=loaded.metadata.vocab_size, use_kv_cache=True)
+    diff = diff_from_tiny(module, family, use_kv_cache=True)
     assert diff <= MODEL_TOL, diff
 
 

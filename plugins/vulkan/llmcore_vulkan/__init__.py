@@ -21,7 +21,7 @@ skips its parity check and says so in the report.
 from __future__ import annotations
 
 from llmcore import hookimpl
-from llmcore.records import Backend, EdgeSettings, QuantizerRecipe, SourceTransform
+from llmcore.records import Backend, EdgeSettings, Lazy, QuantizerRecipe, SourceTransform
 
 __version__ = "0.1.0"
 
@@ -45,18 +45,6 @@ def _partitioners(options: dict) -> list:
             }
         )
     ]
-
-
-def _weight_only_quantizer(options: dict):
-    from llmcore_vulkan.quant import weight_only_quantizer
-
-    return weight_only_quantizer()
-
-
-def _attention(module, context):
-    from llmcore_vulkan.attention import apply
-
-    return apply(module, context)
 
 
 @hookimpl
@@ -90,7 +78,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             description="int8 weights (symmetric, per output channel) for every linear layer, fp32 activations; "
             "the Vulkan delegate runs them with its int8-weight linear kernels",
             backends=(BACKEND,),
-            pt2e_quantizer=_weight_only_quantizer,
+            pt2e_quantizer=Lazy("llmcore_vulkan.quant", "weight_only_quantizer"),
         )
     ]
 
@@ -102,7 +90,7 @@ def llmcore_source_transforms() -> list[SourceTransform]:
             name="vulkan-attention",
             description="attention with a finite additive causal mask (the Vulkan serialiser cannot write -inf); "
             "applies to programs without a KV cache",
-            apply=_attention,
+            apply=Lazy("llmcore_vulkan.attention", "apply"),
             order=60,
             backends=(BACKEND,),
             automatic=True,

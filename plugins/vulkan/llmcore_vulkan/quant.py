@@ -11,7 +11,8 @@ lowering failed. :class:`WeightOnlyVulkanQuantizer` leaves the scalars as they a
 from __future__ import annotations
 
 
-def weight_only_quantizer():
+def weight_only_quantizer(options: dict):
+    """The ``vulkan-8w`` recipe's pt2e quantizer (it takes no options)."""
     from llmcore_vulkan.partition import quiet_import
 
     quiet_import()

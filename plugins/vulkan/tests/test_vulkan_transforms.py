@@ -16,8 +16,8 @@ import torch
 
 from llmcore.errors import LlmcoreError
 from llmcore.modules import CausalAttention
-from llmcore.testing.conformance import tiny_model, transformed_tiny
-from llmcore.testing.equivalence import attention_diff, max_logit_diff
+from llmcore.testing.conformance import diff_from_tiny, transformed_tiny
+from llmcore.testing.equivalence import attention_diff
 from llmcore_vulkan.attention import MASK_VALUE, FiniteMaskAttention
 
 MODEL_TOL = 1e-5
@@ -46,8 +46,7 @@ def test_no_cache_program_matches_original(family):
     assert applied == ["vulkan-attention"] and not context.use_kv_cache
     assert not any(isinstance(m, CausalAttention) for m in module.modules())
     assert any(isinstance(m, FiniteMaskAttention) for m in module.modules())
-    loaded = tiny_model(family)
-    diff = max_logit_diff(module, loaded.module.eval(), vocab_size=loaded.metadata.vocab_size)
+    diff = diff_from_tiny(module, family)
     assert diff <= MODEL_TOL, diff
 
 
@@ -61,8 +60,7 @@ def test_default_cache_is_kept_and_matches_original(family):
     assert context.use_kv_cache and context.use_sdpa_with_kv_cache
     assert any(isinstance(m, CustomOpKVAttention) for m in module.modules())
     assert not any(isinstance(m, FiniteMaskAttention) for m in module.modules())
-    loaded = tiny_model(family)
-    diff = max_logit_diff(module, loaded.module.eval(), vocab_size=loaded.metadata.vocab_size, use_kv_cache=True)
+    diff = diff_from_tiny(module, family, use_kv_cache=True)
     assert diff <= MODEL_TOL, diff
 
 

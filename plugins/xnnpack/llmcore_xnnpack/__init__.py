@@ -12,41 +12,17 @@ imported only inside the factories.
 from __future__ import annotations
 
 from llmcore import hookimpl
-from llmcore.records import Backend, EdgeSettings, PostPass, QuantizerRecipe, SourceTransform
+from llmcore.records import Backend, EdgeSettings, Lazy, PostPass, QuantizerRecipe, SourceTransform
 
 __version__ = "0.1.0"
 
 BACKEND = "xnnpack"
 
 
-def _partitioners(options: dict) -> list:
-    from llmcore_xnnpack.partition import partitioners
-
-    return partitioners(options)
-
-
 def _while_lowering(options: dict):
     from llmcore_xnnpack.lowering import while_lowering
 
     return while_lowering()
-
-
-def _quantize_8da4w(module, options: dict, calibration):
-    from llmcore_xnnpack.recipes import quantize_8da4w
-
-    return quantize_8da4w(module, options, calibration)
-
-
-def _quantize_8da8w(module, options: dict, calibration):
-    from llmcore_xnnpack.recipes import quantize_8da8w
-
-    return quantize_8da8w(module, options, calibration)
-
-
-def _quantize_gguf(module, options: dict):
-    from llmcore_xnnpack.recipes import quantize_gguf
-
-    return quantize_gguf(module, options)
 
 
 _CALIBRATION_TEXT_OPTION = (
@@ -88,19 +64,13 @@ def _per_token_reference(converted):
 CONVERT_TO_LINEAR_REWRITES = ("aten::mm", "aten::addmm", "aten::bmm")
 
 
-def _convert_to_linear():
-    from executorch.backends.xnnpack._passes.convert_to_linear import ConvertToLinearPass
-
-    return ConvertToLinearPass()
-
-
 @hookimpl
 def llmcore_partitioners() -> list[Backend]:
     return [
         Backend(
             name=BACKEND,
             description="XNNPACK: optimised CPU kernels for Arm and x86 (fp32, int8, int4 weights)",
-            partitioners=_partitioners,
+            partitioners=Lazy("llmcore_xnnpack.partition", "partitioners"),
             edge=EdgeSettings(check_ir_validity=False),
             runtime_id="XnnpackBackend",
             runs_on="any CPU (Android, iOS, Linux, macOS, Windows)",
@@ -158,7 +128,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                 "runtime's quantized embedding kernels (GPT-2: 227 MB with fp32 tables -> 116 / 97 MB)"
             ),
             backends=(BACKEND,),
-            source_quantize=_quantize_8da4w,
+            source_quantize=Lazy("llmcore_xnnpack.recipes", "quantize_8da4w"),
             calibrated=True,
             options={
                 "group_size": (
@@ -212,7 +182,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                 "embeddings stay fp32 unless embedding_bits=8 or 4"
             ),
             backends=(BACKEND,),
-            source_quantize=_quantize_8da8w,
+            source_quantize=Lazy("llmcore_xnnpack.recipes", "quantize_8da8w"),
             calibrated=True,
             options={
                 **_embedding_options(0),
@@ -242,7 +212,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                 "for a quantized GGUF exported with --plugins xnnpack"
             ),
             backends=(BACKEND,),
-            source_quantize=_quantize_gguf,
+            source_quantize=Lazy("llmcore_xnnpack.recipes", "quantize_gguf"),
             for_quantized_checkpoints=True,
             options={
                 "outlier_split": _outlier_split_option(False),
@@ -257,17 +227,11 @@ def llmcore_post_passes() -> list[PostPass]:
         PostPass(
             name="convert-to-linear",
             description="fuse permute + mm/addmm left outside delegates back into linear",
-            create=_convert_to_linear,
+            create=Lazy("executorch.backends.xnnpack._passes.convert_to_linear", "ConvertToLinearPass"),
             backends=(BACKEND,),
             rewrites=CONVERT_TO_LINEAR_REWRITES,
         )
     ]
-
-
-def _norms(module, context):
-    from llmcore_xnnpack import norms
-
-    return norms.apply(module, context)
 
 
 def _xnnpack_first(context) -> bool:
@@ -281,7 +245,7 @@ def llmcore_source_transforms() -> list[SourceTransform]:
             name="xnnpack-norms",
             description="RMSNorm / LayerNorm with their means as 4-D global pools, which XNNPACK "
             "delegates (same values); when XNNPACK is the first backend",
-            apply=_norms,
+            apply=Lazy("llmcore_xnnpack.norms", "apply"),
             order=20,
             backends=("xnnpack",),
             automatic=True,

@@ -34,12 +34,13 @@ and provenance that passes rewrite anyway), or any constant tensor.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import torch
+
+from llmcore import upstream
 
 logger = logging.getLogger(__name__)
 
@@ -48,17 +49,15 @@ logger = logging.getLogger(__name__)
 
 def ops_to_not_decompose(ep, ops: list, keep: Callable[[torch.fx.Node], bool] | None):
     """``(ops, keep)`` as the partitioner would answer, with ``keep`` dropped when it keeps
-    every node it is asked about in this ATen program (see the module docstring)."""
-    if keep is None or _is_edge_program(ep):
+    every node it is asked about in this ATen program (see the module docstring; the
+    ``ops_kept_without_filter`` patch of :mod:`llmcore.upstream`)."""
+    if keep is None or not upstream.active("ops_kept_without_filter") or _is_edge_program(ep):
         return ops, keep
     wanted = set(ops)
     for node in ep.graph.nodes:
         if node.op == "call_function" and node.target in wanted and not keep(node):
             return ops, keep
-    try:
-        from executorch.exir.program._program import _remove_invalid_ops_for_not_decompose
-    except ImportError:  # another ExecuTorch: keep its own (slow but right) path
-        return ops, keep
+    from executorch.exir.program._program import _remove_invalid_ops_for_not_decompose
 
     # The slow path drops ops that cannot be preserved (mutable, aliasing) before it
     # preserves the rest; the fast path must preserve the same set.
@@ -337,17 +336,18 @@ def remembered_pass_manager(base: type) -> type:
     return RememberedPassManager
 
 
+_PREPROCESS_MANAGER = "executorch.backends.xnnpack.xnnpack_preprocess:XNNPACKPassManager"
+
+
 @contextmanager
 def remembered_passes() -> Iterator[type]:
-    """While lowering, XNNPACK's preprocess uses a fresh :func:`remembered_pass_manager`."""
-    module = importlib.import_module("executorch.backends.xnnpack.xnnpack_preprocess")
-    original = module.XNNPACKPassManager
-    manager = remembered_pass_manager(original)
-    module.XNNPACKPassManager = manager
+    """While lowering, XNNPACK's preprocess uses a fresh :func:`remembered_pass_manager`
+    (the ``remembered_passes`` patch)."""
+    manager = remembered_pass_manager(upstream.resolve(_PREPROCESS_MANAGER))
     try:
-        yield manager
+        with upstream.replaced((_PREPROCESS_MANAGER, manager)):
+            yield manager
     finally:
-        module.XNNPACKPassManager = original
         if manager.partitions:
             logger.info(
                 "xnnpack: %d partitions in %d structures; %d preprocess passes skipped (no-ops on an "
@@ -363,30 +363,18 @@ def remembered_passes() -> Iterator[type]:
 # ---- finding linears' source partitions ----------------------------------------------------
 
 _GEMM_CONFIGS = "executorch.backends.xnnpack.partition.config.gemm_configs"
-_CONFIG_PARTITIONER = "executorch.exir.backend.canonical_partitioners.config_partitioner"
+_FIND_SOURCES = f"{_GEMM_CONFIGS}:get_source_partitions"
+_MATCHED_NODES = ("executorch.exir.backend.canonical_partitioners.config_partitioner:"
+                  "ConfigerationBasedPartitioner.get_matched_nodes_from_configs")
 
 
 @contextmanager
 def source_partitions_found_once() -> Iterator[None]:
     """While XNNPACK's partitioner matches one program's nodes, its GEMM configs find the
-    graph's linear source partitions once, not once per GEMM node they are asked about.
-
-    ``get_source_partitions`` walks the whole graph, and the configs call it for each
-    candidate node: work that grows with the square of the layer count (on SmolLM2-135M's
-    architecture, ~0.08 s of lowering at 16 layers, ~0.56 s at 30). Matching does not change
-    the graph, so within one matching the answer is the same; the cache lives only that long."""
-    try:
-        gemm = importlib.import_module(_GEMM_CONFIGS)
-        config_partitioner = importlib.import_module(_CONFIG_PARTITIONER)
-    except ImportError:
-        yield
-        return
-    find = getattr(gemm, "get_source_partitions", None)
-    partitioner = getattr(config_partitioner, "ConfigerationBasedPartitioner", None)
-    match = getattr(partitioner, "get_matched_nodes_from_configs", None) if isinstance(partitioner, type) else None
-    if find is None or match is None:
-        yield
-        return
+    graph's linear source partitions once, not once per GEMM node they are asked about (the
+    ``source_partitions_found_once`` patch). Matching does not change the graph, so within
+    one matching the answer is the same; the cache lives only that long."""
+    find, match = upstream.resolve(_FIND_SOURCES), upstream.resolve(_MATCHED_NODES)
     found: dict | None = None  # (graph, wanted sources) -> partitions, while one program is matched
 
     def find_once(graph, wanted_sources, filter_fn=None):
@@ -405,17 +393,71 @@ def source_partitions_found_once() -> Iterator[None]:
         finally:
             found = None
 
-    gemm.get_source_partitions = find_once
-    partitioner.get_matched_nodes_from_configs = matched_nodes
-    try:
+    with upstream.replaced((_FIND_SOURCES, find_once), (_MATCHED_NODES, matched_nodes)):
         yield
-    finally:
-        gemm.get_source_partitions = find
-        partitioner.get_matched_nodes_from_configs = match
 
 
 @contextmanager
 def while_lowering() -> Iterator[None]:
     """Everything this module changes about XNNPACK's lowering, for the length of one."""
-    with remembered_passes(), source_partitions_found_once():
+    with upstream.applied("remembered_passes"), upstream.applied("source_partitions_found_once"):
         yield
+
+
+# ---- the patches, as llmcore.upstream lists them --------------------------------------------
+
+_EDGE_MANAGER = "executorch.exir.program._program:_gen_edge_manager_for_partitioners"
+
+PATCHES = tuple(
+    upstream.register(patch)
+    for patch in (
+        upstream.Patch(
+            name="ops_kept_without_filter",
+            replaces=(),
+            relies_on={
+                _EDGE_MANAGER: (
+                    "1165268e5782bf8f",  # 1.4.1
+                    "14a2b38bd338a215",  # 1.5.1: adds pre-decomposition transforms and a skipped no-op retrace
+                ),
+                "executorch.exir.program._program:_remove_invalid_ops_for_not_decompose": ("3e17892fc8dbf7d8",),
+            },
+            requires=(upstream.EXECUTORCH,),
+            why="XNNPACK's partitioner gives a filter with the operators it keeps out of the "
+                "decompositions, which sends to_edge down its slow path (three whole-graph retraces "
+                "instead of one); where the filter accepts every such node, both paths keep the same "
+                "operators, so no filter is given (ops_to_not_decompose).",
+            module=__name__,
+        ),
+        upstream.Patch(
+            name="remembered_passes",
+            replaces=(_PREPROCESS_MANAGER,),
+            relies_on={
+                "executorch.backends.xnnpack._passes:XNNPACKPassManager": ("7fcec85f18a3016d",),
+                "executorch.backends.xnnpack.xnnpack_preprocess:XnnpackBackend.preprocess": ("62f7dc915f1ef40c",),
+                "executorch.exir.program._program:_transform": ("9359d02c126f183c",),
+            },
+            requires=(upstream.EXECUTORCH,),
+            why="Each delegate goes through XNNPACK's 17 preprocess passes, each a whole retrace, "
+                "and all but two change nothing on a decoder layer; passes that cannot match a "
+                "partition are skipped, and a partition repeating an earlier one's structure gets that "
+                "one's passed graph with its own weights (RememberedPassManager).",
+            apply=remembered_passes,
+            module=__name__,
+        ),
+        upstream.Patch(
+            name="source_partitions_found_once",
+            replaces=(_FIND_SOURCES, _MATCHED_NODES),
+            relies_on={
+                "torch.fx.passes.utils.source_matcher_utils:get_source_partitions": ("2efa189daa77e24f",),
+                f"{_GEMM_CONFIGS}:GEMMConfig.get_deps": ("d1472ef54e52bebd",),
+                _MATCHED_NODES: ("0a4b7b5eef4b1a06",),
+            },
+            requires=(upstream.TORCH, upstream.EXECUTORCH),
+            why="XNNPACK's GEMM configs walk the whole graph for its linear source partitions once "
+                "per candidate node, work that grows with the square of the layer count (~0.56 s of "
+                "lowering at 30 layers); they are found once per matching.",
+            apply=source_partitions_found_once,
+            module=__name__,
+        ),
+    )
+)

@@ -2,16 +2,17 @@
 program ExecuTorch would.
 
 Authority: the same export with every shortcut turned off, i.e. ExecuTorch's own
-``to_edge_transform_and_lower`` on the whole graph, its own decomposition path, every
-XNNPACK preprocess pass on every partition, every post-pass run (none skipped for want of
-its operators), ``to_executorch``'s quant fusion pass run, and every delegate's graph traced
-again by the post-passes and ``to_executorch`` (llmcore.pipeline.delegates). The `.pte` files must be identical byte for
-byte, so every delegate, every constant and the graph around them are what they were.
+``to_edge_transform_and_lower`` on the whole graph (``--whole-graph-lowering``), every
+post-pass run (none skipped for want of its operators), and every patch of
+``llmcore.upstream`` switched off (``LLMCORE_UPSTREAM_PATCHES_OFF=all``): ExecuTorch's own
+decomposition path, partitioners, graph sorting and serializer, every XNNPACK preprocess
+pass on every partition, ``to_executorch``'s quant fusion pass, and every delegate's graph
+traced again by the post-passes and ``to_executorch``. The `.pte` files must be identical
+byte for byte, so every delegate, every constant and the graph around them are what they were.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import inspect
@@ -21,7 +22,8 @@ import logging
 import pytest
 import torch
 
-from llmcore.pipeline import delegates, emit, lower
+from llmcore import upstream
+from llmcore.pipeline import emit, lower
 from llmcore.testing.conformance import export_tiny
 from llmcore_xnnpack import lowering
 
@@ -78,10 +80,6 @@ def _whole_graph(lower_fn):
     return whole
 
 
-def _ops_to_not_decompose_unchanged(ep, ops, keep):
-    return ops, keep
-
-
 class _EveryOperator(set):
     """Called operators that include whatever a post-pass rewrites: every post-pass runs."""
 
@@ -91,10 +89,6 @@ class _EveryOperator(set):
 
 def _every_operator(edge):
     return _EveryOperator()
-
-
-def _trace_every_delegate(lowered_module, args):
-    raise delegates._Unrecorded("the reference traces every delegate call, as ExecuTorch does")
 
 
 @pytest.mark.parametrize("family,quantize,layers,converted", CASES)
@@ -115,14 +109,9 @@ def test_same_program_as_executorch_lowering(tmp_path, monkeypatch, caplog, fami
     assert bool(one_retrace) == bool(converted)
 
     with monkeypatch.context() as m:
-        m.setattr(lowering, "ops_to_not_decompose", _ops_to_not_decompose_unchanged)
-        m.setattr(lowering, "remembered_passes", contextlib.nullcontext)
-        m.setattr(lowering, "source_partitions_found_once", contextlib.nullcontext)
-        m.setattr(lower, "type_hints_read_once", contextlib.nullcontext)
+        m.setenv(upstream.SWITCH, "all")
         m.setattr(lower, "lower", _whole_graph(lower.lower))
-        m.setattr(delegates, "recorded_outputs", _trace_every_delegate)
         m.setattr(emit, "called_operators", _every_operator)
-        m.setattr(emit, "quant_fusion_only_where_quantized", contextlib.nullcontext)
         reference = _export(tmp_path, "reference", family, quantize)
 
     fast_bytes = fast.pte.read_bytes()
@@ -208,3 +197,24 @@ def test_metadata_passes_are_skipped_only_where_no_node_carries_their_key():
         assert not lowering.could_match(run[name], program)
         node.meta[key] = {"annotated": True}
         assert lowering.could_match(run[name], program)
+
+
+@pytest.mark.parametrize("patch", lowering.PATCHES, ids=lambda p: p.name)
+def test_each_patch_was_written_for_the_installed_releases(patch):
+    """This plugin's patches of ExecuTorch, in llmcore.upstream's registry like the core's
+    (tests/test_upstream.py checks those): fails on an upgrade that leaves a range or
+    rewrites a function a patch replaces or relies on."""
+    assert upstream.PATCHES[patch.name] is patch
+    assert not upstream.problems(patch), f"{patch.name}: " + "; ".join(upstream.problems(patch))
+
+
+def test_switched_off_the_partitioner_keeps_its_filter(monkeypatch):
+    ep = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+    ops = [torch.ops.aten.linear.default]
+
+    def keep(node):
+        return True
+
+    assert lowering.ops_to_not_decompose(ep, ops, keep)[1] is None
+    monkeypatch.setenv(upstream.SWITCH, "ops_kept_without_filter")
+    assert lowering.ops_to_not_decompose(ep, ops, keep) == (ops, keep)

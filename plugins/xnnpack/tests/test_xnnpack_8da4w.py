@@ -131,7 +131,7 @@ def test_asymmetric_blocks_are_closer_to_fp32_and_all_delegated(xnnpack_exports,
 
 
 def _operators(pte_path) -> set[str]:
-    from llmcore.pte import read_program_table
+    from llmcore.runtime.pte import read_program_table
 
     program = read_program_table(pte_path.read_bytes())
     plan = next(p for p in program.execution_plan if p.name == "forward")

@@ -48,7 +48,7 @@ HELD_OUT = (
 
 def held_out_error(loaded, quantized, fp32) -> float:
     """Squared logit difference over every prefix of a text the calibration never saw."""
-    from llmcore.generate import TextTokenizer
+    from llmcore.runtime.generate import TextTokenizer
     from llmcore.pipeline import text_ids
 
     ids = text_ids(TextTokenizer(loaded.tokenizer.json_text), HELD_OUT, loaded.metadata)[:120]

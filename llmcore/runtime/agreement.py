@@ -17,7 +17,7 @@ it compared nothing. A broken runtime fails where the answer is clear: in issue 
 runner's first token scored 0.92 logits or more below Python's choice, and later ones
 several logits below.
 
-    python -m llmcore.agreement PROGRAM.pte --runner build/llmcore_runner --prompt-file F
+    python -m llmcore.runtime.agreement PROGRAM.pte --runner build/llmcore_runner --prompt-file F
 
 prints the runner's text (with ``--show-text``) and one line saying what was checked; it
 exits 1 with one line saying where the runner went wrong.
@@ -119,8 +119,8 @@ def follow(pte: str | Path, prompt: str, runner: RunnerRun, *, label: str = "llm
     (a program without a KV cache gets its last ``max_seq_len`` tokens each time)."""
     import torch
 
-    from llmcore.generate import TextTokenizer, prompt_ids_for, tokenizer_beside
-    from llmcore.runtime import Program
+    from llmcore.runtime.generate import TextTokenizer, prompt_ids_for, tokenizer_beside
+    from llmcore.runtime.program import Program
 
     program = Program.load(pte)
     tokens = prompt_ids_for(program, TextTokenizer.from_file(tokenizer_beside(pte)), prompt)
@@ -188,7 +188,7 @@ def check(pte: str | Path, runner: str | Path, prompt: str, max_new_tokens: int,
 def main(argv: Optional[Sequence[str]] = None) -> int:
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m llmcore.agreement", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m llmcore.runtime.agreement", description=__doc__.splitlines()[0])
     parser.add_argument("programs", nargs="+", help=".pte files (each with its tokenizer.json beside it)")
     parser.add_argument("--runner", required=True, help="the llmcore_runner to check")
     source = parser.add_mutually_exclusive_group(required=True)

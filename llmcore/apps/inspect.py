@@ -5,7 +5,7 @@ A preflight that answers before a device does (``Missing operator ... error 0x14
 the metadata values of ``docs/pte-contract.md``, the backends its delegates need and the
 operators it calls outside them, each checked against the ExecuTorch runtime of this
 environment (after loading the runtime libraries that register its operators:
-:func:`llmcore.libraries.load_libraries_for`).
+:func:`llmcore.runtime.libraries.load_libraries_for`).
 
 The program is read from its flatbuffer, not run: inspecting a program lowered for a
 backend this runtime lacks is safe.
@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from llmcore import pte
+from llmcore.runtime import pte
 from llmcore.errors import LlmcoreError
-from llmcore.pte import ValueInfo
+from llmcore.runtime.pte import ValueInfo
 
 EXIT_OK = 0
 EXIT_MISSING = 3
@@ -112,7 +112,7 @@ def _error(message: str, fix: str) -> LlmcoreError:
 def verify_with_runtime(path: str | Path, label: str) -> None:
     """Let the runtime check the program's internal consistency (no method is loaded, so no
     backend is initialised: safe for programs this runtime cannot run)."""
-    from llmcore.libraries import runtime_bindings
+    from llmcore.runtime.libraries import runtime_bindings
     from llmcore.runtime import captured_stderr
 
     bindings = runtime_bindings()
@@ -204,7 +204,7 @@ def _describe(program: list[pte.Method], data: bytes, label: str, file_size: int
 
 def check_runtime(inspection: Inspection) -> Inspection:
     """Mark each backend and operator as available (or not) in this process's runtime."""
-    from llmcore.libraries import load_libraries_for, runtime_bindings, unregistered
+    from llmcore.runtime.libraries import load_libraries_for, runtime_bindings, unregistered
 
     bindings = runtime_bindings()
     libraries = load_libraries_for(unregistered([op.name for op in inspection.operators]), stage="inspect",
@@ -227,7 +227,7 @@ def inspect_program(path: str | Path, *, verify: bool = True) -> Inspection:
     """Read, describe and check a `.pte` against this runtime."""
     label = str(path)
     data = pte.read_head(path, stage="inspect")
-    from llmcore import libraries
+    from llmcore.runtime import libraries
 
     try:  # the plugin libraries a program needs are loaded first, as `llmcore run` does
         libraries.load_program_libraries(data)
@@ -362,17 +362,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK if inspection.ok else EXIT_MISSING
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "inspect",
-        help="what a .pte needs (methods, metadata, backends, operators) and whether this runtime has it",
-        description="Preflight for a .pte: its methods with their inputs and outputs, its metadata, the "
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Preflight for a .pte: its methods with their inputs and outputs, its metadata, the "
         "backends its delegates need and the operators it calls outside them, each checked against the "
-        "ExecuTorch runtime of this environment. The program is read, not run.",
-        epilog="exit status: 0 when this runtime has everything the program needs; 3 when a backend or "
-        "an operator is missing (they are listed); 2 when the file is not a readable ExecuTorch program.",
-    )
+        "ExecuTorch runtime of this environment. The program is read, not run.")
+    p.epilog = (
+        "exit status: 0 when this runtime has everything the program needs; 3 when a backend or "
+        "an operator is missing (they are listed); 2 when the file is not a readable ExecuTorch program.")
     p.add_argument("pte", help="the .pte program")
     p.add_argument("--json", action="store_true", help="print the findings as one JSON object")
-    p.set_defaults(func=cmd_inspect)
     return p

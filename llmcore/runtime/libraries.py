@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from llmcore import pte
+from llmcore.runtime import pte
 from llmcore.errors import LlmcoreError, stage_errors
 
 RUNTIME_LIBRARIES_METHOD = "get_runtime_libraries"

@@ -4,7 +4,7 @@ Kernels outside the runtime's built-in set (ExecuTorch's LLM custom ops and quan
 kernels, plugins' custom operators: ``RuntimeLibrary`` records) must be loaded in the
 process that runs a program, not only in the one that exported it, or loading fails with
 ``Missing operator ... error 0x14``: :meth:`Program.load` loads those the program's
-operators need (:func:`llmcore.libraries.load_program_libraries`).
+operators need (:func:`llmcore.runtime.libraries.load_program_libraries`).
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
 import numpy as np
 import torch
 
-from llmcore import pte
+from llmcore.runtime import pte
 from llmcore.errors import LlmcoreError
-from llmcore.libraries import (
+from llmcore.runtime.libraries import (
     load_preloaded_libraries,
     load_program_libraries,
     missing_library_hint,
     prepare_libraries,
     runtime_bindings,
 )
-from llmcore.program_bytes import read_program_bytes
+from llmcore.runtime.program_bytes import read_program_bytes
 
 METADATA_METHODS = {
     "get_max_seq_len": int,
@@ -84,8 +84,8 @@ class Program:
     def load(cls, source: str | Path | bytes, *, enable_etdump: bool = False,
              map_file: Optional[bool] = None) -> "Program":
         """Load a program, with the kernel libraries its operators need
-        (:func:`llmcore.libraries.load_program_libraries`). A file is read into memory backed
-        by huge pages, its data on a 2 MiB boundary (:func:`llmcore.program_bytes.read_program_bytes`,
+        (:func:`llmcore.runtime.libraries.load_program_libraries`). A file is read into memory backed
+        by huge pages, its data on a 2 MiB boundary (:func:`llmcore.runtime.program_bytes.read_program_bytes`,
         as ``llmcore_runner`` does), or with ``map_file`` (default: :func:`map_program_files`'
         setting, ``--mmap``) mapped by the runtime: a smaller resident set, a slower decode."""
         if isinstance(source, (bytes, bytearray)):
@@ -286,8 +286,8 @@ def torch_on_one_thread() -> Iterator[None]:
 
     A decode loop's own tensor ops (sampling over 49152 logits) are too small to share, and
     once split between OpenMP threads they leave OpenMP's helper spinning on the core the
-    runtime's pool needs for the next forward call: ``llmcore.generate.generate`` and
-    ``llmcore.serve.run`` run under this.
+    runtime's pool needs for the next forward call: ``llmcore.runtime.generate.generate`` and
+    ``llmcore.runtime.session.run`` run under this.
 
     For series of small memory-bound ops (dequantizing a checkpoint, a quantizer's scale
     searches) a second thread gains little on an idle 2-core machine, and loses badly

@@ -449,7 +449,7 @@ def export_cell(options: dict[str, Any], perplexity_text: Optional[str], tracker
         result["wall_s"] = time.perf_counter() - start
         result["peak_rss_mib"] = peak_rss_mib()
         if perplexity_text:
-            from llmcore.evaluate import evaluate
+            from llmcore.apps.evaluate import evaluate
 
             try:
                 scored = evaluate(str(local.output), perplexity_text, None, None, with_eager=False)
@@ -738,8 +738,7 @@ def format_results(results: list[CellResult]) -> str:
                                    "perplexity", "attempts", "error"])
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("matrix", help="export every model x backends x recipe of a YAML matrix, on Ray")
+def add_arguments(p) -> None:
     p.add_argument("file", help="the matrix YAML (models, backends, recipes, output, layout, common)")
     p.add_argument("--dry-run", action="store_true", help="print the cells and exit")
     p.add_argument("--output", help="root folder of the outputs (overrides the file's `output`)")
@@ -750,7 +749,6 @@ def add_parser(subparsers) -> None:
                    help="times a cell is retried when its worker dies (default 1)")
     p.add_argument("--perplexity", metavar="TEXT", help="also score each program's perplexity on this text")
     p.add_argument("--summary", metavar="JSON", help=f"where to write the results (default: OUTPUT/{SUMMARY_FILE})")
-    p.set_defaults(func=cmd_matrix)
 
 
 def cmd_matrix(args) -> int:

@@ -175,7 +175,7 @@ class _Instruction:
 
 
 def _plan_instructions(pte: bytes, method: str = "forward") -> dict[int, _Instruction]:
-    from llmcore.pte import read_methods
+    from llmcore.runtime.pte import read_methods
 
     plans = {p.name: p for p in read_methods(pte)}
     plan = plans.get(method) or next(iter(plans.values()))
@@ -184,7 +184,7 @@ def _plan_instructions(pte: bytes, method: str = "forward") -> dict[int, _Instru
 
 
 def _method_names(pte: bytes) -> set[str]:
-    from llmcore.pte import read_methods
+    from llmcore.runtime.pte import read_methods
 
     return {plan.name for plan in read_methods(pte)}
 
@@ -532,7 +532,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if value and not Path(value).is_file():
             raise LlmcoreError(f"{flag} {value!r} does not exist.", stage="profile", fix=f"check the path given to {flag}.")
     if args.from_etdump:
-        from llmcore.pte import read_head
+        from llmcore.runtime.pte import read_head
 
         if args.prefill_runs < 0:
             raise LlmcoreError("--prefill-runs must be 0 or more.", stage="cli", fix="pass e.g. --prefill-runs 1.")
@@ -547,7 +547,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             fix="pass e.g. --prompt 'Hello'.",
         )
 
-    from llmcore.generate import Sampling, TextTokenizer, generate, prompt_ids_for, tokenizer_beside
+    from llmcore.runtime.generate import Sampling, TextTokenizer, generate, prompt_ids_for, tokenizer_beside
     from llmcore.runtime import Program
 
     etdump = Path(args.etdump) if args.etdump else pte.with_suffix(".etdump")
@@ -563,7 +563,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if not write_etdump(program.module, etdump):
         _print(args, stats=stats, generated=len(result.generated_ids), note=_no_tracer_note(args.pte, args.etrecord))
         return EXIT_NO_EVENTS
-    from llmcore.pte import read_head
+    from llmcore.runtime.pte import read_head
 
     prefill_runs = next((s.calls for s in stats if s.phase == "prefill"), 0)
     data = read_head(pte, stage="inspect")
@@ -607,19 +607,17 @@ def _print(
         print(note, file=sys.stderr)
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "profile",
-        help="time a generation per operator (ETDump + Inspector), prefill and decode apart",
-        description="Run a generation with the runtime's event tracer on and print, for the prefill and the "
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Run a generation with the runtime's event tracer on and print, for the prefill and the "
         "decode steps apart, the operators that took the most time (from the ETDump, through ExecuTorch's "
         "Inspector), delegated ones under their backend, "
         "linked to model source lines through an ETRecord (`llmcore export --etrecord PATH`). Per-call "
-        "prefill/decode times are always printed.",
-        epilog="exit status: 0 with the operator table; 3 when this ExecuTorch runtime was built without the "
+        "prefill/decode times are always printed.")
+    p.epilog = (
+        "exit status: 0 with the operator table; 3 when this ExecuTorch runtime was built without the "
         "event tracer and records no operator events (the per-call times are still printed; analyse an ETDump "
-        "recorded elsewhere with --from-etdump); 2 for errors.",
-    )
+        "recorded elsewhere with --from-etdump); 2 for errors.")
     p.add_argument("pte", help="the .pte program")
     p.add_argument("--prompt", help="the prompt to generate from (required unless --from-etdump)")
     p.add_argument("--max-new-tokens", type=int, default=16)
@@ -633,5 +631,4 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "the rest are tabled as decode steps")
     p.add_argument("--top", type=int, default=15, help="how many operators to list (default 15)")
     p.add_argument("--json", action="store_true", help="print the findings as one JSON object")
-    p.set_defaults(func=cmd_profile)
     return p

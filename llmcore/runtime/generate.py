@@ -35,7 +35,7 @@ class TextTokenizer:
     def __init__(self, json_text: str, source: str = "<memory>"):
         from tokenizers import Tokenizer
 
-        from llmcore.runtime import captured_stderr
+        from llmcore.runtime.program import captured_stderr
 
         try:
             with captured_stderr():  # a Rust panic prints its backtrace on fd 2
@@ -202,7 +202,7 @@ class Generation:
 
 def next_tokens(logits: torch.Tensor, sampling: Sampling, constraint=None, room: int = 1) -> list[int]:
     """What one forward pass yields: the sampled token and, under a grammar, the tokens the
-    grammar forces after it (:meth:`llmcore.constrain.Constraint.forced`), at most ``room``
+    grammar forces after it (:meth:`llmcore.runtime.constrain.Constraint.forced`), at most ``room``
     in all. The decode loops of ``generate`` and ``serve`` feed them to the program
     together in the next call."""
     if constraint is None:
@@ -232,10 +232,10 @@ def generate(
 ) -> Generation:
     """Generate up to ``max_new_tokens`` after the prompt; stops at an EOS id unless told
     not to (benchmarks decode a fixed number of tokens). With ``constraint``
-    (:class:`llmcore.constrain.Constraint`) only tokens its grammar allows are sampled, the
+    (:class:`llmcore.runtime.constrain.Constraint`) only tokens its grammar allows are sampled, the
     tokens it forces are fed without a forward pass each (its opening ones with the
     prompt), and generation ends where the grammar does."""
-    from llmcore.runtime import torch_on_one_thread
+    from llmcore.runtime.program import torch_on_one_thread
 
     with torch_on_one_thread():  # the loop's own tensor ops (sampling) stay off the pool's cores
         return _generate(program, prompt_ids, max_new_tokens, sampling, on_token, stop_at_eos, constraint)

@@ -102,7 +102,7 @@ class Constraint:
 
     def sample(self, logits: torch.Tensor, sampling) -> int:
         """The next token, consumed by the grammar: ``sampling``
-        (:class:`llmcore.generate.Sampling`) of the logits with every token the grammar
+        (:class:`llmcore.runtime.generate.Sampling`) of the logits with every token the grammar
         forbids here removed."""
         self.tokens += 1
         if sampling.temperature == 0 or (sampling.top_k == 0 and sampling.top_p >= 1.0):

@@ -200,7 +200,7 @@ def evaluate(pte: str, text_path: str, max_tokens: Optional[int], window: Option
     ``max_tokens`` caps the text's tokens (default: 1024 for ``sliding``; the whole text for
     ``llama-perplexity``, as llama.cpp reads it). ``window`` is ``sliding``'s window,
     ``ctx`` the chunk size of ``llama-perplexity`` (default 512, llama.cpp's)."""
-    from llmcore.generate import TextTokenizer, tokenizer_beside
+    from llmcore.runtime.generate import TextTokenizer, tokenizer_beside
     from llmcore.runtime import Program
 
     if protocol == "sliding" and ctx is not None:
@@ -260,8 +260,7 @@ def evaluate(pte: str, text_path: str, max_tokens: Optional[int], window: Option
     return result
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("eval", help="perplexity of a .pte and of its eager model on a text")
+def add_arguments(p) -> None:
     p.add_argument("pte")
     p.add_argument("--text", required=True, help="a UTF-8 text file")
     p.add_argument("--protocol", choices=PROTOCOLS, default="sliding",
@@ -274,7 +273,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--ctx", type=int, help="llama-perplexity's chunk size, its -c (default: 512)")
     p.add_argument("--no-eager", action="store_true", help="score the program only")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_eval)
 
 
 def cmd_eval(args) -> int:

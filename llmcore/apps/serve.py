@@ -13,13 +13,11 @@ wait their turn in arrival order (``--max-queue`` of them at most: more get 503 
 generation runs in a worker thread, token by token, and stops at the next token when the
 client goes away; the program is free again as soon as it stops.
 
-KV-cache reuse. Each instance remembers which tokens its cache holds. A request whose
-prompt starts with them (the next turn of a conversation: the same messages plus the
-reply and a new one) is prefilled from the first new token only. ``usage`` reports it as
+KV-cache reuse. Each instance is an :class:`~llmcore.runtime.session.Engine`, which
+remembers which tokens its cache holds: the next turn of a conversation is prefilled from
+its first new token only. ``usage`` reports the reused tokens as
 ``prompt_tokens_details.cached_tokens``, and ``GET /metrics`` counts prompt tokens prefilled
-and reused. A program with ring-buffer (sliding window) caches reuses its cache only when
-the prompt extends the cached tokens exactly: positions it has written past a shorter
-common prefix may have overwritten rows that prefix still needs.
+and reused.
 """
 
 from __future__ import annotations
@@ -35,6 +33,8 @@ from typing import Any, Callable, Optional
 
 from llmcore import nesting
 from llmcore.errors import LlmcoreError
+from llmcore.runtime.chat_template import add_template_option, load_template
+from llmcore.runtime.session import Engine, Outcome, Request, run
 
 DEFAULT_MAX_QUEUE = 16
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -61,18 +61,12 @@ class RequestError(Exception):
 
 
 @dataclass
-class Request:
-    """A validated completion request, in tokens."""
+class CompletionRequest(Request):
+    """A validated completion request: what to generate (:class:`~llmcore.runtime.session.Request`)
+    and how to answer it."""
 
-    prompt_ids: list[int]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: Optional[int]
-    stop: list[str]
-    stream: bool
-    include_usage: bool
-    grammar: Optional[str] = None  # llguidance grammar the reply must follow
+    stream: bool = False
+    include_usage: bool = False
     tool_format: Optional[str] = None  # "tagged" / "bare" when the reply may be a tool call
 
 
@@ -168,9 +162,9 @@ def tools_in_system_message(messages: list[dict], tools: list) -> list[dict]:
 
 
 def request_tools(body: dict) -> tuple[list, str]:
-    """``tools`` as :class:`llmcore.constrain.Tool` records and the ``tool_choice``:
+    """``tools`` as :class:`llmcore.runtime.constrain.Tool` records and the ``tool_choice``:
     "none", "auto", "required" or a tool's name."""
-    from llmcore.constrain import Tool
+    from llmcore.runtime.constrain import Tool
 
     tools = body.get("tools")
     choice = body.get("tool_choice")
@@ -201,7 +195,7 @@ def request_tools(body: dict) -> tuple[list, str]:
 def reply_grammar(body: dict, tools: list, choice: str, tagged: bool) -> tuple[Optional[str], Optional[str]]:
     """The grammar the reply must follow (tools or ``response_format``), and the tool-call
     format when the reply may be a call."""
-    from llmcore.constrain import GrammarError, json_object_grammar, json_schema_grammar, tool_call_grammar
+    from llmcore.runtime.constrain import GrammarError, json_object_grammar, json_schema_grammar, tool_call_grammar
 
     try:
         if tools and choice != "none":
@@ -232,7 +226,7 @@ def reply_grammar(body: dict, tools: list, choice: str, tagged: bool) -> tuple[O
 
 
 def parse_request(body: Any, prompt_ids: Callable[[dict], list[int]], context: int,
-                  tool_tagged: Optional[bool] = None) -> Request:
+                  tool_tagged: Optional[bool] = None) -> CompletionRequest:
     """Validate the sampling fields OpenAI defines (a wrong type or range is a 400 naming the
     field; fields not read here are ignored, as OpenAI's clients send several) and tokenize
     the prompt with ``prompt_ids(body)``."""
@@ -263,166 +257,8 @@ def parse_request(body: Any, prompt_ids: Callable[[dict], list[int]], context: i
         raise RequestError(400, f"the prompt has {len(ids)} tokens; this program's context holds {context}, "
                            "with room for at least one generated token.", "messages", "context_length_exceeded")
     room = context - len(ids)
-    return Request(ids, min(max_tokens or room, room), temperature, top_p, seed, stop, stream, include_usage,
-                   grammar, tool_format)
-
-
-# ---- one program and its cache ------------------------------------------------------------------
-
-
-class Engine:
-    """One loaded program and the tokens its KV cache holds (positions 0..len-1)."""
-
-    def __init__(self, pte: str, tokenizer_path: str):
-        from llmcore.generate import TextTokenizer, check_tokenizer_fits
-        from llmcore.runtime import Program
-
-        self.program = Program.load(pte)
-        if not self.program.use_kv_cache:
-            raise LlmcoreError("llmcore serve runs programs with a KV cache; this one has none.", stage="serve",
-                               fix="export without --skip-transforms kv-cache.")
-        self.tokenizer = TextTokenizer.from_file(tokenizer_path)
-        check_tokenizer_fits(self.program, self.tokenizer)
-        self.cached: list[int] = []
-        self.vocab = int(self.program.metadata.get("get_vocab_size") or self.tokenizer.vocab_size)
-        # ring buffers: a call takes fewer tokens than the context holds
-        self.ring = self.program.max_seq_len < self.program.max_context_len
-
-    def reusable(self, ids: list[int]) -> int:
-        """How many leading tokens of ``ids`` the cache already holds and may keep; at least
-        one token is always fed, since the logits come from the last one fed."""
-        common = 0
-        for a, b in zip(self.cached, ids[:-1]):
-            if a != b:
-                break
-            common += 1
-        if self.ring and common < len(self.cached):
-            return 0
-        return common
-
-    def prefill(self, ids: list[int]):
-        """Logits after ``ids``, feeding only what the cache does not hold; and that count.
-        The logits are lent, as :meth:`step`'s."""
-        keep = self.reusable(ids)
-        self.cached = []  # if the call fails, nothing is known to be in the cache
-        logits = self.program.read_logits(ids[keep:], keep, _lent)
-        self.cached = list(ids)
-        return logits, keep
-
-    def step(self, tokens: list[int]):
-        """Logits after feeding ``tokens`` (one sampled token, and any a grammar forced after it).
-
-        The row is lent: the program's own output (:meth:`llmcore.runtime.Program.read_logits`),
-        which this engine's next call overwrites. A request samples from it before that call,
-        and requests take an engine one at a time (:class:`Server`), so no copy is made: with
-        the copy, the serving loop spent 324-375 us a token outside the program, without it
-        206-230 (SmolLM2, 2 cores; docs/performance.md)."""
-        logits = self.program.read_logits(tokens, len(self.cached), _lent)
-        self.cached.extend(tokens)
-        return logits
-
-
-def _lent(row):
-    """``read`` for :meth:`llmcore.runtime.Program.read_logits` that hands the row itself back."""
-    return row
-
-
-@dataclass
-class Outcome:
-    text: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-
-
-def _held_back(text: str, stops: list[str]) -> int:
-    """How many trailing characters of ``text`` could still become a stop string."""
-    held = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), held, -1):
-            if text.endswith(s[:k]):
-                held = k
-                break
-    return held
-
-
-def run(engine: Engine, req: Request, emit: Callable[[str], None], cancelled: threading.Event) -> Outcome:
-    """Generate for ``req`` on ``engine`` (in a worker thread): text deltas go to ``emit``
-    as they become final (stop strings never reach it), until EOS, a stop string,
-    ``max_tokens``, the end of the context, or ``cancelled``. Under a grammar, the tokens
-    it forces go to the program together (its opening ones with the prompt)."""
-    from llmcore.runtime import torch_on_one_thread
-
-    with torch_on_one_thread():  # the loop's own tensor ops (sampling) stay off the pool's cores
-        return _run(engine, req, emit, cancelled)
-
-
-def _run(engine: Engine, req: Request, emit: Callable[[str], None], cancelled: threading.Event) -> Outcome:
-    from llmcore.generate import Sampling, next_tokens
-
-    sampling = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed)
-    eos = set(engine.program.eos_ids)
-    context = engine.program.max_context_len
-    constraint = None
-    if req.grammar is not None:
-        from llmcore.constrain import Constraint
-
-        constraint = Constraint(req.grammar, engine.tokenizer.json_text, engine.program.eos_ids, engine.vocab)
-    generated: list[int] = []
-    text, sent = "", 0
-    text_of = engine.tokenizer.stream()
-
-    def first_stop(text: str) -> int:
-        hits = [i for i in (text.find(s, max(0, sent - len(s))) for s in req.stop) if i >= 0]
-        return min(hits) if hits else -1
-
-    def room(fed: int) -> int:  # tokens that may still be generated; the cache keeps one slot free
-        return min(req.max_tokens - len(generated), context - 1 - fed)
-
-    def take(new: list[int]) -> Optional[str]:
-        """Add ``new`` to the reply; "stop" when it ends the reply."""
-        nonlocal text, sent
-        for token in new:
-            if token in eos:
-                return "stop"
-            generated.append(token)
-            piece = text_of(token)
-            if not piece:  # in the middle of a multi-byte character, or a special token
-                continue
-            text += piece
-            cut = first_stop(text)
-            if cut >= 0:
-                text = text[:cut]
-                return "stop"
-            final = len(text) - _held_back(text, req.stop)
-            if final > sent:
-                emit(text[sent:final])
-                sent = final
-        return "stop" if constraint is not None and constraint.finished() else None
-
-    opening = constraint.forced()[: max(0, room(len(req.prompt_ids)))] if constraint is not None else []
-    logits, cached = engine.prefill(req.prompt_ids + opening)
-    finish = take(opening)
-    while finish is None:
-        if cancelled.is_set():
-            finish = "cancelled"
-            break
-        new = next_tokens(logits, sampling, constraint, room(len(engine.cached)))
-        finish = take(new)
-        if finish is None and (len(generated) >= req.max_tokens or len(engine.cached) + len(new) >= context):
-            finish = "length"
-        if finish is None:
-            logits = engine.step(new)
-    if finish != "stop" or not req.stop:  # the whole text: nothing more will complete a character
-        text = engine.tokenizer.decode(generated, skip_special_tokens=True)
-        cut = first_stop(text)
-        if cut >= 0:
-            text, finish = text[:cut], "stop"
-    if len(text) > sent and finish != "cancelled":
-        emit(text[sent:])
-    return Outcome(text, "length" if finish == "cancelled" else finish, len(req.prompt_ids), len(generated),
-                   min(cached, len(req.prompt_ids)))
+    return CompletionRequest(ids, min(max_tokens or room, room), temperature, top_p, seed, stop, grammar,
+                             stream, include_usage, tool_format)
 
 
 # ---- the server ---------------------------------------------------------------------------------
@@ -458,7 +294,7 @@ class Server:
 
     # -- prompts
     def _ids(self, text: str) -> list[int]:
-        from llmcore.generate import prompt_ids_for
+        from llmcore.runtime.generate import prompt_ids_for
 
         return prompt_ids_for(self.program, self.tokenizer, text)
 
@@ -560,7 +396,7 @@ def create_app(server: Server):
             # chat requests take tools and response_format; the template decides the call format
             tagged = bool(server.template and server.template.tool_calls_tagged) if chat else None
             req = parse_request(body, ids_of, server.program.max_context_len, tagged)
-            if chat and server.template is not None:  # a built-in format's turn end (llmcore.chat.END_OF_TURN)
+            if chat and server.template is not None:  # a built-in format's turn end (llmcore.runtime.chat_template.END_OF_TURN)
                 req.stop = req.stop + [s for s in server.template.stop_strings if s not in req.stop]
             engine = await server.acquire(req.prompt_ids)
         except RequestError as err:
@@ -597,7 +433,7 @@ def create_app(server: Server):
 
         def tool_calls(outcome: Outcome) -> Optional[list]:
             """The reply as OpenAI tool calls, when it is one in the template's format."""
-            from llmcore.constrain import parse_tool_call
+            from llmcore.runtime.constrain import parse_tool_call
 
             if req.tool_format is None:
                 return None
@@ -704,10 +540,7 @@ def create_app(server: Server):
 # ---- command line -----------------------------------------------------------------------------
 
 
-def add_parser(subparsers) -> None:
-    from llmcore.chat import add_template_option
-
-    p = subparsers.add_parser("serve", help="an OpenAI-compatible HTTP server over a .pte program")
+def add_arguments(p) -> None:
     p.add_argument("pte")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
@@ -717,7 +550,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help="requests that may wait for a free instance; more get 503 with Retry-After")
     add_template_option(p, "the chat template of /v1/chat/completions, in place of the one saved with the program")
-    p.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args) -> int:
@@ -725,8 +557,7 @@ def cmd_serve(args) -> int:
 
     import uvicorn
 
-    from llmcore.chat import load_template
-    from llmcore.generate import tokenizer_beside
+    from llmcore.runtime.generate import tokenizer_beside
 
     if args.parallel < 1 or args.max_queue < 0:
         raise LlmcoreError("--parallel must be at least 1 and --max-queue at least 0.", stage="serve",
