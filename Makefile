@@ -85,8 +85,13 @@ runner: $(STAMP) $(PCRE2_HEADER)
 	$(VENV)/bin/cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE=$(abspath $(PY)) >/dev/null
 	$(VENV)/bin/cmake --build build -j2
 
+# One pytest worker per core (pytest-xdist), a test file's tests kept on one worker so that
+# its module fixtures (exports) are made once; the ten slowest tests listed at the end.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST_RUN = -n $(TEST_WORKERS) --dist loadfile --durations=10
+
 test: setup runner
-	$(PY) -m pytest -q -m "not real_model" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not real_model" $(PYTEST_RUN) $(PYTEST_ARGS)
 
 # The MPS plugin needs executorch 1.4.x (ExecuTorch 1.5 removed MPS): its own pinned env
 # (constraints-et14.txt), with the core and what its tests export with (nanoGPT, Llama,
@@ -106,10 +111,10 @@ $(ET14_STAMP): pyproject.toml constraints-et14.txt $(addsuffix /pyproject.toml,$
 
 test-mps: $(ET14_STAMP)
 	$(ET14_PY) -c "import importlib.util, llmcore_mps; assert importlib.util.find_spec('executorch.backends.apple.mps')"
-	$(ET14_PY) -m pytest -q plugins/mps $(PYTEST_ARGS)
+	$(ET14_PY) -m pytest -q plugins/mps $(PYTEST_RUN) $(PYTEST_ARGS)
 
 test-real: setup
-	$(PY) -m pytest -q -m real_model $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m real_model --durations=10 $(PYTEST_ARGS)
 
 bench: setup runner
 	$(PY) benchmarks/bench_decode.py

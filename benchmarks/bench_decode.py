@@ -128,6 +128,7 @@ class EagerProgram:
         import torch
 
         from llmcore.pipeline.load import load_model
+        from llmcore.pipeline.plan import resolve_plan
         from llmcore.pipeline.transform import apply_transforms
         from llmcore.plugins import load_registry
         from llmcore.recipe import ExportOptions
@@ -141,7 +142,7 @@ class EagerProgram:
             max_seq_len=max_seq_len,
         )
         registry = load_registry()
-        loaded = load_model(options, registry)
+        loaded = load_model(resolve_plan(options, registry))
         context = TransformContext(loaded.metadata, max_seq_len, options.model, ())
         # eager PyTorch with its own (plain-PyTorch) KV cache: the baseline a user has today
         apply_transforms(loaded, [registry.get("transforms", "kv-cache-static", stage="transform")], context)

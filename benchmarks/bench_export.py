@@ -107,12 +107,13 @@ def write_meta_checkpoint(folder: Path) -> tuple[Path, Path]:
     import torch
 
     from llmcore.pipeline.load import load_model
+    from llmcore.pipeline.plan import resolve_plan
     from llmcore.plugins import load_registry
     from llmcore.recipe import ExportOptions
 
     options = ExportOptions(model="llama", checkpoint=smollm2_path(), plugins=["xnnpack"], quantize="8da4w",
                             output=str(folder / "unused.pte"))
-    loaded = load_model(options, load_registry())
+    loaded = load_model(resolve_plan(options, load_registry()))
     config = loaded.module.config
     state = {k: v.contiguous() for k, v in loaded.module.state_dict().items()
              if k == "output.weight" or k.startswith(("tok_embeddings.", "layers.", "norm."))}

@@ -65,11 +65,12 @@ def one_openmp_thread_per_worker() -> bool:
     """Before OpenMP starts: one OpenMP thread for every thread that asks, the runtime's
     pool workers included; returns whether it was set here. ``custom_sdpa`` calls BLAS from
     those workers, and with the default (one OpenMP thread per core) each worker starts a
-    team of its own: on 2 cores, SmolLM2 8da4w decode at positions 64-192 ran at 76 tok/s
-    instead of 150, and after an export's calibration every two-thread PyTorch op ran ~4x
-    slower (``llmcore.runtime.torch_on_one_thread``). ``torch.set_num_threads`` sets it for
-    the calling thread only (:func:`torch_on_every_core`). An explicit ``OMP_NUM_THREADS``,
-    or a torch already imported, is left alone."""
+    team of its own: a decode then ran at half speed, and after an export's calibration
+    every two-thread PyTorch op ran several times slower
+    (``llmcore.runtime.torch_on_one_thread``; docs/performance.md, "Measurements behind the
+    code"). ``torch.set_num_threads`` sets it for the calling thread only
+    (:func:`torch_on_every_core`). An explicit ``OMP_NUM_THREADS``, or a torch already
+    imported, is left alone."""
     if "torch" in sys.modules or "OMP_NUM_THREADS" in os.environ:
         return False
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -196,11 +197,12 @@ def die_of_sigint() -> None:
 def freeze_before_exit() -> None:
     """Keep the garbage collector off everything a command built, for a process about to end.
 
-    An export leaves ~650,000 objects behind (graphs, fake tensors, sympy expressions), and
-    Python's shutdown runs the collector over them while it tears the modules down: 2.1 s
-    of SmolLM2-135M's export came after its last line (0.2 s with this). Frozen objects are
-    skipped by the collector; acyclic ones are still freed and atexit handlers still run,
-    and the system takes the memory back when the process ends."""
+    An export leaves hundreds of thousands of objects behind (graphs, fake tensors, sympy
+    expressions), and Python's shutdown runs the collector over them while it tears the
+    modules down, seconds after the export's last line (docs/performance.md, "Measurements
+    behind the code"). Frozen objects are skipped by the collector; acyclic ones are still
+    freed and atexit handlers still run, and the system takes the memory back when the
+    process ends."""
     gc.disable()
     gc.freeze()
 

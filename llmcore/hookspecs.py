@@ -96,8 +96,18 @@ def llmcore_source_transforms() -> list[SourceTransform]:
     """Module-to-module rewrites applied before ``torch.export``.
 
     Each :class:`~llmcore.records.SourceTransform` says which families and backends it
-    applies to and carries an explicit ``order``. A transform may change the calling
-    convention (a KV cache) by setting flags on the context it receives.
+    applies to and carries an explicit ``order``. ``apply(module, context)`` returns the
+    module; a transform that changes the calling convention (adds a KV cache, or swaps one
+    for a form that calls other ops) returns a :class:`~llmcore.records.Transformed`: the
+    module and its :class:`~llmcore.records.CallingConvention` from then on, which the
+    pipeline merges (the next transform reads it as ``context.convention``).
+
+    The core's own ``kv-cache`` and ``kv-cache-static`` transforms (``order`` 50) put the
+    cached attention forms of :mod:`llmcore.kv_cache` in place of every
+    :class:`llmcore.modules.CausalAttention`; each is a :class:`~llmcore.records.KVCacheForm`
+    record (its class, its cache's layout, the ExecuTorch custom ops it calls). A backend's
+    transform ordered after them may find those classes, imported from ``llmcore.kv_cache``,
+    and swap them for its own.
 
     Example::
 

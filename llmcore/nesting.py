@@ -69,8 +69,9 @@ def loads(text: str | bytes, *, what: str, stage: str = "load", plugin: Optional
     already is (about 1,000 levels less the frames above), it is no ValueError, so the
     handlers written for malformed JSON let it through as a crash, and it cannot say what was
     being read. Measured, the limit is one number wherever the call is made, the C++ reader's
-    too. The scan costs about 1.5 times the parse on a 3.5 MB tokenizer.json, and
-    next to nothing on a file with at most 512 brackets."""
+    too. The scan is a pass over the whole text, comparable to the parse itself on a large
+    tokenizer.json (docs/performance.md, "Measurements behind the code"), and next to
+    nothing on a file with at most 512 brackets."""
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode(json.detect_encoding(text), "surrogatepass")  # as json.loads reads bytes
     if deeper_than(text):

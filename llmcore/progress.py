@@ -78,7 +78,7 @@ def limit_heap_fragmentation() -> None:
     freed. glibc otherwise raises that threshold as large blocks are freed (up to 32 MiB),
     so weight-sized tensors land on the heap, and a heap with holes cannot shrink: an
     export that replaces its float weights (quantization, lowering) kept the dead ones
-    resident, ~400 MB more peak memory for SmolLM2-135M."""
+    resident, on its peak (docs/performance.md, "Measurements behind the code")."""
     global _heap_limited
     libc = _libc()
     if libc is not None:
@@ -88,9 +88,9 @@ def limit_heap_fragmentation() -> None:
 
 # Allocations a :func:`heap_for_temporaries` scope serves from the heap: a search's many
 # temporaries; larger ones (a calibration call's 25 MiB of logits) keep their own mappings.
-# SmolLM2 8da4w's peak over three exports: 988-1006 MiB, against 989-997 MiB without the
-# calibration's scopes; with 32 MiB here and one scope over the whole calibration,
-# 1005-1021 MiB.
+# With this threshold the calibration's scopes leave the export's peak where it was without
+# them; 32 MiB with one scope over the whole calibration raised it (docs/performance.md,
+# "Measurements behind the code").
 TEMPORARIES_THRESHOLD = 4 * 2**20
 _temporaries_depth = 0
 _heap_limited = False  # whether limit_heap_fragmentation set the threshold in this process
@@ -103,8 +103,9 @@ def heap_for_temporaries(give_back: bool = True) -> Iterator[None]:
 
     Under :func:`limit_heap_fragmentation` every allocation of 128 KiB or more is a fresh
     mapping, and the kernel zero-fills each of its pages on first touch. A quantizer's
-    search allocates such temporaries thousands of times: SmolLM2-135M's ``8da4w`` quantize
-    stage took 2.5 million page faults, 6 s of system time on 2 cores. Inside this scope
+    search allocates such temporaries thousands of times, and the kernel's page faults
+    became a large part of an export's quantize stage (docs/performance.md, "What was
+    tried": heap pages reused, and "Measurements behind the code"). Inside this scope
     allocations up to :data:`TEMPORARIES_THRESHOLD` come from the heap, whose freed pages
     the next temporary reuses; when the outermost scope ends, the threshold is restored and
     the free pages go back to the system (``malloc_trim``), so the dead temporaries stay
@@ -114,9 +115,10 @@ def heap_for_temporaries(give_back: bool = True) -> Iterator[None]:
     serves repeated temporaries from the heap already), or without glibc.
 
     ``give_back=False`` keeps the freed pages for the next scope, for a function called
-    once per layer: trimmed after every call, each call faulted its pages in again (SmolLM2:
-    ~0.4 M faults in the int4 search alone). What it keeps is one call's temporaries, until
-    a scope that gives back ends or the stage does (:meth:`StageLog.stage` trims)."""
+    once per layer: trimmed after every call, each call faulted its pages in again
+    (docs/performance.md, "Measurements behind the code"). What it keeps is one call's
+    temporaries, until a scope that gives back ends or the stage does (:meth:`StageLog.stage`
+    trims)."""
     global _temporaries_depth
     libc = _libc()
     if libc is None or not _heap_limited:
@@ -211,8 +213,9 @@ class StageLog:
     def stage(self, name: str, collect: bool = True) -> Iterator[None]:
         """Time the stage. ``collect``: first free what the previous stages dropped (a graph
         and its program hold each other: only the cycle collector frees them), out of the
-        way before this stage allocates its own. A full collection walks every live object
-        (0.1-0.4 s during an export); ``collect=False`` after a stage that drops no graph."""
+        way before this stage allocates its own. A full collection walks every live object,
+        a cost an export feels (docs/performance.md, "Measurements behind the code");
+        ``collect=False`` after a stage that drops no graph."""
         if collect:
             gc.collect()
         return_free_memory()

@@ -223,6 +223,13 @@ def build_options(recipe: dict[str, Any], flags: dict[str, Any]) -> ExportOption
     return options
 
 
+def meant_for(wanted, selected) -> bool:
+    """Whether a record that lists the backends it is ``wanted`` for (a recipe, a source
+    transform, a post-pass) is for an export of the ``selected`` ones: it names none (it is
+    for any export), or one of them."""
+    return not wanted or bool(set(wanted) & set(selected))
+
+
 def check_plugin_options(what: str, schema: dict, given: dict, plugin: str) -> dict:
     """Fill defaults and check names and types of plugin options against a schema."""
     out = {key: default for key, (_, default, _) in schema.items()}

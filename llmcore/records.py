@@ -192,9 +192,44 @@ class ModelFamily(Record):
 # --------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
+class CallingConvention:
+    """How the exported program is called (``docs/pte-contract.md``), as the source
+    transforms leave it; the program's constant methods of the same names record it.
+
+    The export starts from the plain convention (``forward(tokens)``, no cache). A transform
+    that changes it returns the module with the convention from then on (a
+    :class:`Transformed`); the transform stage hands it to the next transform in its
+    :class:`TransformContext` and the pipeline (capture, calibration, parity, the program's
+    metadata) reads the last one. A transform never sets it on the context it was given."""
+
+    use_kv_cache: bool = False
+    """The program is ``forward(tokens, input_pos)`` over a cache it keeps in its buffers."""
+    use_sdpa_with_kv_cache: bool = False
+    """Its cache uses ExecuTorch's fused ``llama::custom_sdpa`` op (runners must load ExecuTorch's
+    LLM custom ops)."""
+    max_tokens_per_call: Optional[int] = None
+    """The most tokens one call takes, when the cache limits it (sliding layers' ring
+    buffers): the program's ``get_max_seq_len``, and prompts are fed in chunks of it. None:
+    a call may take the whole context (``max_seq_len``)."""
+
+
+@dataclass(frozen=True)
+class Transformed:
+    """What a source transform that changes the calling convention returns: the module
+    (the one it was given, changed in place, or a new one) and the convention from now on,
+    usually ``dataclasses.replace(context.convention, ...)`` of the one it was handed."""
+
+    module: Any
+    convention: CallingConvention
+
+
+@dataclass(frozen=True)
 class TransformContext:
-    """What a source transform may read (and, for calling-convention changes, set)."""
+    """What a source transform reads: the model, the program's length, the family and
+    backends of the export, and the calling convention the transforms before it left
+    (:class:`CallingConvention`). Frozen: a transform that changes the convention returns a
+    :class:`Transformed` instead of setting anything here."""
 
     metadata: ModelMetadata
     max_seq_len: int
@@ -202,26 +237,37 @@ class TransformContext:
     family: str
     backends: tuple[str, ...]
     options: dict[str, Any] = field(default_factory=dict)
-    use_kv_cache: bool = False
-    """Set by a transform that switches the module to `forward(tokens, input_pos)`."""
-    use_sdpa_with_kv_cache: bool = False
-    """Set by a transform whose cache uses ExecuTorch's fused `custom_sdpa` op."""
-    max_tokens_per_call: Optional[int] = None
-    """Set by a transform whose cache limits the tokens of one call (sliding layers' ring
-    buffers): the program's ``get_max_seq_len``, and prompts are fed in chunks of it. None:
-    a call may take the whole context (``max_seq_len``)."""
+    convention: CallingConvention = CallingConvention()
+    """The calling convention so far (the plain one before any transform changed it)."""
 
     @property
     def first_backend(self) -> Optional[str]:
         """The backend that gets the graph first (``--plugins``' first name), if any."""
         return self.backends[0] if self.backends else None
 
+    @property
+    def use_kv_cache(self) -> bool:
+        """``convention.use_kv_cache``: whether a transform before this one added a cache."""
+        return self.convention.use_kv_cache
+
+    @property
+    def use_sdpa_with_kv_cache(self) -> bool:
+        """``convention.use_sdpa_with_kv_cache``."""
+        return self.convention.use_sdpa_with_kv_cache
+
+    @property
+    def max_tokens_per_call(self) -> Optional[int]:
+        """``convention.max_tokens_per_call``."""
+        return self.convention.max_tokens_per_call
+
 
 @dataclass(frozen=True)
 class SourceTransform(Record):
     """A named module-to-module rewrite applied before `torch.export`.
 
-    Transforms run in ascending `order`; ties break by name. `families` and `backends`
+    `apply(module, context)` returns the module (or None: changed in place), or a
+    :class:`Transformed` when it changes the calling convention (adds a KV cache, or swaps
+    one for a form that calls other ops). Transforms run in ascending `order`; ties break by name. `families` and `backends`
     restrict where the transform applies (empty means everywhere). A transform with
     `automatic=True` runs whenever one of its `backends` is selected (or always, when it
     names no backend) unless the user skips it with `--skip-transforms`; others run only
@@ -240,6 +286,53 @@ class SourceTransform(Record):
     automatic: bool = False
     replaces: tuple[str, ...] = ()
     applies: Optional[Callable[["TransformContext"], bool]] = None
+
+
+@dataclass(frozen=True)
+class KVCacheForm(Record):
+    """A cached attention module the core's KV-cache transforms produce: part of the
+    extension API, listed (with the classes) by :mod:`llmcore.kv_cache`.
+
+    The ``kv-cache`` and ``kv-cache-static`` source transforms (``order`` 50) swap every
+    :class:`llmcore.modules.CausalAttention` for the form of their ``name``. A backend's
+    transform that runs after them (a higher ``order``) may find these modules in the model
+    it is handed and swap them for its own cached attention, or refuse one it cannot run;
+    it relies on what a form declares here and on nothing else of the core's implementation
+    (``llmcore.builtins`` is not for plugins).
+
+    Every form is an ``nn.Module`` whose ``forward(q, k, v, input_pos)`` takes ``q`` as
+    ``[1, T, n_heads, head_dim]``, ``k`` and ``v`` as ``[1, T, n_kv_heads, head_dim]`` and
+    ``input_pos`` as ``[1]`` (the position of the first of the ``T`` tokens), and returns
+    ``[1, T, n_heads * head_dim]``, with the attributes in :data:`KV_CACHE_ATTRIBUTES`:
+    ``capacity`` (the positions its cache holds: the program's ``max_seq_len``), ``window``
+    (a sliding window shorter than ``capacity``, or None), ``slots`` (a sliding layer's ring
+    buffer rows, or None: a full-length cache), ``scale`` and ``softcap`` (as
+    ``CausalAttention`` has them) and the non-persistent buffers ``k_cache`` and ``v_cache``
+    laid out as ``cache_layout`` says (``S``: ``slots`` or ``capacity`` rows).
+    """
+
+    kind: ClassVar[str] = "kv-cache form"
+    description: str
+    module_class: str
+    """The form's class, ``"module:Class"`` (:meth:`module_type` imports it; that imports torch)."""
+    cache_layout: str
+    """The shape of its ``k_cache`` / ``v_cache`` buffers: ``"[1, S, H_kv, D]"``, ``"[S, H_kv, D]"``."""
+    custom_ops: tuple[str, ...] = ()
+    """The ExecuTorch custom operators its forward calls (``llama::custom_sdpa``, ...); none:
+    plain PyTorch operators only. A program with a form that calls ``llama::custom_sdpa`` has
+    ``use_sdpa_with_kv_cache`` in its :class:`CallingConvention`; a transform that swaps every
+    such module for one that does not returns the convention without it."""
+
+    def module_type(self) -> type:
+        """The form's class."""
+        module, _, name = self.module_class.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+KV_CACHE_ATTRIBUTES = (
+    "n_heads", "n_kv_heads", "head_dim", "capacity", "window", "slots", "scale", "softcap", "k_cache", "v_cache",
+)
+"""What every :class:`KVCacheForm` module has, for a backend's transform to read."""
 
 
 # --------------------------------------------------------------------------------------
@@ -373,6 +466,11 @@ class Backend(Record):
     """A context manager entered (with the backend's options) around lowering: for a
     backend that replaces parts of its library with drop-ins giving the same program
     faster. Heavy imports belong inside it."""
+    upstream_patches: Optional[Callable[[], Sequence[Any]]] = None
+    """Returns the :class:`llmcore.upstream.Patch` records that ``while_lowering`` applies
+    (registered with :func:`llmcore.upstream.register`). An export that selects the backend
+    checks each one that is switched on against the installed releases when it plans, before
+    it loads a model; keep the module it imports light (a :class:`Lazy` to it)."""
 
 
 # --------------------------------------------------------------------------------------
@@ -389,8 +487,8 @@ class PostPass(Record):
 
     `rewrites` names the operators the pass rewrites (``"aten::mm"``, as an operator's
     ``name()`` gives them); when given, the pass is skipped on a program whose graph calls
-    none of them outside its delegates. Running a pass re-traces the whole program (0.7 s
-    on SmolLM2-135M), and a pass with nothing to rewrite gives back the same program.
+    none of them outside its delegates. Running a pass re-traces the whole program, and a
+    pass with nothing to rewrite gives back the same program.
     """
 
     kind: ClassVar[str] = "post-pass"

@@ -200,11 +200,7 @@ def _out_of_range(requirement: str) -> Optional[str]:
 
 def problems(patch: Patch) -> list[str]:
     """Why ``patch`` cannot apply to what is installed, one sentence each (empty when it can)."""
-    found = []
-    for requirement in patch.requires:
-        why = _out_of_range(requirement)
-        if why:
-            found.append(f"it was written for {requirement}, and {why}")
+    found = _out_of_ranges(patch)
     if found:
         return found  # its targets may be anything on another release
     for target in patch.replaces:
@@ -224,18 +220,46 @@ def problems(patch: Patch) -> list[str]:
     return found
 
 
+def _out_of_ranges(patch: Patch) -> list[str]:
+    found = []
+    for requirement in patch.requires:
+        why = _out_of_range(requirement)
+        if why:
+            found.append(f"it was written for {requirement}, and {why}")
+    return found
+
+
+def _refused(patch: Patch, found: list[str], stage: Optional[str] = None) -> UpstreamPatchError:
+    where = patch.module.replace(".", "/") + ".py"
+    return UpstreamPatchError(
+        f"upstream patch {patch.name!r} ({', '.join(patch.requires)}) cannot apply: {'; '.join(found)}.",
+        stage=stage,
+        fix=f"check that it still gives the same program and update its record in {where} "
+            f"(range, digests), or turn it off with {SWITCH}={patch.name}.",
+    )
+
+
 def check(name: str) -> Patch:
     """The patch named ``name``, or an :class:`UpstreamPatchError` when it cannot apply."""
     patch = PATCHES[name]
     found = problems(patch)
     if found:
-        where = patch.module.replace(".", "/") + ".py"
-        raise UpstreamPatchError(
-            f"upstream patch {name!r} ({', '.join(patch.requires)}) cannot apply: {'; '.join(found)}.",
-            fix=f"check that it still gives the same program and update its record in {where} "
-                f"(range, digests), or turn it off with {SWITCH}={name}.",
-        )
+        raise _refused(patch, found)
     return patch
+
+
+def check_ranges(names) -> None:
+    """Each named patch that is switched on was written for the installed releases, or an
+    :class:`UpstreamPatchError` (stage ``plan``) for the first that was not: the export
+    plan's check (:func:`llmcore.pipeline.plan.plan_export`), before a model is loaded. Reads
+    installed versions only, no upstream module; the code each patch relies on is checked
+    when it applies (:func:`check`)."""
+    for name in names:
+        if is_switched_off(name):
+            continue
+        found = _out_of_ranges(PATCHES[name])
+        if found:
+            raise _refused(PATCHES[name], found, stage="plan")
 
 
 def active(name: str) -> bool:
@@ -456,9 +480,9 @@ for _patch in (
         },
         requires=(TORCH, EXECUTORCH),
         why="The partitioners' dependency viewers hold every node's transitive users as Python "
-            "sets, quadratic in the graph (~900 MB on SmolLM2-135M, the export's peak); the lean "
-            "viewer keeps them as bitmasks and answers the same, and the group partitioner's merge "
-            "check asks the same question once, on cached masks (67 s of a 226 s lowering on 30 layers).",
+            "sets, quadratic in the graph (they were the export's peak memory); the lean viewer "
+            "keeps them as bitmasks and answers the same, and the group partitioner's merge check, "
+            "which asked it twice per pair (a large share of lowering), asks once, on cached masks.",
         apply=_lean_dependency_viewers,
     ),
     Patch(
@@ -473,10 +497,10 @@ for _patch in (
         },
         requires=(TORCH, EXECUTORCH),
         why="After cutting out each delegate, ExecuTorch re-sorts the whole graph with torch.fx's "
-            "legalize_graph, which copies every node and regenerates the module's code (about 6 s "
-            "for SmolLM2-135M's 32 delegates); the same order is computed and the nodes moved into "
-            "it in place, their users listed in it as the copy lists them, with the code generated "
-            "once when lowering ends.",
+            "legalize_graph, which copies every node and regenerates the module's code, once per "
+            "delegate (a noticeable share of lowering); the same order is computed and the nodes "
+            "moved into it in place, their users listed in it as the copy lists them, with the code "
+            "generated once when lowering ends.",
         apply=_legalize_in_place,
     ),
     Patch(
@@ -489,7 +513,7 @@ for _patch in (
         requires=(EXECUTORCH,),
         why="ExecuTorch's is_constant_data asks the graph signature, which rebuilds its parameter, "
             "buffer and constant mappings on every call, for every node of every candidate "
-            "partition (about 1 s of SmolLM2-135M's lowering); the program does not change while "
+            "partition (a noticeable share of lowering); the program does not change while "
             "nodes are matched, so one set per program gives the same answers.",
         apply=_constant_inputs_listed_once,
     ),
@@ -499,8 +523,8 @@ for _patch in (
         relies_on={"executorch.exir._serialize._dataclass:_DataclassEncoder": ("83458adfaf5e5bf7",)},
         requires=(EXECUTORCH,),
         why="The dataclass-to-JSON encoder that XNNPACK, Vulkan and QNN serialize their delegates "
-            "with re-evaluates a class's annotations for every field of every object (~0.5 s of "
-            "SmolLM2-135M's 32 XNNPACK delegates); a class's hints do not change, so reading them "
+            "with re-evaluates a class's annotations for every field of every object (a noticeable "
+            "share of serializing a model's delegates); a class's hints do not change, so reading them "
             "once gives the same JSON.",
         apply=_type_hints_read_once,
     ),
@@ -514,8 +538,8 @@ for _patch in (
         requires=(EXECUTORCH,),
         why="When lowering ends, the nodes ExecuTorch keeps in module-level state (the last node "
             "each partitioner config turned down, read only by a debug message, and is_same_node's "
-            "unbounded cache) are dropped: they kept the whole lowered program alive to the end of "
-            "the process (~76 MiB on SmolLM2-135M), walked by every later garbage collection.",
+            "unbounded cache) are dropped: they kept the whole lowered program, its constants "
+            "included, alive to the end of the process, walked by every later garbage collection.",
         apply=_forgetting_lowered_nodes,
     ),
     Patch(
@@ -524,9 +548,9 @@ for _patch in (
         relies_on={"executorch.exir.passes.quant_fusion_pass:quant_fusion_and_const_prop_pass": ("beb8839b5b53783d",)},
         requires=(EXECUTORCH,),
         why="to_executorch's QuantFusionPass matches 23 patterns, each starting from a quantize or "
-            "dequantize operator, over the graph outside the delegates (0.6 s on SmolLM2-135M, whose "
-            "delegates hold all of them); where the graph calls none, the pass only drops dead code, "
-            "so that and the constant propagation run instead.",
+            "dequantize operator, over the graph outside the delegates (a noticeable share of emit "
+            "where the delegates hold all of them); where the graph calls none, the pass only drops "
+            "dead code, so that and the constant propagation run instead.",
         apply=_quant_fusion_only_where_quantized,
     ),
     Patch(
@@ -537,7 +561,7 @@ for _patch in (
         },
         requires=(TORCH, EXECUTORCH),
         why="Every pass that retraces the lowered program runs each delegate's whole original "
-            "program on fake tensors to learn what it returns (about 10 s of SmolLM2-135M's export); "
+            "program on fake tensors to learn what it returns (a large share of an export); "
             "the outputs' sizes and dtypes are recorded in that program, and are read from there "
             "instead where the record answers.",
         apply=_recorded_delegate_outputs,

@@ -18,12 +18,16 @@ def cli():
 
 @pytest.fixture(scope="session")
 def exports(tmp_path_factory):
-    """Exports of the tiny nanoGPT, made lazily once per session: name -> ExportResult."""
-    from llmcore.pipeline import export
+    """Exports of the tiny nanoGPT, made lazily once per run: name -> ExportResult. Under
+    pytest-xdist the workers share them: the first to ask exports (holding a lock), the
+    others read the report it wrote."""
+    from llmcore.pipeline import ExportResult, export
     from llmcore.plugins import load_registry
     from llmcore.recipe import ExportOptions
+    from llmcore.testing.locks import one_at_a_time, shared_folder
 
-    folder = tmp_path_factory.mktemp("exports")
+    folder = shared_folder(tmp_path_factory) / "exports"
+    folder.mkdir(exist_ok=True)
     registry = load_registry()
     variants = {
         "portable": dict(plugins=[]),
@@ -40,14 +44,21 @@ def exports(tmp_path_factory):
 
     def get(name: str):
         if name not in cache:
-            sub = folder / name
-            sub.mkdir()
             if variants[name].get("model", "nanogpt") not in registry.names("model_families"):
                 pytest.skip(f"the {variants[name]['model']} family is not installed")
-            options = ExportOptions(
-                **{"model": "nanogpt", "config": "tiny", **variants[name]}, output=str(sub / f"{name}.pte"), quiet=True
-            )
-            cache[name] = export(options, registry)
+            sub = folder / name
+            pte = sub / f"{name}.pte"
+            with one_at_a_time(folder / f"{name}.lock"):
+                report_path = pte.with_name(f"{name}.report.json")
+                if report_path.is_file():  # another worker exported it (the report is written last)
+                    report = read_json(report_path)
+                    cache[name] = ExportResult(pte, report_path, Path(report["outputs"]["tokenizer"]), report)
+                else:
+                    sub.mkdir(exist_ok=True)
+                    options = ExportOptions(
+                        **{"model": "nanogpt", "config": "tiny", **variants[name]}, output=str(pte), quiet=True
+                    )
+                    cache[name] = export(options, registry)
         return cache[name]
 
     return get

@@ -22,13 +22,18 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory, cli):
-    out = tmp_path_factory.mktemp("smollm2") / "smollm2.pte"
+def export_smollm2(tmp_path_factory, cli, recipe: str, folder: str, *flags: str):
+    """``llmcore export`` of the SmolLM2 GGUF for XNNPACK with ``--quantize recipe`` (and ``flags``)."""
+    out = tmp_path_factory.mktemp(folder) / "smollm2.pte"
     result = cli("export", "--model", "llama", "--checkpoint", str(GGUF), "--plugins", "xnnpack",
-                 "--quantize", "8da4w", "--max-seq-len", "512", "--quiet", "-o", str(out), timeout=1800)
+                 "--quantize", recipe, *flags, "--max-seq-len", "512", "--quiet", "-o", str(out), timeout=1800)
     assert result.returncode == 0, result.stderr
     return out
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory, cli):
+    return export_smollm2(tmp_path_factory, cli, "8da4w", "smollm2")
 
 
 def test_answers_paris(smollm2, cli):
@@ -109,34 +114,21 @@ KERNEL_RECIPES = {
 @pytest.fixture(scope="module")
 def smollm2_gguf(tmp_path_factory, cli):
     """The same weights with --quantize gguf: the file's own Q4_1 integers, run by XNNPACK."""
-    out = tmp_path_factory.mktemp("smollm2-gguf") / "smollm2.pte"
-    result = cli("export", "--model", "llama", "--checkpoint", str(GGUF), "--plugins", "xnnpack",
-                 "--quantize", "gguf", "--max-seq-len", "512", "--quiet", "-o", str(out), timeout=1800)
-    assert result.returncode == 0, result.stderr
-    return out
+    return export_smollm2(tmp_path_factory, cli, "gguf", "smollm2-gguf")
 
 
 @pytest.fixture(scope="module")
 def smollm2_8da8w(tmp_path_factory, cli):
     """The same weights with --quantize 8da8w without the outlier split: 8da8w-layers' integers,
     run by XNNPACK."""
-    out = tmp_path_factory.mktemp("smollm2-8da8w") / "smollm2.pte"
-    result = cli("export", "--model", "llama", "--checkpoint", str(GGUF), "--plugins", "xnnpack",
-                 "--quantize", "8da8w", "--quantize-option", "outlier_split=false", "--max-seq-len", "512",
-                 "--quiet", "-o", str(out), timeout=1800)
-    assert result.returncode == 0, result.stderr
-    return out
+    return export_smollm2(tmp_path_factory, cli, "8da8w", "smollm2-8da8w", "--quantize-option", "outlier_split=false")
 
 
 @pytest.fixture(scope="module", params=sorted(KERNEL_RECIPES))
 def smollm2_kernels(request, tmp_path_factory, cli):
     """The same weights with one of llmcore-kernels' recipes: 8da4w's, the GGUF's or 8da8w's
     integers, the MLPs (or whole layers) on llmcore's kernels."""
-    out = tmp_path_factory.mktemp(f"smollm2-{request.param}") / "smollm2.pte"
-    result = cli("export", "--model", "llama", "--checkpoint", str(GGUF), "--plugins", "xnnpack",
-                 "--quantize", request.param, "--max-seq-len", "512", "--quiet", "-o", str(out), timeout=1800)
-    assert result.returncode == 0, result.stderr
-    return request.param, out
+    return request.param, export_smollm2(tmp_path_factory, cli, request.param, f"smollm2-{request.param}")
 
 
 def test_kernel_recipes_answer_as_their_xnnpack_recipe_does(smollm2, smollm2_gguf, smollm2_8da8w, smollm2_kernels,

@@ -136,6 +136,7 @@ def test_the_mask_is_computed_once_per_forward_for_all_layers():
     planned memory; the transform computes each window's mask once, before the layers."""
     from types import SimpleNamespace
 
+    from llmcore import kv_cache
     from llmcore.builtins.kv_cache import _apply
 
     class TwoLayers(torch.nn.Module):
@@ -150,9 +151,10 @@ def test_the_mask_is_computed_once_per_forward_for_all_layers():
                 x = layer(x, x[:, :, :KV], x[:, :, :KV], input_pos).view(1, -1, H, D)
             return x.sum()
 
-    context = SimpleNamespace(max_seq_len=8, use_kv_cache=False, use_sdpa_with_kv_cache=False)
-    model = _apply(TwoLayers(), context, CustomOpKVAttention, uses_custom_ops=True)
-    assert context.max_tokens_per_call == 3 and model.layers[0].k_cache.shape[1] == 5  # ring buffers of 3 + 3 - 1
+    transformed = _apply(TwoLayers(), SimpleNamespace(max_seq_len=8), kv_cache.CUSTOM_OPS)
+    model, convention = transformed.module, transformed.convention
+    assert convention.max_tokens_per_call == 3 and model.layers[0].k_cache.shape[1] == 5  # ring buffers of 3 + 3 - 1
+    assert convention.use_kv_cache and convention.use_sdpa_with_kv_cache
     tokens, pos = torch.tensor([[1, 2, 3]]), torch.tensor([0])
     eager = model(tokens, pos)
     program = torch.export.export(model, (tokens, pos))

@@ -122,8 +122,9 @@ class Divergence:
     """How far the program's next-token distributions are from the eager model's, over the
     scored positions: mean KL(eager || program) in nats (llama.cpp's "Mean KLD"), its 99th
     percentile, and how often the two pick the same top token. Unlike a perplexity
-    difference, which on a few hundred tokens moves by +-1% with the rounding noise of the
-    program alone, the mean KL is a stable measure of what quantization costs."""
+    difference, which on a few hundred tokens moves with the rounding noise of the program
+    alone (docs/quantization.md, "Side by side with llama.cpp, one run"), the mean KL is a
+    stable measure of what quantization costs."""
 
     mean_kl: float
     p99_kl: float
@@ -163,6 +164,7 @@ def compare(positions: Callable[[Callable], Iterator], program_fn: Callable, eag
 def eager_reference(report: dict):
     """The fp32 eager model of an export, rebuilt from its report, with a KV cache."""
     from llmcore.pipeline.load import load_model
+    from llmcore.pipeline.plan import resolve_plan
     from llmcore.pipeline.transform import apply_transforms
     from llmcore.plugins import load_registry
     from llmcore.recipe import ExportOptions
@@ -172,11 +174,11 @@ def eager_reference(report: dict):
     saved = report["options"]
     options = ExportOptions(**{k: v for k, v in saved.items() if k in ExportOptions.__dataclass_fields__})
     registry = load_registry()
-    loaded = load_model(options, registry)
+    loaded = load_model(resolve_plan(options, registry))
     context = TransformContext(loaded.metadata, report["model"]["max_seq_len"], options.model, tuple(options.plugins))
     # The plain-PyTorch cache: numerically the model itself, and fast in eager mode
     # (the custom ops' eager kernels are slow and log on every call).
-    apply_transforms(loaded, [registry.get("transforms", "kv-cache-static", stage="eval")], context)
+    _, convention = apply_transforms(loaded, [registry.get("transforms", "kv-cache-static", stage="eval")], context)
     module = loaded.module.eval()
 
     def call(tokens: list[int], pos: int) -> torch.Tensor:
@@ -185,7 +187,7 @@ def eager_reference(report: dict):
         return out.reshape(-1, out.shape[-1])[-1]
 
     def logits(tokens: list[int], pos: int) -> torch.Tensor:  # as the program takes them (ring buffers)
-        return feed_in_chunks(call, tokens, pos, context.max_tokens_per_call or len(tokens))
+        return feed_in_chunks(call, tokens, pos, convention.max_tokens_per_call or len(tokens))
 
     return logits
 

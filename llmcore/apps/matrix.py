@@ -60,11 +60,9 @@ SUMMARY_FILE = "matrix.json"
 NOT_IN_CELLS = ("output", "plugins", "etrecord", "print_graph", "quiet")
 PORTABLE_LABEL = "portable"
 # What an export needs beside its weights: Python with torch, ExecuTorch and a program in
-# flight (measured: a tiny model's export peaks at 500-560 MiB), and how many bytes per
-# fp32 weight byte it holds at its peak, for the hungriest recipe measured (SmolLM2-135M,
-# 513 MiB of fp32 weights: gguf 1138 MiB, 8da4w 1118 MiB, int8-dynamic 2848 MiB;
-# benchmarks/bench_matrix.py --smollm2). int8-dynamic has since dropped to about 1.8 GB
-# (docs/matrix.md): the factor errs on the safe side.
+# flight (a tiny model's export peak, rounded up), and how many bytes per fp32 weight byte
+# it holds at its peak, for the hungriest recipe measured (int8-dynamic; ``benchmarks/
+# bench_matrix.py --smollm2``, figures in docs/matrix.md): the factor errs on the safe side.
 BASE_MEMORY = 768 * 2**20
 MEMORY_PER_WEIGHT_BYTE = 4.5
 TASK_PREFIX = "llmcore-export:"
@@ -387,16 +385,13 @@ def plan(matrix: Matrix, registry, digest: Optional[str]) -> list[tuple[Cell, Op
 
 def check_cell(cell: Cell, registry) -> Optional[str]:
     """The one-line error ``llmcore export`` would stop with before loading anything (an
-    unknown family, backend or recipe; a recipe not meant for the backends), or None.
-    Such a cell fails at once, without a worker."""
-    from llmcore.pipeline import lower, quantize
+    unknown family, backend, recipe or transform; a recipe not meant for the backends; a
+    checkpoint no loader of the family reads), or None: the export's own plan
+    (:func:`llmcore.pipeline.plan.resolve_plan`). Such a cell fails at once, without a worker."""
+    from llmcore.pipeline.plan import resolve_plan
 
-    o = cell.options
     try:
-        if o.model:
-            registry.get("model_families", o.model, stage="load")
-        lower.resolve_backends(o.plugins, o.backend_options, registry)
-        quantize.resolve_recipe(o.quantize, o.quantize_options, o.plugins, registry)
+        resolve_plan(cell.options, registry)
     except LlmcoreError as exc:
         return exc.one_line()
     return None

@@ -104,7 +104,7 @@ def _split(value: Optional[str]) -> Optional[list[str]]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from llmcore.pipeline import export
+    from llmcore.api import export
     from llmcore.pipeline.report import format_delegation, format_summary
     from llmcore.recipe import build_options, load_recipe
 
@@ -229,37 +229,32 @@ def _json_schema_constraint(path: str, program, tokenizer):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from llmcore.runtime import Program, runtime_threads
-    from llmcore.runtime.chat_template import apply_template
-    from llmcore.runtime.generate import Sampling, TextStream, TextTokenizer, generate, prompt_ids_for, tokenizer_beside
+    from llmcore.api import load
+    from llmcore.runtime import runtime_threads
+    from llmcore.runtime.generate import Sampling
 
     if args.max_new_tokens < 1:
         raise LlmcoreError("--max-new-tokens must be at least 1.", stage="cli", fix="pass a positive --max-new-tokens.")
-    sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    tokenizer_path = args.tokenizer or tokenizer_beside(args.pte)
-    program = Program.load(args.pte)
-    tokenizer = TextTokenizer.from_file(tokenizer_path)
-    prompt = args.prompt
-    if args.chat or args.chat_template:
-        prompt = apply_template(tokenizer_path, prompt, args.chat_template)
-    ids = prompt_ids_for(program, tokenizer, prompt)
-    constraint = _json_schema_constraint(args.json_schema, program, tokenizer) if args.json_schema else None
+    Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)  # refused before loading
+    model = load(args.pte, tokenizer=args.tokenizer)
+    ids = model.prompt_ids(args.prompt, chat=args.chat, chat_template=args.chat_template)
+    constraint = _json_schema_constraint(args.json_schema, model.program, model.tokenizer) if args.json_schema else None
+    program = model.program
     if not program.use_kv_cache and len(ids) > program.max_seq_len and not args.json:
         print(
             f"[llmcore] note: the prompt has {len(ids)} tokens; the program sees the last {program.max_seq_len}.",
             file=sys.stderr,
         )
-    stream = None
-    if not args.json:
-        stream = TextStream(tokenizer, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    result = generate(program, ids, args.max_new_tokens, sampling, on_token=stream, constraint=constraint)
+    on_text = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    result = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed, constraint=constraint, on_text=on_text)
     if args.json:
         print(
             json.dumps(
                 {
                     "prompt_ids": result.prompt_ids,
                     "generated_ids": result.generated_ids,
-                    "text": tokenizer.decode(result.generated_ids, skip_special_tokens=True),
+                    "text": result.text,
                     "stats": vars(result.stats),
                     "runtime_threads": runtime_threads(),
                 }

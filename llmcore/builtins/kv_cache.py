@@ -32,6 +32,9 @@ matmuls (no fused kernel caps the scores): the custom-op variant writes its cach
 ``llama::update_cache`` and attends over the whole cache with the causal (or window) mask,
 so that the attention has static shapes and lowers into the layer's XNNPACK delegate; the
 plain-PyTorch one over the filled part.
+
+What a backend plugin may rely on of these classes is declared in :mod:`llmcore.kv_cache`
+(a :class:`~llmcore.records.KVCacheForm` each), which plugins import them from.
 """
 
 from __future__ import annotations
@@ -47,10 +50,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmcore import hookimpl
+from llmcore import hookimpl, kv_cache as forms
 from llmcore.builtins.executorch_kernels import LLM_CUSTOM_OPS_MODULE
 from llmcore.modules import CausalAttention, attention_mask, explicit_attention, repeat_kv, replace_modules
-from llmcore.records import SourceTransform, TransformContext
+from llmcore.records import CallingConvention, KVCacheForm, SourceTransform, Transformed, TransformContext
 
 # the module whose import registers torch.ops.llama.* (and their runtime kernels)
 CUSTOM_OPS_MODULE = LLM_CUSTOM_OPS_MODULE
@@ -116,11 +119,12 @@ class WindowMasks:
 
     Every sliding layer of one window needs the same ``[T, S]`` mask. Computed in each
     layer, the program kept one per layer in its planned memory (the masks of all layers
-    outlive the delegates placed between them): 412 MiB instead of 56 for a 30-layer,
-    1024-position program. A forward pre-hook on the model (:meth:`before_forward`)
-    computes them from ``(tokens, input_pos)`` before the layers run, in the graph's
-    prelude, like the RoPE tables; a cache takes its mask when it is handed the
-    ``input_pos`` the hook saw, and computes its own otherwise (called on its own).
+    outlive the delegates placed between them), most of that memory in a long program
+    (docs/performance.md, "Measurements behind the code"). A forward pre-hook on the
+    model (:meth:`before_forward`) computes them from ``(tokens, input_pos)`` before the
+    layers run, in the graph's prelude, like the RoPE tables; a cache takes its mask when it
+    is handed the ``input_pos`` the hook saw, and computes its own otherwise (called on its
+    own).
     """
 
     def __init__(self, capacity: int):
@@ -326,8 +330,8 @@ def prefill_chunk(module: nn.Module, capacity: int) -> Optional[int]:
 def untouched_zeros(shape) -> torch.Tensor:
     """fp32 zeros whose memory the system supplies page by page as it is first written
     (numpy's ``zeros`` is ``calloc``): a cache is resident only as far as a call has filled
-    it. Filled with ``torch.zeros``, SmolLM2's caches for 1024 positions took 45 MiB at
-    once, beside the float weights at the export's peak."""
+    it. Filled with ``torch.zeros``, every cache was resident at once, beside the float
+    weights at the export's peak."""
     return torch.from_numpy(np.zeros(shape, dtype=np.float32))
 
 
@@ -335,13 +339,14 @@ def untouched_zeros(shape) -> torch.Tensor:
 def register_llama_ops() -> None:
     """Import ExecuTorch's custom-ops module, which registers ``torch.ops.llama.*``. Done when
     a cached attention first runs (export, the parity reference), not when the transform is
-    applied: the import takes about 80 MiB and 4 s (measured on SmolLM2's export), and at
-    transform time it sat on top of the float weights that quantization frees next, raising
-    the export's peak by as much."""
+    applied: the import is heavy in memory and time (docs/performance.md, "Measurements
+    behind the code"), and at transform time it sat on top of the float weights that
+    quantization frees next, raising the export's peak by as much."""
     importlib.import_module(CUSTOM_OPS_MODULE)
 
 
-def _apply(module: nn.Module, context: TransformContext, cls, uses_custom_ops: bool) -> nn.Module:
+def _apply(module: nn.Module, context: TransformContext, form: KVCacheForm) -> Transformed:
+    cls = form.module_type()
     capacity = context.max_seq_len
     masks = WindowMasks(capacity)
     chunk = prefill_chunk(module, capacity)
@@ -360,27 +365,27 @@ def _apply(module: nn.Module, context: TransformContext, cls, uses_custom_ops: b
     if masks.windows:  # sliding layers: their masks once per forward, before the layers
         module.register_forward_pre_hook(masks.before_forward, with_kwargs=True)
         module.register_forward_hook(masks.after_forward)
-    context.use_kv_cache = True
-    context.use_sdpa_with_kv_cache = uses_custom_ops
-    context.max_tokens_per_call = chunk
-    return module
+    convention = CallingConvention(
+        use_kv_cache=True, use_sdpa_with_kv_cache="llama::custom_sdpa" in form.custom_ops, max_tokens_per_call=chunk
+    )
+    return Transformed(module, convention)
 
 
 @hookimpl
 def llmcore_source_transforms() -> list[SourceTransform]:
     return [
         SourceTransform(
-            name="kv-cache",
-            description="static KV cache through ExecuTorch's llama::update_cache and llama::custom_sdpa (default)",
-            apply=lambda m, c: _apply(m, c, CustomOpKVAttention, uses_custom_ops=True),
+            name=forms.CUSTOM_OPS.name,
+            description=forms.CUSTOM_OPS.description,
+            apply=lambda m, c: _apply(m, c, forms.CUSTOM_OPS),
             order=50,
             automatic=True,
         ),
         SourceTransform(
-            name="kv-cache-static",
-            description="static KV cache in plain PyTorch (index_put_ + masked SDPA), for backends without the custom ops",
-            apply=lambda m, c: _apply(m, c, StaticKVAttention, uses_custom_ops=False),
+            name=forms.STATIC.name,
+            description=forms.STATIC.description,
+            apply=lambda m, c: _apply(m, c, forms.STATIC),
             order=50,
-            replaces=("kv-cache",),
+            replaces=(forms.CUSTOM_OPS.name,),
         ),
     ]

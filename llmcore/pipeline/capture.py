@@ -46,8 +46,9 @@ def capture(
             module, inputs, dynamic_shapes=dynamic_shapes(max_seq_len, use_kv_cache), strict=False
         )
     # What to_edge removes first, with ExecuTorch's own pass, removed now: a parameter the
-    # graph never reads (an fp32 embedding table whose lookups read its int8 copy: 108 MiB
-    # on SmolLM2) is then not held beside the program while it is lowered.
+    # graph never reads (an fp32 embedding table whose lookups read its int8 copy: the
+    # largest single tensor of a small model) is then not held beside the program while it
+    # is lowered.
     return remove_unused_parameters_pass(exported)
 
 
@@ -59,8 +60,7 @@ def source_lines(wanted: bool) -> Iterator[None]:
     The stacks reach only an ETRecord (``llmcore profile`` names each operator's source
     line from it); the program itself never carries them (ExecuTorch emits them only when
     asked, and llmcore does not ask). Recording one walks the Python stack, once per traced
-    operator: without them SmolLM2-135M's ``torch.export`` took 4.2-4.4 s instead of 5.3 s
-    on the 2-core machine, and its lowering ~0.5 s less. Off for the capture alone is not
+    operator, a fifth of ``torch.export``'s time (figures: docs/performance.md, "Measurements behind the code"). Off for the capture alone is not
     enough: a retrace records a fresh stack for every node that has none, so lowering then
     took longer instead."""
     import torch.fx.config as fx_config

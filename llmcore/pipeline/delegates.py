@@ -5,8 +5,8 @@ After lowering, every ExecuTorch pass that re-traces the program (the post-passe
 meets each ``executorch_call_delegate`` node and must say what it returns. ExecuTorch's
 fake-tensor rule for that node rebuilds the delegate's original program as a module
 (``ExportedProgram.module()``: unlift, code generation) and runs all of its operators on
-fake tensors, once per delegate per pass: on SmolLM2-135M (32 delegates) about 10 s of
-an export, for outputs whose shapes the program already records.
+fake tensors, once per delegate per pass: a large share of an export (docs/performance.md,
+"Measurements behind the code"), for outputs whose shapes the program already records.
 
 :func:`recorded_outputs` answers from that record instead (installed while retracing by
 the ``recorded_delegate_outputs`` patch of :mod:`llmcore.upstream`): each output of the

@@ -3,8 +3,9 @@
 ExecuTorch's ``_generate_edge_program`` runs about a dozen passes in a row. Seven of them
 rewrite one operator at a time (``ExportPass.call_operator``: a transpose made a permute,
 scalars made tensors, an ATen operator made its edge twin ...), and each does it in a whole
-retrace of the program with fake tensors: on the two decoder blocks that
-:mod:`llmcore.pipeline.repeated` converts, ~0.25 s per retrace on the 2-core machine.
+retrace of the program with fake tensors, a cost paid in full even on the two decoder blocks
+that :mod:`llmcore.pipeline.repeated` converts (docs/performance.md, "Measurements behind
+the code").
 
 Passes that only rewrite operators one by one compose: a class deriving from all of them,
 in their order, sends each operator through the first pass's ``call_operator``, whose

@@ -8,16 +8,19 @@ from typing import Any, Optional
 from llmcore import upstream
 from llmcore.errors import stage_errors
 from llmcore.plugins import Provided, Registry
+from llmcore.recipe import meant_for
 from llmcore.records import PostPass
 from llmcore.runtime.libraries import graph_operators, operator_name
 
 
 def select_post_passes(registry: Registry, backends: list[str]) -> list[Provided]:
-    chosen = [
-        p for p in registry.all("post_passes")
-        if not p.record.backends or set(p.record.backends) & set(backends)
-    ]
+    """The post-passes of an export of ``backends``, in the order they run (the plan's)."""
+    chosen = [p for p in registry.all("post_passes") if meant_for(p.record.backends, backends)]
     return sorted(chosen, key=lambda p: (p.record.order, p.record.name))
+
+
+# The patches of llmcore.upstream that post-passes and to_executorch apply.
+EMIT_PATCHES = ("recorded_delegate_outputs", "quant_fusion_only_where_quantized")
 
 
 def called_operators(edge) -> set[str]:

@@ -1,40 +1,32 @@
-"""Stage 1: resolve the model family and load weights (a checkpoint, or random init)."""
+"""Stage 1: load the weights the plan names (a checkpoint, or random init).
+
+Also what the plan (:mod:`llmcore.pipeline.plan`) asks of this stage before anything is
+loaded: the family a checkpoint names when ``--model`` is left out, and the loader of its
+format (or the random config)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from llmcore import nesting
 from llmcore.errors import LlmcoreError, stage_errors
-from llmcore.plugins import Registry
+from llmcore.plugins import Provided, Registry
 from llmcore.recipe import ExportOptions
-from llmcore.records import LoadedModel, LoadOptions, ModelFamily
+from llmcore.records import CheckpointLoader, LoadedModel, LoadOptions, ModelFamily
+
+if TYPE_CHECKING:
+    from llmcore.pipeline.plan import ExportPlan
 
 
-def _recipe_keeps_integers(quantize: Optional[str], registry: Registry) -> bool:
-    """Whether the export wants a quantized checkpoint's own integers: with no ``--quantize``
-    (the checkpoint's integers choose the recipe) or a recipe that carries them."""
-    from llmcore.pipeline.quantize import NO_RECIPE
-
-    if quantize is None:
-        return True
-    if quantize == NO_RECIPE or quantize not in registry.names("quantizers"):
-        return False  # an unknown name fails with its own message, before load
-    return bool(registry.get("quantizers", quantize, stage="quantize").record.for_quantized_checkpoints)
-
-
-def load_model(options: ExportOptions, registry: Registry) -> LoadedModel:
-    provided = registry.get("model_families", options.model, stage="load")
+def checkpoint_format(options: ExportOptions, provided: Provided) -> tuple[Optional[CheckpointLoader], Optional[str]]:
+    """What the load stage will read, checked before anything is loaded (the plan's
+    ``loader`` and ``config``): the tokenizer path exists; with a checkpoint, the checkpoint
+    exists and the family's first loader that recognises it (its format); without one, the
+    random config (``--config``, else the family's default) is one the family has."""
     family: ModelFamily = provided.record
     plugin = provided.plugin.name
-    load_options = LoadOptions(
-        config=options.config,
-        tokenizer_path=Path(options.tokenizer) if options.tokenizer else None,
-        max_seq_len=options.max_seq_len,
-        seed=options.seed,
-        stored_integers=_recipe_keeps_integers(options.quantize, registry),
-    )
     if options.tokenizer and not Path(options.tokenizer).exists():
         raise LlmcoreError(
             f"tokenizer {options.tokenizer!r} does not exist.",
@@ -43,49 +35,63 @@ def load_model(options: ExportOptions, registry: Registry) -> LoadedModel:
             fix="pass --tokenizer with the path of the tokenizer files.",
         )
     if options.checkpoint:
-        loaded = _load_checkpoint(family, plugin, Path(options.checkpoint), load_options)
-    else:
-        config = options.config or family.default_config
-        if config not in family.configs:
-            choices = ", ".join(family.configs) or "(none)"
+        path = Path(options.checkpoint)
+        if not path.exists():
             raise LlmcoreError(
-                f"model family {family.name!r} has no config {config!r}."
-                if config
-                else f"model family {family.name!r} needs --config or --checkpoint.",
+                f"checkpoint {str(path)!r} does not exist.",
                 stage="load",
                 plugin=plugin,
-                fix=f"pass --config with one of: {choices}; or --checkpoint PATH.",
+                fix="check the path given to --checkpoint.",
             )
-        loaded = _call(plugin, lambda: family.build_random(config, load_options))
-        loaded.source = f"random:{config}"
+        for loader in family.loaders:
+            if _call(plugin, lambda: loader.matches(path)):
+                return loader, None
+        formats = "; ".join(f"{l.name} ({l.description})" for l in family.loaders) or "none"
+        raise LlmcoreError(
+            f"no loader of model family {family.name!r} recognises {str(path)!r}.",
+            stage="load",
+            plugin=plugin,
+            fix=f"pass a checkpoint in one of the formats it reads: {formats}.",
+        )
+    config = options.config or family.default_config
+    if config not in family.configs:
+        choices = ", ".join(family.configs) or "(none)"
+        raise LlmcoreError(
+            f"model family {family.name!r} has no config {config!r}."
+            if config
+            else f"model family {family.name!r} needs --config or --checkpoint.",
+            stage="load",
+            plugin=plugin,
+            fix=f"pass --config with one of: {choices}; or --checkpoint PATH.",
+        )
+    return None, config
+
+
+def load_model(plan: "ExportPlan") -> LoadedModel:
+    """The plan's model: its checkpoint read by the loader of its format, or its random config built."""
+    family: ModelFamily = plan.family.record
+    plugin = plan.family.plugin.name
+    options = plan.options
+    load_options = LoadOptions(
+        config=options.config,
+        tokenizer_path=Path(options.tokenizer) if options.tokenizer else None,
+        max_seq_len=options.max_seq_len,
+        seed=options.seed,
+        stored_integers=plan.keeps_integers,
+    )
+    if plan.loader is not None:
+        path = Path(options.checkpoint)
+        loaded = _call(plugin, lambda: plan.loader.load(path, load_options))
+        loaded.source = str(path)
+    else:
+        loaded = _call(plugin, lambda: family.build_random(plan.config, load_options))
+        loaded.source = f"random:{plan.config}"
     loaded.family = family.name
     if loaded.stored_weights:
         from llmcore import stored
 
         stored.attach(loaded.module, loaded.stored_weights)  # they travel with the tensors from here
     return loaded
-
-
-def _load_checkpoint(family: ModelFamily, plugin: str, path: Path, options: LoadOptions) -> LoadedModel:
-    if not path.exists():
-        raise LlmcoreError(
-            f"checkpoint {str(path)!r} does not exist.",
-            stage="load",
-            plugin=plugin,
-            fix="check the path given to --checkpoint.",
-        )
-    for loader in family.loaders:
-        if _call(plugin, lambda: loader.matches(path)):
-            loaded = _call(plugin, lambda: loader.load(path, options))
-            loaded.source = str(path)
-            return loaded
-    formats = "; ".join(f"{l.name} ({l.description})" for l in family.loaders) or "none"
-    raise LlmcoreError(
-        f"no loader of model family {family.name!r} recognises {str(path)!r}.",
-        stage="load",
-        plugin=plugin,
-        fix=f"pass a checkpoint in one of the formats it reads: {formats}.",
-    )
 
 
 def _call(plugin: str, fn):
@@ -95,20 +101,26 @@ def _call(plugin: str, fn):
         return fn()
 
 
-# The plugin that reads each architecture llmcore knows of, for the message when no
-# installed family claims a checkpoint (a config.json model_type, a GGUF architecture).
-KNOWN_ARCHITECTURES = {
-    "llama": "llmcore-llama",
-    "qwen2": "llmcore-qwen",
-    "qwen3": "llmcore-qwen",
-    "phi3": "llmcore-phi",
-    "mistral": "llmcore-mistral",
-    "gemma": "llmcore-gemma",
-    "gemma2": "llmcore-gemma",
-    "gemma3_text": "llmcore-gemma",
-    "gemma3": "llmcore-gemma",  # a GGUF's general.architecture
-    "gpt2": "llmcore-nanogpt",
-}
+ARCHITECTURES_FILE = Path(__file__).resolve().parent.parent / "data" / "architectures.txt"
+
+
+@functools.cache
+def architecture_catalogue() -> dict[str, str]:
+    """Architecture -> the distribution whose plugin reads it, from ``llmcore/data/architectures.txt``.
+
+    Why a data file and only for this: which family reads a checkpoint is decided by the
+    installed plugins themselves (their loaders' ``claims``), so the core names no family
+    in its code. The table is needed for one message alone, the one an export without
+    ``--model`` gives when no installed family claims the checkpoint: the plugin to install
+    is by definition not installed, so nothing installed can say it. Kept as data, a new
+    family plugin adds a line there, never code to the core; when the plugin it names is
+    installed and still claims nothing (an older release), the message says so instead."""
+    table = {}
+    for line in ARCHITECTURES_FILE.read_text(encoding="utf-8").splitlines():
+        fields = line.split("#", 1)[0].split()
+        if len(fields) == 2:
+            table[fields[0]] = fields[1]
+    return table
 
 
 def detect_family(checkpoint: Path, registry: Registry) -> str:
@@ -135,8 +147,10 @@ def detect_family(checkpoint: Path, registry: Registry) -> str:
             fix=f"pass --model with the one to use ({', '.join(claimed)}).",
         )
     arch = architecture_of(checkpoint)
-    plugin = KNOWN_ARCHITECTURES.get(arch or "")
-    if plugin:
+    plugin = architecture_catalogue().get(arch or "")
+    if plugin and plugin in {p.distribution for p in registry.plugins}:
+        fix = f"upgrade {plugin}, whose families do not read it yet, or pass --model with the family that reads it."
+    elif plugin:
         fix = f"install the plugin that reads it (pip install {plugin}, or -e plugins/... from a clone)."
     else:
         fix = f"pass --model with the family that reads it (installed: {installed}), or install its plugin."

@@ -11,7 +11,7 @@ import logging
 import operator
 from collections import Counter
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -82,22 +82,29 @@ def lower(
     backends: list[tuple[Provided, dict]],
     constant_methods: dict[str, Any],
     repeated: bool = True,
+    partitioners: Optional[list] = None,
 ):
     """Returns the EdgeProgramManager with every backend's delegates in place.
 
     With ``repeated``, a program of identical blocks (decoder layers) goes through
-    ``to_edge`` two blocks at a time (:mod:`llmcore.pipeline.repeated`)."""
+    ``to_edge`` two blocks at a time (:mod:`llmcore.pipeline.repeated`). ``partitioners``:
+    partitioner objects to lower with in place of the backends' own (their edge settings and
+    ``while_lowering`` still apply)."""
     from executorch.exir import to_edge_transform_and_lower
 
-    partitioners = []
-    for provided, opts in backends:
-        backend: Backend = provided.record
-        failed = f"backend {backend.name!r} could not create its partitioner"
-        fix = "check the backend's options and its installation (--debug shows the traceback)."
-        with stage_errors("lower", provided.plugin.name, failed, fix):
-            partitioners.extend(backend.partitioners(opts))
+    if partitioners is None:
+        partitioners = []
+        for provided, opts in backends:
+            backend: Backend = provided.record
+            failed = f"backend {backend.name!r} could not create its partitioner"
+            fix = "check the backend's options and its installation (--debug shows the traceback)."
+            with stage_errors("lower", provided.plugin.name, failed, fix):
+                partitioners.extend(backend.partitioners(opts))
+        names = ", ".join(p.record.name for p, _ in backends) or "the portable runtime"
+    else:
+        partitioners = list(partitioners)
+        names = ", ".join(type(p).__name__ for p in partitioners) or "the portable runtime"
     config = edge_compile_config([p.record for p, _ in backends])
-    names = ", ".join(p.record.name for p, _ in backends) or "the portable runtime"
     first_plugin = backends[0][0].plugin.name if backends else None
     fix = "try the backends one at a time to find the one that fails (--debug shows the traceback)."
     with stage_errors("lower", first_plugin, f"lowering to {names} failed", fix), ExitStack() as contexts:
@@ -132,9 +139,10 @@ def lower(
 # The partitioners that group supported nodes into delegates (torch.fx's
 # CapabilityBasedPartitioner and ExecuTorch's GroupBasedPartitioner, which XNNPACK uses) first
 # build a ``_DependencyViewer``: for every node, the set of all nodes downstream of it (and,
-# in ExecuTorch's, upstream too). That is quadratic in the graph: for SmolLM2-135M's ~30-layer
-# graph, ~900 MB of Python sets, the peak of the whole export. They only ever iterate over one
-# node's downstream nodes, so the same answer can come from bitmasks (N^2 bits: ~10 MB).
+# in ExecuTorch's, upstream too). That is quadratic in the graph: for a 30-layer model it was
+# the peak of the whole export. They only ever iterate over one node's downstream nodes, so
+# the same answer can come from bitmasks (N^2 bits, a hundredth of the sets' memory; figures:
+# docs/performance.md, "Measurements behind the code").
 _VIEWER_MODULES = (
     "torch.fx.passes.infra.partitioner",
     "executorch.exir.backend.canonical_partitioners.group_partitioner",
@@ -234,8 +242,8 @@ def _can_merge_partitions(self, p1, p2, partitions_by_id) -> bool:
     that uses one of its nodes and leads back into it. The original asks that twice (its
     own downstream scan, then torch.fx's ``validate_partition``, a breadth-first search
     over the graph: the same question), building node sets for every pair it tries. It
-    tries each partition against every later one, so on a 30-layer model it took 67 s of
-    a 226 s lowering; with cached masks the same answers take well under a second.
+    tries each partition against every later one, so on a 30-layer model it took over a
+    quarter of the lowering; with cached masks the same answers take well under a second.
     """
     viewer = self.dependency_viewer
     nodes_1, users_1 = viewer.partition_masks(partitions_by_id[p1])
@@ -264,7 +272,7 @@ def constant_input_names(exported) -> frozenset:
 # After cutting each partition out of the graph, ExecuTorch's ``create_submodule_from_nodes``
 # re-sorts the whole graph with torch.fx's ``legalize_graph``, which copies every node into a
 # new graph and recompiles the module's Python code: once per delegate, over the whole
-# program (on SmolLM2-135M, 32 times over ~3000 nodes, about 6 s). The order is what
+# program: quadratic in the layer count. The order is what
 # matters; :func:`legalize_order` computes the same one and the nodes are moved into it in
 # place (each node's users listed in it, as the copy lists them: the next sort reads them),
 # and the code is generated once, when lowering ends.

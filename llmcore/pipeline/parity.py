@@ -116,8 +116,8 @@ def buffers_restored(module: Any, written: Optional[Sequence[torch.Tensor]] = No
 
     A buffer whose bytes are all zero (a KV cache) is zeroed afterwards; a floating-point
     one, or one of ``written`` (the buffers the captured program writes), is copied first.
-    The others, a quantized model's integer weights, are not copied (copying them put
-    SmolLM2's 8da4w export 190 MiB over its peak): their version counters are checked
+    The others, a quantized model's integer weights, are not copied (copies of them raised
+    the export's peak by the weights' size): their version counters are checked
     instead, and an eager model that wrote one, which would have changed the program's
     weights, fails here."""
     storages = {t.untyped_storage().data_ptr() for t in written or ()}

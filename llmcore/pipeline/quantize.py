@@ -8,7 +8,7 @@ parity check, so a quantized export is compared with its quantized eager twin.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -16,7 +16,7 @@ from llmcore.errors import LlmcoreError, read_text_file, stage_errors
 from llmcore.pipeline.parity import buffers_restored
 from llmcore.plugins import Provided, Registry
 from llmcore.progress import heap_for_temporaries
-from llmcore.recipe import check_plugin_options
+from llmcore.recipe import check_plugin_options, meant_for
 from llmcore.runtime import captured_stderr
 from llmcore.records import Calibration, QuantizerRecipe
 
@@ -25,7 +25,7 @@ def resolve_recipe(name: Optional[str], options: dict, backends: list[str], regi
     """The recipe and its checked options; refuses recipes not meant for the backends.
 
     ``none`` (or no name) means no recipe; for a quantized checkpoint, no name lets
-    :func:`default_for_checkpoint` choose after loading."""
+    :func:`default_for_checkpoint` choose after loading, from :func:`checkpoint_recipe`."""
     if not name or name == NO_RECIPE:
         if name == NO_RECIPE and options:
             raise LlmcoreError(
@@ -34,7 +34,7 @@ def resolve_recipe(name: Optional[str], options: dict, backends: list[str], regi
         return None, {}
     provided: Provided = registry.get("quantizers", name, stage="quantize")
     recipe: QuantizerRecipe = provided.record
-    if recipe.backends and not set(recipe.backends) & set(backends):
+    if not meant_for(recipe.backends, backends):
         raise LlmcoreError(
             f"quantizer recipe {name!r} is meant for {', '.join(recipe.backends)}, "
             f"not for {', '.join(backends) or 'the portable runtime (no --plugins)'}.",
@@ -48,23 +48,37 @@ def resolve_recipe(name: Optional[str], options: dict, backends: list[str], regi
 NO_RECIPE = "none"
 
 
-def default_for_checkpoint(stored_weights: dict, backends: list[str], registry: Registry, options: dict):
+def checkpoint_recipe(backends: Sequence[str], registry: Registry) -> "Provided | LlmcoreError | None":
+    """The recipe an export without ``--quantize`` uses when its checkpoint stores quantized
+    integers: the first by name that carries them (``for_quantized_checkpoints`` and
+    ``checkpoint_default``) into one of the selected ``backends``; None when none does. A
+    name two plugins provide, met before that one, is returned as its error: raised only if
+    the checkpoint does store integers (:func:`default_for_checkpoint`)."""
+    for name in registry.names("quantizers"):
+        try:
+            provided = registry.get("quantizers", name, stage="quantize")
+        except LlmcoreError as conflict:
+            return conflict
+        recipe: QuantizerRecipe = provided.record
+        if recipe.for_quantized_checkpoints and recipe.checkpoint_default and set(recipe.backends) & set(backends):
+            return provided
+    return None
+
+
+def default_for_checkpoint(stored_weights: dict, candidate: "Provided | LlmcoreError | None", options: dict):
     """For a checkpoint that stores quantized integers and an export without ``--quantize``:
-    the first recipe by name that carries them (``for_quantized_checkpoints`` and
-    ``checkpoint_default``) into one of the selected backends, with ``options``
+    the plan's ``candidate`` (:func:`checkpoint_recipe`) with ``options``
     (``--quantize-option``) checked against it, or ``(None, {})``. Options with no recipe to
     take them are refused, never dropped."""
     from llmcore.stored import IntegerWeight
 
-    if any(isinstance(f, IntegerWeight) for f in stored_weights.values()):
-        for name in registry.names("quantizers"):
-            provided = registry.get("quantizers", name, stage="quantize")
-            recipe: QuantizerRecipe = provided.record
-            chosen_by_default = recipe.for_quantized_checkpoints and recipe.checkpoint_default
-            if chosen_by_default and set(recipe.backends) & set(backends):
-                return provided, check_plugin_options(
-                    f"quantizer recipe {name!r}", recipe.options, options, provided.plugin.name
-                )
+    if candidate is not None and any(isinstance(f, IntegerWeight) for f in stored_weights.values()):
+        if isinstance(candidate, LlmcoreError):
+            raise candidate
+        recipe: QuantizerRecipe = candidate.record
+        return candidate, check_plugin_options(
+            f"quantizer recipe {recipe.name!r}", recipe.options, options, candidate.plugin.name
+        )
     if options:
         raise LlmcoreError(
             f"--quantize-option {', '.join(sorted(options))} given without --quantize, and no recipe applies "
@@ -115,8 +129,8 @@ def calibration_for(
     def run(module: Any, ids: list[int]) -> int:
         ids = ids[:max_seq_len] if use_kv_cache else ids[:call_len]  # without a cache: one call from 0
         # With a cache, calls of a few tokens see what one long call would (causal attention
-        # over the cache), and each call's logits, [tokens, vocab], stay small: 461 tokens in
-        # one call held 90 MiB of SmolLM2 logits at the quantize stage's peak.
+        # over the cache), and each call's logits, [tokens, vocab], stay small: hundreds of
+        # tokens in one call held their logits at the quantize stage's peak.
         step = min(call_len, CALIBRATION_CALL_TOKENS) if use_kv_cache else call_len
         with buffers_restored(module), torch.no_grad(), captured_stderr():
             for start in range(0, len(ids), step):

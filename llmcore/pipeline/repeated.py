@@ -3,9 +3,10 @@
 An LLM's graph is N copies of one decoder layer, or of a short cycle of layer kinds (Gemma
 2's sliding and global layers take turns; Gemma 3 has five sliding layers per global one).
 ``to_edge`` (decompositions, then eight or so edge passes, each a whole-graph fake-tensor
-retrace) costs the same for every copy: on SmolLM2-135M's 30 layers, about 120 s of a 175 s
-lowering. Its rewrites are local to the nodes they touch, so layer k comes out of it as an
-earlier layer of its kind does, with layer k's weights.
+retrace) costs the same for every copy, and on a 30-layer model it was most of the lowering
+(docs/performance.md, "Measurements behind the code"). Its rewrites are local to the nodes
+they touch, so layer k comes out of it as an earlier layer of its kind does, with layer k's
+weights.
 
 So :func:`lower_repeated` does this:
 
@@ -682,7 +683,7 @@ def edge_template(template, partitioners: list, config):
     path ExecuTorch takes for it without ``EDGE_DO_NOT_DECOMP``), the second retrace
     functionalizes as it decomposes, so the first is redundant: asked before it, the
     partitioner names the same operators, since functionalizing rewrites only mutations,
-    which no partitioner keeps. Saves ~1 s on SmolLM2-135M's two kept blocks; the programs
+    which no partitioner keeps. Saves a whole retrace of the kept blocks; the programs
     are byte-identical (``plugins/xnnpack/tests/test_lowering.py`` compares this path with
     ExecuTorch's whole-graph lowering). The conversion to the edge dialect that follows runs
     its operator-local passes fused (:mod:`llmcore.pipeline.edge`). Any other case, or the

@@ -8,10 +8,13 @@ ascending ``order`` (then name), never in the order plugins registered them.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Sequence
+
 from llmcore.errors import LlmcoreError, choose_one_of, stage_errors
 from llmcore.plugins import Provided, Registry
-from llmcore.recipe import ExportOptions
-from llmcore.records import LoadedModel, SourceTransform, TransformContext
+from llmcore.recipe import ExportOptions, meant_for
+from llmcore.records import CallingConvention, LoadedModel, SourceTransform, Transformed, TransformContext
 
 
 def select_transforms(options: ExportOptions, registry: Registry, family: str) -> list[Provided]:
@@ -22,7 +25,7 @@ def select_transforms(options: ExportOptions, registry: Registry, family: str) -
             raise choose_one_of("source transform", name, available, stage="transform")
     for provided in available.values():
         t: SourceTransform = provided.record
-        wanted = not t.backends or set(t.backends) & set(options.plugins)
+        wanted = meant_for(t.backends, options.plugins)
         if t.automatic and wanted and _fits_family(t, family) and t.name not in options.skip_transforms:
             chosen[t.name] = provided
     for name in options.transforms:
@@ -37,7 +40,7 @@ def select_transforms(options: ExportOptions, registry: Registry, family: str) -
                 plugin=provided.plugin.name,
                 fix="drop it from --transforms.",
             )
-        if t.backends and not set(t.backends) & set(options.plugins):
+        if not meant_for(t.backends, options.plugins):
             raise LlmcoreError(
                 f"source transform {name!r} is meant for backends {', '.join(t.backends)}, "
                 f"none of which is selected ({', '.join(options.plugins) or 'portable'}).",
@@ -57,9 +60,11 @@ def _fits_family(t: SourceTransform, family: str) -> bool:
 
 
 def apply_transforms(
-    loaded: LoadedModel, transforms: list[Provided], context: TransformContext
-) -> list[str]:
-    """Apply transforms in order to ``loaded.module``; returns the names applied."""
+    loaded: LoadedModel, transforms: Sequence[Provided], context: TransformContext
+) -> tuple[list[str], CallingConvention]:
+    """Apply transforms in order to ``loaded.module``; returns the names applied and the
+    calling convention they leave. A transform that returns a :class:`Transformed` changes
+    the convention: the transforms after it are handed a context with the new one."""
     applied = []
     for provided in transforms:
         t: SourceTransform = provided.record
@@ -68,7 +73,10 @@ def apply_transforms(
         fix = "drop the transform or report it to the plugin's authors (--debug shows the traceback)."
         with stage_errors("transform", provided.plugin.name, f"source transform {t.name!r} failed", fix):
             result = t.apply(loaded.module, context)
+        if isinstance(result, Transformed):
+            context = dataclasses.replace(context, convention=result.convention)
+            result = result.module
         if result is not None:
             loaded.module = result
         applied.append(t.name)
-    return applied
+    return applied, context.convention

@@ -36,9 +36,9 @@ from typing import Optional, Sequence
 from llmcore.errors import LlmcoreError
 
 NEAR_TIE = 0.5
-"""How far (in logits) below Python's greedy choice the runner's token may score. The runner
-and Python were measured to part at a gap of 0.21 on SmolLM2's 8da4w program
-(tests/test_real_smollm2.py); twice that is allowed."""
+"""How far (in logits) below Python's greedy choice the runner's token may score: twice the
+largest gap at which the runner and Python were seen to part (on SmolLM2's 8da4w program,
+tests/test_real_smollm2.py; docs/performance.md, "Checked tokens")."""
 
 LOAD_MODES = {
     # how llmcore_runner holds the program: its flags and environment

@@ -8,9 +8,9 @@ under a schema still writes valid JSON.
 
 The engine is llguidance (PyPI ``llguidance``): a self-contained wheel with no Python
 dependencies, which compiles JSON schemas and Lark grammars against the tokenizer lazily
-(a new schema costs about a millisecond before its first token) and then computes a token
-mask in 0.01-0.12 ms for GPT-2's 50k vocabulary (measured here;
-``benchmarks/bench_constrained.py`` measures it inside generation). xgrammar, the other
+and then computes a token mask in a small part of a decode step (docs/performance.md,
+"Measurements behind the code"; ``benchmarks/bench_constrained.py`` measures it inside
+generation). xgrammar, the other
 well-kept engine, requires torch, transformers and triton at run time (its 0.2.8 wheel's
 metadata), too much for the core of a tool that runs programs without torch's training stack. What is here: building grammars
 for the OpenAI request shapes, and applying the mask.
@@ -53,9 +53,9 @@ def _grammar_tokenizer(tokenizer_json: str, eos_ids: tuple, n_vocab: int):
 def _prototype(grammar: str, tokenizer_json: str, eos_ids: tuple, n_vocab: int):
     """A matcher of ``grammar`` that each generation copies. llguidance builds its lexer
     lazily, state by state, as generation reaches them; copies share what any of them has
-    built, so the second request with a schema does not pay for it again (about 0.7 ms
-    over the first hundred tokens of a JSON object, as much as the decode time of a tiny
-    model)."""
+    built, so the second request with a schema does not pay for it again (over the first
+    hundred tokens of a JSON object, as much as the decode time of a tiny model;
+    docs/performance.md, "Measurements behind the code")."""
     import llguidance
 
     matcher = llguidance.LLMatcher(_grammar_tokenizer(tokenizer_json, eos_ids, n_vocab), grammar)
@@ -132,8 +132,9 @@ class Constraint:
             return []
         start = time.perf_counter()
         tokens = []
-        # the forced bytes cost a tenth of the forced tokens (0.2 against 4 us on a 49k
-        # vocabulary, measured here) and are mostly none: ask for tokens only when there are some
+        # the forced bytes cost a small part of the forced tokens (docs/performance.md,
+        # "Measurements behind the code") and are mostly none: ask for tokens only when there
+        # are some
         if not self._matcher.is_stopped() and self._matcher.compute_ff_bytes():
             tokens = self._matcher.compute_ff_tokens()
         if tokens and not self._matcher.consume_tokens(tokens):

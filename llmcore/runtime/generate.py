@@ -85,8 +85,8 @@ class TextTokenizer:
 
         It is `tokenizers`' ``DecodeStream``, which decodes only the last few ids each time.
         Decoding the whole reply again for every new token, as llmcore did before, grew with
-        the reply: ~17 us for 128 ids here, and several times that right after a forward
-        call, whose weights have swept the core's caches (docs/performance.md)."""
+        the reply, and cost several times more right after a forward call, whose weights
+        have swept the core's caches (docs/performance.md, "Measurements behind the code")."""
         from tokenizers.decoders import DecodeStream
 
         state, tok = DecodeStream(skip_special_tokens=True), self._tok
@@ -128,8 +128,9 @@ class Sampling:
         """The next token from ``logits`` (``[V]``): a tensor, or a numpy view of the
         program's output (:meth:`llmcore.runtime.Program.read_logits`), never written to."""
         if self.temperature == 0:
-            # numpy's argmax (the first maximum, as torch's): 3 us against torch's 43 on a 49k
-            # vocabulary, and the gap grows right after a forward call (docs/performance.md)
+            # numpy's argmax (the first maximum, as torch's): a fraction of torch's time on a
+            # 49k vocabulary, more so right after a forward call (docs/performance.md,
+            # "Measurements behind the code")
             if isinstance(logits, np.ndarray):
                 return int(logits.argmax())
             return int(logits.detach().float().reshape(-1).numpy().argmax())
@@ -145,8 +146,9 @@ class Sampling:
 
 def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     """An id with probability ``probs[id] / probs.sum()``: one uniform number looked up in the
-    cumulative sum. ``torch.multinomial`` took 770 us for SmolLM2's 49152 probabilities on
-    one thread, most of a sampled token's Python work; this takes about a tenth."""
+    cumulative sum. ``torch.multinomial`` over SmolLM2's 49152 probabilities was most of a
+    sampled token's Python work; this takes a small part of it (docs/performance.md,
+    "Measurements behind the code")."""
     cdf = torch.cumsum(probs, 0, dtype=torch.float64)
     u = torch.rand((), generator=generator, dtype=torch.float64) * cdf[-1]
     return min(int(torch.searchsorted(cdf, u, right=True)), probs.numel() - 1)
@@ -156,8 +158,9 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """``probs`` with everything outside the nucleus zeroed: the most likely tokens, each
     kept while the mass of those before it is below ``top_p``. The nucleus lies among the
     best ``k`` for the first ``k`` (64, 512, ...) whose mass reaches ``top_p``, so only those
-    are ranked: sorting all of SmolLM2's 49152 probabilities every token halved decode speed
-    at ``--top-p 0.9`` (``runtime/src/sampler.cpp`` does the same)."""
+    are ranked, not all of SmolLM2's 49152 probabilities every token, whose sort slowed
+    decode at ``--top-p 0.9`` far below greedy (docs/performance.md, "What was tried":
+    sampling without sorting; ``runtime/src/sampler.cpp`` does the same)."""
     n = probs.numel()
     k = min(64, n)
     while True:
@@ -175,7 +178,8 @@ class GenerationStats:
     token handed on (the prompt's calls, sampling, the caller's ``on_token``);
     ``prefill_tok_s`` counts the prompt's calls of the program alone, up to its logits, as
     ``llmcore_runner``'s ``prefill_tok_s`` does, so that the two compare (sampling the first
-    token and writing its text took 0.5-1.3 ms of a 64-token prompt's ~65, 2-core Xeon)."""
+    token and writing its text are left out; docs/performance.md, "Measurements behind the
+    code")."""
 
     prompt_tokens: int
     generated_tokens: int

@@ -109,8 +109,13 @@ def libraries_for_operators(ops: Iterable[str], registry: Any, *, specialized: b
     """The installed runtime libraries (``Provided`` records) that provide any of ``ops``
     (given with or without an overload); with ``specialized``, those that only specialize
     them instead (:attr:`llmcore.records.RuntimeLibrary.specialized`)."""
+    return libraries_providing(ops, registry.all("runtime_libraries"), specialized=specialized)
+
+
+def libraries_providing(ops: Iterable[str], installed: Iterable[Any], *, specialized: bool = False) -> list:
+    """:func:`libraries_for_operators` among the ``installed`` libraries (an export plan's)."""
     wanted = {_base(op) for op in ops}
-    return [p for p in registry.all("runtime_libraries")
+    return [p for p in installed
             if p.record.specialized == specialized and {_base(op) for op in p.record.ops} & wanted]
 
 
@@ -250,8 +255,9 @@ BINDINGS_MODULES = ("executorch.extension.pybindings._C", "executorch.extension.
 def runtime_bindings() -> Any:
     """ExecuTorch's runtime bindings: the extension module itself, not ``portable_lib``, the
     module that re-exports it. ``portable_lib`` imports ``executorch.exir`` to define the
-    class of the warning it prints, and with it the compiler (torch._dynamo, inductor):
-    2.6-2.9 s of every ``llmcore run`` on the 2-core Xeon, for nothing a program's run uses.
+    class of the warning it prints, and with it the compiler (torch._dynamo, inductor): a
+    slow start for every ``llmcore run`` (docs/performance.md, "Measurements behind the
+    code"), for nothing a program's run uses.
     (Its other work, finding OpenVINO's library and Windows DLL folders, is for backends
     llmcore does not run.)"""
     import torch  # noqa: F401  the bindings link libtorch: PyTorch loads it first

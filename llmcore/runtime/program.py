@@ -74,8 +74,9 @@ class Program:
         # A decode step's inputs, made once and refilled through numpy views. Right after a
         # forward call the runtime's pool threads still spin on this machine's other core,
         # and everything the loop does between calls runs several times slower than idle
-        # (two small tensors: 65 us instead of 5 on SmolLM2, 2 cores): the less Python work
-        # per token, the closer the Python loop is to the C++ runner (docs/performance.md).
+        # (making two small tensors included): the less Python work per token, the closer
+        # the Python loop is to the C++ runner (docs/performance.md, "Measurements behind
+        # the code").
         step_ids, step_pos = torch.zeros((1, 1), dtype=torch.long), torch.zeros(1, dtype=torch.long)
         self._step_inputs = [step_ids, step_pos]
         self._step_ids, self._step_pos = step_ids.numpy(), step_pos.numpy()
@@ -156,10 +157,11 @@ class Program:
 
         A decode loop's way to sample: right after a call of the program its weights have
         swept this core's caches, and every step of Python run then is slow (the first
-        torch or numpy call 24-31 us, a copy of SmolLM2's 49152 logits 25-32 us, each torch
-        call of a greedy sampler several us; 2-core Xeon, docs/performance.md). Sampling from
-        the view with numpy skips the copy and the tensor calls: ``generate`` spent 73-90 us
-        a step outside ``run_method`` instead of 149-166."""
+        torch or numpy call, a copy of SmolLM2's 49152 logits, each torch call of a greedy
+        sampler; docs/performance.md, "Measurements behind the code"). Sampling from the view
+        with numpy skips the copy and the tensor calls, and cuts what ``generate`` spends
+        outside ``run_method`` (docs/performance.md, "What was tried": logits lent where they
+        lie)."""
         return read(_last_row_view(self._forward(tokens, input_pos)))
 
     def _forward(self, tokens: Sequence[int], input_pos: Optional[int]) -> torch.Tensor:
@@ -203,12 +205,11 @@ def _own_last_row(out: torch.Tensor) -> torch.Tensor:
 
     ATen splits a copy of more than 32768 elements between OpenMP threads. After that, the
     OpenMP helper thread spins for a while on the other core, and a decode step runs beside
-    it: SmolLM2 decoded at 74-119 tok/s instead of 184-191 in a process that had not set
-    ``OMP_NUM_THREADS=1`` (2 cores, docs/performance.md). numpy's copy is one ``memcpy``,
-    and the row is found in numpy too: the first ATen operation after a call of the method
-    took 30-45 us (measured on a reshape of another tensor, 2 us the second time), and the
-    reshape and index cost a decode step 0.14 ms with the copy, this 0.09 (SmolLM2, 2
-    cores)."""
+    it, much slower in a process that has not set ``OMP_NUM_THREADS=1``. numpy's copy is
+    one ``memcpy``, and the row is found in numpy too: the first ATen operation after a
+    call of the method is slow whatever it does, so the reshape and index cost a decode
+    step more in ATen than here (docs/performance.md, "Measurements behind the code", and
+    "What was tried": the logits' last row found and copied in numpy)."""
     row = _last_row_view(out)
     return torch.from_numpy(row.copy()) if isinstance(row, np.ndarray) else row
 
@@ -226,13 +227,14 @@ def _last_row_view(out: torch.Tensor) -> "np.ndarray | torch.Tensor":
 
 def load_method(module: Any, name: str) -> None:
     """Load method ``name`` of a pybindings module now, without running it, as the C++
-    runner does at start-up: the backends' set-up (XNNPACK packs its weights: ~0.2 s for
-    SmolLM2-135M) then counts in loading, not in the first call's time to first token,
-    and a missing operator fails the load.
+    runner does at start-up: the backends' set-up (XNNPACK packs its weights) then counts
+    in loading, not in the first call's time to first token, and a missing operator fails
+    the load.
 
     The module loads a method on its first execution and has no call that only loads it
     (``_load_program`` does, but reads the program's constants into memory where the
-    module maps the file: +26 MiB resident for SmolLM2's int8 embedding table). Executing
+    module maps the file: more resident memory, the int8 embedding table's pages among it;
+    docs/performance.md, "Measurements behind the code"). Executing
     the plan before any input is set loads the method, and ``Method::execute`` then refuses
     to run with ``InvalidArgument`` (0x12) before its first instruction: that refusal is
     the expected outcome; any other error is the load's."""
@@ -244,9 +246,9 @@ def load_method(module: Any, name: str) -> None:
 
 
 # Below this size a program's operators are too small for a second thread to pay for
-# waking it. Decode tok/s with one thread against two on the 2-core EPYC (random nanoGPTs,
-# fp32, XNNPACK; docs/performance.md): 0.5 MB 1.5x faster on one, 3.5 MB 1.5x, 13 MB the
-# same, 77 MB 0.7x. ``llmcore_runner`` applies the same rule (runtime/src/main.cpp).
+# waking it: random nanoGPTs of growing width decoded faster on one thread while small,
+# alike near this size and faster on two above it (docs/performance.md, "Threads").
+# ``llmcore_runner`` applies the same rule (runtime/src/main.cpp).
 ONE_THREAD_BELOW_BYTES = 16 << 20
 
 
@@ -265,9 +267,9 @@ def default_threads(program: str | Path) -> Optional[int]:
 def use_threads(count: int) -> None:
     """Give the runtime's CPU thread pool ``count`` threads (ExecuTorch's pool, which
     XNNPACK's delegates and the LLM custom ops share), before any program runs. The
-    default, one thread per core, is not always the fastest: on a 2-core VM the tiny test
-    model decoded 1.3x faster with one thread, while SmolLM2 prefilled faster with two
-    (docs/performance.md)."""
+    default, one thread per core, is not always the fastest: the tiny test model decoded
+    faster with one thread, while SmolLM2 prefilled faster with two (docs/performance.md,
+    "Threads")."""
     if count < 1:
         raise LlmcoreError(f"--threads {count} is not a thread count.", stage="run", fix="pass --threads 1 or more.")
     bindings = runtime_bindings()
@@ -291,14 +293,14 @@ def torch_on_one_thread() -> Iterator[None]:
 
     For series of small memory-bound ops (dequantizing a checkpoint, a quantizer's scale
     searches) a second thread gains little on an idle 2-core machine, and loses badly
-    where the cores are busy (a GGUF's dequantization: 0.6 s on one thread, 6-8 s on two
-    on a loaded host) or where OpenMP has stopped spinning. Once eager PyTorch has run
-    ExecuTorch's LLM custom ops (an export's calibration), two-thread ops wake their helper
-    with a system call each time (~375 context switches per int4 search of a 576x576
-    matrix): it took 23-25 ms on two threads, 7 ms on one, 6 ms on two before the ops ran.
-    The cause: the runtime pool's workers start OpenMP teams of their own for BLAS, and
-    libgomp, managing more threads than cores, stops letting idle ones spin; with the
-    workers' OpenMP kept to one thread the slowdown is gone (:func:`torch_threads_after_custom_ops`)."""
+    where the cores are busy (a GGUF's dequantization on a loaded host) or where OpenMP has
+    stopped spinning. Once eager PyTorch has run ExecuTorch's LLM custom ops (an export's
+    calibration), two-thread ops wake their helper with a system call each time, and an
+    int4 search of a 576x576 matrix took several times as long on two threads as on one
+    (docs/performance.md, "Measurements behind the code"). The cause: the runtime pool's
+    workers start OpenMP teams of their own for BLAS, and libgomp, managing more threads
+    than cores, stops letting idle ones spin; with the workers' OpenMP kept to one thread
+    the slowdown is gone (:func:`torch_threads_after_custom_ops`)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -314,10 +316,10 @@ def torch_threads_after_custom_ops() -> Iterator[None]:
     Where each runtime worker's OpenMP keeps to one thread (``OMP_NUM_THREADS=1`` in the
     environment, which ``llmcore export`` sets before torch starts:
     ``llmcore.cli.one_openmp_thread_per_worker``), they run on the threads PyTorch has: the
-    workers started no OpenMP teams of their own, and on the 2-core machine SmolLM2-135M's
-    ``8da4w`` quantize stage took 4.9-5.3 s against 5.7-6.0 s on one thread. Elsewhere (a
-    program that imported torch first) on one thread (:func:`torch_on_one_thread`). The
-    results are the same on any thread count."""
+    workers started no OpenMP teams of their own, and SmolLM2-135M's ``8da4w`` quantize
+    stage was faster on every core than on one thread (docs/performance.md, "Measurements
+    behind the code"). Elsewhere (a program that imported torch first) on one thread
+    (:func:`torch_on_one_thread`). The results are the same on any thread count."""
     if os.environ.get("OMP_NUM_THREADS") == "1":
         yield
         return

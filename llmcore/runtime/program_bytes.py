@@ -8,11 +8,9 @@ bad for them twice over:
 - Alignment. glibc serves an allocation this large from ``mmap``, 16 bytes past a page
   boundary, and a ``bytes`` object's data follows a 32-byte header: the program starts 48
   bytes past a cache line, and so does every weight the file aligned to 64. Half of the
-  kernels' 32-byte weight loads then straddle two cache lines. SmolLM2 8da4w-layers,
-  ``llmcore run``'s loop, AVX2 view, three processes of three generations each: 231-242
-  decode tok/s with the data 48 bytes past a line, 252-276 with it on a 2 MiB boundary,
-  both in huge pages (docs/performance.md, "The Python loop: the program's bytes on a
-  cache line").
+  kernels' 32-byte weight loads then straddle two cache lines, and a decode step slows
+  (docs/performance.md, "The Python loop: the program's bytes on a cache line", and
+  "Measurements behind the code").
 - Page size. 4 KiB pages cost a TLB miss every 4 KiB of a decode step's sweep over the
   weights (:func:`in_huge_pages`).
 

@@ -237,8 +237,8 @@ def _value_info(value: "_Table") -> ValueInfo:
 # Program.load asks every program which operators it calls, which backends its delegates need
 # and what its constant methods return; `llmcore inspect` and `profile` ask for its methods.
 # ExecuTorch's generated flatbuffer classes live in `executorch.exir`, and importing anything
-# there imports the compiler (torch._dynamo, inductor): 2.6-2.9 s of `llmcore run`'s start on
-# the 2-core Xeon, where the rest of loading SmolLM2 takes ~0.5 s (docs/performance.md). The
+# there imports the compiler (torch._dynamo, inductor), which took several times as long as
+# the rest of loading SmolLM2 (docs/performance.md, "Measurements behind the code"). The
 # fields are read with the `flatbuffers` package's table accessor instead, by their field
 # numbers in ExecuTorch's schema (executorch/exir/_serialize/program.fbs, scalar_type.fbs);
 # tests/test_pte.py checks every reader here against ExecuTorch's own unpacking of exported

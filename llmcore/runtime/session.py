@@ -38,15 +38,17 @@ class Request:
 class Engine:
     """One loaded program and the tokens its KV cache holds (positions 0..len-1)."""
 
-    def __init__(self, pte: str, tokenizer_path: str):
+    def __init__(self, pte: str, tokenizer_path: str, *, program=None, tokenizer=None):
+        """``program`` and ``tokenizer``: the loaded ``pte`` and the tokenizer of
+        ``tokenizer_path`` where the caller has them already (``llmcore.load``'s model)."""
         from llmcore.runtime.generate import TextTokenizer, check_tokenizer_fits
         from llmcore.runtime.program import Program
 
-        self.program = Program.load(pte)
+        self.program = program if program is not None else Program.load(pte)
         if not self.program.use_kv_cache:
             raise LlmcoreError("llmcore serve runs programs with a KV cache; this one has none.", stage="serve",
                                fix="export without --skip-transforms kv-cache.")
-        self.tokenizer = TextTokenizer.from_file(tokenizer_path)
+        self.tokenizer = tokenizer if tokenizer is not None else TextTokenizer.from_file(tokenizer_path)
         check_tokenizer_fits(self.program, self.tokenizer)
         self.cached: list[int] = []
         self.vocab = int(self.program.metadata.get("get_vocab_size") or self.tokenizer.vocab_size)
@@ -79,9 +81,9 @@ class Engine:
 
         The row is lent: the program's own output (:meth:`llmcore.runtime.program.Program.read_logits`),
         which this engine's next call overwrites. A request samples from it before that call,
-        and requests take an engine one at a time (serve's queue, chat's loop), so no copy is made: with
-        the copy, the serving loop spent 324-375 us a token outside the program, without it
-        206-230 (SmolLM2, 2 cores; docs/performance.md)."""
+        and requests take an engine one at a time (serve's queue, chat's loop), so no copy is made,
+        and the serving loop spends less time outside the program (docs/performance.md, "What
+        was tried": the server lends the logits row too)."""
         logits = self.program.read_logits(tokens, len(self.cached), _lent)
         self.cached.extend(tokens)
         return logits

@@ -35,6 +35,7 @@ one. Exports are cached per process, so a plugin's own tests can reuse them thro
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import re
 import shutil
@@ -150,8 +151,9 @@ def transformed_tiny(
     would apply (selected and ordered by the pipeline's own rules).
 
     Returns ``(module, context, applied)``: the eager module in eval mode, the
-    :class:`~llmcore.records.TransformContext` (``use_kv_cache`` says the calling
-    convention) and the names of the transforms applied, in order.
+    :class:`~llmcore.records.TransformContext` with the calling convention the transforms
+    left (``context.use_kv_cache``, ``context.convention``) and the names of the transforms
+    applied, in order.
     """
     from llmcore.pipeline import transform
     from llmcore.recipe import ExportOptions
@@ -167,8 +169,8 @@ def transformed_tiny(
     context = TransformContext(
         metadata=meta, max_seq_len=max_seq_len or meta.max_seq_len, family=family, backends=tuple(plugins)
     )
-    applied = transform.apply_transforms(loaded, chosen, context)
-    return loaded.module.eval(), context, applied
+    applied, convention = transform.apply_transforms(loaded, chosen, context)
+    return loaded.module.eval(), dataclasses.replace(context, convention=convention), applied
 
 
 def diff_from_tiny(module, family: str, *, seed: int = 0, **options) -> float:

@@ -28,9 +28,9 @@ namespace {
 using Body = std::function<void(int64_t, int64_t)>;
 
 // How long an idle worker keeps polling before it sleeps. It covers the gaps between
-// the regions of one forward call (the attention between two layer operators takes
-// about 0.12 ms in a 64-token prefill of SmolLM2) and between the calls of a decode
-// loop, whose sampling and bookkeeping take a fraction of a millisecond.
+// the regions of one forward call (the attention between two layer operators, say) and
+// between the calls of a decode loop, whose sampling and bookkeeping take a fraction of a
+// millisecond (docs/performance.md, "Measurements behind the code").
 constexpr std::chrono::microseconds kPollTime{2000};
 // Polls between two yields of the CPU while polling.
 constexpr int kPausesPerYield = 16;

@@ -6,15 +6,13 @@
 //
 // Why a pool of our own: ExecuTorch's pool puts its workers to sleep as soon as a
 // parallel_for ends, and waking one again costs more than much of the work it is woken
-// for. On the 2-core Xeon (KVM), an empty parallel_for over two threads took 1.5 us when
-// called back to back and 13-16 us after a pause of 20-500 us (median of 300 calls each):
-// the sleeping worker starts that much late. A 64-token prefill of SmolLM2 opens about 330
-// such regions (activations rounded, then a GEMM, in each of four operators a layer, and
-// the attention), a decode step about 150. Here the workers keep polling for the next
-// region for a while after each one (kPollTime in kernel_threads.cpp), so that the next
-// region of the same forward call, or of the next decode step, finds them awake. Between
-// polls they yield the CPU, so that a thread that wants it is not kept off it; then they
-// sleep. Two pools in one process would poll against each other for the same cores:
+// for: after a pause the sleeping worker starts each region late, and a forward call opens
+// hundreds of regions (activations rounded, then a GEMM, in each of four operators a
+// layer, and the attention; docs/performance.md, "Measurements behind the code"). Here
+// the workers keep polling for the next region for a while after each one (kPollTime in
+// kernel_threads.cpp), so that the next region of the same forward call, or of the next
+// decode step, finds them awake. Between polls they yield the CPU, so that a thread that
+// wants it is not kept off it; then they sleep. Two pools in one process would poll against each other for the same cores:
 // hence one library that all the kernels link. In a program whose delegates run on
 // ExecuTorch's pool, a second pool is the wrong choice (kernel_threads_use_own), so which
 // one runs is set for each program.
@@ -52,8 +50,8 @@ LLMCORE_THREADS_API int64_t kernel_thread_count();
 // last setting holds). The own ones for a program with no delegate, whose heavy work is all
 // llmcore's operators (8da4w-layers). ExecuTorch's pool for one with delegates: between
 // them an operator of ours does better on the worker the delegates just used than on a
-// second pool's for the same cores (SmolLM2's 8da4w-mlp decoded at 113-114 tok/s on the
-// own threads, 97-101 on them without polling, 122-134 on ExecuTorch's). The default is
+// second pool's for the same cores (8da4w-mlp decoded faster on ExecuTorch's pool than on
+// the own threads; docs/performance.md, "Measurements behind the code"). The default is
 // ExecuTorch's pool. llmcore_runner and llmcore's Program.load set it.
 LLMCORE_THREADS_API void kernel_threads_use_own(bool own);
 LLMCORE_THREADS_API bool kernel_threads_own();

@@ -50,9 +50,8 @@ constexpr int64_t kRowBlock = 8;  // query rows per work item (prefill)
 
 // A prompt's write into a cache is the first touch of those pages of the program's
 // planned memory, a page fault each 4 KiB: the copy of one this large is shared among
-// the threads, whose faults the kernel serves side by side. SmolLM2's 64-token prompt
-// (48 KiB a cache, 60 caches; ETDump of llmcore_runner's prefill, ISA view AVX2, six
-// alternating rounds): update_cache 1.86-2.25 ms in all on one thread, 1.19-1.57 shared.
+// the threads, whose faults the kernel serves side by side (docs/performance.md, "What
+// was tried": the prompt's cache writes shared among threads).
 constexpr int64_t kSharedCopyBytes = 16 * 1024;
 
 bool dense(const Tensor& t) {
@@ -79,10 +78,8 @@ LLMCORE_INLINE v8f splat(float x) { return v8f{} + x; }
 LLMCORE_INLINE float hsum(v8f v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 
 // [hsum(a), hsum(b), hsum(c), hsum(d)] (each in another order of its adds), by shuffles
-// of whole registers: written lane by lane, as hsum, GCC made each a chain of scalar adds.
-// SmolLM2's 64-token prefill call on one thread (llmcore_llm_ops_check sdpa q_len=64
-// heads=9 kv_heads=3 head_dim=64 kv_len=1024 repeat=300 threads=1, three alternating
-// rounds): 134.0-135.7 us before, 128.5-130.3 after.
+// of whole registers: written lane by lane, as hsum, GCC made each a chain of scalar adds
+// (docs/performance.md, "What was tried": hsum4).
 typedef float v4f __attribute__((vector_size(16)));
 LLMCORE_INLINE v4f hsum4(v8f a, v8f b, v8f c, v8f d) {
   // [a0 + a4, .., a3 + a7, b0 + b4, .., b3 + b7], the same for c and d
@@ -421,9 +418,8 @@ void attend(Attention& a) {
   const int64_t items = base * a.key_chunks;
   // A causal prompt's later row blocks see more keys; the threads take items one at a time
   // in order, so the row blocks go last to first: the dearest items first, the cheapest
-  // ones fill in at the end (SmolLM2's 64-token prompt on two threads, llmcore_llm_ops_check
-  // sdpa q_len=64 heads=9 kv_heads=3 head_dim=64 kv_len=1024 repeat=300 threads=2 pool=1,
-  // first to last against last to first alternating: 99.2-118.6 us against 93.0-112.7).
+  // ones fill in at the end (docs/performance.md, "What was tried": a causal prompt's row
+  // blocks last to first).
   static const AttendBlock attend_block = attend_block_for_this_cpu();
   kernel_parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scratch;

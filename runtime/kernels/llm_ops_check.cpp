@@ -16,8 +16,9 @@
 //       [q_len,kv_len] (float32: 0 or -inf), writes DIR/out.bin;
 //       prints "us_per_call=..." (the median of `repeat` calls); pool=1 runs the kernel on
 //       the kernels' own threads (kernel_threads_use_own), woken by empty regions before
-//       each call (else on ExecuTorch's pool; the line ends with "kernel_threads_awake=0|1",
-//       as the last call found them); threads=N (default: the
+//       each call (else on ExecuTorch's pool; the line says "kernel_threads_awake=0|1",
+//       as the last call found them, then "isa=AVX2|portable|...": the code that ran,
+//       cpu_isa.h, which LLMCORE_KERNELS_MAX_ISA caps); threads=N (default: the
 //       pool's, one per core) sizes ExecuTorch's thread pool first, which decides how the
 //       kernel splits its work
 //   llmcore_llm_ops_check update_cache DIR key=value...
@@ -58,6 +59,7 @@
 #include <executorch/runtime/platform/runtime.h>
 
 #include "executorch_threadpool.h"
+#include "cpu_isa.h"
 #include "kernel_threads.h"
 
 namespace et = executorch::runtime;
@@ -224,7 +226,8 @@ int run_sdpa(const Args& a) {
   }
   std::sort(us.begin(), us.end());
   write_file(a.dir + "/out.bin", out.data, out.nbytes());
-  std::printf("us_per_call=%.3f kernel_threads_awake=%d\n", us[us.size() / 2], awake ? 1 : 0);
+  std::printf("us_per_call=%.3f kernel_threads_awake=%d isa=%s\n", us[us.size() / 2], awake ? 1 : 0,
+              llmcore_kernels::isa_name(llmcore_kernels::kernels_isa()));
   return 0;
 }
 

@@ -4,9 +4,9 @@
 // xnn_reshape_external_value for each input and then xnn_reshape_runtime on every
 // execution, whether or not a shape changed. xnn_reshape_runtime re-runs the reshape of
 // every operator in the delegate (shapes, tiling, workspace sizes). On SmolLM2's decode
-// step, 32 delegate calls a token, that was ~9% of the calling thread's time in the
-// forward calls (`perf record --call-graph dwarf` on llmcore_runner), with the other
-// thread idle meanwhile.
+// step, 32 delegate calls a token, that was a share of the calling thread's time that
+// perf showed, with the other thread idle meanwhile (docs/performance.md, "Decode:
+// attention by kv head, and no reshape per call").
 //
 // A runtime whose inputs have the shapes of its last successful reshape needs none: its
 // operators' shapes, and the memory plan derived from them, are what that reshape left.

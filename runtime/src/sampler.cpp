@@ -26,10 +26,11 @@ int32_t Sampler::argmax(const float* logits, int32_t vocab) {
   return best;
 }
 
-// Sampling never sorts the vocabulary. A full sort of SmolLM2's 49152 scores per token
-// halved decode speed at --temperature 0.8 on 2 cores (132-136 against 319-348 tok/s
-// greedy); the filters need only the best few scores in order, so only those are ranked
-// (partial_sort: one comparison with the worst kept for most scores).
+// Sampling never sorts the vocabulary: a full sort of SmolLM2's 49152 scores per token
+// made a sampled decode far slower than a greedy one (docs/performance.md, "What was
+// tried": sampling without sorting). The filters need only the best few scores in order,
+// so only those are ranked (partial_sort: one comparison with the worst kept for most
+// scores).
 int32_t Sampler::sample(const float* logits, int32_t vocab) {
   if (vocab <= 0) return 0;
   if (!(cfg_.temperature > 0.0f)) return argmax(logits, vocab);

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import os
 import subprocess
 
 import pytest
@@ -49,14 +50,14 @@ def reference_sdpa(q, k, v, start, causal, scale):
     return (scores.softmax(-1) @ values).transpose(1, 2).float()
 
 
-def run_check(tool, folder, command, **params):
+def run_check(tool, folder, command, env=None, **params):
     args = [str(tool), command, str(folder)] + [f"{k}={'none' if v is None else int(v) if isinstance(v, bool) else v}"
                                                 for k, v in params.items()]
-    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
 
 
 def sdpa_on_random_inputs(ops_check, tmp_path, seed, batch, q_len, heads, head_dim, kv_len, kv_heads, start,
-                          **params):
+                          isa=None, **params):
     """Random q, k, v and the kernel's output on them (run_check's "sdpa"). The cache rows
     past the attended range are NaN: they must not matter."""
     g = torch.Generator().manual_seed(seed)
@@ -67,9 +68,12 @@ def sdpa_on_random_inputs(ops_check, tmp_path, seed, batch, q_len, heads, head_d
     v[:, start + q_len:] = float("nan")
     for name, t in (("q", q), ("k", k), ("v", v)):
         (tmp_path / f"{name}.bin").write_bytes(t.contiguous().numpy().tobytes())
-    r = run_check(ops_check, tmp_path, "sdpa", batch=batch, q_len=q_len, heads=heads, head_dim=head_dim,
+    env = None if isa is None else os.environ | {"LLMCORE_KERNELS_MAX_ISA": isa}
+    r = run_check(ops_check, tmp_path, "sdpa", env=env, batch=batch, q_len=q_len, heads=heads, head_dim=head_dim,
                   kv_len=kv_len, kv_heads=kv_heads, start=start, **params)
     assert r.returncode == 0, r.stderr
+    if isa == "portable":  # the switch took effect: the baseline code ran
+        assert "isa=portable" in r.stdout, r.stdout
     if params.get("pool") and params.get("threads", 2) > 1:  # the call found the kernels' threads awake
         assert "kernel_threads_awake=1" in r.stdout, r.stdout
     got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).view(q.shape)
@@ -88,11 +92,14 @@ SDPA_CASES = [
 ]
 
 
+# The attention's two compilations (cpu_isa.h): this CPU's best, and the baseline code an x86
+# without AVX2 runs, forced with LLMCORE_KERNELS_MAX_ISA=portable.
+@pytest.mark.parametrize("isa", [None, "portable"], ids=["best", "portable"])
 @pytest.mark.parametrize("batch,q_len,heads,head_dim,kv_len,kv_heads,start,causal,scale", SDPA_CASES)
 def test_custom_sdpa_matches_torch(ops_check, tmp_path, batch, q_len, heads, head_dim, kv_len, kv_heads, start,
-                                   causal, scale):
+                                   causal, scale, isa):
     q, k, v, got = sdpa_on_random_inputs(ops_check, tmp_path, q_len * 1000 + heads, batch, q_len, heads, head_dim,
-                                         kv_len, kv_heads, start, causal=causal, scale=scale)
+                                         kv_len, kv_heads, start, isa=isa, causal=causal, scale=scale)
     want = reference_sdpa(q, k, v, start, causal, scale)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
 

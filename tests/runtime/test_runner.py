@@ -16,11 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from llmcore.testing.locks import one_at_a_time
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 BUILD = ROOT / "build"
 RUNNER = BUILD / "llmcore_runner"
 TOKENIZE = BUILD / "llmcore_tokenize"
+BUILD_LOCK = BUILD / ".tests-build.lock"
 
 sys.path.insert(0, str(HERE))
 
@@ -42,6 +45,13 @@ def cmake_executable():
 
 @pytest.fixture(scope="session")
 def binaries():
+    with one_at_a_time(BUILD_LOCK):  # pytest-xdist: one worker builds, the others wait
+        _build_binaries()
+    assert RUNNER.exists() and TOKENIZE.exists()
+    return RUNNER, TOKENIZE
+
+
+def _build_binaries():
     if not RUNNER.exists() or not TOKENIZE.exists():
         cmake = cmake_executable()
         if cmake is None:
@@ -60,16 +70,15 @@ def binaries():
         )
         jobs = str(max(1, min(os.cpu_count() or 2, 4)))
         subprocess.run([cmake, "--build", str(BUILD), "-j", jobs], check=True)
-    assert RUNNER.exists() and TOKENIZE.exists()
-    return RUNNER, TOKENIZE
 
 
 def built_tool(name: str) -> Path:
     """``build/NAME``, a test tool of the runner's CMake project (after ``binaries`` configured
     the build folder), built here when missing."""
     tool = BUILD / name
-    if not tool.exists():
-        subprocess.run([cmake_executable(), "--build", str(BUILD), "--target", name], check=True)
+    with one_at_a_time(BUILD_LOCK):
+        if not tool.exists():
+            subprocess.run([cmake_executable(), "--build", str(BUILD), "--target", name], check=True)
     return tool
 
 
@@ -80,12 +89,13 @@ def programs():
     digest = hashlib.sha256(script.read_bytes()).hexdigest()[:16]
     out = BUILD / "runtime-test-data" / digest
     names = ["nocache.pte", "kv.pte", "bare.pte", "tokenizer.json"]
-    if not all((out / n).exists() for n in names):
-        tmp = out.with_name(digest + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        subprocess.run([sys.executable, str(script), str(tmp)], check=True)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
+    with one_at_a_time(out.with_name(digest + ".lock")):
+        if not all((out / n).exists() for n in names):
+            tmp = out.with_name(digest + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            subprocess.run([sys.executable, str(script), str(tmp)], check=True)
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)
     return out
 
 

@@ -96,7 +96,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
         QuantizerRecipe(
             name="coreml-pt2e-8w",
             description="int8 weights (per output channel) with Core ML's own pt2e CoreMLQuantizer; lowers like "
-            "coreml-8w, but its pattern matching costs ~90 s whatever the model size",
+            "coreml-8w, but its pattern matching takes long whatever the model size (docs/backends.md)",
             backends=(BACKEND,),
             pt2e_quantizer=Lazy("llmcore_coreml.quant", "weight_only_int8_quantizer"),
         ),

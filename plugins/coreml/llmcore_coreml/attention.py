@@ -24,6 +24,7 @@ cache rows are always in a query's future, so they are masked too.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmcore.modules import CausalAttention, repeat_kv, replace_modules, refuse_unusual_attention
+from llmcore.records import Transformed
 
 MASK_VALUE = -30000.0
 SDPA_OP = "coreml::sdpa"
@@ -126,7 +128,7 @@ def apply(module: nn.Module, context) -> nn.Module:
     * the plain-PyTorch cache (``--transforms kv-cache-static``) is left as it is: Core ML
       converts its ``index_put_`` and masked SDPA as they are.
     """
-    from llmcore.builtins.kv_cache import CustomOpKVAttention, StaticKVAttention
+    from llmcore.kv_cache import CustomOpKVAttention, StaticKVAttention
 
     refuse_unusual_attention(
         module, plugin="coreml", form="the Core ML attention forms", allowed=(StaticKVAttention,),
@@ -138,12 +140,12 @@ def apply(module: nn.Module, context) -> nn.Module:
         CustomOpKVAttention,
         lambda a: CoreMLKVAttention(a.n_heads, a.n_kv_heads, a.head_dim, a.capacity),
     )
-    if cached:
-        # The program no longer calls llama::custom_sdpa (docs/pte-contract.md).
-        context.use_sdpa_with_kv_cache = False
     replace_modules(
         module,
         CausalAttention,
         lambda a: CoreMLAttention(a.n_heads, a.n_kv_heads, a.head_dim, context.max_seq_len),
     )
+    if cached:
+        # The program no longer calls llama::custom_sdpa (docs/pte-contract.md).
+        return Transformed(module, dataclasses.replace(context.convention, use_sdpa_with_kv_cache=False))
     return module

@@ -8,7 +8,8 @@ dequantizes them on the fly; activations stay in the compute precision).
 * ``coreml-pt2e-8w`` (pt2e): Core ML's own ``CoreMLQuantizer`` with coremltools' linear
   quantizer config, int8 symmetric per-channel weights and fp32 activations. It lowers to
   the same Core ML weights. Its annotation traces some 400 pattern graphs with
-  ``torch.export`` whatever the model: about 90 s on a 2-core machine even for a tiny one.
+  ``torch.export`` whatever the model: a long quantize stage even for a tiny one
+  (docs/backends.md).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmcore.builtins.kv_cache import CustomOpKVAttention, StaticKVAttention
+from llmcore.kv_cache import CustomOpKVAttention, StaticKVAttention
 from llmcore.modules import CausalAttention
 from llmcore.testing.conformance import diff_from_tiny, transformed_tiny
 from llmcore.testing.equivalence import attention_diff

@@ -140,9 +140,10 @@ LLMCORE_AVX2 inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// How far ahead of the step being multiplied its row's weights are prefetched. The
-// hardware prefetcher alone left one decode pass of SmolLM2's 210 layers at 3.1 ms on two
-// threads; 2 KiB ahead, 2.3 ms (256 B: 2.7, 8 KiB: 2.2, 16 KiB: 2.8).
+// How far ahead of the step being multiplied its row's weights are prefetched. A decode
+// step streams each row once, and the hardware prefetcher alone leaves the multiplies
+// waiting on memory. 2 KiB was among the fastest distances tried, nearer and much farther
+// ones slower (docs/performance.md, "Measurements behind the code").
 constexpr int64_t kPrefetchBytes = 2048;
 
 #endif  // LLMCORE_HAVE_X86
@@ -228,12 +229,11 @@ void gemm_rows_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n
 }
 
 #if LLMCORE_HAVE_X86
-// The tiles, once per instruction set (int4_gemm_tiles.inc). The prompt tiles' shapes were
-// chosen with benchmarks/int4_gemm_probe on SmolLM2's MLP (64 tokens, one thread) over
-// unpacked weight rows: AVX2 4 x 3 (54.7-54.9 ms; 3x3, 3x4, 2x4, 2x6 56.5-59.4, 4x2, 4x4,
-// 5x2 59.5-68.1, 2x3 62.8, 3x2 66.4), VNNI 3 x 4 (43.0-43.8 ms; 4x3 alike, 4x4 53.5-54.5,
-// 5x4, 4x6, 6x4, 8x3 63-72).
-// int8 rows keep 3 x 3 (AVX2; 4 x 3 took their MLP pass 111 ms against 95-99) and 3 x 4.
+// The tiles, once per instruction set (int4_gemm_tiles.inc). The prompt tiles' shapes are
+// the fastest of those benchmarks/int4_gemm_probe tried on SmolLM2's MLP (64 tokens, one
+// thread) over unpacked weight rows: AVX2 4 x 3, VNNI 3 x 4. int8 rows keep 3 x 3 on
+// AVX2, where 4 x 3 was slower, and 3 x 4 on VNNI (docs/performance.md, "Measurements
+// behind the code").
 namespace avx2 {
 #define INT4_TARGET LLMCORE_AVX2
 #define INT4_VNNI 0
@@ -241,13 +241,7 @@ namespace avx2 {
 #define INT4_PROMPT_NR 3
 #define INT8_PROMPT_MR 3
 #define INT8_PROMPT_NR 3
-#include "int4_gemm_tiles.inc"
-#undef INT4_TARGET
-#undef INT4_VNNI
-#undef INT4_PROMPT_MR
-#undef INT4_PROMPT_NR
-#undef INT8_PROMPT_MR
-#undef INT8_PROMPT_NR
+#include "int4_gemm_tiles.inc"  // undefines its parameters at its end
 }  // namespace avx2
 
 namespace avx512_vnni {
@@ -257,13 +251,7 @@ namespace avx512_vnni {
 #define INT4_PROMPT_NR 4
 #define INT8_PROMPT_MR 3
 #define INT8_PROMPT_NR 4
-#include "int4_gemm_tiles.inc"
-#undef INT4_TARGET
-#undef INT4_VNNI
-#undef INT4_PROMPT_MR
-#undef INT4_PROMPT_NR
-#undef INT8_PROMPT_MR
-#undef INT8_PROMPT_NR
+#include "int4_gemm_tiles.inc"  // undefines its parameters at its end
 }  // namespace avx512_vnni
 #endif
 

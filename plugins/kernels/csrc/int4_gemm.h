@@ -62,11 +62,9 @@ constexpr int64_t kBlock = 32;
 // An allocator of cache-line-aligned storage, for the buffers the tiles read 32 bytes at a
 // time (the activations rounded to int8, a prompt's unpacked weight rows). malloc aligns to
 // 16 bytes, and a buffer at 16 modulo 32 splits every other 32-byte load across two cache
-// lines: the probe's 64-token MLP pass (AVX2, one thread, on the 2-core Xeon) took 68.0-70.2
-// ms with the unpacked rows or the activations there, 60.2-64.9 on 32-byte boundaries. On
-// two threads the probe showed no change; the runner's 64-token prefill MLP, median of five
-// ETDumps, 44.5 ms before and 41.5 after (docs/performance.md, "What was tried":
-// tile buffers on cache lines).
+// lines, which slowed a prompt's tiles on one thread and the runner's prefill MLP (on two
+// threads the probe could not tell; docs/performance.md, "What was tried": tile buffers on
+// cache lines, and "Measurements behind the code").
 template <typename T>
 struct CacheLineAllocator {
   using value_type = T;

@@ -10,11 +10,10 @@
 //
 // With these and the KV-cache ops (llama::update_cache, llama::custom_sdpa) a layer is
 // six operator calls and no XNNPACK delegate: recipe 8da4w-layers. Why: a delegate call
-// costs its fixed set-up whatever it computes (~14 us a call on SmolLM2's decode step, 62
-// calls a token with 8da4w-mlp, where the MLP operator cuts each layer's partition in two),
-// and the projections between the attention and the MLP were left to XNNPACK's AVX2 int4
-// GEMM, half the speed of int4_gemm.cpp's (docs/performance.md, "Whole layers on llmcore's
-// kernels").
+// costs its fixed set-up whatever it computes (SmolLM2's decode step makes 62 of them with
+// 8da4w-mlp, where the MLP operator cuts each layer's partition in two), and the
+// projections between the attention and the MLP were left to XNNPACK's AVX2 int4 GEMM,
+// slower than int4_gemm.cpp's (docs/performance.md, "Whole layers on llmcore's kernels").
 //
 // q, k and v come from one GEMM over the three weights' rows stacked (q's, then k's, then
 // v's): every row's blocks and every token's int8 rounding are those of the three separate

@@ -2,8 +2,8 @@
 //
 // Why: XNNPACK 1.5.1's AVX2 int4 GEMM widens nibbles to 16 bits and multiplies 16 pairs an
 // instruction; int4_gemm.cpp multiplies 32 with vpmaddubsw, eight blocks a register, and
-// prefetches the weight rows. In SmolLM2's programs on AVX2 that prefills 1.2-1.5x faster
-// than 8da4w's XNNPACK MLPs (docs/performance.md, "An int4 GEMM of our own"). One
+// prefetches the weight rows. On AVX2 that prefills faster than 8da4w's XNNPACK MLPs
+// (plugins/kernels/README.md; docs/performance.md, "An int4 GEMM of our own"). One
 // operator for the whole MLP, not one per linear, because an operator outside the delegate
 // splits XNNPACK's partition where it stands: three projections and the SiLU between them
 // would cut each block's partition into four, each piece a delegate call with its fixed

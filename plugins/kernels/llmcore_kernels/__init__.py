@@ -76,8 +76,8 @@ def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
         RuntimeLibrary(
             name="llmcore_xnnpack_reshape",
             description="XNNPACK's whole-runtime reshape only when a delegate's input shapes changed, as in "
-            "llmcore_runner: ExecuTorch's delegate asks for one on every call, ~9% of a decode step's "
-            "time on SmolLM2 (docs/performance.md); LLMCORE_XNNPACK_RESHAPE=always turns it off",
+            "llmcore_runner: ExecuTorch's delegate asks for one on every call, a share of every decode "
+            "step (docs/performance.md); LLMCORE_XNNPACK_RESHAPE=always turns it off",
             ops=(),
             shared_library=library.xnnpack_reshape_library,
             declared=False,

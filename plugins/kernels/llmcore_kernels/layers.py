@@ -11,8 +11,8 @@ A layer then runs as
 with no XNNPACK delegate inside it (``csrc/int4_layer.h`` says why). After the layers, the
 final norm becomes ``llmcore::rms_norm`` (:mod:`.rmsnorm`) and the output layer (int8 per
 channel, or int4 blocks) ``llmcore::int4_linear`` on the same GEMM (:class:`KernelLinear`),
-so that no XNNPACK delegate is left: its AVX2 int8 GEMM read SmolLM2's 28 MB output layer at
-14 GB/s where llmcore's reads the MLPs at 20 (docs/performance.md, "The output layer on
+so that no XNNPACK delegate is left: its AVX2 int8 GEMM read SmolLM2's 28 MB output layer
+more slowly than llmcore's reads the MLPs (docs/performance.md, "The output layer on
 llmcore's GEMM"). A quantized linear the GEMM cannot take stays with XNNPACK.
 
 A layer qualifies when it is a pre-norm Llama block (``attention_norm``, ``attention`` with
@@ -44,8 +44,9 @@ log = logging.getLogger(__name__)
 # ||kernels - block|| / ||block|| (the layer's own contribution) allowed by the swap check.
 # Wider than the MLP's: the kernels norm in C++ (llmcore::rms_norm's arithmetic) and the
 # block in PyTorch, so a normed value may differ by an ulp and round to the neighbouring
-# int8 step, and the step travels through attention and the MLP. SmolLM2's 30 layers: 29
-# at 2.5e-7 to 5.7e-7, one at 3.3e-3. A wrong RoPE pairing or norm is off by 0.1 and more.
+# int8 step, and the step travels through attention and the MLP: most layers agree to
+# float rounding and the odd one by far more, while a wrong RoPE pairing or norm is off by
+# 0.1 and more (docs/custom-kernels.md, "Testing a kernel", has SmolLM2's figures).
 CHECK_TOLERANCE = 0.02
 PARTS = ("attention_norm", "attention", "ffn_norm", "feed_forward")
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from llmcore.testing.locks import one_at_a_time
+
 ROOT = Path(__file__).resolve().parents[3]
 BUILD = ROOT / "build"
 RUNNER = BUILD / "llmcore_runner"
@@ -30,6 +32,12 @@ def kernel_library() -> Path:
         if not (folder / library.AOT_LIBRARY).is_file():
             pytest.fail(f"{library.LIB_DIR_ENV}={folder} holds no {library.AOT_LIBRARY}")
         return folder
+    with one_at_a_time(BUILD / ".tests-build.lock"):  # pytest-xdist: one worker builds, the others wait
+        _build(targets)
+    return BUILD
+
+
+def _build(targets) -> None:
     if not all(t.is_file() for t in targets):
         # The venv's cmake when present (the build needs CMake >= 3.28), else PATH's.
         venv_cmake = Path(sys.executable).parent / "cmake"
@@ -46,7 +54,6 @@ def kernel_library() -> Path:
              "llmcore_llm_ops_keyed", "llmcore_xnnpack_reshape", "llmcore_runner"],
             check=True, stdout=subprocess.DEVNULL,
         )
-    return BUILD
 
 
 @pytest.fixture(scope="session")

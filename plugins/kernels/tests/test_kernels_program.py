@@ -22,8 +22,9 @@ PROMPT = "Hello there, world"
 def original_model():
     """The same random tiny Llama the export started from, without any transform."""
     from llmcore.pipeline.load import load_model
+    from llmcore.pipeline.plan import resolve_plan
 
-    loaded = load_model(ExportOptions(model="llama", config="tiny", output="unused.pte"), load_registry())
+    loaded = load_model(resolve_plan(ExportOptions(model="llama", config="tiny", output="unused.pte"), load_registry()))
     return loaded.module.eval()
 
 

@@ -24,8 +24,9 @@ def rmsnorm(kernel_library):
 
 def tiny_llama(config: str = "tiny"):
     from llmcore.pipeline.load import load_model
+    from llmcore.pipeline.plan import resolve_plan
 
-    return load_model(ExportOptions(model="llama", config=config, output="unused.pte"), load_registry())
+    return load_model(resolve_plan(ExportOptions(model="llama", config=config, output="unused.pte"), load_registry()))
 
 
 def test_swapped_llama_matches_eager(rmsnorm):

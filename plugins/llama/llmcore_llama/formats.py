@@ -33,9 +33,10 @@ def gguf_architecture(path: Path) -> Optional[str]:
     ``path`` is not a readable GGUF file.
 
     Read by walking the header up to that key (it comes first in llama.cpp's files), not
-    with ``gguf.GGUFReader``, which parses every key and tensor info (about 2 s for
-    SmolLM2-135M's, whose vocabulary is 49k strings): each family's loader asks this when
-    an export leaves out ``--model``.
+    with ``gguf.GGUFReader``, which parses every key and tensor info (seconds for
+    SmolLM2-135M's, whose vocabulary is 49k strings; docs/performance.md, "Measurements
+    behind the code"): each family's loader asks this when an export leaves out
+    ``--model``.
     """
     if not is_gguf(path):
         return None
@@ -227,8 +228,8 @@ def read_gguf_header(path: Path, block_sizes: dict) -> GGUFHeader:
     must be among them and the tensor data must lie inside the file.
 
     Read here rather than with ``gguf.GGUFReader``: the reader makes a numpy view of the file
-    per string of the vocabulary and merges (1-1.7 s for SmolLM2-135M's 49k tokens and 49k
-    merges on the 2-core machine), where this walk takes ~0.1 s.
+    per string of the vocabulary and merges (SmolLM2-135M has 49k of each), many times
+    slower than this walk (docs/performance.md, "Measurements behind the code").
     ``plugins/llama/tests/test_gguf_header.py`` holds it to the reader's answers."""
     import mmap
 

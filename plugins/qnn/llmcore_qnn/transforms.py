@@ -26,6 +26,7 @@ and fp16, so the result equals the ``-inf`` mask's, and it survives quantized
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmcore.modules import CausalAttention, replace_modules, refuse_unusual_attention
+from llmcore.records import Transformed
 
 MASK_VALUE = -30000.0
 
@@ -74,7 +76,7 @@ class SingleHeadAttention(nn.Module):
 
 
 class SingleHeadStaticKVAttention(nn.Module):
-    """``llmcore.builtins.kv_cache.StaticKVAttention`` (plain-PyTorch cache, ``[S, H, D]``
+    """``llmcore.kv_cache.StaticKVAttention`` (plain-PyTorch cache, ``[S, H, D]``
     buffers written with ``index_put_``) with a per-head attention loop over the cache."""
 
     def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, capacity: int):
@@ -134,7 +136,7 @@ def single_head_attention(module: nn.Module, context) -> nn.Module:
     ``kv-cache-static``, becomes :class:`SingleHeadStaticKVAttention`: the program keeps
     the cached calling convention, with a plain-PyTorch cache.
     """
-    from llmcore.builtins.kv_cache import CustomOpKVAttention, StaticKVAttention
+    from llmcore.kv_cache import CustomOpKVAttention, StaticKVAttention
 
     refuse_unusual_attention(
         module, plugin="qnn", form="the QNN single-head attention",
@@ -160,8 +162,8 @@ def single_head_attention(module: nn.Module, context) -> nn.Module:
             "the model has no llmcore.modules.CausalAttention (nor a cached attention of llmcore's "
             "kv-cache transforms) to split into single heads"
         )
-    if custom:
-        context.use_sdpa_with_kv_cache = False
+    if custom:  # the program no longer calls llama::custom_sdpa
+        return Transformed(module, dataclasses.replace(context.convention, use_sdpa_with_kv_cache=False))
     return module
 
 

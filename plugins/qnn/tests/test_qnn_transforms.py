@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from llmcore.builtins.kv_cache import CustomOpKVAttention, StaticKVAttention
+from llmcore.kv_cache import CustomOpKVAttention, StaticKVAttention
 from llmcore.modules import CausalAttention
 from llmcore.testing.conformance import diff_from_tiny, tiny_model, transformed_tiny
 from llmcore.testing.equivalence import attention_diff

@@ -76,7 +76,7 @@ class FiniteMaskAttention(nn.Module):
 
 
 def _has_plain_pytorch_cache(module: nn.Module) -> bool:
-    from llmcore.builtins.kv_cache import StaticKVAttention
+    from llmcore.kv_cache import StaticKVAttention
 
     return any(isinstance(m, StaticKVAttention) for m in module.modules())
 

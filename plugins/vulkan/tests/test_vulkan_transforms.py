@@ -53,7 +53,7 @@ def test_no_cache_program_matches_original(family):
 @pytest.mark.parametrize("family", ["nanogpt", "llama"])
 def test_default_cache_is_kept_and_matches_original(family):
     # Vulkan implements llama::update_cache and llama::custom_sdpa: the transform leaves them.
-    from llmcore.builtins.kv_cache import CustomOpKVAttention
+    from llmcore.kv_cache import CustomOpKVAttention
 
     module, context, applied = transformed_tiny(family, ["vulkan"])
     assert applied == ["kv-cache", "vulkan-attention"]

@@ -75,6 +75,7 @@ def llmcore_partitioners() -> list[Backend]:
             runtime_id="XnnpackBackend",
             runs_on="any CPU (Android, iOS, Linux, macOS, Windows)",
             while_lowering=_while_lowering,
+            upstream_patches=Lazy("llmcore_xnnpack.lowering", "upstream_patches"),
             options={
                 "per_op_mode": (bool, False, "one delegate per operator instead of the largest subgraphs"),
                 "fp32_only": (bool, False, "delegate only fp32 operators, leave quantized ones to the portable runtime"),
@@ -83,7 +84,7 @@ def llmcore_partitioners() -> list[Backend]:
                     True,
                     "store a table shared by the embedding and an fp32 output layer once: the output layer "
                     "runs in the runtime's linear kernel instead of XNNPACK, which would keep its own copy "
-                    "(+31% for GPT-2); false restores ExecuTorch's default",
+                    "(a larger file: plugins/xnnpack/README.md); false restores ExecuTorch's default",
                 ),
             },
         )
@@ -102,8 +103,8 @@ def _outlier_split_option(default: bool) -> tuple:
         bool,
         default,
         "run each GEMM on two int8 rows per token, the token clamped to 1/8 of its largest value and the "
-        "clamped-off outliers (false: one row): on SmolLM2's GGUF 7x less KL divergence from the float "
-        "model, for ~20% slower decode and ~45% slower prefill (docs/quantization.md)",
+        "clamped-off outliers (false: one row): less KL divergence from the float model, for slower "
+        "decode and prefill (docs/quantization.md)",
     )
 
 
@@ -125,7 +126,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                 "int4 weights (symmetric, per group) with int8 activations quantized per token at run time, "
                 "for every linear layer, run by XNNPACK; the output layer at int8 per channel unless "
                 "output_bits=4; embedding tables as int8 rows (embedding_bits=4: int4, 0: fp32), run by the "
-                "runtime's quantized embedding kernels (GPT-2: 227 MB with fp32 tables -> 116 / 97 MB)"
+                "runtime's quantized embedding kernels (the file sizes: plugins/xnnpack/README.md)"
             ),
             backends=(BACKEND,),
             source_quantize=Lazy("llmcore_xnnpack.recipes", "quantize_8da4w"),
@@ -138,29 +139,29 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                     "does not divide gets the largest multiple of 32 that does, one whose in-features are "
                     "not a multiple of 32 stays fp32",
                 ),
-                **_embedding_options(8),  # int8 tables by default: 81 MiB less on SmolLM2 (docs/quantization.md)
+                **_embedding_options(8),  # int8 tables by default: smaller, same perplexity (docs/quantization.md)
                 "activation_aware": (
                     bool,
                     True,
                     "choose each symmetric int4 scale for the output error it causes, weighting every input "
-                    "feature by its mean square on calibration text (false: hqq's choice); on SmolLM2 mean KL "
-                    "from fp32 0.297 -> 0.22, below llama.cpp Q4_0's (docs/quantization.md)",
+                    "feature by its mean square on calibration text (false: hqq's choice); lowers the mean KL "
+                    "divergence from the float model (docs/quantization.md)",
                 ),
                 "awq": (
                     bool,
                     True,
                     "scale each linear's input channels before rounding (AWQ), folded into the norm or "
                     "projection before it, the scales searched on calibration text for the least output "
-                    "error; models that list no foldable channels get none. Symmetric blocks only. On "
-                    "SmolLM2 mean KL from fp32 0.24 -> 0.13 (docs/quantization.md)",
+                    "error; models that list no foldable channels get none. Symmetric blocks only. Lowers "
+                    "the mean KL divergence from the float model (docs/quantization.md)",
                 ),
                 "calibration_text": _CALIBRATION_TEXT_OPTION,
                 "hqq": (
                     bool,
                     True,
                     "choose int4 scales with HQQ's scale search (false: min/max): int4 embeddings always, "
-                    "linears when activation_aware=false; on SmolLM2 it cuts the perplexity loss of min/max "
-                    "about in half",
+                    "linears when activation_aware=false; less loss than min/max's scales "
+                    "(docs/quantization.md)",
                 ),
                 "asymmetric": (
                     bool,
@@ -178,7 +179,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             description=(
                 "int8 weights (symmetric, per output channel, activation-aware scales) for every linear layer, "
                 "int8 activations per token with the outliers on a second row (outlier_split), run by XNNPACK: "
-                "the quality-first recipe (SmolLM2: mean KL from fp32 0.0040, below llama.cpp Q8_0's); "
+                "the quality-first recipe (docs/quantization.md); "
                 "embeddings stay fp32 unless embedding_bits=8 or 4"
             ),
             backends=(BACKEND,),
@@ -190,14 +191,14 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                     bool,
                     True,
                     "choose each channel's int8 scale for the output error it causes, weighting every input "
-                    "feature by its mean square on calibration text (false: min/max); on SmolLM2 mean KL from "
-                    "fp32 0.0054 -> 0.0040 (docs/quantization.md)",
+                    "feature by its mean square on calibration text (false: min/max); lowers the mean KL "
+                    "divergence from the float model (docs/quantization.md)",
                 ),
                 "awq": (
                     bool,
                     True,
-                    "scale each linear's input channels before rounding (AWQ, as 8da4w's awq); on SmolLM2 "
-                    "mean KL from fp32 0.0041 -> 0.0032 (docs/quantization.md)",
+                    "scale each linear's input channels before rounding (AWQ, as 8da4w's awq); lowers the "
+                    "mean KL divergence from the float model (docs/quantization.md)",
                 ),
                 "calibration_text": _CALIBRATION_TEXT_OPTION,
                 "outlier_split": _outlier_split_option(True),

@@ -7,7 +7,7 @@ it turns the chain into a dynamically quantized tensor with one non-batch dimens
 every row (every token) gets its own scale and zero point, from the row's own range
 (including 0), asymmetric int8. Per token is the more accurate of the two, and for a
 prompt whose tokens differ in range (an LLM's first token usually does) the two differ
-a lot: SmolLM2's parity line read max |diff| 10.7, top-1 50% against the per-tensor graph.
+a lot (docs/quantization.md, "Notes": ``int8-dynamic``'s parity line).
 
 :func:`per_token_activations` rewrites the converted graph to ``quantized_decomposed``'s
 per-token ops, so that the parity check compares the program with what it is meant to
@@ -52,8 +52,9 @@ def per_token_activations(graph_module: torch.fx.GraphModule) -> torch.fx.GraphM
 def dequantize_per_channel_lean(input, scales, zero_points, axis, quant_min, quant_max, dtype, *, out_dtype=None):
     """``quantized_decomposed.dequantize_per_channel``'s values with one temporary the size of
     the weight. The decomposed op subtracts the zero points in int64 and then multiplies: for
-    SmolLM2's 49152 x 576 output layer that is 226 MB of int64 beside 113 MB of floats, and
-    the eager reference of an ``int8-dynamic`` export peaked 1000 MB above the model for it.
+    SmolLM2's 49152 x 576 output layer that is 226 MB of int64 beside 113 MB of floats, which
+    raised the eager reference's peak in an ``int8-dynamic`` export (docs/performance.md,
+    "Measurements behind the code").
     ``q - zero_point`` is a small integer, exact in float32, so subtracting after the cast
     and multiplying in place rounds once, as the decomposed op does."""
     work = torch.promote_types(scales.dtype, torch.float32)

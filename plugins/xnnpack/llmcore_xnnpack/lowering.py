@@ -15,8 +15,8 @@ one keeps, so :func:`ops_to_not_decompose` checks that and, if so, gives no filt
 fast path runs. Anything the filter declines keeps the slow path.
 
 **XNNPACK's preprocess passes.** Each delegate goes through 17 graph passes, each a
-full fake-tensor retrace (~0.1-0.2 s each on the 2-core build machine), before it is
-serialized; for a decoder layer all but two of them change nothing. Two of them look for a
+full fake-tensor retrace, before it is serialized; for a decoder layer all but two of
+them change nothing. Two of them look for a
 pattern (bilinear upsampling, decomposed attention) that cannot be there when the partition
 lacks its key operator, six others rewrite only nodes of a few operators (batch norm,
 concatenation, ...): they are skipped on partitions without them (:func:`could_match`). The
@@ -236,8 +236,8 @@ class PassedGraph:
 # Passes that only replace one of ExecuTorch's patterns, by class name, and an operator that
 # every one of their patterns contains (``test_lowering`` checks that against ExecuTorch's own
 # pattern graphs). A partition without that operator holds no match, and the pass would only
-# retrace it; its first call also builds the pattern graphs with ``torch.export`` (~3 s for
-# these two, once per process, on the 2-core machine).
+# retrace it; its first call also builds the pattern graphs with ``torch.export``, once per
+# process, a cost of its own (docs/performance.md, "Measurements behind the code").
 PATTERN_PASS_OPERATORS = {
     "ConvertToUpsampleBilinear2d": "aten.upsample_bilinear2d.vec",
     "ConvertToSDPAPass": "aten._softmax.default",
@@ -246,10 +246,10 @@ PATTERN_PASS_OPERATORS = {
 
 # Passes that rewrite only nodes of some operators (and then retrace the whole partition,
 # whether they rewrote any or not), by class name: those operators. On a partition without
-# them the pass changes nothing and costs a retrace, ~0.05-0.1 s for a decoder layer's
-# partition on the 2-core machine: SmolLM2's export spent ~1.2 s on them over four
-# structures. ``test_lowering`` checks the names against the passes (their operator lists
-# and source); its byte-for-byte comparison with every pass run shows the skips change nothing.
+# them the pass changes nothing and costs a retrace, for each partition structure
+# (docs/performance.md, "Measurements behind the code"). ``test_lowering`` checks the
+# names against the passes (their operator lists and source); its byte-for-byte comparison
+# with every pass run shows the skips change nothing.
 NODE_PASS_OPERATORS = {
     "FuseBatchNormPass": ("aten.native_batch_norm.default", "aten._native_batch_norm_legit_no_training.default"),
     "DecomposeBatchNorm": ("aten.native_batch_norm.default", "aten._native_batch_norm_legit_no_training.default"),
@@ -454,10 +454,16 @@ PATCHES = tuple(
             },
             requires=(upstream.TORCH, upstream.EXECUTORCH),
             why="XNNPACK's GEMM configs walk the whole graph for its linear source partitions once "
-                "per candidate node, work that grows with the square of the layer count (~0.56 s of "
-                "lowering at 30 layers); they are found once per matching.",
+                "per candidate node, work that grows with the square of the layer count; they are "
+                "found once per matching.",
             apply=source_partitions_found_once,
             module=__name__,
         ),
     )
 )
+
+
+def upstream_patches() -> tuple:
+    """The patches :func:`while_lowering` (and :func:`ops_to_not_decompose`) apply: the
+    backend's ``upstream_patches``, whose ranges an export checks before it loads a model."""
+    return PATCHES

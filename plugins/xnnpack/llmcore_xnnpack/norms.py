@@ -3,8 +3,8 @@
 XNNPACK lowers ``mean`` only over the two inner dims of a 4-D tensor (a global average
 pool) and has no ``layer_norm``. A norm over the last dim of ``[B, T, C]`` therefore leaves
 its ``mean`` (or the whole ``layer_norm``) to the portable runtime, which splits every
-transformer layer into several delegates with the activations written out in between:
-SmolLM2-135M lowered to 123 XNNPACK subgraphs, and lowering took minutes longer.
+transformer layer into several delegates with the activations written out in between,
+and lowering takes far longer (docs/performance.md, "Measurements behind the code").
 
 The same arithmetic over a ``[N, 1, 1, C]`` view is a global average pool, so the norms
 here compute exactly what :class:`llmcore.modules.RMSNorm` and

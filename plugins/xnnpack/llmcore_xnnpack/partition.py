@@ -15,7 +15,7 @@ constants from different places:
 Neither can read the other's store: a portable tensor may point at named data only as an
 "external" constant, which the runtime resolves from a separate ``.ptd`` file and never
 from the ``.pte`` itself (``PteDataMap`` has no tensor layouts). So the default XNNPACK
-partitioner writes ``W`` twice: +154 MB (31%) for GPT-2 124M in fp32.
+partitioner writes ``W`` twice (the plugin's README has the sizes for GPT-2 124M).
 
 What we do instead
 ------------------
@@ -24,10 +24,10 @@ to the runtime's own ``linear`` kernel, which reads ``W`` from the constant buff
 the embedding reads it: one copy. The linear is kept whole (not decomposed into
 ``permute + mm``), otherwise the transpose would be folded into a second, transposed
 constant. The output layer of these models runs on the last position only (a
-matrix-vector product, memory bound), where that kernel is as fast as XNNPACK's (both
-~50 ms for GPT-2's 768 x 50257 on the 2-core build machine). The alternative, XNNPACK with
-the weight as a runtime input, also stores it once but repacks 154 MB on every call
-(~92 ms for the same product), so it is not offered.
+matrix-vector product, memory bound), where that kernel is as fast as XNNPACK's. The
+alternative, XNNPACK with the weight as a runtime input, also stores it once but repacks
+the weight on every call, so it is not offered (plugins/xnnpack/README.md has the
+figures).
 
 Quantized output layers are not affected: their weight is a new (quantized) tensor, not
 the embedding's parameter, and XNNPACK takes them as usual.
@@ -125,7 +125,8 @@ class SharedTableLinearConfig(LinearConfig):
 
 # Operators that only give a tensor another shape: a partition of nothing else computes
 # nothing, yet costs a delegate call each forward (its inputs and outputs bound, its
-# runtime entered: 10-25 us on a 2-core machine), where the runtime's own view is free.
+# runtime entered; docs/performance.md, "Measurements behind the code"), where the
+# runtime's own view is free.
 _SHAPE_ONLY = frozenset({"view_copy", "squeeze_copy", "unsqueeze_copy"})
 
 

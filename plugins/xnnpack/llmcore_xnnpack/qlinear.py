@@ -18,7 +18,7 @@ scales the caller chose, rather than through torchao's tensor subclasses, for tw
    ``in/32`` columns wide, beside the int4 one.
 2. Lowering is faster: the ``quantized_decomposed`` ops have plain shape functions, while
    torchao's ``choose_qparams_affine`` is traced in Python on every one of the ~20 times
-   lowering re-traces the graph (4-layer SmolLM2 shape, cProfile: lower 136 s -> 80 s).
+   lowering re-traces the graph (docs/performance.md, "Measurements behind the code").
 
 Per-token int8 activations are most of what a 4-bit program loses next to its source: one scale
 for 576 or 1536 values, set by the token's few outliers, leaves the rest a handful of levels.
@@ -26,12 +26,11 @@ With ``outlier_split`` a layer instead runs its GEMM on two rows per token (see
 :func:`split_outliers`): the token clamped to an eighth of its largest magnitude, and what the
 clamp removed (zero except at the outliers). Each row gets its own int8 scale from XNNPACK's
 own per-token quantization, and the two products add up to the product with ``x``. On
-SmolLM2's Q4_1 GGUF it cuts the mean KL divergence from the fp32 model's next-token
-distribution about 8x (0.020 -> 0.0026; per-32 int8 blocks, as llama.cpp quantizes
-activations, give 0.0025). It is not the default of the 4-bit recipes because XNNPACK's int4
-GEMM takes twice as long for two rows as for one, even at decode (ETDump: 0.015 -> 0.031 ms
-per call for SmolLM2's 576 x 1536 layers), and the split adds ~10 small operators per input:
-decode runs ~20% slower and prefill ~45% (docs/quantization.md).
+SmolLM2's Q4_1 GGUF it brings the mean KL divergence from the fp32 model's next-token
+distribution down to what per-32 int8 blocks, as llama.cpp quantizes activations, give. It
+is not the default of the 4-bit recipes because XNNPACK's int4 GEMM takes as long for two
+rows as for two tokens, even at decode, and the split adds ~10 small operators per input:
+decode and prefill run slower (docs/quantization.md, "Activations on two rows").
 
 XNNPACK keeps blockwise scales in bf16, so :class:`BlockInt4Linear` rounds them to bf16 when
 built: the eager module computes what the program computes, and the parity check compares
@@ -65,7 +64,8 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
 
 
 # A token's values above this fraction of its largest magnitude go to the second row.
-# 1/8 was the best of 1/4, 1/8 and 1/16 (KL 0.0035 / 0.0025 / 0.0035 on SmolLM2's Q4_1 GGUF).
+# 1/8 was the best of 1/4, 1/8 and 1/16 by mean KL on SmolLM2's Q4_1 GGUF
+# (docs/quantization.md, "Activations on two rows").
 OUTLIER_FRACTION = 0.125
 
 # The last result of each computation layers share per input (split_outliers, block_means),
@@ -120,10 +120,11 @@ def rounded_per_token(x: torch.Tensor) -> torch.Tensor:
     """:func:`quantize_activations`' values, computed in a few fp32 operations.
 
     For searches that round the same small activations hundreds of times: the decomposed
-    operators take 0.4-3.7 ms for a [128, 576-1536] input (they quantize in float64), this
-    0.08-0.12 ms. The two differ only where ``x / scale`` lies on a rounding tie in one
-    precision and not the other (about one value in a million, by one int8 step), which
-    does not move a search's choice; ``test_qlinear`` holds them to that."""
+    operators quantize in float64, several times slower than this (docs/quantization.md,
+    "Side by side with llama.cpp, one run"). The two differ only where ``x / scale`` lies on
+    a rounding tie in one precision and not the other (about one value in a million, by
+    one int8 step), which does not move a search's choice; ``test_qlinear`` holds them to
+    that."""
     lo = x.amin(-1, keepdim=True).clamp(max=0)
     hi = x.amax(-1, keepdim=True).clamp(min=0)
     scale = ((hi - lo) / 255.0).clamp(min=torch.finfo(torch.float32).eps)
@@ -263,8 +264,9 @@ class ChannelInt8Linear(nn.Module):
             )
             return int8_gemm(x, w, self.bias, self.outlier_split)
         # Eager (the parity reference): the same values, a slice of output rows at a time.
-        # The decomposed op's int64 temporary of SmolLM2's 49152 x 576 output layer would add
-        # ~340 MiB to the export's peak, and even one fp32 copy of it 108 MiB.
+        # The decomposed op's int64 temporary of SmolLM2's 49152 x 576 output layer, and even
+        # one fp32 copy of it, would add to the export's peak (docs/performance.md,
+        # "Measurements behind the code").
         parts = []
         for start in range(0, self.out_features, _ROWS):
             rows = slice(start, start + _ROWS)
@@ -307,8 +309,8 @@ def int4_blocks(weight: torch.Tensor, block: int, hqq: bool = False) -> tuple[to
 
 
 # Scales int4_blocks_activation_aware tries per block, as fractions of min/max's (amax / 7.5).
-# On SmolLM2 (calibrated on llmcore's built-in text, KL from fp32 on the quality benchmark's
-# text) 26 steps from 0.7 to 1.2 give mean KL 0.222; HQQ's scale-only search gives 0.297.
+# On SmolLM2 26 steps from 0.7 to 1.2 beat HQQ's scale-only search by mean KL from fp32
+# (docs/quantization.md, "Activation-aware scales by default").
 _SCALE_FRACTIONS = torch.linspace(0.7, 1.2, 26).tolist()
 
 
@@ -325,8 +327,8 @@ def int4_blocks_activation_aware(
     a scale fitted to the weights alone spends precision evenly. This is the diagonal of
     GPTQ's objective with no error feedback: on SmolLM2, GPTQ's full column-by-column
     feedback calibrated on a few hundred tokens of unrelated text made the program worse
-    than no calibration (KL 0.33-0.40 against 0.29), while the diagonal alone needs only a
-    few hundred tokens (128 calibration tokens: KL 0.235; 256: 0.224; 1024: 0.222).
+    than no calibration, while the diagonal alone needs only a few hundred tokens
+    (docs/quantization.md, "Activation-aware scales by default").
 
     The candidates are rounded to bf16 (XNNPACK's scale type) before they are scored, so the
     chosen scale is the program's. A 1% floor on the energies keeps channels the text never
@@ -386,8 +388,8 @@ def _least_output_error(wb: torch.Tensor, energy: torch.Tensor, candidates, qmin
 
 
 # Rounds of "round to the grid, refit the grid" in int4_blocks_affine (the first is min/max's
-# grid). Mean weight error over 14 of SmolLM2's matrices in groups of 64, after 1, 2, 4, 6 and
-# 10 rounds: 7.88%, 7.53%, 7.27%, 7.19%, 7.18%.
+# grid). Past six rounds the weight error hardly moves (docs/quantization.md, "Asymmetric
+# blocks").
 _AFFINE_REFITS = 6
 
 
@@ -456,10 +458,10 @@ def _affine_round(w: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Te
 # float temporaries of a whole matrix would add several hundred MiB to the export's peak.
 _ROWS = 4096
 # Rows per step of the scale searches and the error sums, which make a dozen temporaries
-# per step: 512 rows (~1-3 MiB each) ran as fast as 4096 (one SmolLM2 layer's int4 search:
-# 47 against 53 ms) and keep fewer heap pages between ``heap_for_temporaries`` scopes. The
-# results do not depend on the step: every row is computed alone (the same q and scales
-# from 32 to 4096 rows).
+# per step: 512 rows (~1-3 MiB each) ran as fast as 4096 (docs/performance.md,
+# "Measurements behind the code") and keep fewer heap pages between
+# ``heap_for_temporaries`` scopes. The results do not depend on the step: every row is
+# computed alone (the same q and scales from 32 to 4096 rows).
 _SEARCH_ROWS = 512
 
 
@@ -509,7 +511,8 @@ def relative_error(approx, exact: torch.Tensor) -> float:
     ``approx`` is a tensor or a layer with ``weight_values(rows)``, read a few rows at a time.
 
     In fp32: torch sums pairwise, so the figure agrees with a float64 sum to ~1e-7
-    relative, and it is 20x faster (1.1 s of SmolLM2's export was this line of its summary)."""
+    relative, and it is much faster: the float64 sum was a visible part of an export
+    (docs/performance.md, "Measurements behind the code")."""
     values = approx.weight_values if callable(getattr(approx, "weight_values", None)) else approx.__getitem__
     diff = norm = 0.0
     with heap_for_temporaries(give_back=False):

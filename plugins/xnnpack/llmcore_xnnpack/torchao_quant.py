@@ -156,8 +156,9 @@ def _int8_row_table(embedding: nn.Embedding, group: int) -> "StoredByteEmbedding
     """8-bit rows, symmetric, one scale (``amax / 127``) per ``group`` columns (0: per row):
     a GGUF's Q8_0 form, looked up by the same ``embedding_byte`` kernel as a table the
     checkpoint stores that way. Rounded here, a few rows at a time, rather than by torchao's
-    ``quantize_``, whose full-size fp32 temporaries put about 300 MiB over SmolLM2's export
-    peak; the program's operator is the same."""
+    ``quantize_``, whose full-size fp32 temporaries raised the export's peak
+    (docs/performance.md, "Measurements behind the code"); the program's operator is the
+    same."""
     from llmcore_xnnpack.qlinear import int8_channels
 
     rows, width = embedding.weight.shape

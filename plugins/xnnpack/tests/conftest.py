@@ -55,10 +55,11 @@ def tiny_calibration(registry):
     the model's tokens, one call), for the unexported model: its eager twin then gets the
     scales the program got."""
     from llmcore.pipeline.load import load_model
+    from llmcore.pipeline.plan import resolve_plan
     from llmcore.recipe import ExportOptions
     from llmcore.testing.conformance import calibration_of
 
-    return calibration_of(load_model(ExportOptions(model="nanogpt", config="tiny", output="unused.pte"), registry))
+    return calibration_of(load_model(resolve_plan(ExportOptions(model="nanogpt", config="tiny", output="unused.pte"), registry)))
 
 
 @pytest.fixture(scope="session")
