@@ -160,7 +160,8 @@ def tensor_data(name: str, dims: tuple[int, ...], kind: str, shape: Shape, rng: 
 
 
 def smollm2_tokenizer(vocab: int) -> dict:
-    """SmolLM2's BPE tokenizer from its GGUF, padded with unused entries to ``vocab``."""
+    """SmolLM2's BPE tokenizer from its GGUF, padded with unused entries to ``vocab``: the
+    tokenizer keys, by ``GGUFWriter.add_<key>``."""
     import gguf
 
     if not SMOLLM2_GGUF.is_file():
@@ -184,19 +185,34 @@ def smollm2_tokenizer(vocab: int) -> dict:
     if vocab < len(tokens):
         raise SystemExit(f"real_shapes: vocabulary {vocab} is smaller than SmolLM2's {len(tokens)}")
     padding = vocab - len(tokens)
-    return {
-        "model": bytes(field("tokenizer.ggml.model").parts[-1]).decode(),
-        "pre": bytes(field("tokenizer.ggml.pre").parts[-1]).decode() if "tokenizer.ggml.pre" in reader.fields else None,
+    keys = {
+        "tokenizer_model": bytes(field("tokenizer.ggml.model").parts[-1]).decode(),
+        "tokenizer_pre": bytes(field("tokenizer.ggml.pre").parts[-1]).decode()
+        if "tokenizer.ggml.pre" in reader.fields else None,
         # ordinary vocabulary entries no merge produces: the embedding and output rows exist,
         # as in the real model, without tens of thousands of special tokens to match in text
-        "tokens": tokens + [f"<unused_{i}>" for i in range(padding)],
-        "types": types + [int(gguf.TokenType.NORMAL)] * padding,
-        "merges": strings("tokenizer.ggml.merges"),
-        "bos": scalar("tokenizer.ggml.bos_token_id"),
-        "eos": scalar("tokenizer.ggml.eos_token_id"),
+        "token_list": tokens + [f"<unused_{i}>" for i in range(padding)],
+        "token_types": types + [int(gguf.TokenType.NORMAL)] * padding,
+        "token_merges": strings("tokenizer.ggml.merges"),
+        "bos_token_id": scalar("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": scalar("tokenizer.ggml.eos_token_id"),
         "chat_template": bytes(field("tokenizer.chat_template").parts[-1]).decode()
         if "tokenizer.chat_template" in reader.fields else None,
     }
+    return {key: value for key, value in keys.items() if value is not None}
+
+
+def header_keys(shape: Shape) -> dict:
+    """The architecture's keys as llama.cpp's converter writes them, by ``GGUFWriter.add_<key>``."""
+    head_dim = shape.head_dim or shape.dim // shape.heads
+    keys = {"block_count": shape.layers, "context_length": shape.context, "embedding_length": shape.dim,
+            "feed_forward_length": shape.ffn, "head_count": shape.heads, "head_count_kv": shape.kv_heads,
+            "rope_freq_base": shape.rope_theta, "layer_norm_rms_eps": shape.norm_eps, "vocab_size": shape.vocab}
+    if shape.arch == "llama":
+        keys["rope_dimension_count"] = head_dim
+    if head_dim != shape.dim // shape.heads:
+        keys["key_length"] = keys["value_length"] = head_dim
+    return keys
 
 
 def write(name: str, out: Path, seed: int = 0) -> Path:
@@ -204,37 +220,13 @@ def write(name: str, out: Path, seed: int = 0) -> Path:
     import gguf
 
     shape = SHAPES[name]
-    head_dim = shape.head_dim or shape.dim // shape.heads
     partial = out.with_name(out.name + ".partial")
     w = gguf.GGUFWriter(str(partial), shape.arch)
-    w.add_name(f"{name} (random weights, real shapes)")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-    w.add_block_count(shape.layers)
-    w.add_context_length(shape.context)
-    w.add_embedding_length(shape.dim)
-    w.add_feed_forward_length(shape.ffn)
-    w.add_head_count(shape.heads)
-    w.add_head_count_kv(shape.kv_heads)
-    w.add_rope_freq_base(shape.rope_theta)
-    w.add_layer_norm_rms_eps(shape.norm_eps)
-    w.add_vocab_size(shape.vocab)
-    if shape.arch == "llama":
-        w.add_rope_dimension_count(head_dim)
-    if shape.head_dim is not None and shape.head_dim != shape.dim // shape.heads:
-        w.add_key_length(head_dim)
-        w.add_value_length(head_dim)
-    tok = smollm2_tokenizer(shape.vocab)
-    w.add_tokenizer_model(tok["model"])
-    if tok["pre"]:
-        w.add_tokenizer_pre(tok["pre"])
-    w.add_token_list(tok["tokens"])
-    w.add_token_types(tok["types"])
-    w.add_token_merges(tok["merges"])
-    w.add_bos_token_id(tok["bos"])
-    w.add_eos_token_id(tok["eos"])
-    if tok["chat_template"]:
-        w.add_chat_template(tok["chat_template"])
-    del tok
+    keys = {"name": f"{name} (random weights, real shapes)", "file_type": gguf.LlamaFileType.MOSTLY_Q4_0,
+            **header_keys(shape), **smollm2_tokenizer(shape.vocab)}
+    for key, value in keys.items():  # each key through the writer's own add_<key>
+        getattr(w, f"add_{key}")(value)
+    del keys
 
     ggml = gguf.GGMLQuantizationType
     listed = list(tensors(shape))
