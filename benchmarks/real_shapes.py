@@ -16,6 +16,7 @@ with unused entries to the model's vocabulary, so that llmcore and llama.cpp bot
 file and a prompt tokenizes as SmolLM2's does (generated text is noise: the weights are).
 
     python benchmarks/real_shapes.py llama-3.2-1b -o /data/llama-3.2-1b.Q4_0.gguf
+    python benchmarks/real_shapes.py llama-3.2-1b --hf -o /data/llama-3.2-1b-bf16   # bf16 folder
     python benchmarks/real_shapes.py --list
 """
 
@@ -248,11 +249,96 @@ def write(name: str, out: Path, seed: int = 0) -> Path:
     return out
 
 
+def hf_config(shape: Shape) -> dict:
+    """The model's config.json as its Hugging Face page has it (the keys that shape it)."""
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[shape.arch]
+    config = {
+        "architectures": [arch], "model_type": shape.arch, "hidden_size": shape.dim,
+        "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads, "intermediate_size": shape.ffn, "vocab_size": shape.vocab,
+        "tie_word_embeddings": shape.tied, "rope_theta": shape.rope_theta, "rms_norm_eps": shape.norm_eps,
+        "max_position_embeddings": shape.context, "hidden_act": "silu", "torch_dtype": "bfloat16",
+    }
+    if shape.head_dim is not None:
+        config["head_dim"] = shape.head_dim
+    if shape.llama3_rope:
+        factor, low, high, original = shape.llama3_rope
+        config["rope_scaling"] = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                                  "high_freq_factor": high, "original_max_position_embeddings": original}
+    return config
+
+
+def hf_tensors(shape: Shape) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every parameter of the transformers model: (name, shape)."""
+    yield "model.embed_tokens.weight", (shape.vocab, shape.dim)
+    for i in range(shape.layers):
+        b = f"model.layers.{i}."
+        yield b + "input_layernorm.weight", (shape.dim,)
+        for proj, rows in (("q", shape.q_dim), ("k", shape.kv_dim), ("v", shape.kv_dim)):
+            yield b + f"self_attn.{proj}_proj.weight", (rows, shape.dim)
+            if shape.qkv_bias:
+                yield b + f"self_attn.{proj}_proj.bias", (rows,)
+        yield b + "self_attn.o_proj.weight", (shape.dim, shape.q_dim)
+        yield b + "post_attention_layernorm.weight", (shape.dim,)
+        yield b + "mlp.gate_proj.weight", (shape.ffn, shape.dim)
+        yield b + "mlp.up_proj.weight", (shape.ffn, shape.dim)
+        yield b + "mlp.down_proj.weight", (shape.dim, shape.ffn)
+    yield "model.norm.weight", (shape.dim,)
+    if not shape.tied:
+        yield "lm_head.weight", (shape.vocab, shape.dim)
+
+
+def write_hf(name: str, folder: Path, seed: int = 0) -> Path:
+    """The bf16 safetensors folder of ``SHAPES[name]`` as ``save_pretrained`` writes a model of
+    that size (one ``model.safetensors``, config.json), with SmolLM2's tokenizer files.
+
+    The weights are drawn in bf16, one tensor at a time, and saved with the safetensors
+    package, which takes them all at once: the folder's size in memory (2.3 GiB for the 1B),
+    never fp32. Meant for the 1B; the larger models are for the GGUF path."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    shape = SHAPES[name]
+    folder.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    weights = {}
+    for tname, dims in hf_tensors(shape):
+        if tname.endswith("norm.weight"):
+            weights[tname] = torch.ones(dims, dtype=torch.bfloat16)
+        else:
+            weights[tname] = (torch.randn(dims, generator=generator, dtype=torch.bfloat16) * 0.02)
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    del weights
+    (folder / "config.json").write_text(json.dumps(hf_config(shape), indent=2))
+    write_smollm2_tokenizer_files(folder)
+    return folder
+
+
+def write_smollm2_tokenizer_files(folder: Path) -> None:
+    """SmolLM2's tokenizer.json and tokenizer_config.json, as llmcore reads them from its GGUF."""
+    import json
+
+    from llmcore_llama.loaders import LLAMA_GGUF, GGUFFile
+    from llmcore_llama.tokenization import tokenizer_from_gguf_fields
+
+    info = tokenizer_from_gguf_fields(GGUFFile(SMOLLM2_GGUF, LLAMA_GGUF.plugin).get)
+    (folder / "tokenizer.json").write_text(info.json_text)
+    vocab = json.loads(info.json_text)
+    tokens = {t["id"]: t["content"] for t in vocab.get("added_tokens", [])}
+    config = {"add_bos_token": info.add_bos, "chat_template": info.chat_template,
+              "bos_token": tokens.get(info.bos_id), "eos_token": tokens.get(info.eos_ids[0]) if info.eos_ids else None}
+    (folder / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", choices=sorted(SHAPES))
     parser.add_argument("-o", "--output", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hf", action="store_true",
+                        help="write the bf16 safetensors folder (as save_pretrained does) to --output instead")
     parser.add_argument("--list", action="store_true", help="list the shapes and their parameter counts")
     args = parser.parse_args(argv)
     if args.list or not args.model:
@@ -260,6 +346,10 @@ def main(argv=None) -> int:
             print(f"{name:14} {shape.arch:6} {shape.parameters() / 1e9:5.2f}B parameters, {shape.layers} layers, "
                   f"dim {shape.dim}, heads {shape.heads}/{shape.kv_heads}, ffn {shape.ffn}, vocab {shape.vocab}, "
                   f"{'tied' if shape.tied else 'untied'}")
+        return 0
+    if args.hf:
+        folder = write_hf(args.model, args.output or Path(f"{args.model}-bf16"), args.seed)
+        print(f"{folder}: {sum(f.stat().st_size for f in folder.iterdir()) / 2**20:.0f} MiB")
         return 0
     out = args.output or Path(f"{args.model}.Q4_0.gguf")
     write(args.model, out, args.seed)

@@ -96,3 +96,24 @@ def test_llmcores_loader_reads_the_written_config(tmp_path, monkeypatch):
         shape.layers, shape.dim, shape.heads, shape.kv_heads, shape.ffn, shape.vocab)
     assert config.rope_theta == shape.rope_theta
     np.testing.assert_allclose(config.rope_freq_factors, real_shapes.llama3_rope_divisors(shape), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", sorted(SMALL))
+def test_hf_folder_is_what_transformers_loads(kind, tmp_path, monkeypatch):
+    """The bf16 folder loads with transformers' own model class from its config.json, every
+    parameter present in bf16 with the shape the model has (nothing missing, nothing left
+    over), and its tokenizer files with transformers' tokenizer."""
+    import torch
+    import transformers
+
+    shape = SMALL[kind]
+    monkeypatch.setitem(real_shapes.SHAPES, kind, shape)
+    folder = real_shapes.write_hf(kind, tmp_path / kind)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16,
+                                                                    output_loading_info=True)
+    assert not any(info.values()), info  # missing, unexpected, mismatched keys, errors
+    assert sum(p.numel() for p in model.parameters()) == shape.parameters() + (
+        shape.layers * (shape.q_dim + 2 * shape.kv_dim) if shape.qkv_bias else 0) + shape.dim * (2 * shape.layers + 1)
+    assert model.config.tie_word_embeddings == shape.tied
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.decode(tokenizer("The capital of France")["input_ids"]) == "The capital of France"
