@@ -1,0 +1,314 @@
+"""How llmcore's cost grows with the model (issue 61): for each shape of benchmarks/real_shapes.py,
+its Q4_0 GGUF exported with the default CPU recipe, then run by the C++ runner, the Python
+runtime and llama.cpp's llama-bench on the same file, one size after another in one run.
+
+Per size: export wall time and peak RSS (against the GGUF's size), the program's size, each
+runner's load time and peak RSS, prefill of a short and a long prompt, decode, and the
+decode bound memory bandwidth sets (the weights a step reads / the bandwidth measured here).
+Every runner's tokens are checked: the C++ runner's and the Python runtime's greedy ids must
+be Python's choices on the same program (``llmcore.runtime.agreement.follow``, up to a near
+tie), or the row is refused. Speed and memory depend on shapes, not values: random weights.
+
+    python benchmarks/bench_scale.py --sizes llama-300m,llama-3.2-1b --cache /data/scale \\
+        --json scale.json --plot scale.png
+
+An export that the machine cannot hold is killed by the system; its row says so and the
+next size runs. Run nothing else on the machine meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import bench_decode  # noqa: E402
+import llamacpp_peer  # noqa: E402
+import real_shapes  # noqa: E402
+
+MIB = 2**20
+
+
+# Started by run_with_peak: runs the command as its own child and writes that child's exit
+# status and peak RSS (os.wait4) to the file named first. The extra process is the point: a
+# child of this bench (which holds torch and a 1 GiB bandwidth buffer) inherits its memory's
+# high-water mark until exec, so its ru_maxrss would report at least this process's size.
+PEAK_LAUNCHER = """
+import json, os, subprocess, sys
+child = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(child.pid, 0)
+code = os.waitstatus_to_exitcode(status)
+open(sys.argv[1], "w").write(json.dumps({"status": code, "peak_kib": usage.ru_maxrss}))
+sys.exit(0)
+"""
+
+
+def run_with_peak(command: list[str], env: dict | None = None,
+                  stdin: str | None = None) -> tuple[int, float, float, str, str]:
+    """Run ``command`` (``stdin`` as its input) with its output in files: (exit status, wall
+    seconds, the peak RSS in MiB of that process alone, stdout, stderr)."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as given, tempfile.TemporaryFile("w+") as out, \
+            tempfile.TemporaryFile("w+") as err, tempfile.NamedTemporaryFile("r", suffix=".json") as result:
+        given.write(stdin or "")
+        given.seek(0)
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", PEAK_LAUNCHER, result.name, *command], stdin=given, stdout=out,
+                       stderr=err, env=env, check=True)
+        wall = time.perf_counter() - start
+        measured = json.loads(Path(result.name).read_text())
+        out.seek(0)
+        err.seek(0)
+        return measured["status"], wall, measured["peak_kib"] / 1024, out.read(), err.read()
+
+
+def prompt_text(tokens: int) -> str:
+    """``tokens`` tokens in SmolLM2's tokenizer (every shape's): the bench's prompt."""
+    return " ".join(["the"] * tokens)
+
+
+def export(shape: str, gguf: Path, pte: Path, max_seq_len: int) -> dict:
+    command = [str(Path(sys.executable).parent / "llmcore"), "export", "--checkpoint", str(gguf), "--plugins",
+               "xnnpack", "--max-seq-len", str(max_seq_len), "--quiet", "-o", str(pte)]
+    status, wall, peak, _, err = run_with_peak(command)
+    row = {"export_s": wall, "export_peak_mib": peak, "export_status": status}
+    if status != 0:
+        killed = " (killed: out of memory?)" if status == -9 else ""
+        row["export_error"] = f"exit {status}{killed}: " + (err.strip().splitlines() or [""])[-1][:200]
+    else:
+        row["program_mib"] = pte.stat().st_size / MIB
+        report = json.loads(pte.with_suffix(".report.json").read_text())
+        row["recipe"] = (report.get("quantization") or {}).get("recipe")
+    return row
+
+
+def cpp_runner(runner: Path, pte: Path, prompt_tokens: int, new_tokens: int) -> dict:
+    status, wall, peak, out, err = run_with_peak(
+        [str(runner), str(pte), "--prompt", prompt_text(prompt_tokens), "--max-new-tokens", str(new_tokens),
+         "--temperature", "0", "--print-ids"])
+    if status != 0:
+        return {"error": f"exit {status}: {err.strip()[-200:]}"}
+    ids = next(([int(i) for i in line.split()[1:]] for line in out.splitlines()[::-1] if line.startswith("ids:")), None)
+    fields = next((dict(item.split("=", 1) for item in line.split()[1:]) for line in err.splitlines()[::-1]
+                   if line.startswith("stats:")), {})
+    return {"load_s": float(fields["load_ms"]) / 1000, "peak_mib": peak, "prefill_tok_s": float(fields["prefill_tok_s"]),
+            "decode_tok_s": float(fields["decode_tok_s"]), "ids": ids, "prompt_tokens": int(fields["prompt_tokens"])}
+
+
+def python_worker() -> None:
+    """``--worker``: load the program as ``llmcore.load`` does, generate greedily, print JSON."""
+    request = json.loads(sys.stdin.read())
+    start = time.perf_counter()
+    import llmcore
+
+    model = llmcore.load(request["pte"])
+    load_s = time.perf_counter() - start
+    reply = model.generate(prompt_text(request["prompt_tokens"]), request["new_tokens"])
+    print(json.dumps({"load_s": load_s, "prefill_tok_s": reply.stats.prefill_tok_s,
+                      "decode_tok_s": reply.stats.decode_tok_s, "ids": reply.generated_ids,
+                      "prompt_tokens": len(reply.prompt_ids)}))
+
+
+def python_runtime(pte: Path, prompt_tokens: int, new_tokens: int) -> dict:
+    request = json.dumps({"pte": str(pte), "prompt_tokens": prompt_tokens, "new_tokens": new_tokens})
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # as `llmcore run` sets it (llmcore/cli.py)
+    status, _, peak, out, err = run_with_peak([sys.executable, __file__, "--worker"], env=env, stdin=request)
+    if status != 0:
+        return {"error": f"exit {status}: {err.strip()[-200:]}"}
+    return json.loads(out.strip().splitlines()[-1]) | {"peak_mib": peak}
+
+
+def checked(pte: Path, run: dict, prompt_tokens: int, label: str) -> dict:
+    """``run`` with ``refused`` set when its ids are not Python's choices on the same program."""
+    from llmcore.runtime.agreement import RunnerRun, follow
+
+    if "error" in run:
+        return run | {"refused": run["error"]}
+    agreement = follow(pte, prompt_text(prompt_tokens), RunnerRun(run["ids"], stats={"prompt_tokens": run["prompt_tokens"]}),
+                       label=label)
+    if not agreement.agrees:
+        print(f"# row refused, its tokens are not Python's: {agreement.line()}", file=sys.stderr, flush=True)
+        return run | {"refused": agreement.line()}
+    return run
+
+
+def median_runs(runs: list[dict]) -> dict:
+    good = [r for r in runs if "refused" not in r]
+    if len(good) < len(runs):
+        return next(r for r in runs if "refused" in r)
+    keys = ("load_s", "peak_mib", "prefill_tok_s", "decode_tok_s")
+    return {k: statistics.median(r[k] for r in good) for k in keys} | {
+        "min_max": {k: (min(r[k] for r in good), max(r[k] for r in good)) for k in keys}}
+
+
+def llama_cpp(gguf: Path, prompt_tokens: int, long_prompt: int, new_tokens: int, threads: int, repeat: int) -> dict:
+    binary = llamacpp_peer.llama_bench_path()
+    status, _, peak, out, err = run_with_peak(
+        [str(binary), "-m", str(gguf), "-p", f"{prompt_tokens},{long_prompt}", "-n", str(new_tokens), "-t", str(threads),
+         "-r", str(repeat), "-o", "json"])
+    if status != 0:
+        return {"error": f"exit {status}: {err.strip()[-200:]}"}
+    result = {"peak_mib": peak}
+    for row in json.loads(out):
+        key = f"prefill{row['n_prompt']}_tok_s" if row.get("n_prompt") else "decode_tok_s"
+        result[key] = row["avg_ts"]
+    return result
+
+
+def measure_size(name: str, args, bandwidth_gbs: float) -> dict:
+    shape = real_shapes.SHAPES[name]
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    gguf = cache / f"{name}.Q4_0.gguf"
+    if not gguf.is_file():
+        real_shapes.write(name, gguf)
+    row = {"size": name, "parameters_b": shape.parameters() / 1e9, "gguf_mib": gguf.stat().st_size / MIB}
+    pte = cache / name / f"{name}.pte"
+    pte.parent.mkdir(exist_ok=True)
+    print(f"# {name}: exporting {gguf.name} ...", file=sys.stderr, flush=True)
+    row |= export(name, gguf, pte, args.long_prompt + args.new_tokens)
+    if row["export_status"] != 0:
+        return row
+    bench_decode.EMBEDDINGS[name] = (shape.vocab, shape.dim)
+    step_bytes = bench_decode.weight_bytes_per_token(pte, name)
+    row["bandwidth_limit_tok_s"] = bandwidth_gbs * 1e9 / step_bytes
+    runner = Path(args.runner)
+    for label, run in (("c++", lambda p: cpp_runner(runner, pte, p, args.new_tokens)),
+                       ("python", lambda p: python_runtime(pte, p, args.new_tokens))):
+        print(f"# {name}: {label} ...", file=sys.stderr, flush=True)
+        short = median_runs([checked(pte, run(args.prompt_tokens), args.prompt_tokens, f"{name} ({label})")
+                             for _ in range(args.repeat)])
+        long = median_runs([checked(pte, run(args.long_prompt), args.long_prompt, f"{name} ({label}, long prompt)")
+                            for _ in range(args.repeat)])
+        row[label] = short | {"prefill_long_tok_s": long.get("prefill_tok_s"), "refused_long": long.get("refused")}
+    if args.llama_cpp != "off":
+        print(f"# {name}: llama.cpp ...", file=sys.stderr, flush=True)
+        row["llama_cpp"] = llama_cpp(gguf, args.prompt_tokens, args.long_prompt, args.new_tokens, args.threads,
+                                     args.repeat)
+    return row
+
+
+def ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def table(rows: list[dict], args) -> str:
+    from tabulate import tabulate
+
+    lines = []
+    for r in rows:
+        base = [r["size"], f"{r['parameters_b']:.2f}", f"{r['gguf_mib']:.0f}"]
+        if r["export_status"] != 0:
+            lines.append(base + [f"{r['export_s']:.0f}", f"{r['export_peak_mib']:.0f}", r["export_error"]] + [""] * 9)
+            continue
+        export_cols = [f"{r['export_s']:.0f}", f"{r['export_peak_mib']:.0f} ({ratio(r['export_peak_mib'], r['gguf_mib'])})",
+                       f"{r['program_mib']:.0f} ({ratio(r['program_mib'], r['gguf_mib'])})"]
+        peer = r.get("llama_cpp") or {}
+        for label in ("c++", "python"):
+            run = r[label]
+            if "refused" in run:
+                lines.append(base + export_cols + [label, "refused: " + run["refused"][:80]] + [""] * 7)
+                continue
+            short = f"prefill{args.prompt_tokens}_tok_s"
+            lines.append(base + export_cols + [
+                label, f"{run['load_s']:.2f}", f"{run['peak_mib']:.0f}",
+                f"{run['prefill_tok_s']:.1f} ({ratio(run['prefill_tok_s'], peer.get(short))})",
+                f"{run['prefill_long_tok_s'] or 0:.1f} ({ratio(run['prefill_long_tok_s'], peer.get(f'prefill{args.long_prompt}_tok_s'))})",
+                f"{run['decode_tok_s']:.1f} ({ratio(run['decode_tok_s'], peer.get('decode_tok_s'))})",
+                f"{r['bandwidth_limit_tok_s']:.1f} ({run['decode_tok_s'] / r['bandwidth_limit_tok_s']:.0%})"])
+            base = ["", "", ""]
+            export_cols = ["", "", ""]
+        if peer and "error" not in peer:
+            lines.append(["", "", "", "", "", "", "llama.cpp Q4_0", "", f"{peer['peak_mib']:.0f}",
+                          f"{peer.get(f'prefill{args.prompt_tokens}_tok_s', 0):.1f}",
+                          f"{peer.get(f'prefill{args.long_prompt}_tok_s', 0):.1f}", f"{peer['decode_tok_s']:.1f}", ""])
+    headers = ["size", "params B", "GGUF MiB", "export s", "export peak MiB (x GGUF)", "program MiB (x GGUF)", "runner",
+               "load s", "peak RSS MiB", f"prefill {args.prompt_tokens} tok/s (x llama.cpp)",
+               f"prefill {args.long_prompt} tok/s (x llama.cpp)", "decode tok/s (x llama.cpp)", "bw limit (of it)"]
+    return tabulate(lines, headers=headers)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Export time and memory, program size and decode speed against parameter count."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("# --plot needs matplotlib: pip install matplotlib", file=sys.stderr)
+        return
+    done = [r for r in rows if r["export_status"] == 0]
+    params = [r["parameters_b"] for r in done]
+    figure, (memory, speed) = plt.subplots(1, 2, figsize=(11, 4.2))
+    memory.plot(params, [r["gguf_mib"] / 1024 for r in done], "o-", label="GGUF file")
+    memory.plot(params, [r["program_mib"] / 1024 for r in done], "o-", label="program")
+    memory.plot(params, [r["export_peak_mib"] / 1024 for r in done], "o-", label="export peak RSS")
+    for label in ("c++", "python"):
+        memory.plot(params, [r[label].get("peak_mib", float("nan")) / 1024 for r in done], "o--", label=f"{label} peak RSS")
+    memory.set(xlabel="parameters (billions)", ylabel="GiB", title="memory")
+    memory.legend(fontsize=8)
+    speed.plot(params, [r["export_s"] for r in done], "o-", label="export wall s")
+    for label in ("c++", "python"):
+        speed.plot(params, [r[label].get("decode_tok_s", float("nan")) for r in done], "o--", label=f"{label} decode tok/s")
+    speed.plot(params, [(r.get("llama_cpp") or {}).get("decode_tok_s", float("nan")) for r in done], "o:",
+               label="llama.cpp decode tok/s")
+    speed.set(xlabel="parameters (billions)", title="time")
+    speed.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    print(f"# plot: {path}", file=sys.stderr)
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--worker"]:
+        python_worker()
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="llama-300m,llama-3.2-1b",
+                        help=f"comma-separated, of: {', '.join(real_shapes.SHAPES)}")
+    parser.add_argument("--cache", default=str(ROOT / ".cache" / "bench" / "scale"), help="GGUFs and programs")
+    parser.add_argument("--runner", default=str(ROOT / "build" / "llmcore_runner"))
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--long-prompt", type=int, default=1024)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--llama-cpp", choices=("auto", "off"), default="auto",
+                        help="auto: build llama.cpp's llama-bench (benchmarks/llamacpp_peer.py) if missing")
+    parser.add_argument("--json")
+    parser.add_argument("--plot")
+    args = parser.parse_args()
+    sizes = args.sizes.split(",")
+    unknown = [s for s in sizes if s not in real_shapes.SHAPES]
+    if unknown:
+        parser.error(f"unknown size {unknown[0]!r}; choose from {', '.join(real_shapes.SHAPES)}")
+    print(bench_decode.machine_header())
+    bandwidth = bench_decode.memory_bandwidth_gbs()
+    print(f"memory read bandwidth here: {bandwidth:.1f} GB/s ({os.cpu_count()} threads)")
+    if args.llama_cpp == "auto":
+        llamacpp_peer.build_llama_bench()
+    rows = []
+    for name in sizes:
+        rows.append(measure_size(name, args, bandwidth))
+        if args.json:  # kept as the run goes: a later size killed for memory loses nothing
+            Path(args.json).write_text(json.dumps({"bandwidth_gbs": bandwidth, "rows": rows}, indent=2))
+    print(f"\n## cost by size ({args.prompt_tokens}- and {args.long_prompt}-token prompts, {args.new_tokens} new tokens, "
+          f"greedy, median of {args.repeat}; every runner's tokens checked against Python's)")
+    print(table(rows, args))
+    if args.plot:
+        plot(rows, Path(args.plot))
+
+
+if __name__ == "__main__":
+    main()
