@@ -106,7 +106,10 @@ def cpp_runner(runner: Path, pte: Path, prompt_tokens: int, new_tokens: int) -> 
 
 
 def python_worker() -> None:
-    """``--worker``: load the program as ``llmcore.load`` does, generate greedily, print JSON."""
+    """``--worker``: load the program as ``llmcore.load`` does, generate greedily, print JSON.
+    ``load_s`` runs from before ``import llmcore`` to the program ready: it includes importing
+    torch and ExecuTorch, as a user's first call does (the C++ runner's is its ``load_ms``:
+    the program alone, the process already started)."""
     request = json.loads(sys.stdin.read())
     start = time.perf_counter()
     import llmcore
@@ -233,7 +236,7 @@ def table(rows: list[dict], args) -> str:
                           f"{peer.get(f'prefill{args.prompt_tokens}_tok_s', 0):.1f}",
                           f"{peer.get(f'prefill{args.long_prompt}_tok_s', 0):.1f}", f"{peer['decode_tok_s']:.1f}", ""])
     headers = ["size", "params B", "GGUF MiB", "export s", "export peak MiB (x GGUF)", "program MiB (x GGUF)", "runner",
-               "load s", "peak RSS MiB", f"prefill {args.prompt_tokens} tok/s (x llama.cpp)",
+               "load s (Python: with imports)", "peak RSS MiB", f"prefill {args.prompt_tokens} tok/s (x llama.cpp)",
                f"prefill {args.long_prompt} tok/s (x llama.cpp)", "decode tok/s (x llama.cpp)", "bw limit (of it)"]
     return tabulate(lines, headers=headers)
 
