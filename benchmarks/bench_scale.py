@@ -77,9 +77,12 @@ def prompt_text(tokens: int) -> str:
     return " ".join(["the"] * tokens)
 
 
-def export(shape: str, gguf: Path, pte: Path, max_seq_len: int) -> dict:
-    command = [str(Path(sys.executable).parent / "llmcore"), "export", "--checkpoint", str(gguf), "--plugins",
-               "xnnpack", "--max-seq-len", str(max_seq_len), "--quiet", "-o", str(pte)]
+def export(shape: str, gguf: Path, pte: Path, max_seq_len: int, plugins: str = "") -> dict:
+    """``llmcore export`` of the file as a user runs it: without ``--plugins`` (the default
+    backends, kernels,xnnpack where installed) unless ``plugins`` names them."""
+    command = [str(Path(sys.executable).parent / "llmcore"), "export", "--checkpoint", str(gguf),
+               *(["--plugins", plugins] if plugins else []),
+               "--max-seq-len", str(max_seq_len), "--quiet", "-o", str(pte)]
     status, wall, peak, _, err = run_with_peak(command)
     row = {"export_s": wall, "export_peak_mib": peak, "export_status": status}
     if status != 0:
@@ -89,6 +92,8 @@ def export(shape: str, gguf: Path, pte: Path, max_seq_len: int) -> dict:
         row["program_mib"] = pte.stat().st_size / MIB
         report = json.loads(pte.with_suffix(".report.json").read_text())
         row["recipe"] = (report.get("quantization") or {}).get("recipe")
+        row["backends"] = ",".join(b["name"] for b in report["backends"])
+        row["kernel_layers"] = sum(name.startswith("layers.") for t in report.get("taken", []) for name in t["taken"])
     return row
 
 
@@ -179,7 +184,7 @@ def measure_size(name: str, args, bandwidth_gbs: float) -> dict:
     pte = cache / name / f"{name}.pte"
     pte.parent.mkdir(exist_ok=True)
     print(f"# {name}: exporting {gguf.name} ...", file=sys.stderr, flush=True)
-    row |= export(name, gguf, pte, args.long_prompt + args.new_tokens)
+    row |= export(name, gguf, pte, args.long_prompt + args.new_tokens, args.plugins)
     if row["export_status"] != 0:
         return row
     bench_decode.EMBEDDINGS[name] = (shape.vocab, shape.dim)
@@ -210,7 +215,8 @@ def table(rows: list[dict], args) -> str:
 
     lines = []
     for r in rows:
-        base = [r["size"], f"{r['parameters_b']:.2f}", f"{r['gguf_mib']:.0f}"]
+        on = f" ({r['backends'] or 'portable'}: {r['kernel_layers']} layers on kernels)" if "backends" in r else ""
+        base = [r["size"] + on, f"{r['parameters_b']:.2f}", f"{r['gguf_mib']:.0f}"]
         if r["export_status"] != 0:
             lines.append(base + [f"{r['export_s']:.0f}", f"{r['export_peak_mib']:.0f}", r["export_error"]] + [""] * 9)
             continue
@@ -289,6 +295,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--llama-cpp", choices=("auto", "off"), default="auto",
                         help="auto: build llama.cpp's llama-bench (benchmarks/llamacpp_peer.py) if missing")
+    parser.add_argument("--plugins", default="",
+                        help="backends for the export (default: none named, so the export's default list, as a user "
+                        "gets it; e.g. xnnpack for XNNPACK alone)")
     parser.add_argument("--json")
     parser.add_argument("--plot")
     args = parser.parse_args()

@@ -51,6 +51,7 @@ class Shape:
     rope_theta: float
     head_dim: Optional[int] = None  # None: dim / heads
     qkv_bias: bool = False  # Qwen2's q/k/v projections
+    qk_norm: bool = False  # Qwen3's per-head norms of q and k
     norm_eps: float = 1e-5
     context: int = 131072
     llama3_rope: Optional[tuple[float, float, float, int]] = None  # factor, low, high, original context
@@ -80,6 +81,13 @@ SHAPES = {
                           llama3_rope=(8.0, 1.0, 4.0, 8192)),
     # a small model that is not a toy (about 300M parameters), for the default test suite
     "llama-300m": Shape("llama", 12, 1024, 16, 4, 4096, 49152, False, 100000.0, context=8192),
+    # SmolLM2-135M's shape (30 layers, dim 576, 9/3 heads, ffn 1536, vocab 49152, tied) in each
+    # family's GGUF architecture: one row per family at one size (Mistral's GGUFs are llama's)
+    "smollm2-llama": Shape("llama", 30, 576, 9, 3, 1536, 49152, True, 100000.0, context=8192),
+    "smollm2-qwen2": Shape("qwen2", 30, 576, 9, 3, 1536, 49152, True, 1000000.0, qkv_bias=True, norm_eps=1e-6,
+                           context=8192),
+    "smollm2-qwen3": Shape("qwen3", 30, 576, 9, 3, 1536, 49152, True, 1000000.0, head_dim=64, qk_norm=True,
+                           norm_eps=1e-6, context=8192),
 }
 
 
@@ -122,12 +130,29 @@ def random_q6_k(rows: int, cols: int, rng: np.random.Generator, std: float = 0.0
     return out.reshape(rows, cols // 256 * 210)
 
 
+def random_q8_0(rows: int, cols: int, rng: np.random.Generator, std: float = 0.02) -> np.ndarray:
+    """``rows x cols`` weights as Q8_0 blocks of 32 (34 bytes: a float16 scale ``d``, then 32
+    int8 codes), drawn directly: codes uniform in [-127, 127], so ``d`` near ``std / 73``."""
+    blocks = rows * cols // 32
+    out = np.empty((blocks, 34), dtype=np.uint8)
+    d = np.full(blocks, std / 73.0, dtype=np.float16)
+    out[:, :2] = d.view(np.uint8).reshape(blocks, 2)
+    out[:, 2:] = rng.integers(-127, 128, size=(blocks, 32), dtype=np.int8).view(np.uint8)
+    return out.reshape(rows, cols // 32 * 34)
+
+
+def six_bit_type(shape: Shape) -> str:
+    """The type llama.cpp's Q4_0 gives the embedding or output table: Q6_K, or Q8_0 where the
+    width is not a multiple of Q6_K's 256-wide super-blocks (SmolLM2's 576)."""
+    return "Q6_K" if shape.dim % 256 == 0 else "Q8_0"
+
+
 def tensors(shape: Shape) -> Iterator[tuple[str, tuple[int, ...], str]]:
     """Every tensor of the file in llama.cpp's order: (name, shape as [rows, cols] in
     PyTorch's order, ggml type name)."""
     if shape.llama3_rope:
         yield "rope_freqs.weight", ((shape.head_dim or shape.dim // shape.heads) // 2,), "F32"
-    yield "token_embd.weight", (shape.vocab, shape.dim), "Q6_K" if shape.tied else "Q4_0"
+    yield "token_embd.weight", (shape.vocab, shape.dim), six_bit_type(shape) if shape.tied else "Q4_0"
     for i in range(shape.layers):
         b = f"blk.{i}."
         yield b + "attn_norm.weight", (shape.dim,), "F32"
@@ -139,13 +164,17 @@ def tensors(shape: Shape) -> Iterator[tuple[str, tuple[int, ...], str]]:
             yield b + "attn_k.bias", (shape.kv_dim,), "F32"
             yield b + "attn_v.bias", (shape.kv_dim,), "F32"
         yield b + "attn_output.weight", (shape.dim, shape.q_dim), "Q4_0"
+        if shape.qk_norm:
+            head_dim = shape.head_dim or shape.dim // shape.heads
+            yield b + "attn_q_norm.weight", (head_dim,), "F32"
+            yield b + "attn_k_norm.weight", (head_dim,), "F32"
         yield b + "ffn_norm.weight", (shape.dim,), "F32"
         yield b + "ffn_gate.weight", (shape.ffn, shape.dim), "Q4_0"
         yield b + "ffn_up.weight", (shape.ffn, shape.dim), "Q4_0"
         yield b + "ffn_down.weight", (shape.dim, shape.ffn), "Q4_0"
     yield "output_norm.weight", (shape.dim,), "F32"
     if not shape.tied:
-        yield "output.weight", (shape.vocab, shape.dim), "Q6_K"
+        yield "output.weight", (shape.vocab, shape.dim), six_bit_type(shape)
 
 
 def tensor_data(name: str, dims: tuple[int, ...], kind: str, shape: Shape, rng: np.random.Generator) -> np.ndarray:
@@ -153,6 +182,8 @@ def tensor_data(name: str, dims: tuple[int, ...], kind: str, shape: Shape, rng: 
         return random_q4_0(*dims, rng)
     if kind == "Q6_K":
         return random_q6_k(*dims, rng)
+    if kind == "Q8_0":
+        return random_q8_0(*dims, rng)
     if name == "rope_freqs.weight":
         return llama3_rope_divisors(shape)
     if name.endswith("norm.weight"):

@@ -34,7 +34,9 @@ class ExportOptions:
     tokenizer: Optional[str] = None
     """Tokenizer files, when the checkpoint does not carry them (``--tokenizer``)."""
     plugins: list[str] = field(default_factory=list)
-    """Backends in the order their partitioners see the graph (``--plugins a,b``)."""
+    """Backends in the order their partitioners see the graph (``--plugins a,b``). Empty: the
+    CPU's default list for a checkpoint or a recipe (:func:`llmcore.pipeline.plan.choose_backends`),
+    else the portable runtime; ``["none"]``: the portable runtime."""
     quantize: Optional[str] = None
     """Quantizer recipe name (``--quantize``)."""
     quantize_options: dict[str, Any] = field(default_factory=dict)

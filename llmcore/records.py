@@ -471,6 +471,30 @@ class Backend(Record):
     (registered with :func:`llmcore.upstream.register`). An export that selects the backend
     checks each one that is switched on against the installed releases when it plans, before
     it loads a model; keep the module it imports light (a :class:`Lazy` to it)."""
+    recipe_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Recipe name -> option defaults this backend asks for when it is selected and the user
+    set none of them (``{"8da8w": {"outlier_split": False}}``: integers its operators run).
+    The first selected backend that asks decides; the export says so."""
+    takes_modules: Optional[Callable[[Any, dict], "ModulesTaken"]] = None
+    """For a backend whose operators the program calls by name (custom operators run by a
+    :class:`RuntimeLibrary`) rather than a delegate: ``takes_modules(module, options)``
+    swaps the parts of the eager, quantized module it runs for modules that call its
+    operators, and returns :class:`ModulesTaken`. Called after quantization and before
+    ``torch.export``, in the order of ``--plugins``, so that what it leaves goes to the
+    backends after it, as a partitioner leaves nodes to the next one."""
+
+
+@dataclass(frozen=True)
+class ModulesTaken:
+    """What a backend's ``takes_modules`` did to a module: what it now runs and, by name,
+    what it left to the backends after it and why (for the export's summary and report)."""
+
+    taken: tuple[str, ...]
+    """The submodules it swapped (``layers.0``, ``output``), in the module's order."""
+    left: tuple[str, ...] = ()
+    """``"name: reason"`` for each part it could not take."""
+    note: str = ""
+    """One line for the summary when it took nothing as a whole (``no int4 or int8 linears``)."""
 
 
 # --------------------------------------------------------------------------------------

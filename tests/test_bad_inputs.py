@@ -293,7 +293,7 @@ MATRIX = [
     case("recipe-missing", ["export", "--recipe", "{fx}/nosuch.yaml"], "cannot read recipe", "No such file"),
     case("bad-key-value-flag", [*EXPORT, "--quantize-option", "group_size"], "expects KEY=VALUE"),
     # quantizer and backend options
-    case("quantizer-for-another-backend", [*EXPORT, "--quantize", "int8-dynamic"], "meant for xnnpack"),
+    case("quantizer-for-another-backend", [*EXPORT, "--plugins", "none", "--quantize", "int8-dynamic"], "meant for xnnpack"),
     case("quantizer-unknown-option", [*EXPORT, "--plugins", "xnnpack", "--quantize", "int8-dynamic",
                                       "--quantize-option", "bits=3"], "has no option 'bits'", "per_channel"),
     case("backend-unknown-option", [*EXPORT, "--plugins", "xnnpack", "--backend-option", "xnnpack.bogus=1"],

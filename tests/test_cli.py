@@ -104,7 +104,7 @@ def test_recipe_errors_name_the_key(cli, tmp_path, text, expected):
     [
         (["--plugins", "nosuch"], "unknown backend 'nosuch'"),
         (["--plugins", "xnnpack", "--quantize", "nosuch"], "unknown quantizer recipe 'nosuch'"),
-        (["--quantize", "int8-dynamic"], "meant for xnnpack"),
+        (["--plugins", "none", "--quantize", "int8-dynamic"], "meant for xnnpack"),
         (["--plugins", "xnnpack", "--backend-option", "xnnpack.bogus=1"], "has no option 'bogus'"),
         (["--max-seq-len", "4096"], "beyond what the model supports"),
         (["--plugins", "nanogpt"], "is a model family, not a backend"),

@@ -114,5 +114,5 @@ def test_the_architecture_catalogue_is_data_naming_real_plugins():
 
 def test_a_name_error_is_still_one_line_before_loading(tmp_path):
     with pytest.raises(LlmcoreError) as raised:
-        llmcore.export_steps(_options(tmp_path, quantize="8da4w", plugins=[]))
+        llmcore.export_steps(_options(tmp_path, quantize="8da4w", plugins=["none"]))
     assert str(raised.value).startswith("[quantize/xnnpack] quantizer recipe '8da4w' is meant for xnnpack")

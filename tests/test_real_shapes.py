@@ -31,6 +31,13 @@ SMALL = {
 }
 
 
+# GGUF-only kinds (no bf16 folder): Qwen3's per-head q/k norms and head_dim of its own
+GGUF_ONLY = {
+    "qwen3": dataclasses.replace(real_shapes.SHAPES["smollm2-qwen3"], layers=2, dim=256, heads=4, kv_heads=2,
+                                 ffn=512, vocab=49152, head_dim=128),
+}
+
+
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_the_shapes_have_the_published_parameter_counts(name):
     assert round(real_shapes.SHAPES[name].parameters() / 1e9, 2) == PUBLISHED[name]
@@ -55,12 +62,12 @@ def test_llama3_rope_divisors_are_transformers_scaling(name):
     np.testing.assert_allclose(real_shapes.llama3_rope_divisors(shape), expected, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind", sorted(SMALL))
+@pytest.mark.parametrize("kind", sorted({**SMALL, **GGUF_ONLY}))
 def test_written_file_reads_back_as_the_shape(kind, tmp_path, monkeypatch):
     import gguf
     from gguf import quants
 
-    shape = SMALL[kind]
+    shape = {**SMALL, **GGUF_ONLY}[kind]
     monkeypatch.setitem(real_shapes.SHAPES, kind, shape)
     path = real_shapes.write(kind, tmp_path / f"{kind}.gguf")
     assert not list(tmp_path.glob("*.partial"))
@@ -72,7 +79,7 @@ def test_written_file_reads_back_as_the_shape(kind, tmp_path, monkeypatch):
     for name, dims, kind_name in listed:
         assert got[name][:2] == (kind_name, dims), name
     assert ("output.weight" in got) != shape.tied
-    assert got["token_embd.weight"][0] == ("Q6_K" if shape.tied else "Q4_0")
+    assert got["token_embd.weight"][0] == (real_shapes.six_bit_type(shape) if shape.tied else "Q4_0")
     for name in ("blk.0.attn_q.weight", "blk.1.ffn_down.weight", "output.weight", "token_embd.weight"):
         if name in got:  # the integers dequantize to weights of the intended spread
             values = quants.dequantize(got[name][2].data, got[name][2].tensor_type)
@@ -81,6 +88,22 @@ def test_written_file_reads_back_as_the_shape(kind, tmp_path, monkeypatch):
     assert len(tokens.data) == shape.vocab
     arch = reader.fields["general.architecture"]
     assert bytes(arch.parts[arch.data[0]]).decode() == shape.arch
+    assert ("blk.1.attn_k_norm.weight" in got) == shape.qk_norm
+
+
+def test_llmcores_loader_reads_qwen3s_head_norms(tmp_path, monkeypatch):
+    """The Qwen3 file: the qwen plugin's GGUF loader finds q/k norms and the head width."""
+    from llmcore.pipeline.load import load_model
+    from llmcore.pipeline.plan import resolve_plan
+    from llmcore.plugins import load_registry
+    from llmcore.recipe import ExportOptions
+
+    monkeypatch.setitem(real_shapes.SHAPES, "qwen3", GGUF_ONLY["qwen3"])
+    path = real_shapes.write("qwen3", tmp_path / "qwen3.gguf")
+    options = ExportOptions(checkpoint=str(path), output=str(tmp_path / "unused.pte"), quantize="none")
+    model = load_model(resolve_plan(options, load_registry())).module
+    attention = model.layers[1].attention
+    assert attention.q_norm is not None and attention.head_dim == 128 and attention.wq.out_features == 4 * 128
 
 
 def test_llmcores_loader_reads_the_written_config(tmp_path, monkeypatch):

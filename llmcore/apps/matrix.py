@@ -247,7 +247,10 @@ def expand(data: Any, source: str = "matrix", root: Optional[str] = None) -> Mat
                     raise _matrix_error(f"{source}: cells {outputs[output]} and {name} both write {relative}.",
                                         fix="give the models or recipes distinct names.")
                 outputs[output] = name
-                merged = {**common, **model_options, **recipe_options, "plugins": list(order), "quiet": True}
+                # [] is the portable runtime here, not the CPU's default list an export gets
+                # without --plugins (llmcore.pipeline.plan.choose_backends)
+                merged = {**common, **model_options, **recipe_options, "plugins": list(order) or ["none"],
+                          "quiet": True}
                 try:
                     options = build_options(merged, {"output": str(output)})
                 except LlmcoreError as exc:

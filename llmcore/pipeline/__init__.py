@@ -25,7 +25,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from llmcore import __version__
 from llmcore.errors import LlmcoreError
-from llmcore.pipeline import capture, emit, lower, parity, quantize, report, transform, write
+from llmcore.pipeline import capture, emit, lower, parity, quantize, report, take, transform, write
 from llmcore.pipeline.load import load_model
 from llmcore.pipeline.plan import ExportPlan, plan_export
 from llmcore.plugins import PluginInfo, Provided, Registry, load_registry
@@ -100,8 +100,8 @@ def _collector_for_export() -> Iterator[None]:
 
 # The steps of an export, in order: each runs once, and asking for one runs those before it
 # that have not run yet (with what the plan says).
-STEPS = ("load", "transform", "source_quantize", "capture", "graph_quantize", "lower", "post_passes",
-         "to_executorch", "save")
+STEPS = ("load", "transform", "source_quantize", "take_modules", "capture", "graph_quantize", "lower",
+         "post_passes", "to_executorch", "save")
 
 # How error messages name the code that handed a quantizer or partitioners to Export.
 CALLER = PluginInfo(name="caller", entry_point="objects passed to llmcore.pipeline.Export")
@@ -149,6 +149,8 @@ class Export:
                 write.check_folder(Path(options.etrecord), "--etrecord")
             # Every name resolved before the long stages, so a typo fails in a second.
             self.plan: ExportPlan = plan_export(options, registry)
+            if self.plan.backends_chosen:
+                self.log.say(self.plan.backends_chosen)
         self.options = self.plan.options
         self.report_path = self.output.with_name(self.output.stem + ".report.json")
         self.tokenizer_path = self.output.with_name(TOKENIZER_FILE)
@@ -157,6 +159,7 @@ class Export:
         self.recipe_options: dict = dict(self.plan.recipe_options)
         self.convention = CallingConvention()
         self.applied: list[str] = []
+        self.taken: list[take.Taken] = []
         self.delegation: Optional[dict] = None
         self.result: Optional[ExportResult] = None
         self._converted = self._reference = None
@@ -321,6 +324,17 @@ class Export:
             )
             self.module = quantize.quantize_source(self.module, recipe, self.recipe_options, calibration)
 
+    def _take_modules(self) -> None:
+        """The backends that run parts of the module on their own operators (``--plugins
+        kernels,xnnpack``: llmcore's layer kernels) swap those parts in, in the backends' order
+        (:mod:`llmcore.pipeline.take`)."""
+        if not any(p.record.takes_modules for p, _ in self.plan.backends):
+            return
+        with self.log.stage("take", collect=False):
+            self.taken = take.take_modules(self.module, self.plan.backends)
+        for taken in self.taken:
+            self.log.say(taken.summary())
+
     def _capture(self) -> None:
         self._inputs = capture.example_inputs(self.prompt_ids, self.convention.use_kv_cache)
         with self.log.stage("export", collect=False):  # quantize's float layers went with their last reference
@@ -447,7 +461,9 @@ class Export:
                 {"name": p.record.name, "plugin": p.plugin.package, "runtime_id": p.record.runtime_id, "options": o}
                 for p, o in plan.backends
             ],
+            "backends_chosen": plan.backends_chosen,
             "transforms": self.applied,
+            "taken": [t.as_dict() for t in self.taken],
             "quantization": {"recipe": recipe.record.name, "plugin": recipe.plugin.package,
                              "options": self.recipe_options}
             if recipe

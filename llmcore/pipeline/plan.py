@@ -62,6 +62,9 @@ class ExportPlan:
     those that provide an operator its graph calls."""
     chat_template: Optional[str]
     """The ``--chat-template`` text to record in place of the checkpoint's, or None."""
+    backends_chosen: Optional[str] = None
+    """Why the backends are what they are when ``--plugins`` did not name them (the default
+    list of a CPU export, :func:`choose_backends`), for the summary and the report."""
 
     @property
     def family_name(self) -> str:
@@ -92,11 +95,15 @@ def resolve_plan(options: ExportOptions, registry: Registry) -> ExportPlan:
     read (the tokenizer, the checkpoint and the loader of its format, or the random config)."""
     if not options.model:  # the checkpoint names its architecture
         options = dataclasses.replace(options, model=load.detect_family(Path(options.checkpoint), registry))
+    options, backends_chosen = choose_backends(options, registry)
     family = registry.get("model_families", options.model, stage="load")
     backends = lower.resolve_backends(options.plugins, options.backend_options, registry)
     recipe, recipe_options = quantize.resolve_recipe(
         options.quantize, options.quantize_options, options.plugins, registry
     )
+    recipe_options, asked = backend_recipe_defaults(recipe, recipe_options, options.quantize_options or {}, backends)
+    if asked:
+        backends_chosen = "; ".join(filter(None, (backends_chosen, asked)))
     transforms = transform.select_transforms(options, registry, options.model)
     chat_template = template_source(options.chat_template) if options.chat_template else None
     loader, config = load.checkpoint_format(options, family)
@@ -114,7 +121,58 @@ def resolve_plan(options: ExportOptions, registry: Registry) -> ExportPlan:
         patches=(*lower.LOWERING_PATCHES, *emit.EMIT_PATCHES, *_backend_patches(backends)),
         libraries=tuple(registry.all("runtime_libraries")),
         chat_template=chat_template,
+        backends_chosen=backends_chosen,
     )
+
+
+DEFAULT_CPU_BACKENDS = ("kernels", "xnnpack")
+"""The backends an export gets without ``--plugins`` when it has integers to run (a named
+recipe) or a checkpoint, those of them that are installed, in this order: llmcore's layer
+kernels take every layer they compute exactly (faster than XNNPACK on the same integers on
+x86: docs/performance.md), XNNPACK the rest."""
+PORTABLE = "none"
+"""``--plugins none``: the portable runtime alone, even for a checkpoint or a recipe."""
+
+
+def choose_backends(options: ExportOptions, registry: Registry) -> tuple[ExportOptions, Optional[str]]:
+    """``options`` with ``plugins`` filled in when the user named none, and why (None when the
+    user's list stands). A checkpoint or a quantizer recipe without ``--plugins`` means a
+    program for this kind of CPU: the installed of :data:`DEFAULT_CPU_BACKENDS`. Random
+    weights without a recipe stay on the portable runtime (what tests of a family's graph
+    want), as does ``--plugins none``."""
+    if options.plugins == [PORTABLE]:
+        return dataclasses.replace(options, plugins=[]), None
+    if options.plugins:
+        return options, None
+    quantized = options.quantize not in (None, "", "none")
+    if not (quantized or options.checkpoint):
+        return options, None
+    installed = set(registry.names("backends"))
+    chosen = [name for name in DEFAULT_CPU_BACKENDS if name in installed]
+    if not chosen:
+        return options, None
+    why = "a recipe" if quantized else "a checkpoint"
+    return dataclasses.replace(options, plugins=chosen), (
+        f"no --plugins: {why} exported for this CPU gets {','.join(chosen)} (--plugins names others; "
+        f"--plugins {PORTABLE} for the portable runtime alone)")
+
+
+def backend_recipe_defaults(recipe: Optional[Provided], recipe_options: Mapping[str, Any], given: Mapping[str, Any],
+                            backends) -> tuple[Mapping[str, Any], Optional[str]]:
+    """The recipe's options with the defaults the first selected backend asks for
+    (``Backend.recipe_defaults``) in place of the recipe's own, for options the user did not
+    give; and a line saying so (None when nothing changed)."""
+    if recipe is None:
+        return recipe_options, None
+    for provided, _ in backends:
+        asked = {k: v for k, v in provided.record.recipe_defaults.get(recipe.record.name, {}).items()
+                 if k not in given and recipe_options.get(k) != v}
+        if asked:
+            settings = ", ".join(f"{k}={v}" for k, v in asked.items())
+            return {**recipe_options, **asked}, (
+                f"backend {provided.record.name!r} runs recipe {recipe.record.name!r} with {settings} (its operators' "
+                f"integers); --quantize-option sets them otherwise")
+    return recipe_options, None
 
 
 def plan_export(options: ExportOptions, registry: Registry) -> ExportPlan:

@@ -37,7 +37,7 @@ def resolve_recipe(name: Optional[str], options: dict, backends: list[str], regi
     if not meant_for(recipe.backends, backends):
         raise LlmcoreError(
             f"quantizer recipe {name!r} is meant for {', '.join(recipe.backends)}, "
-            f"not for {', '.join(backends) or 'the portable runtime (no --plugins)'}.",
+            f"not for {', '.join(backends) or 'the portable runtime (--plugins none)'}.",
             stage="quantize",
             plugin=provided.plugin.name,
             fix=f"add {recipe.backends[0]} to --plugins, or choose a recipe for your backends.",

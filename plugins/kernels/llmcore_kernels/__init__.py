@@ -30,7 +30,7 @@ from functools import partial
 
 from llmcore import hookimpl
 from llmcore.errors import LlmcoreError
-from llmcore.records import Lazy, QuantizerRecipe, RuntimeLibrary, SourceTransform
+from llmcore.records import Backend, EdgeSettings, Lazy, QuantizerRecipe, RuntimeLibrary, SourceTransform
 
 from llmcore_kernels import library
 
@@ -49,6 +49,38 @@ def _threads_for_program(delegates: tuple[str, ...]) -> None:
     theirs: 8da4w-layers), on ExecuTorch's pool in one with delegates, whose worker they then
     share (runtime/kernels/kernel_threads.h), as llmcore_runner chooses."""
     library.use_own_threads(not delegates)
+
+
+BACKEND = "kernels"
+
+
+def _no_partitioners(options: dict) -> list:
+    return []  # the kernels are in the graph before it is captured (takes_modules), not delegated
+
+
+@hookimpl
+def llmcore_partitioners() -> list[Backend]:
+    """``kernels``: llmcore's whole-layer int4/int8 operators as a backend, listed before the
+    one that runs what they leave (``--plugins kernels,xnnpack``, the default list of a
+    quantized CPU export): they take each layer they compute exactly, after the recipe has
+    chosen the integers (:mod:`llmcore_kernels.backend`)."""
+    return [
+        Backend(
+            name=BACKEND,
+            description="llmcore's own CPU kernels: each quantized layer (int4 blocks of 32 or int8 rows) on "
+            "three fused operators, the final norm and output layer too, ahead of XNNPACK, which gets what "
+            "they cannot run (the reasons are in the export's summary); needs the llmcore_kernels runtime "
+            "library",
+            partitioners=_no_partitioners,
+            edge=EdgeSettings(check_ir_validity=False),  # llmcore:: operators are not core ATen
+            runs_on="any x86-64 CPU (AVX2, AVX-512 VNNI, or portable loops) with the llmcore_kernels library",
+            takes_modules=Lazy("llmcore_kernels.backend", "take"),
+            # the operators take one int8 row per token: without the outlier split 8da8w's
+            # layers are theirs (8da8w-layers' quality: docs/performance.md, "int8 rows on the
+            # layer operators")
+            recipe_defaults={"8da8w": {"outlier_split": False}},
+        )
+    ]
 
 
 @hookimpl

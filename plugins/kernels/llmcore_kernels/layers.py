@@ -17,7 +17,8 @@ llmcore's GEMM"). A quantized linear the GEMM cannot take stays with XNNPACK.
 
 A layer qualifies when it is a pre-norm Llama block (``attention_norm``, ``attention`` with
 ``wq wk wv wo`` and an ``attn`` submodule, ``ffn_norm``, ``feed_forward``), its norms RMSNorms,
-its attention with neither q/k norms nor post-norms, its MLP one :mod:`.mlp` takes, every
+no post-norms (sandwich norms), q/k norms only as RMSNorms over each head (Qwen3's: those
+layers norm and rotate their heads after the qkv GEMM, :meth:`KernelLayer._qkv_with_head_norms`), its MLP one :mod:`.mlp` takes, every
 projection int4 with blocks of 32 (with or without per-block offsets) or int8 per channel
 (the operators' int8 rows; one kind for q, k and v, one for gate and up), no outlier split, no
 bias but on q, k and v (Qwen2's), and when on a
@@ -79,13 +80,25 @@ class KernelLayer(nn.Module):
         self.register_buffer("wo_offsets", _stacked_offsets([attention.wo]))
         self.register_buffer("gate_up_offsets", _stacked_offsets([gate, up], interleave=True))
         self.register_buffer("down_offsets", _stacked_offsets([down]))
+        # Qwen3's (and Gemma 3's) per-head norms of q and k, between the projection and RoPE:
+        # int4_norm_qkv_rope places rotated columns as each thread finishes them, before a
+        # head is whole, so these layers take the qkv GEMM (int4_linear) and norm and rotate
+        # the heads after it (llmcore::rms_norm, then elementwise ops in the graph)
+        self.head_dim = attention.head_dim if hasattr(attention, "head_dim") else None
+        q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
+        self.qk_eps = None if q_norm is None else float(q_norm.eps)
+        self.register_buffer("q_norm", None if q_norm is None else q_norm.weight.detach().float().contiguous())
+        self.register_buffer("k_norm", None if k_norm is None else k_norm.weight.detach().float().contiguous())
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 input_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
-        q, k, v = torch.ops.llmcore.int4_norm_qkv_rope.default(
-            x, self.attention_norm, self.attention_eps, self.qkv, self.qkv_scales, self.qkv_sums, self.qkv_bias,
-            self.qkv_offsets, cos, sin, self.n_heads, self.n_kv_heads,
-        )
+        if self.q_norm is None:
+            q, k, v = torch.ops.llmcore.int4_norm_qkv_rope.default(
+                x, self.attention_norm, self.attention_eps, self.qkv, self.qkv_scales, self.qkv_sums, self.qkv_bias,
+                self.qkv_offsets, cos, sin, self.n_heads, self.n_kv_heads,
+            )
+        else:
+            q, k, v = self._qkv_with_head_norms(x, cos, sin)
         h = torch.ops.llmcore.int4_linear_add.default(
             self.attn(q, k, v, input_pos), self.wo, self.wo_scales, self.wo_sums, self.wo_offsets, x)
         return torch.ops.llmcore.int4_norm_mlp_add.default(
@@ -93,10 +106,34 @@ class KernelLayer(nn.Module):
             self.gate_up_offsets, self.down, self.down_scales, self.down_sums, self.down_offsets,
         )
 
+    def _qkv_with_head_norms(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q, k, v ``[B, T, heads, head_dim]`` as the block computes them with q and k norms:
+        the attention norm, the stacked q/k/v GEMM, each q and k head normed, then RoPE."""
+        normed = torch.ops.llmcore.rms_norm.default(x, self.attention_norm, self.attention_eps)
+        y = torch.ops.llmcore.int4_linear.default(
+            normed, self.qkv, self.qkv_scales, self.qkv_sums, self.qkv_bias, self.qkv_offsets)
+        d, bsz = self.head_dim, x.shape[0]
+        q, k, v = y.split([self.n_heads * d, self.n_kv_heads * d, self.n_kv_heads * d], dim=-1)
+        q = torch.ops.llmcore.rms_norm.default(q.reshape(bsz, -1, self.n_heads, d), self.q_norm, self.qk_eps)
+        k = torch.ops.llmcore.rms_norm.default(k.reshape(bsz, -1, self.n_kv_heads, d), self.k_norm, self.qk_eps)
+        return rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin), v.reshape(bsz, -1, self.n_kv_heads, d)
+
     def extra_repr(self) -> str:
         kinds = sorted({"int8 rows" if w.dtype == torch.int8 else f"int4 blocks of {mlp.BLOCK}"
                         for w in (self.qkv, self.wo, self.gate_up, self.down)})
         return f"heads {self.n_heads}, kv heads {self.n_kv_heads}, {' and '.join(kinds)}"
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on Meta's interleaved pairs of ``x [B, T, H, D]`` with ``cos``/``sin`` ``[1, T, 1,
+    D]`` (each value repeated for its pair): ``(a cos - b sin, b cos + a sin)``, bit for bit
+    the Llama module's ``x * cos + swap(x) * sin`` (its swap is an exact +-1 matmul, so
+    ``a cos + (-b) sin`` is ``a cos - b sin``). Elementwise ops on strided views: without
+    an XNNPACK delegate around it, no op needs to be one XNNPACK lowers."""
+    pairs = x.unflatten(-1, (-1, 2))
+    a, b = pairs[..., 0], pairs[..., 1]
+    c, s = cos[..., 0::2], sin[..., 0::2]
+    return torch.stack((a * c - b * s, b * c + a * s), dim=-1).flatten(-2)
 
 
 class KernelLinear(nn.Module):
@@ -151,8 +188,12 @@ def _why_not(block: nn.Module) -> Optional[str]:
         if getattr(block, name, None) is not None:
             return f"it has sandwich norms ({name})"
     attention = block.attention
-    if getattr(attention, "q_norm", None) is not None or getattr(attention, "k_norm", None) is not None:
-        return "its attention has q and k norms"
+    q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
+    if (q_norm is None) != (k_norm is None):
+        return "its attention has a norm on only one of q and k"
+    if q_norm is not None and not (isinstance(q_norm, RMSNorm) and isinstance(k_norm, RMSNorm)
+                                   and q_norm.eps == k_norm.eps and hasattr(attention, "head_dim")):
+        return "its q and k norms are not RMSNorms of one eps over each head"
     for role in ("wq", "wk", "wv", "wo"):
         reason = mlp.why_not_linear(role, getattr(attention, role), offsets=True, int8=True)
         if reason is not None:
@@ -230,14 +271,16 @@ def _same_linear(linear: nn.Module, kernel: KernelLinear) -> Optional[str]:
 
 def swap_outside_layers(model: nn.Module) -> list[str]:
     """After :func:`swap_layers`: every int4 or int8 linear left (the output layer) onto
-    :class:`KernelLinear`, every RMSNorm left (the final norm) onto ``llmcore::rms_norm``;
+    :class:`KernelLinear`, every RMSNorm left (the final norm) onto ``llmcore::rms_norm``,
+    except inside a layer :func:`swap_layers` kept (it stays whole, for XNNPACK to delegate);
     returns why linears were kept (they stay with XNNPACK)."""
     from llmcore_kernels import rmsnorm
 
-    _, kept = _swap_checked(model, mlp.QUANTIZED_LINEARS,
+    inside_kept = {id(m) for block in model.modules() if _is_block(block) for m in block.modules()}
+    _, kept = _swap_checked(model, lambda m: isinstance(m, mlp.QUANTIZED_LINEARS) and id(m) not in inside_kept,
                             lambda linear: mlp.why_not_linear("linear", linear, offsets=True, int8=True),
                             KernelLinear, _same_linear)
-    rmsnorm.swap_rms_norms(model)
+    rmsnorm.swap_rms_norms(model, leave=inside_kept)
     return kept
 
 

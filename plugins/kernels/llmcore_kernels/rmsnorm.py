@@ -88,15 +88,16 @@ def _same_function(module: nn.Module, fused: FusedRMSNorm) -> Optional[str]:
     return None
 
 
-def swap_rms_norms(model: nn.Module) -> tuple[int, list[str]]:
-    """Replace qualifying RMSNorm modules in place; returns (how many, why others were kept).
-    Loads the kernel library (``LlmcoreError`` with the fix when it is not built)."""
+def swap_rms_norms(model: nn.Module, leave: "frozenset[int] | set[int]" = frozenset()) -> tuple[int, list[str]]:
+    """Replace qualifying RMSNorm modules in place, but those whose id is in ``leave``;
+    returns (how many, why others were kept). Loads the kernel library (``LlmcoreError`` with
+    the fix when it is not built)."""
     from llmcore_kernels import ops  # noqa: F401  registers llmcore::rms_norm
 
     swapped, kept = 0, []
     for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
-            if not _candidate(child):
+            if id(child) in leave or not _candidate(child):
                 continue
             fused = FusedRMSNorm(child.weight, _eps(child))
             reason = _same_function(child, fused)

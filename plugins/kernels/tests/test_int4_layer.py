@@ -220,10 +220,30 @@ def halves_rope(block):
     return block
 
 
+@pytest.mark.parametrize("config", [{}, {"head_dim": 32, "qkv_bias": True}, {"offsets": True}, {"int8": True}])
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_a_layer_with_q_and_k_norms_computes_what_the_block_computes(ops, rows, config):
+    """Qwen3's per-head q and k norms (head_dim apart from dim / heads with 32): the qkv GEMM
+    on int4_linear, each head normed by llmcore::rms_norm and rotated in the graph."""
+    from llmcore_kernels.layers import KernelLayer
+
+    block = int4_block(qk_norm=True, **config)
+    with torch.no_grad():
+        for norm in (block.attention.q_norm, block.attention.k_norm):
+            norm.weight.uniform_(0.5, 1.5)
+    layer = KernelLayer(block)
+    assert layer.q_norm is not None
+    x = torch.randn(1, rows, block.attention.wq.in_features, generator=torch.Generator().manual_seed(rows))
+    cos, sin = rope_tables(rows, block.attention.head_dim)
+    with torch.no_grad():
+        want, got = block(x, cos, sin), layer(x, cos, sin)
+    error = float((got - want).norm() / (want - x).norm())
+    assert error < 0.01, error
+
+
 @pytest.mark.parametrize(
     "make, reason",
     [
-        (lambda: int4_block(qk_norm=True), "q and k norms"),
         (lambda: int4_block(sandwich_norms=True), "sandwich norms"),
         (lambda: int4_block(o_bias=True), "its wo has a bias"),
         (lambda: halves_rope(int4_block()), "differs from the kernels"),
@@ -396,7 +416,7 @@ def test_the_runner_puts_the_kernels_on_their_own_threads_without_delegates(laye
         ("mistral", "mistral-tiny", None),  # a sliding window on every layer (the attention module's)
         ("phi", "phi3-tiny", None),  # partial rotary: cos 1 and sin 0 past the rotated channels
         ("qwen", "qwen2-tiny", None),  # q, k and v biases
-        ("qwen", "qwen3-tiny", "q and k norms"),
+        ("qwen", "qwen3-tiny", None),  # q and k norms over each head (int4_linear, llmcore::rms_norm, RoPE in the graph)
         ("gemma", "gemma2-tiny", "sandwich norms"),
     ],
 )
@@ -414,5 +434,12 @@ def test_the_families_built_on_llama_layers(kernel_library, tmp_path, family, co
         assert not (tmp_path / "model.pte").exists()
         return
     result = export(options, load_registry())
-    assert "llmcore::int4_norm_qkv_rope.out" in libraries.program_operators(result.pte.read_bytes())
+    ops = libraries.program_operators(result.pte.read_bytes())
+    assert {"llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out"} <= set(ops)
+    # q and k norms: the qkv GEMM on int4_linear, the heads normed after it, and RoPE's
+    # elementwise ops, which XNNPACK (listed after the kernels) may take
+    assert ("llmcore::int4_norm_qkv_rope.out" in ops) != (config == "qwen3-tiny")
+    delegated = result.report["delegation"]["by_backend"].get("XnnpackBackend", {}).get("operators", {})
+    assert set(delegated) <= {"aten_add_Tensor", "aten_sub_Tensor", "aten_mul_Tensor", "aten_cat_default",
+                              "aten_unsqueeze_copy_default"}, delegated
     assert result.report["parity"]["top1_agreement"] == 1.0 and result.report["parity"]["max_abs_diff"] < 0.05

@@ -1,0 +1,138 @@
+"""The ``kernels`` backend: llmcore's layer operators chosen without a flag.
+
+An export with a recipe (or a checkpoint) and no ``--plugins`` gets ``kernels,xnnpack``:
+the kernels take each layer they compute exactly, XNNPACK the rest, and the report and the
+summary say which and why. Checked against the same recipe on XNNPACK alone (the same
+integers: the logits must agree) and against the eager module (the export's parity check)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from llmcore.errors import LlmcoreError
+
+IDS = [1, 40, 50, 60, 70, 80, 90]
+LAYER_OPS = ("int4_norm_qkv_rope", "int4_linear_add", "int4_norm_mlp_add")
+
+
+def _export(folder, name, **options):
+    from llmcore.pipeline import export
+    from llmcore.plugins import load_registry
+    from llmcore.recipe import ExportOptions
+
+    return export(ExportOptions(output=str(folder / f"{name}.pte"), quiet=True, **options), load_registry())
+
+
+@pytest.fixture(scope="module")
+def default_and_xnnpack(kernel_library, tmp_path_factory):
+    """Per family: 8da4w without --plugins (the default list), and 8da4w for XNNPACK alone."""
+    folder = tmp_path_factory.mktemp("backend")
+    return {config: (_export(folder, f"{config}-default", model=family, config=config, quantize="8da4w"),
+                     _export(folder, f"{config}-xnnpack", model=family, config=config, quantize="8da4w",
+                             plugins=["xnnpack"]))
+            for family, config in FAMILIES}
+
+
+FAMILIES = [("llama", "tiny"), ("qwen", "qwen2-tiny"), ("qwen", "qwen3-tiny"), ("phi", "phi4-mini-tiny"),
+            ("mistral", "mistral-tiny"), ("gemma", "gemma2-tiny")]
+
+
+@pytest.mark.parametrize("family", ["tiny", "qwen2-tiny", "qwen3-tiny", "phi4-mini-tiny", "mistral-tiny"])
+def test_a_recipe_without_plugins_runs_every_layer_on_the_kernels(default_and_xnnpack, family):
+    from llmcore.runtime import Program, libraries
+
+    ours, xnnpack = default_and_xnnpack[family]
+    report = ours.report
+    assert [b["name"] for b in report["backends"]] == ["kernels", "xnnpack"]
+    assert "no --plugins" in report["backends_chosen"]
+    (taken,) = report["taken"]
+    assert taken["backend"] == "kernels" and taken["left"] == []
+    assert taken["taken"] == ["layers.0", "layers.1", "norm", "output"]
+    ops = libraries.program_operators(ours.pte.read_bytes())
+    head_norms = family == "qwen3-tiny"  # the qkv GEMM on int4_linear, the heads normed and rotated after it
+    layer_ops = {"int4_linear", "int4_linear_add", "int4_norm_mlp_add"} if head_norms else set(LAYER_OPS)
+    assert {f"llmcore::{op}.out" for op in layer_ops} <= set(ops)
+    # nothing left for XNNPACK but, with head norms, RoPE's elementwise ops
+    delegated = report["delegation"]["by_backend"].get("XnnpackBackend", {}).get("operators", {})
+    assert set(delegated) <= ({"aten_add_Tensor", "aten_sub_Tensor", "aten_mul_Tensor", "aten_cat_default",
+                               "aten_unsqueeze_copy_default"} if head_norms else set()), delegated
+    assert report["parity"]["top1_agreement"] == 1.0 and report["parity"]["max_abs_diff"] < 0.05
+    # the same integers as 8da4w on XNNPACK alone
+    assert xnnpack.report["taken"] == [] and xnnpack.report["backends_chosen"] is None
+    want = torch.as_tensor(Program.load(xnnpack.pte).logits(IDS, input_pos=0))
+    got = torch.as_tensor(Program.load(ours.pte).logits(IDS, input_pos=0))
+    assert float((got - want).norm() / want.norm()) < 0.02
+    assert int(got.argmax()) == int(want.argmax())
+
+
+def test_layers_the_kernels_cannot_run_go_to_xnnpack_with_the_reason(default_and_xnnpack):
+    """Gemma 2's sandwich norms: every layer stays with XNNPACK, the report says why, and the
+    program is 8da4w's on XNNPACK (the final norm and output layer on the kernels)."""
+    from llmcore.runtime import Program
+
+    ours, xnnpack = default_and_xnnpack["gemma2-tiny"]
+    (taken,) = ours.report["taken"]
+    assert taken["taken"] == ["norm", "output"]
+    assert len(taken["left"]) == 2 and all("sandwich norms" in why for why in taken["left"])
+    assert taken["left"][0].startswith("layers.0: ")
+    assert ours.report["delegation"]["delegated_subgraphs"] > 0
+    want = torch.as_tensor(Program.load(xnnpack.pte).logits(IDS, input_pos=0))
+    got = torch.as_tensor(Program.load(ours.pte).logits(IDS, input_pos=0))
+    assert float((got - want).norm() / want.norm()) < 0.02
+
+
+def test_8da8w_gets_the_kernels_integers_unless_the_user_asks_for_the_split(kernel_library, tmp_path):
+    """With the kernels first, 8da8w runs without its outlier split (one int8 row per token,
+    what the operators take) and says so; a user who sets outlier_split=true keeps it, and
+    its layers go to XNNPACK with the reason."""
+    default = _export(tmp_path, "int8", model="llama", config="tiny", quantize="8da8w")
+    assert default.report["quantization"]["options"]["outlier_split"] is False
+    assert "backend 'kernels' runs recipe '8da8w' with outlier_split=False" in default.report["backends_chosen"]
+    assert default.report["taken"][0]["taken"][:2] == ["layers.0", "layers.1"]
+    split = _export(tmp_path, "int8-split", model="llama", config="tiny", quantize="8da8w",
+                    quantize_options={"outlier_split": True})
+    (taken,) = split.report["taken"]
+    assert "outlier_split=true" in taken["left"][0]
+    assert not any(name.startswith("layers.") for name in taken["taken"])
+    assert "outlier_split" not in split.report["backends_chosen"]
+    on_xnnpack = _export(tmp_path, "int8-xnnpack", model="llama", config="tiny", quantize="8da8w",
+                         plugins=["xnnpack"])
+    assert on_xnnpack.report["quantization"]["options"]["outlier_split"] is True
+
+
+def test_the_user_order_stands(kernel_library, tmp_path):
+    """--plugins xnnpack leaves the kernels out; --plugins none is the portable runtime; random
+    weights without a recipe stay portable."""
+    from llmcore.pipeline import export
+    from llmcore.plugins import load_registry
+    from llmcore.recipe import ExportOptions
+
+    portable = _export(tmp_path, "float", model="llama", config="tiny")
+    assert portable.report["backends"] == [] and portable.report["backends_chosen"] is None
+    named_none = _export(tmp_path, "none", model="llama", config="tiny", quantize="none", plugins=["none"])
+    assert named_none.report["backends"] == []
+    with pytest.raises(LlmcoreError, match="meant for xnnpack"):
+        export(ExportOptions(model="llama", config="tiny", quantize="8da4w", plugins=["none"],
+                             output=str(tmp_path / "x.pte"), quiet=True), load_registry())
+
+
+def test_a_float_model_gives_the_kernels_nothing_and_says_so(kernel_library, tmp_path):
+    result = _export(tmp_path, "fp32", model="llama", config="tiny", plugins=["kernels", "xnnpack"])
+    (taken,) = result.report["taken"]
+    assert taken["taken"] == [] and "no int4 or int8 linears" in taken["note"]
+    assert result.report["delegation"]["delegated_subgraphs"] > 0
+
+
+def test_the_cli_summary_names_the_choice(kernel_library, llmcore_cli, tmp_path):
+    out = tmp_path / "m.pte"
+    result = llmcore_cli("export", "--model", "gemma", "--config", "gemma2-tiny", "--quantize", "8da4w",
+                         "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "no --plugins: a recipe exported for this CPU gets kernels,xnnpack" in result.stderr
+    assert "backend 'kernels' runs norm and output; leaves 2 to the backends after it: layers.0: it has " \
+           "sandwich norms" in result.stderr
+    report = json.loads(out.with_name("m.report.json").read_text())
+    assert report["parity"]["top1_agreement"] == 1.0
