@@ -174,7 +174,10 @@ def llmcore_partitioners() -> list[Backend]:
     """Backends this plugin can lower to (``--plugins NAME,...``).
 
     Each :class:`~llmcore.records.Backend` has a name, a factory that takes the user's
-    options and returns ExecuTorch partitioners, and the edge compile settings it needs.
+    options and returns ExecuTorch partitioners, and the edge compile settings it needs. A
+    backend whose work is custom operators rather than a delegate (llmcore-kernels'
+    ``kernels``) returns no partitioners and sets ``takes_modules``: it swaps the parts of the
+    quantized eager module it runs before ``torch.export``, in the same ``--plugins`` order.
 
     Example::
 

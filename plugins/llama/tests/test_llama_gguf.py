@@ -108,8 +108,11 @@ def test_quantized_gguf_loads_its_dequantized_weights(tmp_path):
         assert torch.equal(loaded[name], expected[name]), (name, qt.name)
     toks = tokens(9, WIDE.vocab_size)
     ref = reference_forward(expected, WIDE, toks)
+    # The weights are bit-equal above; the forward passes differ only by float32 summation
+    # order, which on the AVX2-only EPYC moved one logit of 320 by 1.8e-4 in a CI run (with
+    # the pytest worker's one thread) and not in others: 1e-3 still catches a wrong weight.
     with torch.no_grad():
-        torch.testing.assert_close(lm.module(toks)[0], ref[-1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(lm.module(toks)[0], ref[-1], atol=1e-3, rtol=1e-3)
 
 
 def test_rejects_other_architectures(tmp_path):

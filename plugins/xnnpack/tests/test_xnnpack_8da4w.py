@@ -229,7 +229,9 @@ def test_recipe_is_meant_for_xnnpack(registry, tmp_path):
     from llmcore.pipeline import export
     from llmcore.recipe import ExportOptions
 
-    opts = ExportOptions(model="nanogpt", config="tiny", output=str(tmp_path / "p.pte"), quiet=True, quantize="8da4w")
+    # --plugins none: the portable runtime named (without --plugins a recipe gets the CPU's default list)
+    opts = ExportOptions(model="nanogpt", config="tiny", output=str(tmp_path / "p.pte"), quiet=True, quantize="8da4w",
+                         plugins=["none"])
     with pytest.raises(LlmcoreError, match="meant for xnnpack"):
         export(opts, registry)
 
