@@ -471,6 +471,11 @@ class Backend(Record):
     (registered with :func:`llmcore.upstream.register`). An export that selects the backend
     checks each one that is switched on against the installed releases when it plans, before
     it loads a model; keep the module it imports light (a :class:`Lazy` to it)."""
+    default_order: Optional[int] = None
+    """Where this backend stands in the list an export gets without ``--plugins`` when it has a
+    checkpoint or a recipe (a program for this CPU): installed backends with a number, lowest
+    first; None keeps it out of that list. llmcore-kernels' ``kernels`` is 10 and
+    llmcore-xnnpack's ``xnnpack`` 20: the layer kernels first, XNNPACK for what they leave."""
     recipe_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Recipe name -> option defaults this backend asks for when it is selected and the user
     set none of them (``{"8da8w": {"outlier_split": False}}``: integers its operators run).

@@ -42,8 +42,9 @@ def export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", help="checkpoint file or folder")
     p.add_argument("--tokenizer", help="tokenizer files, when the checkpoint has none")
     p.add_argument("--plugins", help="backends in partitioning order, e.g. gpu_backend,cpu_backend; left out: "
-                   "kernels,xnnpack (those installed) for a checkpoint or a --quantize recipe, else the portable "
-                   "runtime; 'none': the portable runtime only")
+                   "for a checkpoint or a --quantize recipe, the installed backends that put themselves in the CPU's "
+                   "default list (the export names them), else the portable runtime; 'none': the portable runtime "
+                   "only")
     p.add_argument("--quantize", help="quantizer recipe, e.g. int8-dynamic")
     p.add_argument("--quantize-option", action="append", metavar="KEY=VALUE", help="recipe option (repeatable)")
     p.add_argument("--backend-option", action="append", metavar="BACKEND.KEY=VALUE", help="partitioner option")

@@ -125,11 +125,6 @@ def resolve_plan(options: ExportOptions, registry: Registry) -> ExportPlan:
     )
 
 
-DEFAULT_CPU_BACKENDS = ("kernels", "xnnpack")
-"""The backends an export gets without ``--plugins`` when it has integers to run (a named
-recipe) or a checkpoint, those of them that are installed, in this order: llmcore's layer
-kernels take every layer they compute exactly (faster than XNNPACK on the same integers on
-x86: docs/performance.md), XNNPACK the rest."""
 PORTABLE = "none"
 """``--plugins none``: the portable runtime alone, even for a checkpoint or a recipe."""
 
@@ -137,7 +132,8 @@ PORTABLE = "none"
 def choose_backends(options: ExportOptions, registry: Registry) -> tuple[ExportOptions, Optional[str]]:
     """``options`` with ``plugins`` filled in when the user named none, and why (None when the
     user's list stands). A checkpoint or a quantizer recipe without ``--plugins`` means a
-    program for this kind of CPU: the installed of :data:`DEFAULT_CPU_BACKENDS`. Random
+    program for this kind of CPU: the installed backends that ask to be in that list
+    (``Backend.default_order``), in their order. Random
     weights without a recipe stay on the portable runtime (what tests of a family's graph
     want), as does ``--plugins none``."""
     if options.plugins == [PORTABLE]:
@@ -147,8 +143,15 @@ def choose_backends(options: ExportOptions, registry: Registry) -> tuple[ExportO
     quantized = options.quantize not in (None, "", "none")
     if not (quantized or options.checkpoint):
         return options, None
-    installed = set(registry.names("backends"))
-    chosen = [name for name in DEFAULT_CPU_BACKENDS if name in installed]
+    ranked = []
+    for name in registry.names("backends"):
+        try:
+            order = registry.get("backends", name, stage="lower").record.default_order
+        except LlmcoreError:  # a name two plugins provide: never a default, named only by the user
+            continue
+        if order is not None:
+            ranked.append((order, name))
+    chosen = [name for _, name in sorted(ranked)]
     if not chosen:
         return options, None
     why = "a recipe" if quantized else "a checkpoint"

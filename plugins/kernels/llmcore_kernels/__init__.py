@@ -75,6 +75,7 @@ def llmcore_partitioners() -> list[Backend]:
             edge=EdgeSettings(check_ir_validity=False),  # llmcore:: operators are not core ATen
             runs_on="any x86-64 CPU (AVX2, AVX-512 VNNI, or portable loops) with the llmcore_kernels library",
             takes_modules=Lazy("llmcore_kernels.backend", "take"),
+            default_order=10,  # ahead of XNNPACK (20) in a CPU export's default list
             # the operators take one int8 row per token: without the outlier split 8da8w's
             # layers are theirs (8da8w-layers' quality: docs/performance.md, "int8 rows on the
             # layer operators")

@@ -84,7 +84,7 @@ class KernelLayer(nn.Module):
         # int4_norm_qkv_rope places rotated columns as each thread finishes them, before a
         # head is whole, so these layers take the qkv GEMM (int4_linear) and norm and rotate
         # the heads after it (llmcore::rms_norm, then elementwise ops in the graph)
-        self.head_dim = attention.head_dim if hasattr(attention, "head_dim") else None
+        self.head_dim = self.qkv.shape[0] // (self.n_heads + 2 * self.n_kv_heads)  # qkv's rows: whole heads
         q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
         self.qk_eps = None if q_norm is None else float(q_norm.eps)
         self.register_buffer("q_norm", None if q_norm is None else q_norm.weight.detach().float().contiguous())
@@ -192,7 +192,7 @@ def _why_not(block: nn.Module) -> Optional[str]:
     if (q_norm is None) != (k_norm is None):
         return "its attention has a norm on only one of q and k"
     if q_norm is not None and not (isinstance(q_norm, RMSNorm) and isinstance(k_norm, RMSNorm)
-                                   and q_norm.eps == k_norm.eps and hasattr(attention, "head_dim")):
+                                   and q_norm.eps == k_norm.eps):
         return "its q and k norms are not RMSNorms of one eps over each head"
     for role in ("wq", "wk", "wv", "wo"):
         reason = mlp.why_not_linear(role, getattr(attention, role), offsets=True, int8=True)
@@ -215,8 +215,7 @@ def _same_function(block: nn.Module, layer: KernelLayer) -> Optional[str]:
     """None when ``layer`` computes what ``block`` does on a random input of 3 tokens, each
     with a plain causal attention in place of its own (a KV cache would keep the input)."""
     attention = block.attention
-    plain = CausalAttention(attention.n_heads, attention.n_kv_heads, layer.qkv.shape[0] // (
-        attention.n_heads + 2 * attention.n_kv_heads))
+    plain = CausalAttention(attention.n_heads, attention.n_kv_heads, layer.head_dim)
     generator = torch.Generator().manual_seed(0)
     dim = layer.attention_norm.shape[0]
     x = torch.randn(1, 3, dim, generator=generator)

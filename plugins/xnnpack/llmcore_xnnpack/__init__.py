@@ -76,6 +76,7 @@ def llmcore_partitioners() -> list[Backend]:
             runs_on="any CPU (Android, iOS, Linux, macOS, Windows)",
             while_lowering=_while_lowering,
             upstream_patches=Lazy("llmcore_xnnpack.lowering", "upstream_patches"),
+            default_order=20,  # in a CPU export's default list, after backends that run whole layers
             options={
                 "per_op_mode": (bool, False, "one delegate per operator instead of the largest subgraphs"),
                 "fp32_only": (bool, False, "delegate only fp32 operators, leave quantized ones to the portable runtime"),
