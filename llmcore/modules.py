@@ -258,7 +258,10 @@ def replace_modules(
         kinds = match
         match = lambda module: isinstance(module, kinds)  # noqa: E731
     replaced = 0
-    for name, child in list(root.named_children()):
+    # by name, not over a list of the children: each replaced module is freed as soon as it
+    # is swapped, not when the last sibling is (a model's layers, one at a time)
+    for name in [name for name, _ in root.named_children()]:
+        child = getattr(root, name)
         new = make(child) if match(child) else None
         if new is not None:
             setattr(root, name, new)

@@ -160,10 +160,13 @@ class LoadOptions:
     max_seq_len: Optional[int] = None
     dtype: str = "float32"
     seed: int = 0
-    stored_integers: bool = True
-    """Whether a loader of quantized checkpoints also keeps their integers
-    (:attr:`LoadedModel.stored_weights`). False when the export's recipe does not carry them
-    (``--quantize 8da4w``, ``none``): they would only take memory until it replaces them."""
+    stored_integers: bool = False
+    """Whether a loader of quantized checkpoints keeps their integers for a recipe that
+    carries them into the program (:attr:`LoadedModel.stored_weights`), set by an export
+    whose recipe does (no ``--quantize``, or ``gguf``). A loader may then leave such weights
+    in the file (:class:`llmcore.stored.FileWeight`, meta parameters that refuse to run until
+    read), so that the export never holds them as floats. False (a float model, as a
+    reference or for ``--quantize 8da4w``): every weight read as floats."""
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,18 @@ The records travel with the weight tensors themselves (``remember`` / ``integer_
 with module names: source transforms replace modules (KV-cache attention, norms) but keep the
 weights, and a weight a transform rebuilt simply has no integer form any more, which a recipe
 reports by name instead of silently using stale integers.
+
+A loader may also leave such a weight in the file (:class:`FileWeight`): the parameter is
+then on the meta device, and a recipe reads its integers (:func:`stored_form`) or its floats a
+few rows at a time (:func:`float_rows`) when it replaces the layer, so that no export holds a
+quantized model's weights as fp32 (4 bytes a weight, 7x a Q4_0 file). What no recipe
+replaced is read whole before capture (:func:`materialize`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -61,14 +67,100 @@ class StoredFormat:
     source_name: str
 
 
-def remember(weight: torch.Tensor, form: "IntegerWeight | StoredFormat") -> None:
+@dataclass(frozen=True)
+class FileWeight:
+    """A quantized weight left in the checkpoint file, read when a recipe needs it.
+
+    ``read_floats(rows)`` gives fp32 rows ``[len(rows), cols]`` exactly as the loader would
+    have dequantized them (a slice of the rows: memory for those rows only);
+    ``read_integers()`` its :class:`IntegerWeight` (None where the type has none). Each read
+    decodes the file again: a recipe reads what it keeps once, when it replaces the layer.
+    """
+
+    format: str
+    source_name: str
+    shape: tuple
+    read_floats: Callable[[slice], torch.Tensor]
+    read_integers: Optional[Callable[[], Optional[IntegerWeight]]] = None
+
+    @property
+    def has_integers(self) -> bool:
+        return self.read_integers is not None
+
+
+class FloatRows:
+    """A :class:`FileWeight`'s floats as code that reads a weight a few rows at a time sees
+    them: ``rows[a:b]`` (fp32), ``shape``, ``detach()``; never the whole matrix at once."""
+
+    def __init__(self, form: FileWeight):
+        self.form = form
+        self.shape = torch.Size(form.shape)
+
+    def __getitem__(self, rows: slice) -> torch.Tensor:
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise TypeError(f"{self.form.source_name}: rows of a weight in the file are read by a plain slice")
+        return self.form.read_floats(rows)
+
+    def detach(self) -> "FloatRows":
+        return self
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+
+def remember(weight: torch.Tensor, form: "IntegerWeight | StoredFormat | FileWeight") -> None:
     _FORMS[weight] = form
 
 
 def stored_form(weight: Any) -> "IntegerWeight | StoredFormat | None":
     """What the checkpoint stored for this weight tensor, or None (float checkpoints, or a
-    weight that a transform rebuilt)."""
+    weight that a transform rebuilt). A weight still in the file is read here: its
+    :class:`IntegerWeight` (held only as long as the caller holds it), or its type's name."""
+    form = _FORMS.get(weight) if isinstance(weight, torch.Tensor) else None
+    if isinstance(form, FileWeight):
+        integers = form.read_integers() if form.read_integers is not None else None
+        return integers if integers is not None else StoredFormat(form.format, form.source_name)
+    return form
+
+
+def record(weight: Any) -> "IntegerWeight | StoredFormat | FileWeight | None":
+    """What the loader recorded for ``weight``, without reading the file (:func:`stored_form` reads)."""
     return _FORMS.get(weight) if isinstance(weight, torch.Tensor) else None
+
+
+def has_integers(form: Any) -> bool:
+    """Whether a loader's record for a weight holds integers a recipe can keep."""
+    return isinstance(form, IntegerWeight) or (isinstance(form, FileWeight) and form.has_integers)
+
+
+def in_file(weight: Any) -> bool:
+    """Whether ``weight`` is a parameter the loader left in the checkpoint file (meta)."""
+    return isinstance(weight, torch.Tensor) and isinstance(_FORMS.get(weight), FileWeight)
+
+
+def float_rows(weight: torch.Tensor) -> "torch.Tensor | FloatRows":
+    """``weight`` as something read by rows (``w[a:b]``, ``w.shape``): the tensor itself, or
+    for a weight still in the file a :class:`FloatRows` that reads those rows only."""
+    form = _FORMS.get(weight)
+    return FloatRows(form) if isinstance(form, FileWeight) else weight
+
+
+def materialize(module: torch.nn.Module) -> list[str]:
+    """Read every parameter of ``module`` still in the file as floats (in its dtype); returns
+    their names. A parameter shared by two names (a tied table) is read once."""
+    read: dict[int, torch.nn.Parameter] = {}
+    names = []
+    for name, param in list(module.named_parameters(remove_duplicate=False)):
+        form = _FORMS.get(param)
+        if not isinstance(form, FileWeight):
+            continue
+        if id(param) not in read:
+            floats = form.read_floats(slice(None)).to(param.dtype)
+            read[id(param)] = torch.nn.Parameter(floats, requires_grad=False)
+        owner, _, attr = name.rpartition(".")
+        setattr(module.get_submodule(owner) if owner else module, attr, read[id(param)])
+        names.append(name)
+    return names
 
 
 def attach(module: torch.nn.Module, forms: Mapping[str, "IntegerWeight | StoredFormat"]) -> int:
@@ -81,5 +173,30 @@ def attach(module: torch.nn.Module, forms: Mapping[str, "IntegerWeight | StoredF
     for name, form in forms.items():
         if name in params:
             remember(params[name], form)
+            if isinstance(form, FileWeight):
+                owner = name.rpartition(".")[0]
+                _guard(module.get_submodule(owner) if owner else module)
             done += 1
     return done
+
+
+def _guard(module: torch.nn.Module) -> None:
+    """Make ``module`` refuse to run while a weight of its own is still in the file: a meta
+    weight in a CPU computation can give uninitialised memory instead of an error."""
+    if getattr(module, "_llmcore_file_guard", None) is None:
+        module._llmcore_file_guard = module.register_forward_pre_hook(_refuse_weights_in_file)
+
+
+def _refuse_weights_in_file(module: torch.nn.Module, args) -> None:
+    for param in module.parameters(recurse=False):
+        form = _FORMS.get(param)
+        if isinstance(form, FileWeight):
+            from llmcore.errors import LlmcoreError
+
+            raise LlmcoreError(
+                f"{form.source_name} ({form.format}) is still in the checkpoint file: it was loaded for a recipe "
+                "that keeps the file's integers, and has not been read.",
+                stage="load",
+                fix="load with LoadOptions(stored_integers=False) for float weights, or read them first with "
+                    "llmcore.stored.materialize(module).",
+            )

@@ -315,6 +315,7 @@ _TYPE_HINTS = "executorch.exir._serialize._dataclass:get_type_hints"
 _LEGALIZE = "executorch.exir.lowered_backend_module:legalize_graph"
 _QUANT_FUSION = "executorch.exir.program._program:quant_fusion_and_const_prop_pass"
 _HOP_FAKE_FNS = "torch._higher_order_ops.utils:registered_hop_fake_fns"
+_EMIT_CONSTANT = "executorch.exir.emit._emitter:_Emitter._tensor_spec_to_evalue"
 
 
 def _lean_dependency_viewers() -> ContextManager:
@@ -430,6 +431,41 @@ def _quant_fusion_only_where_quantized() -> ContextManager:
         return constant_prop_pass(program)
 
     return replaced((_QUANT_FUSION, fusion_where_quantized))
+
+
+# Constants smaller than this keep their memory after they are copied into the program: the
+# large ones (weights) are what the release is for.
+RELEASED_CONSTANT_BYTES = 1 << 16
+
+
+def _constants_released_once_emitted() -> ContextManager:
+    """Each large constant's memory is given back as soon as the emitter has copied it into
+    the program's buffers (its storage resized to nothing), so that an export does not hold
+    its weights twice, in the graph and in the program, through the whole of emission. A
+    constant whose storage was released already (two placeholders of one tensor) is given
+    the buffer it went to. The edge program is not usable afterwards: llmcore drops it
+    when the program is emitted (an ETRecord is made from a copy taken before)."""
+    original = resolve(_EMIT_CONSTANT)
+    make_tensor_value = resolve("executorch.exir.emit._emitter:make_tensor_value")
+    from executorch.exir.schema import EValue
+
+    released: dict[int, int] = {}  # the storage's StorageImpl -> the program buffer it went to
+
+    def released_once_copied(self, spec, constant_tag=None):
+        storage = spec.storage if spec.const else None
+        planned = spec.mem_id is not None and spec.mem_offset is not None  # a mutable buffer's initial state
+        if storage is None or planned or spec.extra_tensor_info is not None:
+            return original(self, spec, constant_tag)
+        key = storage._cdata
+        if key in released:
+            return EValue(make_tensor_value(released[key], None, spec))
+        value = original(self, spec, constant_tag)
+        if storage.nbytes() >= RELEASED_CONSTANT_BYTES:
+            released[key] = value.val.data_buffer_idx
+            storage.resize_(0)
+        return value
+
+    return replaced((_EMIT_CONSTANT, released_once_copied))
 
 
 @contextmanager
@@ -552,6 +588,17 @@ for _patch in (
             "where the delegates hold all of them); where the graph calls none, the pass only drops "
             "dead code, so that and the constant propagation run instead.",
         apply=_quant_fusion_only_where_quantized,
+    ),
+    Patch(
+        name="constants_released_once_emitted",
+        replaces=(_EMIT_CONSTANT,),
+        relies_on={_EMIT_CONSTANT: ("f3b5b9a22e5e8125",)},
+        requires=(EXECUTORCH,),
+        why="to_executorch copies every constant into the program's buffers while the graph still "
+            "holds it, so an export peaked at twice its program (an 8B model's 4.7 GB program, 9.4 GB); "
+            "each large constant's memory is released once its bytes are copied, which leaves the "
+            "program's bytes as they were.",
+        apply=_constants_released_once_emitted,
     ),
     Patch(
         name="recorded_delegate_outputs",

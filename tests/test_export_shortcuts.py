@@ -1,5 +1,6 @@
 """Work the export skips because nothing it writes depends on it: stack traces on traced
-nodes (only an ETRecord reads them) and the serializer's repeated type-hint lookups."""
+nodes (only an ETRecord reads them), the serializer's repeated type-hint lookups, and the
+graph's copy of each weight once the program holds its bytes."""
 
 from __future__ import annotations
 
@@ -80,3 +81,43 @@ def test_the_serializer_reads_each_class_s_type_hints_once_and_writes_the_same_j
         assert _dataclass.get_type_hints is counted  # put back
     finally:
         _dataclass.get_type_hints = original
+
+
+class _Weights(torch.nn.Module):
+    """Two linears large enough to be released (RELEASED_CONSTANT_BYTES), one too small, and
+    one weight read by two placeholders' worth of uses (the same tensor twice)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.big = torch.nn.Linear(256, 256, bias=False)
+        self.small = torch.nn.Linear(256, 4)
+        self.register_buffer("shared", torch.randn(256, 256))
+
+    def forward(self, x):
+        return self.small(self.big(x) @ self.shared + x @ self.shared.T)
+
+
+def _emitted(release: bool):
+    from executorch.exir import to_edge
+
+    from llmcore.pipeline import emit
+
+    exported = torch.export.export(_Weights().eval(), (torch.randn(2, 256),))
+    edge = to_edge(exported)
+    program = emit.to_executorch(edge, release_constants=release)
+    graph = edge.exported_program()
+    tensors = {**graph.state_dict, **{n: t for n, t in graph.constants.items() if isinstance(t, torch.Tensor)}}
+    return program.buffer, {name: t.untyped_storage().nbytes() for name, t in tensors.items()}
+
+
+def test_weights_are_released_once_emitted_and_the_program_is_the_same():
+    """``constants_released_once_emitted``: the program's bytes are those of an emission that
+    keeps the weights, the large weights' memory is given back, a small one's is kept."""
+    kept_bytes, kept = _emitted(release=False)
+    released_bytes, released = _emitted(release=True)
+    assert released_bytes == kept_bytes
+    assert all(n > 0 for n in kept.values())
+    large = [name for name, n in kept.items() if n >= upstream.RELEASED_CONSTANT_BYTES]
+    assert len(large) >= 2 and all(released[name] == 0 for name in large)  # big's weight, shared
+    assert all(released[name] == n for name, n in kept.items() if name not in large)  # the small ones

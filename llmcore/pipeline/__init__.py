@@ -27,7 +27,7 @@ from llmcore import __version__
 from llmcore.errors import LlmcoreError
 from llmcore.pipeline import capture, emit, lower, parity, quantize, report, take, transform, write
 from llmcore.pipeline.load import load_model
-from llmcore.pipeline.plan import ExportPlan, plan_export
+from llmcore.pipeline.plan import ExportPlan, backend_recipe_defaults, plan_export
 from llmcore.plugins import PluginInfo, Provided, Registry, load_registry
 from llmcore.progress import StageLog, limit_heap_fragmentation, remembered_interrupts
 from llmcore.recipe import ExportOptions
@@ -152,6 +152,7 @@ class Export:
             if self.plan.backends_chosen:
                 self.log.say(self.plan.backends_chosen)
         self.options = self.plan.options
+        self.backends_chosen = self.plan.backends_chosen  # and what they ask of a recipe chosen at load
         self.report_path = self.output.with_name(self.output.stem + ".report.json")
         self.tokenizer_path = self.output.with_name(TOKENIZER_FILE)
         self.loaded = self.module = self.exported = self.edge = self.program = None
@@ -277,7 +278,14 @@ class Export:
                     f"the checkpoint stores quantized weights: recipe {self.recipe.record.name!r} keeps its integers "
                     f"(--quantize none for float weights, or name another recipe)"
                 )
+                self.recipe_options, asked = backend_recipe_defaults(
+                    self.recipe, self.recipe_options, options.quantize_options or {}, plan.backends)
+                if asked:
+                    log.say(asked)
+                    self.backends_chosen = "; ".join(filter(None, (self.backends_chosen, asked)))
         loaded.stored_weights = {}  # the stored forms travel with the weight tensors now
+        if self.recipe is None or not self.recipe.record.for_quantized_checkpoints:
+            _read_from_file(loaded.module, "no recipe keeps the checkpoint's integers", log)
         max_seq_len = options.max_seq_len or min(meta.max_seq_len, DEFAULT_MAX_SEQ_LEN)
         if max_seq_len > meta.max_seq_len:
             raise LlmcoreError(
@@ -336,6 +344,7 @@ class Export:
             self.log.say(taken.summary())
 
     def _capture(self) -> None:
+        _read_from_file(self.module, "the recipe left them as floats", self.log)
         self._inputs = capture.example_inputs(self.prompt_ids, self.convention.use_kv_cache)
         with self.log.stage("export", collect=False):  # quantize's float layers went with their last reference
             self.exported = capture.capture(
@@ -409,7 +418,10 @@ class Export:
     def _to_executorch(self) -> None:
         with self.log.stage("emit", collect=self._retraced):  # a pass that ran left the old program behind
             tmp = self._etrecord_tmp
-            program = emit.to_executorch(self.edge, str(tmp) if tmp else None, self._edge_copy)
+            # an export run whole keeps no graph after this: each weight's memory goes as soon as
+            # the program has its bytes
+            program = emit.to_executorch(self.edge, str(tmp) if tmp else None, self._edge_copy,
+                                         release_constants=self._whole)
             self.edge = self._edge_copy = None
             # Staged now (renamed into place only when everything has passed), written part
             # by part (never joined into one bytes object beside the program that holds the
@@ -461,7 +473,7 @@ class Export:
                 {"name": p.record.name, "plugin": p.plugin.package, "runtime_id": p.record.runtime_id, "options": o}
                 for p, o in plan.backends
             ],
-            "backends_chosen": plan.backends_chosen,
+            "backends_chosen": self.backends_chosen,
             "transforms": self.applied,
             "taken": [t.as_dict() for t in self.taken],
             "quantization": {"recipe": recipe.record.name, "plugin": recipe.plugin.package,
@@ -485,6 +497,17 @@ class Export:
         if self._partitioners is not None:  # lowered with objects given to lower(), not the backends' own
             data["partitioners"] = [type(p).__name__ for p in self._partitioners]
         return data
+
+
+def _read_from_file(module: Any, why: str, log: StageLog) -> None:
+    """Read as floats the weights the loader left in the checkpoint file (:mod:`llmcore.stored`)
+    that the export needs as floats after all, saying how many and why."""
+    from llmcore import stored
+
+    names = stored.materialize(module) if module is not None else []
+    if names:
+        log.say(f"{len(names)} quantized weights read as floats ({why}): {', '.join(names[:3])}"
+                f"{' ...' if len(names) > 3 else ''}")
 
 
 def _passed_quantizer(quantizer: Any) -> Provided:

@@ -173,8 +173,8 @@ def backend_recipe_defaults(recipe: Optional[Provided], recipe_options: Mapping[
         if asked:
             settings = ", ".join(f"{k}={v}" for k, v in asked.items())
             return {**recipe_options, **asked}, (
-                f"backend {provided.record.name!r} runs recipe {recipe.record.name!r} with {settings} (its operators' "
-                f"integers); --quantize-option sets them otherwise")
+                f"backend {provided.record.name!r} runs recipe {recipe.record.name!r} with {settings} (what it "
+                f"asks of the recipe: Backend.recipe_defaults); --quantize-option sets them otherwise")
     return recipe_options, None
 
 

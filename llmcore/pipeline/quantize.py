@@ -70,9 +70,9 @@ def default_for_checkpoint(stored_weights: dict, candidate: "Provided | LlmcoreE
     the plan's ``candidate`` (:func:`checkpoint_recipe`) with ``options``
     (``--quantize-option``) checked against it, or ``(None, {})``. Options with no recipe to
     take them are refused, never dropped."""
-    from llmcore.stored import IntegerWeight
+    from llmcore.stored import has_integers
 
-    if candidate is not None and any(isinstance(f, IntegerWeight) for f in stored_weights.values()):
+    if candidate is not None and any(has_integers(f) for f in stored_weights.values()):
         if isinstance(candidate, LlmcoreError):
             raise candidate
         recipe: QuantizerRecipe = candidate.record

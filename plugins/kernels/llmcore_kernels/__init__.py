@@ -79,7 +79,9 @@ def llmcore_partitioners() -> list[Backend]:
             # the operators take one int8 row per token: without the outlier split 8da8w's
             # layers are theirs (8da8w-layers' quality: docs/performance.md, "int8 rows on the
             # layer operators")
-            recipe_defaults={"8da8w": {"outlier_split": False}},
+            recipe_defaults={"8da8w": {"outlier_split": False},
+                             # a GGUF's int4 layers two to a byte until taken: an 8B's export fits
+                             "gguf": {"int4_nibbles": True}},
         )
     ]
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from llmcore.records import ModulesTaken
 from llmcore_kernels import layers, mlp
+from llmcore_xnnpack.qlinear import BlockInt4Linear
 
 
 def take(module: nn.Module, options: dict) -> ModulesTaken:
@@ -30,6 +31,9 @@ def take(module: nn.Module, options: dict) -> ModulesTaken:
 
     _, left = layers.swap_layers(module)
     left_linears = layers.swap_outside_layers(module)
+    for linear in module.modules():  # what is left goes to XNNPACK, which lowers int8 integers
+        if isinstance(linear, BlockInt4Linear):
+            linear.unpack_()
     taken = tuple(name for name, m in module.named_modules()
                   if isinstance(m, (layers.KernelLayer, layers.KernelLinear, FusedRMSNorm)))
     return ModulesTaken(taken=taken, left=tuple(left) + tuple(left_linears))

@@ -34,7 +34,8 @@ NAMES = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"))  # gate, up,
 # ||kernel - module|| / ||module|| allowed in the swap check: both round their activations to
 # int8, and a value within float error of a rounding boundary may land on either side.
 CHECK_TOLERANCE = 2e-3
-QUANTIZED_LINEARS = (BlockInt4Linear, ChannelInt8Linear)  # the kernels' int4 blocks and int8 rows
+QUANTIZED_LINEARS = (BlockInt4Linear, ChannelInt8Linear)
+_SUM_ROWS = 4096  # rows of an int8 weight summed at once by register_int8  # the kernels' int4 blocks and int8 rows
 
 
 def pack(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -52,8 +53,12 @@ def pack(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     bf16 = scales.to(torch.bfloat16)
     if not torch.equal(bf16.float(), scales.float()):
         raise ValueError("int4 scales must be bfloat16 values")
-    weights = q.double().view(rows, -1, BLOCK) * scales.double().unsqueeze(-1)
-    return packed, bf16.contiguous(), weights.sum((1, 2)).float().contiguous()
+    # each row's sum: the integers of each block summed exactly (int32), times the block's
+    # scale, in float64; a slice of rows at a time (no float64 copy of the weight: 470 MB for
+    # one of Llama-3.1-8B's MLP matrices)
+    block_sums = torch.cat([part.view(len(part), -1, BLOCK).sum(-1, dtype=torch.int32) for part in q.split(_SUM_ROWS)])
+    sums = (block_sums.double() * scales.double()).sum(1)
+    return packed, bf16.contiguous(), sums.float().contiguous()
 
 
 def register_packed(module: nn.Module, name: str, q: torch.Tensor, scales: torch.Tensor) -> None:
@@ -74,9 +79,10 @@ def register_int8(module: nn.Module, name: str, q: torch.Tensor, scales: torch.T
         raise ValueError(f"an int8 weight {tuple(q.shape)} needs one scale a row, got {tuple(scales.shape)}")
     module.register_buffer(name, q.to(torch.int8).contiguous())
     module.register_buffer(f"{name}_scales", scales.contiguous())
-    # the integers summed exactly in int64: no float64 copy of the weight (226 MB for
-    # SmolLM2's output layer)
-    sums = q.sum(1, dtype=torch.int64).double() * scales.double()
+    # the integers summed exactly in int64, a slice of rows at a time: sum(dtype=int64) casts
+    # what it sums first, and a whole int64 copy of Llama-3.2-1B's output layer is 2 GB (a
+    # float64 one of SmolLM2's, 226 MB)
+    sums = torch.cat([part.sum(1, dtype=torch.int64) for part in q.split(_SUM_ROWS)]).double() * scales.double()
     module.register_buffer(f"{name}_sums", sums.float().contiguous())
 
 
@@ -86,7 +92,8 @@ def register_linears(module: nn.Module, name: str, linears: list[nn.Module], int
     when they are :class:`BlockInt4Linear`, int8 rows when :class:`ChannelInt8Linear`."""
 
     def stacked(attr: str) -> torch.Tensor:
-        parts = [getattr(p, attr) for p in linears]
+        parts = [p.integers() if attr == "q" and isinstance(p, BlockInt4Linear) else getattr(p, attr)
+                 for p in linears]
         return interleave_rows(*parts) if interleave else torch.cat(parts)
 
     if all(isinstance(p, ChannelInt8Linear) for p in linears):

@@ -136,3 +136,50 @@ def test_the_cli_summary_names_the_choice(kernel_library, llmcore_cli, tmp_path)
            "sandwich norms" in result.stderr
     report = json.loads(out.with_name("m.report.json").read_text())
     assert report["parity"]["top1_agreement"] == 1.0
+
+
+@pytest.fixture(scope="module")
+def qwen2_q4_0_gguf(tmp_path_factory):
+    """A Qwen2-shaped GGUF (q/k/v biases) with every layer matrix in Q4_0, as llama.cpp writes one."""
+    import gguf
+    from llmcore_llama.testing import GGUF_LAYER_MATRICES, save_random_hf, write_gguf
+
+    folder = tmp_path_factory.mktemp("qwen2-gguf")
+    save_random_hf(folder, "Qwen2")
+    write_gguf(folder, folder / "q.gguf", quantize=dict.fromkeys(GGUF_LAYER_MATRICES, gguf.GGMLQuantizationType.Q4_0))
+    return folder
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["taken", "left"])
+def test_a_gguf_reaches_the_kernels_as_nibbles_and_xnnpack_as_bytes(kernel_library, qwen2_q4_0_gguf, tmp_path,
+                                                                     split):
+    """Without --plugins, the kernels ask the gguf recipe to hold the int4 integers two to a
+    byte (int4_nibbles) until they take the layers; layers they leave (outlier_split=true,
+    which their operators do not run) are unpacked for XNNPACK, which lowers them. Either
+    way the program answers as the quantized eager model does."""
+    folder = qwen2_q4_0_gguf
+    options = {"quantize_options": {"outlier_split": True}} if split else {}
+    result = _export(tmp_path, "q", checkpoint=str(folder / "q.gguf"), tokenizer=str(folder / "tokenizer.json"),
+                     **options)
+    report = result.report
+    assert report["quantization"]["recipe"] == "gguf"
+    assert report["quantization"]["options"]["int4_nibbles"] is True
+    assert "int4_nibbles=True" in report["backends_chosen"]
+    (taken,) = report["taken"]
+    if split:
+        assert [name for name in taken["taken"] if name.startswith("layers.")] == []
+        assert all("outlier" in why for why in taken["left"]) and len(taken["left"]) >= 2
+        assert report["delegation"]["delegated_subgraphs"] >= 2  # the layers, on XNNPACK
+        # the integers XNNPACK got are the file's, as on XNNPACK alone (where the outlier split
+        # puts the program 0.11 from its eager model on these large random weights)
+        from llmcore.runtime import Program
+
+        alone = _export(tmp_path, "alone", checkpoint=str(folder / "q.gguf"),
+                        tokenizer=str(folder / "tokenizer.json"), plugins=["xnnpack"], **options)
+        want = torch.as_tensor(Program.load(alone.pte).logits(IDS, input_pos=0))
+        got = torch.as_tensor(Program.load(result.pte).logits(IDS, input_pos=0))
+        assert float((got - want).norm() / want.norm()) < 0.02 and int(got.argmax()) == int(want.argmax())
+    else:
+        assert taken["left"] == [] and taken["taken"][:2] == ["layers.0", "layers.1"]
+        assert report["parity"]["max_abs_diff"] < 0.05
+    assert report["parity"]["top1_agreement"] == 1.0

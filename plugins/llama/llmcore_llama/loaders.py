@@ -23,6 +23,7 @@ from llmcore import nesting
 from llmcore.checkpoints import check_state_dict
 from llmcore.errors import LlmcoreError
 from llmcore.records import LoadedModel, LoadOptions, ModelMetadata, Tokenizer
+from llmcore.stored import attach
 from llmcore.runtime import torch_on_one_thread
 
 from . import formats, keys, quants
@@ -1007,6 +1008,12 @@ def load_gguf(path: Path, options: LoadOptions, arch: GGUFArchitecture = LLAMA_G
             if name not in names:
                 continue
             t, shape = entry
+            if options.stored_integers and len(shape) == 2 and int(t.tensor_type) not in quants.FLOAT_TYPES:
+                # left in the file: the recipe that keeps its integers reads them
+                for meta, form in _in_file(g, entry, name, fused.get(name), names[name], arch, config, plugin):
+                    sd[meta] = torch.empty(form.shape, device="meta")
+                    stored[meta] = form
+                continue
             weight = _gguf_tensor(entry, name)
             form = None
             if options.stored_integers and len(shape) == 2 and int(t.tensor_type) not in quants.FLOAT_TYPES:
@@ -1028,7 +1035,72 @@ def load_gguf(path: Path, options: LoadOptions, arch: GGUFArchitecture = LLAMA_G
     log.info("GGUF %s read and dequantized in %.2fs", path, time.perf_counter() - t0)
     loaded = finish(config, sd, tok, options, str(path), file_name=lambda meta: gguf_name(meta, arch), plugin=plugin)
     loaded.stored_weights = stored
+    attach(loaded.module, stored)  # a layer whose weight is still in the file refuses to run
     return loaded
+
+
+def _in_file(g: GGUFFile, entry, name: str, parts, prefix: str, arch: GGUFArchitecture, config: LlamaConfig,
+             plugin: str) -> list:
+    """``[(decoder name, FileWeight)]`` of a quantized 2-D GGUF tensor (one, or the pieces of
+    a fused matrix) read from the file only when a recipe asks (:class:`llmcore.stored.FileWeight`).
+
+    A piece is a list of the file's rows: a fused matrix's part, in Meta's rotary order
+    where the family's GGUF keeps Hugging Face's (:func:`unpermute_hf_rotary` applied to row
+    numbers). Each read decodes those rows and gives their pages back. The first row is
+    read here, so that a type nobody can decode or a damaged tensor fails at load."""
+    t, shape = entry
+    qtype, (rows, cols) = int(t.tensor_type), shape
+    if parts is None:
+        pieces = [(prefix, None)]
+    else:
+        sizes = [n for _, n in parts(config)]
+        if sum(sizes) != rows:
+            _split_fused(name, torch.empty(shape, device="meta"), None, parts(config), prefix, plugin)  # raises
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        pieces = [(prefix + suffix, torch.arange(a, a + n)) for (suffix, n), a in zip(parts(config), starts)]
+    out = []
+    for meta, order in pieces:
+        heads = _rotary_heads(meta, config) if arch.rotate_half else None
+        n = rows if order is None else len(order)
+        if heads and n == heads * config.resolved_head_dim:
+            order = unpermute_hf_rotary(torch.arange(rows) if order is None else order, heads, config.rotary_dim)
+        out.append((meta, _file_weight(g, t, qtype, name, cols, n, order)))
+    out[0][1].read_floats(slice(0, 1))
+    return out
+
+
+def _file_weight(g: GGUFFile, t, qtype: int, name: str, cols: int, rows: int, order: Optional[torch.Tensor]):
+    from llmcore.stored import FileWeight
+
+    def raw(selected: slice):
+        return t.data[selected] if order is None else t.data[order[selected].numpy()]
+
+    def read_floats(selected: slice) -> torch.Tensor:
+        data = raw(selected)
+        try:
+            return _gguf_tensor((_Raw(data, qtype), (data.shape[0], cols)), name)
+        finally:
+            g.drop_pages(t)
+
+    def read_integers():
+        data = raw(slice(None))
+        try:
+            form = quants.integer_weight(data, qtype, (rows, cols), name)
+        finally:
+            g.drop_pages(t)
+        return form if hasattr(form, "q") else None
+
+    return FileWeight(
+        format=quants.type_name(qtype), source_name=name, shape=(rows, cols), read_floats=read_floats,
+        read_integers=read_integers if qtype in quants.INTEGER_READERS else None,
+    )
+
+
+class _Raw(NamedTuple):
+    """Rows of a tensor's bytes in the form :func:`_gguf_tensor` reads (``.data``, ``.tensor_type``)."""
+
+    data: Any
+    tensor_type: int
 
 
 def _split_fused(name: str, weight: torch.Tensor, form, parts, prefix: str, plugin: str) -> list:

@@ -15,7 +15,7 @@ from gguf import quants as gq
 
 from llama_testutils import TINY, gguf_name, meta_state_dict, random_k_blocks, random_model, write_gguf
 from llmcore.records import LoadOptions
-from llmcore.stored import IntegerWeight, StoredFormat
+from llmcore.stored import FileWeight, IntegerWeight, StoredFormat
 from llmcore_llama import loaders, quants
 
 ROWS, COLS = 64, 256
@@ -105,29 +105,56 @@ def test_one_dimensional_tensors_have_no_integer_form():
     assert quants.integer_weight(raw, int(Q.Q8_0), (64,), "x") == StoredFormat("Q8_0", "x")
 
 
-def test_loader_keeps_the_integers_of_quantized_matrices(tmp_path):
-    """load_gguf: stored_weights holds an IntegerWeight for each quantized 2-D tensor whose
-    dequantize() is the loaded weight, a StoredFormat for Q5_0, nothing for float tensors."""
+def test_loader_leaves_quantized_matrices_in_the_file(tmp_path):
+    """load_gguf keeping integers: each quantized 2-D tensor stays in the file (a meta
+    parameter and a FileWeight), whose floats, read whole or a few rows at a time, are the
+    weights a float load gives, and whose integers dequantize to them; Q5_0 has floats only;
+    float tensors are loaded as they are."""
     sd = meta_state_dict(random_model(TINY, std=0.05))
     types = {
-        "layers.0.attention.wq.weight": Q.Q4_0,
+        "layers.0.attention.wq.weight": Q.Q4_0,  # rotary rows: the file keeps HF's order
         "layers.0.attention.wo.weight": Q.Q4_1,
         "layers.0.feed_forward.w1.weight": Q.Q8_0,
         "layers.0.feed_forward.w2.weight": Q.Q5_0,
         "layers.1.attention.wk.weight": Q.F16,
     }
     write_gguf(tmp_path / "m.gguf", sd, TINY, types=types)
-    lm = loaders.load_gguf(tmp_path / "m.gguf", LoadOptions())
+    lm = loaders.load_gguf(tmp_path / "m.gguf", LoadOptions(stored_integers=True))
+    floats = loaders.load_gguf(tmp_path / "m.gguf", LoadOptions(stored_integers=False)).module.state_dict()
     assert set(lm.stored_weights) == set(types) - {"layers.1.attention.wk.weight"}
     params = lm.module.state_dict()
+    assert not params["layers.1.attention.wk.weight"].is_meta
     for name, qt in types.items():
         form = lm.stored_weights.get(name)
         if qt == Q.F16:
             continue
+        w = floats[name]
+        assert isinstance(form, FileWeight) and params[name].is_meta, name
         assert form.format == qt.name and form.source_name == gguf_name(name)
+        assert form.shape == tuple(w.shape)
+        assert torch.equal(form.read_floats(slice(None)), w), name
+        assert torch.equal(form.read_floats(slice(5, 21)), w[5:21]), name  # rows, in Meta's order
+        integers = form.read_integers() if form.has_integers else None
         if qt == Q.Q5_0:
-            assert isinstance(form, StoredFormat)
+            assert integers is None
             continue
-        w = params[name]
-        assert isinstance(form, IntegerWeight)
-        assert float((form.dequantize() - w).abs().max()) <= 1e-6 * float(w.abs().max()), name
+        assert isinstance(integers, IntegerWeight)
+        assert float((integers.dequantize() - w).abs().max()) <= 1e-6 * float(w.abs().max()), name
+
+
+def test_weights_left_in_the_file_are_read_when_no_recipe_keeps_them(tmp_path):
+    """stored.materialize reads every parameter still in the file as the float load does
+    (a tied table once), and the module then computes what the float-loaded one does."""
+    from llmcore import stored
+
+    sd = meta_state_dict(random_model(TINY, std=0.05))
+    types = {name: Q.Q4_0 for name in sd if name.endswith("weight") and sd[name].dim() == 2}
+    write_gguf(tmp_path / "m.gguf", sd, TINY, types=types)
+    lm = loaders.load_gguf(tmp_path / "m.gguf", LoadOptions(stored_integers=True))
+    stored.attach(lm.module, lm.stored_weights)
+    names = stored.materialize(lm.module)
+    assert set(names) >= set(types) - {"output.weight"}
+    expected = loaders.load_gguf(tmp_path / "m.gguf", LoadOptions(stored_integers=False)).module
+    tokens = torch.tensor([[1, 5, 9, 2]])
+    with torch.no_grad():
+        assert torch.equal(lm.module(tokens), expected(tokens))

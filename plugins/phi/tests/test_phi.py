@@ -233,6 +233,7 @@ def test_quantized_fused_gguf_keeps_its_integers_per_split_matrix(tmp_path):
     Q = gguf.GGMLQuantizationType
     written = phi_gguf(folder, tmp_path / "p4.gguf", {"attn_qkv.weight": Q.Q4_0, "ffn_up.weight": Q.Q8_0})
     loaded = llmcore_phi.load_gguf(tmp_path / "p4.gguf", LoadOptions(max_seq_len=MAX_POS))
+    kept = llmcore_phi.load_gguf(tmp_path / "p4.gguf", LoadOptions(max_seq_len=MAX_POS, stored_integers=True))
     cfg, sd = loaded.module.config, loaded.module.state_dict()
     qkv = torch.from_numpy(gq.dequantize(written["blk.1.attn_qkv.weight"][1], Q.Q4_0)).float()
     q, k, v = qkv.split([4 * 16, 2 * 16, 2 * 16])
@@ -243,7 +244,10 @@ def test_quantized_fused_gguf_keeps_its_integers_per_split_matrix(tmp_path):
                 "layers.0.feed_forward.w1.weight": up[:160], "layers.0.feed_forward.w3.weight": up[160:]}
     for meta, want in expected.items():
         assert torch.equal(sd[meta], want), meta
-        assert torch.equal(loaded.stored_weights[meta].dequantize(), want), meta
+        in_file = kept.stored_weights[meta]  # left in the file: read by rows, or its integers
+        assert torch.equal(in_file.read_floats(slice(None)), want), meta
+        assert torch.equal(in_file.read_floats(slice(3, 17)), want[3:17]), meta
+        assert torch.equal(in_file.read_integers().dequantize(), want), meta
 
 
 def test_gguf_recipe_export_of_a_q4_0_phi_file(tmp_path):

@@ -185,6 +185,7 @@ def test_quantized_gguf_keeps_its_integers_in_the_decoder_order(tmp_path):
     Q = gguf.GGMLQuantizationType
     written = write_gguf(folder, path, {"attn_q.weight": Q.Q4_0, "attn_k.weight": Q.Q8_0, "ffn_up.weight": Q.Q4_0})
     loaded = llmcore_qwen.load_gguf(path, LoadOptions())
+    kept = llmcore_qwen.load_gguf(path, LoadOptions(stored_integers=True))
     sd = loaded.module.state_dict()
     for gname, meta, heads in (("blk.0.attn_q.weight", "layers.0.attention.wq.weight", 4),
                                ("blk.1.attn_k.weight", "layers.1.attention.wk.weight", 2),
@@ -194,7 +195,10 @@ def test_quantized_gguf_keeps_its_integers_in_the_decoder_order(tmp_path):
         if heads:
             expected = unpermute_hf_rotary(expected, heads)
         assert torch.equal(sd[meta], expected), meta
-        assert torch.equal(loaded.stored_weights[meta].dequantize(), expected), meta
+        in_file = kept.stored_weights[meta]  # left in the file: read by rows, or its integers
+        assert torch.equal(in_file.read_floats(slice(None)), expected), meta
+        assert torch.equal(in_file.read_floats(slice(3, 17)), expected[3:17]), meta
+        assert torch.equal(in_file.read_integers().dequantize(), expected), meta
 
 
 def test_gguf_recipe_export_of_a_qwen2_q4_0_file(tmp_path):

@@ -218,6 +218,13 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             for_quantized_checkpoints=True,
             options={
                 "outlier_split": _outlier_split_option(False),
+                "int4_nibbles": (
+                    bool,
+                    False,
+                    "hold the int4 layers' integers two to a byte until a backend that runs int4 itself takes "
+                    "them (half their memory during the export of a large model; llmcore-kernels asks for it "
+                    "and unpacks what it leaves to XNNPACK)",
+                ),
             },
         ),
     ]

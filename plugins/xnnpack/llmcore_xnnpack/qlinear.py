@@ -166,10 +166,15 @@ class BlockInt4Linear(nn.Module):
     here); ``offsets``: ``[out, in/block]`` fp32 or None. The int4 part runs on int8
     activations; the offset term on the fp32 activations (it is a sum, not a product with
     4-bit values, and costs 1/block of the GEMM).
+
+    ``nibbles``: hold the integers two to a byte (``q_nibbles``, ``q`` None) until a backend
+    that runs int4 itself takes the layer: half their memory while a large model waits
+    between the recipe and that backend (llmcore-kernels asks for it). :meth:`integers` reads
+    them either way; :meth:`unpack_` restores ``q`` for XNNPACK, which lowers an int8 ``q``.
     """
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, offsets: Optional[torch.Tensor] = None,
-                 bias: Optional[torch.Tensor] = None, outlier_split: bool = False):
+                 bias: Optional[torch.Tensor] = None, outlier_split: bool = False, nibbles: bool = False):
         super().__init__()
         self.outlier_split = outlier_split
         out_features, in_features = q.shape
@@ -180,7 +185,10 @@ class BlockInt4Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.block = in_features // scales.shape[1]
         q, scales, offsets = _positive_scales(q, scales.to(torch.bfloat16).float(), offsets, self.block)
-        self.register_buffer("q", q.contiguous())
+        if nibbles and in_features % 2:
+            raise ValueError(f"int4 weights held two to a byte need an even width, not {in_features}")
+        self.register_buffer("q", None if nibbles else q.contiguous())
+        self.register_buffer("q_nibbles", pack_nibbles(q) if nibbles else None)
         self.register_buffer("scales", scales.contiguous())
         self.register_buffer("zeros", torch.zeros(scales.shape, dtype=torch.int8))
         # The offset term's weight, ``offsets * block``: it multiplies block means (see forward).
@@ -196,14 +204,27 @@ class BlockInt4Linear(nn.Module):
             w = w.view(w.shape[0], -1, self.block).add_(offsets.unsqueeze(-1))
         return w.reshape(-1, self.in_features)
 
+    def integers(self, rows: slice = slice(None)) -> torch.Tensor:
+        """``q[rows]``: int8 in [-8, 7], whether held as bytes or as nibbles."""
+        return self.q[rows] if self.q is not None else unpack_nibbles(self.q_nibbles[rows])
+
+    def unpack_(self) -> "BlockInt4Linear":
+        """Hold the integers as int8 again (what XNNPACK's lowering reads); in place."""
+        if self.q is None:
+            self.q, self.q_nibbles = self.integers().contiguous(), None
+        return self
+
     def _int4_values(self, rows: slice = slice(None)) -> torch.Tensor:
         """``scales * q``: the int4 part, what ``dequantize_per_channel_group`` gives."""
-        q = self.q[rows]
+        q = self.integers(rows)
         w = q.float().view(q.shape[0], -1, self.block).mul_(self.scales[rows].unsqueeze(-1))
         return w.view(q.shape[0], self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_exporting():  # the pattern XNNPACK's partitioner lowers
+            if self.q is None:
+                raise ValueError("an int4 layer held as nibbles reached export: the backend that asked for "
+                                 "nibbles must take it or unpack_() it")
             w = _qd.dequantize_per_channel_group(
                 self.q, self.scales, self.zeros, -8, 7, torch.int8, self.block, torch.float32
             )
@@ -219,6 +240,19 @@ class BlockInt4Linear(nn.Module):
         kind = "int4 + per-block offsets" if self.offset_weight is not None else "int4"
         split = ", outlier split" if self.outlier_split else ""
         return f"{self.in_features}, {self.out_features}, {kind}, block={self.block}{split}"
+
+
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """int8 ``[rows, cols]`` in [-8, 7] -> uint8 ``[rows, cols / 2]``: ``q + 8`` of each even
+    column in the low nibble, of the odd column after it in the high one."""
+    u = (q + 8).to(torch.uint8)
+    return (u[:, 0::2] | (u[:, 1::2] << 4)).contiguous()
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack_nibbles`."""
+    u = torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2)
+    return u.to(torch.int8) - 8
 
 
 def _positive_scales(q: torch.Tensor, scales: torch.Tensor, offsets: Optional[torch.Tensor], block: int):

@@ -36,12 +36,13 @@ from llmcore import channel_scales
 from llmcore.errors import LlmcoreError
 from llmcore.records import Calibration
 from llmcore.runtime import torch_threads_after_custom_ops
-from llmcore.stored import IntegerWeight, stored_form
+from llmcore.stored import IntegerWeight, float_rows, has_integers, in_file, record, stored_form
 from llmcore_xnnpack import qlinear
 from llmcore_xnnpack.torchao_quant import (
     XNNPACK_GROUP_MULTIPLE,
     StoredByteEmbedding,
     check_embedding_options,
+    int8_row_table,
     check_options,
     linear_group,
     quantize_embeddings,
@@ -308,10 +309,13 @@ def quantize_8da8w(module: nn.Module, options: dict, calibration: Optional[Calib
 
 
 def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
-    """``gguf``: every linear from the integers its GGUF stores (see the module docstring)."""
+    """``gguf``: every linear from the integers its GGUF stores (see the module docstring).
+
+    One layer at a time: a weight the loader left in the file (:class:`llmcore.stored.FileWeight`)
+    is read here, its integers for the new layer and its floats a few rows at a time for the
+    weight error, so the export never holds the model's weights as floats."""
     names = _linear_names(module)
-    forms = {name: stored_form(module.get_submodule(name).weight) for name in names}
-    if not any(isinstance(f, IntegerWeight) for f in forms.values()):
+    if not any(has_integers(record(module.get_submodule(name).weight)) for name in names):
         raise LlmcoreError(
             "gguf: the checkpoint stores no quantized matrices (the recipe carries a quantized GGUF's own "
             "integers into the program).",
@@ -320,10 +324,11 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
     summary = _Summary("gguf", options)
     scale_rounding = 0.0
     for name in names:
-        linear, form = module.get_submodule(name), forms.pop(name)
-        w = linear.weight.detach().float()
+        linear = module.get_submodule(name)
+        form, w = stored_form(linear.weight), float_rows(linear.weight)
         if isinstance(form, IntegerWeight) and form.bits == 4:
-            new = qlinear.BlockInt4Linear(form.q, form.scales, form.offsets, linear.bias, options["outlier_split"])
+            new = qlinear.BlockInt4Linear(form.q, form.scales, form.offsets, linear.bias, options["outlier_split"],
+                                          nibbles=options["int4_nibbles"])
             scale_rounding = max(scale_rounding, qlinear.bf16_scale_error(form.scales))
             summary.add(f"{form.format} kept", new, w)
         elif form is not None:
@@ -336,12 +341,21 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
         else:  # stored as floats in the file, or rebuilt by a transform: kept as floats
             summary.add("float kept")
             continue
+        form = None
         _replace(module, name, new)
     for name, table in [(n, m) for n, m in module.named_modules() if type(m) is nn.Embedding]:
-        form = stored_form(table.weight)
-        if isinstance(form, IntegerWeight) and form.bits == 8 and form.offsets is None and table.max_norm is None:
+        if table.max_norm is not None or record(table.weight) is None:
+            continue
+        form = stored_form(table.weight) if has_integers(record(table.weight)) else record(table.weight)
+        if isinstance(form, IntegerWeight) and form.offsets is None:  # Q8_0, Q4_0: its integers, as int8 rows
             _replace(module, name, StoredByteEmbedding(form.q, form.scales, table.padding_idx))
             summary.add(f"embedding {form.format} kept")
+        elif in_file(table.weight):  # a form no lookup takes as stored (Q6_K, Q4_1 ...): Q8_0's, from its floats
+            rows = float_rows(table.weight)
+            new = int8_row_table(rows, table.padding_idx)
+            _replace(module, name, new)
+            summary.add(f"embedding {form.format} -> int8 rows of {XNNPACK_GROUP_MULTIPLE}", new, rows)
+        form = None
     line = summary.line()
     if scale_rounding:
         line += f"; 4-bit scales fp16 -> bf16 (XNNPACK's scale type): at most {100 * scale_rounding:.3g}% per scale"

@@ -159,16 +159,33 @@ def _int8_row_table(embedding: nn.Embedding, group: int) -> "StoredByteEmbedding
     ``quantize_``, whose full-size fp32 temporaries raised the export's peak
     (docs/performance.md, "Measurements behind the code"); the program's operator is the
     same."""
-    from llmcore_xnnpack.qlinear import int8_channels
-
-    rows, width = embedding.weight.shape
-    block = group or width
-    q, scales = int8_channels(embedding.weight.detach().reshape(-1, block))
-    table = StoredByteEmbedding(q.reshape(rows, width), scales.reshape(rows, width // block), embedding.padding_idx)
+    table = int8_row_table(embedding.weight.detach(), embedding.padding_idx, group)
     # the fp32 table stays readable for code that reads it itself (nanoGPT slices its
     # position table); the program keeps it only where the graph reads it
     table.weight = embedding.weight
     return table
+
+
+# Rows of a table rounded at once by int8_row_table: a few MB of fp32 at a time.
+_TABLE_ROWS = 2048
+
+
+def int8_row_table(weight, padding_idx: Optional[int] = None, group: int = XNNPACK_GROUP_MULTIPLE) -> "StoredByteEmbedding":
+    """:class:`StoredByteEmbedding` of ``weight`` (anything read by rows: a tensor, or a table
+    still in its checkpoint file, :func:`llmcore.stored.float_rows`) rounded to int8 rows with
+    one scale per ``group`` columns (0: per row), :data:`_TABLE_ROWS` rows at a time."""
+    from llmcore_xnnpack.qlinear import int8_channels
+
+    rows, width = weight.shape
+    block = group or width
+    q = torch.empty(rows, width, dtype=torch.int8)
+    scales = torch.empty(rows, width // block)
+    for start in range(0, rows, _TABLE_ROWS):
+        part = weight[start:start + _TABLE_ROWS].float()
+        part_q, part_scales = int8_channels(part.reshape(-1, block))
+        q[start:start + len(part)] = part_q.view(len(part), width)
+        scales[start:start + len(part)] = part_scales.view(len(part), -1)
+    return StoredByteEmbedding(q, scales, padding_idx)
 
 
 class StoredByteEmbedding(nn.Module):
@@ -188,6 +205,11 @@ class StoredByteEmbedding(nn.Module):
         self.padding_idx = padding_idx
         self.register_buffer("q", q.contiguous())
         self.register_buffer("scales", scales.float().contiguous())
+
+    def weight_values(self, rows: slice = slice(None)) -> torch.Tensor:
+        """The fp32 table the lookups give (for measuring it); ``rows`` of it."""
+        q = self.q[rows]
+        return (q.float().unflatten(-1, (-1, self.block)) * self.scales[rows].unsqueeze(-1)).flatten(-2)
 
     def forward(self, indices: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_exporting():

@@ -386,3 +386,29 @@ def test_rounded_per_token_is_the_decomposed_operators_rounding(shape):
     step = (x.amax(-1, keepdim=True).clamp(min=0) - x.amin(-1, keepdim=True).clamp(max=0)) / 255
     assert torch.all((fast - graph).abs() <= step * 1.001)
     assert torch.equal(fast[:, 1], graph[:, 1]) and float(fast[:, 1].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("kind", ["int4", "int4-offsets", "int4-bias"])
+def test_int4_held_as_nibbles_computes_the_same_and_unpacks_to_the_same_integers(kind, monkeypatch):
+    """``nibbles=True`` (what llmcore-kernels asks of the gguf recipe): half the bytes, the
+    same integers by rows and whole, the same eager output; export refuses it until
+    ``unpack_()``, after which it is the plain layer, bit for bit."""
+    plain = layer(kind)
+    packed = BlockInt4Linear(plain.q, plain.scales, None if plain.offset_weight is None else
+                             plain.offset_weight / plain.block, plain.bias, nibbles=True)
+    assert packed.q is None and packed.q_nibbles.dtype == torch.uint8
+    assert packed.q_nibbles.numel() * 2 == plain.q.numel()
+    assert torch.equal(packed.integers(), plain.q) and torch.equal(packed.integers(slice(5, 9)), plain.q[5:9])
+    x = inputs()
+    assert torch.equal(packed(x), plain(x))
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    with pytest.raises(ValueError, match="nibbles"):
+        packed(x)
+    packed.unpack_()
+    assert packed.q_nibbles is None and torch.equal(packed.q, plain.q)
+    assert torch.equal(packed(x), plain(x))
+
+
+def test_nibbles_round_trip_every_int4_value():
+    q = torch.arange(-8, 8, dtype=torch.int8).repeat(3, 4)  # [3, 64]: each value at even and odd columns
+    assert torch.equal(qlinear.unpack_nibbles(qlinear.pack_nibbles(q)), q)
