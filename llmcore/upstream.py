@@ -460,7 +460,9 @@ def _constants_released_once_emitted() -> ContextManager:
         if key in released:
             return EValue(make_tensor_value(released[key], None, spec))
         value = original(self, spec, constant_tag)
-        if storage.nbytes() >= RELEASED_CONSTANT_BYTES:
+        # a storage that is not resizable is someone else's memory (a mapped safetensors file,
+        # a numpy array): its pages are the file's, and it stays as it is
+        if storage.nbytes() >= RELEASED_CONSTANT_BYTES and storage.resizable():
             released[key] = value.val.data_buffer_idx
             storage.resize_(0)
         return value

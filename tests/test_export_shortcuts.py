@@ -121,3 +121,24 @@ def test_weights_are_released_once_emitted_and_the_program_is_the_same():
     large = [name for name, n in kept.items() if n >= upstream.RELEASED_CONSTANT_BYTES]
     assert len(large) >= 2 and all(released[name] == 0 for name in large)  # big's weight, shared
     assert all(released[name] == n for name, n in kept.items() if name not in large)  # the small ones
+
+
+def test_weights_in_memory_that_is_not_torchs_are_emitted_and_kept():
+    """A weight over a numpy array (as a mapped safetensors file gives them) cannot be
+    resized: it is emitted as it is and left alone."""
+    import numpy as np
+    from executorch.exir import to_edge
+
+    from llmcore.pipeline import emit
+
+    model = _Weights().eval()
+    outside = torch.from_numpy(np.ascontiguousarray(model.shared.numpy().copy()))
+    assert not outside.untyped_storage().resizable()
+    model.shared = outside
+    want = model(torch.ones(2, 256))
+    program = emit.to_executorch(to_edge(torch.export.export(model, (torch.randn(2, 256),))), release_constants=True)
+    assert outside.untyped_storage().nbytes() == 256 * 256 * 4
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(program.buffer).load_method("forward")
+    assert torch.allclose(method.execute([torch.ones(2, 256)])[0], want, atol=1e-4)

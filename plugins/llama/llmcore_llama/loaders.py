@@ -23,8 +23,8 @@ from llmcore import nesting
 from llmcore.checkpoints import check_state_dict
 from llmcore.errors import LlmcoreError
 from llmcore.records import LoadedModel, LoadOptions, ModelMetadata, Tokenizer
-from llmcore.stored import attach
 from llmcore.runtime import torch_on_one_thread
+from llmcore.stored import attach
 
 from . import formats, keys, quants
 from .config import LlamaConfig, RopeScaling, hidden_dim_from_meta_params
@@ -1002,7 +1002,7 @@ def load_gguf(path: Path, options: LoadOptions, arch: GGUFArchitecture = LLAMA_G
     g.release_metadata()
 
     sd = {}
-    stored = {}  # the quantized matrices' own integers, for recipes that keep them
+    stored = {}  # the quantized matrices left in the file (FileWeight), for a recipe that keeps their integers
     with torch_on_one_thread():  # small memory-bound ops
         for name, entry in tensors.items():
             if name not in names:
@@ -1015,22 +1015,16 @@ def load_gguf(path: Path, options: LoadOptions, arch: GGUFArchitecture = LLAMA_G
                     stored[meta] = form
                 continue
             weight = _gguf_tensor(entry, name)
-            form = None
-            if options.stored_integers and len(shape) == 2 and int(t.tensor_type) not in quants.FLOAT_TYPES:
-                form = quants.integer_weight(t.data, int(t.tensor_type), shape, name)
             if name in fused:
-                pieces = _split_fused(name, weight, form, fused[name](config), names[name], plugin)
+                pieces = _split_fused(name, weight, fused[name](config), names[name], plugin)
             else:
-                pieces = [(names[name], weight, form)]
-            for meta, weight, form in pieces:
+                pieces = [(names[name], weight)]
+            for meta, weight in pieces:
                 if arch.rotate_half:
                     heads = _rotary_heads(meta, config)
                     if heads and weight.shape[0] == heads * config.resolved_head_dim:
                         weight = unpermute_hf_rotary(weight, heads, config.rotary_dim)
-                        form = _map_stored_rows(form, lambda t: unpermute_hf_rotary(t, heads, config.rotary_dim))
                 sd[meta] = weight
-                if form is not None:
-                    stored[meta] = form
             g.drop_pages(t)
     log.info("GGUF %s read and dequantized in %.2fs", path, time.perf_counter() - t0)
     loaded = finish(config, sd, tok, options, str(path), file_name=lambda meta: gguf_name(meta, arch), plugin=plugin)
@@ -1055,7 +1049,7 @@ def _in_file(g: GGUFFile, entry, name: str, parts, prefix: str, arch: GGUFArchit
     else:
         sizes = [n for _, n in parts(config)]
         if sum(sizes) != rows:
-            _split_fused(name, torch.empty(shape, device="meta"), None, parts(config), prefix, plugin)  # raises
+            _split_fused(name, torch.empty(shape, device="meta"), parts(config), prefix, plugin)  # raises
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         pieces = [(prefix + suffix, torch.arange(a, a + n)) for (suffix, n), a in zip(parts(config), starts)]
     out = []
@@ -1103,9 +1097,9 @@ class _Raw(NamedTuple):
     tensor_type: int
 
 
-def _split_fused(name: str, weight: torch.Tensor, form, parts, prefix: str, plugin: str) -> list:
-    """``[(decoder name, rows, stored rows)]`` of a fused GGUF matrix whose rows stack
-    ``parts`` (``[(decoder suffix, rows)]``)."""
+def _split_fused(name: str, weight: torch.Tensor, parts, prefix: str, plugin: str) -> list:
+    """``[(decoder name, rows)]`` of a fused GGUF matrix whose rows stack ``parts``
+    (``[(decoder suffix, rows)]``)."""
     sizes = [rows for _, rows in parts]
     if weight.dim() != 2 or weight.shape[0] != sum(sizes):
         raise load_error(
@@ -1114,30 +1108,11 @@ def _split_fused(name: str, weight: torch.Tensor, form, parts, prefix: str, plug
             fix="convert the model again with llama.cpp's convert_hf_to_gguf.py.",
             plugin=plugin,
         )
-    out, start = [], 0
-    for (suffix, rows), piece in zip(parts, weight.split(sizes)):
-        part_form = _map_stored_rows(form, lambda t, a=start, b=start + rows: t[a:b].contiguous())
-        out.append((prefix + suffix, piece.contiguous(), part_form))
-        start += rows
-    return out
+    return [(prefix + suffix, piece.contiguous()) for (suffix, _), piece in zip(parts, weight.split(sizes))]
 
 
 def _module_of(suffix: str) -> str:
     return suffix.rsplit(".", 2)[-2]
-
-
-def _map_stored_rows(form, rows: Callable[[torch.Tensor], torch.Tensor]):
-    """A stored quantized matrix with ``rows`` applied to its integers, scales and offsets
-    alike: its blocks run along a row, so a row keeps them wherever it goes (a split, a
-    permutation)."""
-    if form is None or not hasattr(form, "q"):  # StoredFormat: only the type's name
-        return form
-    return replace(
-        form,
-        q=rows(form.q),
-        scales=rows(form.scales),
-        offsets=rows(form.offsets) if form.offsets is not None else None,
-    )
 
 
 def _rotary_heads(meta_name: str, config: LlamaConfig) -> Optional[int]:
