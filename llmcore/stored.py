@@ -104,9 +104,6 @@ class FloatRows:
     def detach(self) -> "FloatRows":
         return self
 
-    def dim(self) -> int:
-        return len(self.shape)
-
 
 def remember(weight: torch.Tensor, form: "IntegerWeight | StoredFormat | FileWeight") -> None:
     _FORMS[weight] = form
@@ -116,7 +113,7 @@ def stored_form(weight: Any) -> "IntegerWeight | StoredFormat | None":
     """What the checkpoint stored for this weight tensor, or None (float checkpoints, or a
     weight that a transform rebuilt). A weight still in the file is read here: its
     :class:`IntegerWeight` (held only as long as the caller holds it), or its type's name."""
-    form = _FORMS.get(weight) if isinstance(weight, torch.Tensor) else None
+    form = record(weight)
     if isinstance(form, FileWeight):
         integers = form.read_integers() if form.read_integers is not None else None
         return integers if integers is not None else StoredFormat(form.format, form.source_name)
@@ -135,13 +132,13 @@ def has_integers(form: Any) -> bool:
 
 def in_file(weight: Any) -> bool:
     """Whether ``weight`` is a parameter the loader left in the checkpoint file (meta)."""
-    return isinstance(weight, torch.Tensor) and isinstance(_FORMS.get(weight), FileWeight)
+    return isinstance(record(weight), FileWeight)
 
 
 def float_rows(weight: torch.Tensor) -> "torch.Tensor | FloatRows":
     """``weight`` as something read by rows (``w[a:b]``, ``w.shape``): the tensor itself, or
     for a weight still in the file a :class:`FloatRows` that reads those rows only."""
-    form = _FORMS.get(weight)
+    form = record(weight)
     return FloatRows(form) if isinstance(form, FileWeight) else weight
 
 

@@ -344,9 +344,10 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
         form = None
         _replace(module, name, new)
     for name, table in [(n, m) for n, m in module.named_modules() if type(m) is nn.Embedding]:
-        if table.max_norm is not None or record(table.weight) is None:
+        recorded = record(table.weight)
+        if table.max_norm is not None or recorded is None:
             continue
-        form = stored_form(table.weight) if has_integers(record(table.weight)) else record(table.weight)
+        form = stored_form(table.weight) if has_integers(recorded) else recorded
         if isinstance(form, IntegerWeight) and form.offsets is None:  # Q8_0, Q4_0: its integers, as int8 rows
             _replace(module, name, StoredByteEmbedding(form.q, form.scales, table.padding_idx))
             summary.add(f"embedding {form.format} kept")
