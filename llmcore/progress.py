@@ -92,12 +92,14 @@ def limit_heap_fragmentation() -> None:
 # them; 32 MiB with one scope over the whole calibration raised it (docs/performance.md,
 # "Measurements behind the code").
 TEMPORARIES_THRESHOLD = 4 * 2**20
+# heap_for_temporaries(largest=...) for a scope around one weight's work (see there)
+WEIGHT_TEMPORARIES = 64 * 2**20
 _temporaries_depth = 0
 _heap_limited = False  # whether limit_heap_fragmentation set the threshold in this process
 
 
 @contextmanager
-def heap_for_temporaries(give_back: bool = True) -> Iterator[None]:
+def heap_for_temporaries(give_back: bool = True, largest: int = TEMPORARIES_THRESHOLD) -> Iterator[None]:
     """Let a loop that makes and drops many temporaries reuse heap pages, then hand back
     what it freed.
 
@@ -118,17 +120,23 @@ def heap_for_temporaries(give_back: bool = True) -> Iterator[None]:
     once per layer: trimmed after every call, each call faulted its pages in again
     (docs/performance.md, "Measurements behind the code"). What it keeps is one call's
     temporaries, until a scope that gives back ends or the stage does (:meth:`StageLog.stage`
-    trims)."""
+    trims).
+
+    ``largest``: the largest allocation served from the heap (the outermost scope's counts).
+    A loop over a model's weights, one weight per scope (a recipe reading a layer from its
+    file, a backend packing it), gives :data:`WEIGHT_TEMPORARIES`: its row slices are tens of
+    MiB, and as fresh mappings their page faults took about as much time as the work itself
+    (docs/performance.md, "Measurements behind the code")."""
     global _temporaries_depth
     libc = _libc()
     if libc is None or not _heap_limited:
         yield
         return
     if _temporaries_depth == 0:
-        libc.mallopt(M_MMAP_THRESHOLD, TEMPORARIES_THRESHOLD)
+        libc.mallopt(M_MMAP_THRESHOLD, largest)
         # and a temporary freed at the top of the heap stays there for the next one, where
         # free() would otherwise hand anything over 128 KiB back at once
-        libc.mallopt(M_TRIM_THRESHOLD, 2 * TEMPORARIES_THRESHOLD)
+        libc.mallopt(M_TRIM_THRESHOLD, 2 * largest)
     _temporaries_depth += 1
     try:
         yield

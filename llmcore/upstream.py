@@ -436,6 +436,8 @@ def _quant_fusion_only_where_quantized() -> ContextManager:
 # Constants smaller than this keep their memory after they are copied into the program: the
 # large ones (weights) are what the release is for.
 RELEASED_CONSTANT_BYTES = 1 << 16
+# The heap's free pages go back to the system after every this many bytes released.
+TRIMMED_EVERY_BYTES = 64 << 20
 
 
 def _constants_released_once_emitted() -> ContextManager:
@@ -449,7 +451,10 @@ def _constants_released_once_emitted() -> ContextManager:
     make_tensor_value = resolve("executorch.exir.emit._emitter:make_tensor_value")
     from executorch.exir.schema import EValue
 
+    from llmcore.progress import return_free_memory
+
     released: dict[int, int] = {}  # the storage's StorageImpl -> the program buffer it went to
+    untrimmed = [0]  # bytes released since the heap last gave its free pages back
 
     def released_once_copied(self, spec, constant_tag=None):
         storage = spec.storage if spec.const else None
@@ -464,7 +469,13 @@ def _constants_released_once_emitted() -> ContextManager:
         # a numpy array): its pages are the file's, and it stays as it is
         if storage.nbytes() >= RELEASED_CONSTANT_BYTES and storage.resizable():
             released[key] = value.val.data_buffer_idx
+            untrimmed[0] += storage.nbytes()
             storage.resize_(0)
+            # a weight made inside a heap_for_temporaries scope lives on the heap, whose free
+            # pages stay resident until trimmed (one with its own mapping goes back at once)
+            if untrimmed[0] >= TRIMMED_EVERY_BYTES:
+                return_free_memory()
+                untrimmed[0] = 0
         return value
 
     return replaced((_EMIT_CONSTANT, released_once_copied))

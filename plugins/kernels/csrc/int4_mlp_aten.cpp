@@ -5,8 +5,11 @@
 // are split).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/aminmax.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
+
+#include <vector>
 
 #include "int4_aten.h"
 #include "int4_mlp.h"
@@ -44,20 +47,44 @@ at::Tensor int4_mlp(const at::Tensor& x, const at::Tensor& gate_up, const at::Te
   return int4_mlp_out(x, gate_up, gate_up_scales, gate_up_sums, down, down_scales, down_sums, out);
 }
 
-// q [rows, k] int8 in [-8, 7] (the weight's integers u - 8) -> [rows, k/32, 16] uint8 in the
-// kernel's packed layout (int4_gemm.h): the export packs with the kernel's own code, so
-// the layout is written down once.
+// q [rows, k] int8 in [-8, 7] (the weight's integers u - 8), or the same integers two to a
+// byte, uint8 [rows, k/2] (u = q + 8 of column 2j in the low nibble, of 2j + 1 in the high:
+// llmcore_xnnpack.qlinear.pack_nibbles, what a GGUF's 4-bit layers are held as until the
+// kernels take them) -> [rows, k/32, 16] uint8 in the kernel's packed layout (int4_gemm.h):
+// the export packs with the kernel's own code, so the layout is written down once. Rows are
+// packed in parallel (each by one thread, so the bytes do not depend on the split).
 at::Tensor int4_pack(const at::Tensor& q) {
-  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && q.device().is_cpu(),
-              "llmcore::int4_pack: q must be a 2-D int8 CPU tensor, got ", q.scalar_type(), " ", q.sizes());
-  const int64_t rows = q.size(0), k = q.size(1);
+  const bool nibbles = q.scalar_type() == at::kByte;
+  TORCH_CHECK((q.scalar_type() == at::kChar || nibbles) && q.dim() == 2 && q.device().is_cpu(),
+              "llmcore::int4_pack: q must be a 2-D int8 (or uint8 nibbles) CPU tensor, got ", q.scalar_type(), " ",
+              q.sizes());
+  const int64_t rows = q.size(0), k = nibbles ? 2 * q.size(1) : q.size(1);
   TORCH_CHECK(k > 0 && k % llmcore_kernels::int4::kBlock == 0, "llmcore::int4_pack: q's rows must be a positive "
               "multiple of 32 long, got ", k);
   const at::Tensor qc = q.contiguous();
-  TORCH_CHECK(qc.ge(-8).all().item<bool>() && qc.le(7).all().item<bool>(), "llmcore::int4_pack: q outside [-8, 7]");
+  if (!nibbles) {  // nibbles hold [-8, 7] by construction
+    const auto [lo, hi] = at::aminmax(qc);
+    TORCH_CHECK(lo.item<int8_t>() >= -8 && hi.item<int8_t>() <= 7, "llmcore::int4_pack: q outside [-8, 7]");
+  }
   at::Tensor packed = at::empty({rows, k / llmcore_kernels::int4::kBlock, 16}, q.options().dtype(at::kByte));
-  for (int64_t r = 0; r < rows; ++r)
-    llmcore_kernels::int4::pack_row(qc.const_data_ptr<int8_t>() + r * k, k, packed.mutable_data_ptr<uint8_t>() + r * (k / 2));
+  uint8_t* out = packed.mutable_data_ptr<uint8_t>();
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    std::vector<int8_t> row(nibbles ? k : 0);
+    for (int64_t r = begin; r < end; ++r) {
+      const int8_t* integers = nullptr;
+      if (nibbles) {
+        const uint8_t* bytes = qc.const_data_ptr<uint8_t>() + r * (k / 2);
+        for (int64_t j = 0; j < k / 2; ++j) {
+          row[2 * j] = static_cast<int8_t>((bytes[j] & 0x0F) - 8);
+          row[2 * j + 1] = static_cast<int8_t>((bytes[j] >> 4) - 8);
+        }
+        integers = row.data();
+      } else {
+        integers = qc.const_data_ptr<int8_t>() + r * k;
+      }
+      llmcore_kernels::int4::pack_row(integers, k, out + r * (k / 2));
+    }
+  });
   return packed;
 }
 

@@ -37,6 +37,7 @@ from torch import nn
 
 from llmcore.errors import LlmcoreError
 from llmcore.modules import CausalAttention, RMSNorm, replace_modules
+from llmcore.progress import WEIGHT_TEMPORARIES, heap_for_temporaries
 from llmcore_kernels import mlp
 from llmcore_xnnpack.qlinear import relative_error
 
@@ -245,8 +246,11 @@ def _swap_checked(model: nn.Module, match, why_not, build, same_function) -> tup
 
     def built_or_none(module: nn.Module) -> Optional[nn.Module]:
         reason = why_not(module)
-        built = None if reason else build(module)
-        reason = reason or same_function(module, built)
+        # one layer's packing and check: their temporaries reuse heap pages, which go back
+        # once it is built (llmcore.progress.heap_for_temporaries)
+        with heap_for_temporaries(largest=WEIGHT_TEMPORARIES):
+            built = None if reason else build(module)
+            reason = reason or same_function(module, built)
         if reason is not None:
             kept.append(f"{names[id(module)]}: {reason}")
             return None

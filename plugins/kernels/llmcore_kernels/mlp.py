@@ -43,22 +43,32 @@ def pack(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     kernel's layout: the nibbles ``q + 8`` in the order the kernel reads them, packed by the
     kernel's own code (``llmcore::int4_pack``; the layout: ``csrc/int4_gemm.h``); the scales
     as bfloat16 (exact: the modules keep them bf16-rounded); each row's sum of weights, which
-    the kernel needs for the activations' zero points."""
+    the kernel needs for the activations' zero points. ``q`` is int8 ``[rows, cols]``, or the
+    same integers two to a byte (uint8 ``[rows, cols / 2]``, as
+    :func:`~llmcore_xnnpack.qlinear.pack_nibbles` holds them), packed without unpacking."""
     from llmcore_kernels import ops  # noqa: F401  registers llmcore::int4_pack
 
-    rows, cols = q.shape
+    nibbles = q.dtype == torch.uint8
+    rows, cols = q.shape[0], q.shape[1] * (2 if nibbles else 1)
     if cols % BLOCK or scales.shape != (rows, cols // BLOCK):
         raise ValueError(f"a [{rows}, {cols}] int4 weight needs [{rows}, {cols // BLOCK}] scales, got {tuple(scales.shape)}")
-    packed = torch.ops.llmcore.int4_pack.default(q.to(torch.int8).contiguous())
+    packed = torch.ops.llmcore.int4_pack.default(q.contiguous() if nibbles else q.to(torch.int8).contiguous())
     bf16 = scales.to(torch.bfloat16)
     if not torch.equal(bf16.float(), scales.float()):
         raise ValueError("int4 scales must be bfloat16 values")
-    # each row's sum: the integers of each block summed exactly (int32), times the block's
-    # scale, in float64; a slice of rows at a time (no float64 copy of the weight: 470 MB for
-    # one of Llama-3.1-8B's MLP matrices)
-    block_sums = torch.cat([part.view(len(part), -1, BLOCK).sum(-1, dtype=torch.int32) for part in q.split(_SUM_ROWS)])
-    sums = (block_sums.double() * scales.double()).sum(1)
+    # each row's sum: the integers of each block summed exactly (int16: at most 32 x 15), times
+    # the block's scale, in float64; a slice of rows at a time (no float64 copy of the weight:
+    # 470 MB for one of Llama-3.1-8B's MLP matrices)
+    sums = (torch.cat([_block_sums(part, nibbles) for part in q.split(_SUM_ROWS)]).double() * scales.double()).sum(1)
     return packed, bf16.contiguous(), sums.float().contiguous()
+
+
+def _block_sums(q: torch.Tensor, nibbles: bool) -> torch.Tensor:
+    """Each block's sum of integers, int16 ``[rows, cols / 32]``, from int8 ``q`` or its nibbles."""
+    if nibbles:  # each byte holds two integers plus 8
+        values = (q & 0x0F).to(torch.int16).add_(q >> 4)
+        return values.view(len(q), -1, BLOCK // 2).sum(-1, dtype=torch.int16).sub_(8 * BLOCK)
+    return q.view(len(q), -1, BLOCK).to(torch.int16).sum(-1, dtype=torch.int16)
 
 
 def register_packed(module: nn.Module, name: str, q: torch.Tensor, scales: torch.Tensor) -> None:
@@ -91,9 +101,15 @@ def register_linears(module: nn.Module, name: str, linears: list[nn.Module], int
     ``gate_up``'s: :func:`interleave_rows`) into one projection's three buffers: int4 blocks
     when they are :class:`BlockInt4Linear`, int8 rows when :class:`ChannelInt8Linear`."""
 
+    held_as_nibbles = all(isinstance(p, BlockInt4Linear) and p.q is None for p in linears)
+
+    def integers(p: nn.Module) -> torch.Tensor:
+        if held_as_nibbles:  # stacked and packed as they are, rows being rows either way
+            return p.q_nibbles
+        return p.integers() if isinstance(p, BlockInt4Linear) else p.q
+
     def stacked(attr: str) -> torch.Tensor:
-        parts = [p.integers() if attr == "q" and isinstance(p, BlockInt4Linear) else getattr(p, attr)
-                 for p in linears]
+        parts = [integers(p) if attr == "q" else getattr(p, attr) for p in linears]
         return interleave_rows(*parts) if interleave else torch.cat(parts)
 
     if all(isinstance(p, ChannelInt8Linear) for p in linears):

@@ -16,8 +16,9 @@ Operators (schemas are defined in C++, ``csrc/rms_norm_aten.cpp`` and ``csrc/int
     ``down(silu(gate(x)) * up(x))`` with int4 weights and int8 activations rounded per row
     (``csrc/int4_mlp.h``; the packed layout: ``csrc/int4_gemm.h``); ``.out`` as above.
 ``llmcore::int4_pack(Tensor q) -> Tensor``
-    int8 integers in [-8, 7], ``[rows, k]``, packed as ``int4_mlp`` reads them, ``[rows, k/32, 16]``
-    uint8 (:func:`llmcore_kernels.mlp.pack`; the export's, not a program's, operator).
+    int8 integers in [-8, 7], ``[rows, k]`` (or the same two to a byte, uint8 ``[rows, k/2]``),
+    packed as ``int4_mlp`` reads them, ``[rows, k/32, 16]`` uint8 (:func:`llmcore_kernels.mlp.pack`;
+    the export's, not a program's, operator).
 ``llmcore::int4_norm_qkv_rope``, ``llmcore::int4_linear_add``, ``llmcore::int4_norm_mlp_add``, ``llmcore::int4_linear``
     a Llama layer's work outside attention, and a linear on the same GEMM for the output layer
     after the layers (``csrc/int4_layer.h``; ``int4_linear(x, w, w_scales, w_sums, w_bias?,

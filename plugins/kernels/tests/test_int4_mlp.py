@@ -112,6 +112,7 @@ def unpack_documented_layout(packed: torch.Tensor, k: int) -> torch.Tensor:
 
 def test_the_packed_layout(ops):
     from llmcore_kernels.mlp import pack
+    from llmcore_xnnpack.qlinear import pack_nibbles
 
     g = torch.Generator().manual_seed(0)
     for cols in (64, 224, 480, 576):  # groups 2; 4+2+1; 8+4+2+1; 8+8+2
@@ -121,6 +122,12 @@ def test_the_packed_layout(ops):
         assert packed.dtype == torch.uint8 and packed.shape == (3, cols // 32, 16) and bf16.dtype == torch.bfloat16
         assert torch.equal(unpack_documented_layout(packed, cols).to(torch.int8), q), cols
         torch.testing.assert_close(sums, (q.float().view(3, -1, 32) * scales[..., None]).sum((1, 2)))
+        # the same integers held two to a byte (a GGUF's layers until the kernels take them)
+        from_nibbles = pack(pack_nibbles(q), scales)
+        assert all(torch.equal(a, b) for a, b in zip(from_nibbles, (packed, bf16, sums))), cols
+    many = torch.randint(-8, 8, (300, 96), generator=g, dtype=torch.int8)  # rows split between threads
+    assert torch.equal(torch.ops.llmcore.int4_pack(pack_nibbles(many)), torch.ops.llmcore.int4_pack(many))
+    assert torch.equal(unpack_documented_layout(torch.ops.llmcore.int4_pack(many), 96).to(torch.int8), many)
     with pytest.raises(ValueError, match="bfloat16"):
         pack(q, scales + 1e-4)
     with pytest.raises(RuntimeError, match=r"outside \[-8, 7\]"):

@@ -68,6 +68,18 @@ def test_integers_give_gguf_s_values(qt, seed):
     assert torch.equal(quants.dequantize(raw, int(qt), (ROWS, COLS)), expected)
 
 
+@pytest.mark.parametrize("qt", list(EXPECTED), ids=lambda t: t.name)
+def test_a_file_s_rows_are_read_a_slice_at_a_time_to_the_same_integers(qt, monkeypatch):
+    """A tensor in a file (rows of bytes) is decoded a few rows at a time, a last short slice
+    included: the same integers, scales and offsets as one read of all its bytes."""
+    raw = raw_blocks(qt, seed=2)
+    whole = quants.integer_weight(raw.reshape(-1), int(qt), (ROWS, COLS), "t")
+    monkeypatch.setattr(quants, "_INTEGER_ROWS", 3)
+    by_rows = quants.integer_weight(raw.reshape(ROWS, -1), int(qt), (ROWS, COLS), "t")
+    assert ROWS % 3 and torch.equal(by_rows.q, whole.q) and torch.equal(by_rows.scales, whole.scales)
+    assert (whole.offsets is None and by_rows.offsets is None) or torch.equal(by_rows.offsets, whole.offsets)
+
+
 def test_symmetric_types_are_exact():
     """Q8_0 and Q4_0 have no offsets: d * q is one fp32 product, the same as gguf's."""
     for qt in (Q.Q8_0, Q.Q4_0):

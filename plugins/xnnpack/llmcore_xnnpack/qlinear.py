@@ -40,7 +40,7 @@ like with like. :func:`bf16_scale_error` measures what that rounding costs.
 from __future__ import annotations
 
 import weakref
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -114,6 +114,26 @@ def int8_gemm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
     y = both.permute(0, 3, 2, 1).mean((2, 3), keepdim=True) * 2.0
     y = y.view(static_shape(x)[:-1] + [weight.shape[0]])
     return y if bias is None else y + bias
+
+
+# fp32 weight bytes an eager quantized linear decodes at once (gemm_by_rows)
+_EAGER_WEIGHT_BYTES = 32 * 2**20
+
+
+def gemm_by_rows(x: torch.Tensor, layer: nn.Module, bias: Optional[torch.Tensor], outlier_split: bool,
+                 values: Optional[Callable[[slice], torch.Tensor]] = None) -> torch.Tensor:
+    """:func:`int8_gemm` of a quantized ``layer`` computed eagerly (the parity reference, a
+    backend's check of what it took), its fp32 weight decoded a slice of output rows at a
+    time (``values(rows)``, by default ``layer.weight_values``): whole, one of Llama-3.1-8B's
+    MLP matrices is 224 MiB, on top of a large export's peak. Activations are rounded per
+    token, so each slice's outputs are the whole GEMM's."""
+    values = values or layer.weight_values
+    step = max(1, _EAGER_WEIGHT_BYTES // (4 * layer.in_features))
+    parts = []
+    for start in range(0, layer.out_features, step):
+        rows = slice(start, start + step)
+        parts.append(int8_gemm(x, values(rows), None if bias is None else bias[rows], outlier_split))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
 def rounded_per_token(x: torch.Tensor) -> torch.Tensor:
@@ -228,9 +248,9 @@ class BlockInt4Linear(nn.Module):
             w = _qd.dequantize_per_channel_group(
                 self.q, self.scales, self.zeros, -8, 7, torch.int8, self.block, torch.float32
             )
+            y = int8_gemm(x, w, self.bias, self.outlier_split)
         else:  # the same values, without the decomposed op's int temporaries (eager reference)
-            w = self._int4_values()
-        y = int8_gemm(x, w, self.bias, self.outlier_split)
+            y = gemm_by_rows(x, self, self.bias, self.outlier_split, values=self._int4_values)
         if self.offset_weight is not None:
             # offsets * sum(x over the block) = (offsets * block) * mean(x over the block)
             y = y + F.linear(block_means(x, self.block), self.offset_weight)
@@ -251,8 +271,10 @@ def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     """The inverse of :func:`pack_nibbles`."""
-    u = torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2)
-    return u.to(torch.int8) - 8
+    q = torch.empty(*packed.shape[:-1], 2 * packed.shape[-1], dtype=torch.uint8)
+    q[..., 0::2] = packed & 0x0F
+    q[..., 1::2] = packed >> 4
+    return q.view(torch.int8).sub_(8)
 
 
 def _positive_scales(q: torch.Tensor, scales: torch.Tensor, offsets: Optional[torch.Tensor], block: int):
@@ -266,9 +288,9 @@ def _positive_scales(q: torch.Tensor, scales: torch.Tensor, offsets: Optional[to
     zero = scales == 0
     if not bool(negative.any() or zero.any()):
         return q, scales, offsets
-    per_value = lambda mask: mask.repeat_interleave(block, dim=1)  # noqa: E731
-    q = torch.where(per_value(negative), -q.to(torch.int16) - 1, q.to(torch.int16))
-    q = torch.where(per_value(zero), 0, q).to(torch.int8)
+    blocks = q.view(q.shape[0], -1, block)  # masks broadcast over each block's values
+    q = torch.where(negative.unsqueeze(-1), torch.bitwise_not(blocks), blocks)  # ~q == -q - 1, in [-8, 7]
+    q = torch.where(zero.unsqueeze(-1), torch.zeros((), dtype=torch.int8), q).view(blocks.shape[0], -1)
     shift = torch.where(negative, -scales, torch.zeros_like(scales))
     offsets = shift if offsets is None else offsets.float() + shift
     scales = torch.where(negative, -scales, torch.where(zero, torch.ones_like(scales), scales))
@@ -301,12 +323,7 @@ class ChannelInt8Linear(nn.Module):
         # The decomposed op's int64 temporary of SmolLM2's 49152 x 576 output layer, and even
         # one fp32 copy of it, would add to the export's peak (docs/performance.md,
         # "Measurements behind the code").
-        parts = []
-        for start in range(0, self.out_features, _ROWS):
-            rows = slice(start, start + _ROWS)
-            bias = None if self.bias is None else self.bias[rows]
-            parts.append(int8_gemm(x, self.weight_values(rows), bias, self.outlier_split))
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        return gemm_by_rows(x, self, self.bias, self.outlier_split)
 
     def extra_repr(self) -> str:
         split = ", outlier split" if self.outlier_split else ""
@@ -499,15 +516,23 @@ _ROWS = 4096
 _SEARCH_ROWS = 512
 
 
-def int8_channels(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 per output channel, in [-127, 127]: ``(q [out, in], scales [out])``."""
+def int8_channels(weight: torch.Tensor, error: Optional["ErrorSum"] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output channel, in [-127, 127]: ``(q [out, in], scales [out])``.
+
+    ``weight`` is read a slice of rows at a time (a tensor, or a weight still in its file:
+    :func:`llmcore.stored.float_rows`); with ``error``, each slice's rounding error is added
+    to it while the slice is in hand, so a weight in the file is decoded once, not again to
+    measure it."""
     w = weight.detach()
     q = torch.empty(w.shape, dtype=torch.int8)
     scales = torch.empty(w.shape[0], dtype=torch.float32)
     for start in range(0, w.shape[0], _ROWS):
         rows = w[start:start + _ROWS].float()
         s = (rows.abs().amax(dim=1) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
-        q[start:start + _ROWS] = torch.clamp(torch.round(rows / s.unsqueeze(1)), -127, 127)
+        part = torch.clamp(torch.round(rows / s.unsqueeze(1)), -127, 127)
+        if error is not None:
+            error.add(part * s.unsqueeze(1), rows)
+        q[start:start + _ROWS] = part
         scales[start:start + _ROWS] = s
     return q, scales
 
@@ -548,12 +573,49 @@ def relative_error(approx, exact: torch.Tensor) -> float:
     relative, and it is much faster: the float64 sum was a visible part of an export
     (docs/performance.md, "Measurements behind the code")."""
     values = approx.weight_values if callable(getattr(approx, "weight_values", None)) else approx.__getitem__
-    diff = norm = 0.0
+    error = ErrorSum()
     with heap_for_temporaries(give_back=False):
         for start in range(0, exact.shape[0], _SEARCH_ROWS):
-            rows = exact[start:start + _SEARCH_ROWS].detach().float()
-            diff += float((values(slice(start, start + _SEARCH_ROWS)).float() - rows).square().sum())
-            norm += float(rows.square().sum())
+            error.add(values(slice(start, start + _SEARCH_ROWS)).float(), exact[start:start + _SEARCH_ROWS].detach().float())
+    return error.relative
+
+
+class ErrorSum:
+    """:func:`relative_error`'s two sums, ``||approx - exact||^2`` and ``||exact||^2``, added
+    a slice of rows at a time by code that has each slice in hand anyway."""
+
+    def __init__(self) -> None:
+        self.diff = self.norm = 0.0
+
+    def add(self, approx: torch.Tensor, exact: torch.Tensor) -> None:
+        self.diff += float((approx - exact).square().sum())
+        self.norm += float(exact.square().sum())
+
+    @property
+    def relative(self) -> float:
+        return (self.diff ** 0.5) / max(self.norm ** 0.5, 1e-30)
+
+
+def rescaled_error(q: torch.Tensor, scales: torch.Tensor, rescaled: torch.Tensor,
+                   offsets: Optional[torch.Tensor] = None) -> float:
+    """:func:`relative_error` of the block weights ``scales * q + offsets`` when only their
+    scales change, to ``rescaled`` (what keeping a GGUF's integers with bf16 scales does):
+    the difference is ``(rescaled - scales) * q`` per block, so both norms follow from each
+    block's sums of ``q`` and ``q^2``, without decoding either weight."""
+    rows, cols = q.shape
+    blocks = scales.shape[1]
+    diff = norm = 0.0
+    with heap_for_temporaries(give_back=False):
+        for start in range(0, rows, _SEARCH_ROWS):
+            part = q[start:start + _SEARCH_ROWS].view(-1, blocks, cols // blocks).float()
+            sums, squares = part.sum(-1), part.square().sum(-1)
+            s = scales[start:start + _SEARCH_ROWS].float()
+            diff += float(((rescaled[start:start + _SEARCH_ROWS].float() - s).square() * squares).sum())
+            exact = s.square() * squares
+            if offsets is not None:  # sum over the block of (s q + o)^2
+                o = offsets[start:start + _SEARCH_ROWS].float()
+                exact += 2 * s * o * sums + (cols // blocks) * o.square()
+            norm += float(exact.sum())
     return (diff ** 0.5) / max(norm ** 0.5, 1e-30)
 
 

@@ -34,6 +34,7 @@ from torch import nn
 
 from llmcore import channel_scales
 from llmcore.errors import LlmcoreError
+from llmcore.progress import WEIGHT_TEMPORARIES, heap_for_temporaries
 from llmcore.records import Calibration
 from llmcore.runtime import torch_threads_after_custom_ops
 from llmcore.stored import IntegerWeight, float_rows, has_integers, in_file, record, stored_form
@@ -89,13 +90,16 @@ class _Summary:
         self.errors: dict[str, list[float]] = {}
         self.notes: list[str] = []
 
-    def add(self, kind: str, approx=None, exact: Optional[torch.Tensor] = None) -> Optional[float]:
+    def add(self, kind: str, approx=None, exact: Optional[torch.Tensor] = None,
+            error: Optional[float] = None) -> Optional[float]:
         """One layer of ``kind``; with ``approx`` (the new layer, or its weight) and ``exact``
-        (the weight it replaces), its weight error, which is returned."""
+        (the weight it replaces), or the ``error`` already measured, its weight error, which
+        is returned."""
         self.kinds[kind] += 1
-        if approx is None:
+        if approx is not None:
+            error = qlinear.relative_error(approx, exact)
+        if error is None:
             return None
-        error = qlinear.relative_error(approx, exact)
         self.errors.setdefault(kind, []).append(error)
         return error
 
@@ -112,11 +116,13 @@ class _Summary:
 
 
 def _int8_layer(linear: nn.Linear, exact: torch.Tensor, outlier_split: bool,
-                energy: Optional[torch.Tensor] = None) -> qlinear.ChannelInt8Linear:
-    """int8 per channel: min/max scales, or with ``energy`` (the input's mean squares on
-    calibration text) the scales of least output error."""
+                energy: Optional[torch.Tensor] = None,
+                error: Optional[qlinear.ErrorSum] = None) -> qlinear.ChannelInt8Linear:
+    """int8 per channel: min/max scales (their error added to ``error`` as the rows are read),
+    or with ``energy`` (the input's mean squares on calibration text) the scales of least
+    output error."""
     if energy is None:
-        q, scales = qlinear.int8_channels(exact)
+        q, scales = qlinear.int8_channels(exact, error)
     else:
         q, scales = qlinear.int8_channels_activation_aware(exact, energy)
     return qlinear.ChannelInt8Linear(q, scales, linear.bias, outlier_split)
@@ -312,8 +318,10 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
     """``gguf``: every linear from the integers its GGUF stores (see the module docstring).
 
     One layer at a time: a weight the loader left in the file (:class:`llmcore.stored.FileWeight`)
-    is read here, its integers for the new layer and its floats a few rows at a time for the
-    weight error, so the export never holds the model's weights as floats."""
+    is read here once, its integers for a layer that keeps them (whose weight error, the bf16
+    scales', follows from those integers) or its floats a few rows at a time for one rounded
+    afresh (the error summed as the rows go by), so the export never holds the model's
+    weights as floats."""
     names = _linear_names(module)
     if not any(has_integers(record(module.get_submodule(name).weight)) for name in names):
         raise LlmcoreError(
@@ -324,39 +332,46 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
     summary = _Summary("gguf", options)
     scale_rounding = 0.0
     for name in names:
-        linear = module.get_submodule(name)
-        form, w = stored_form(linear.weight), float_rows(linear.weight)
-        if isinstance(form, IntegerWeight) and form.bits == 4:
-            new = qlinear.BlockInt4Linear(form.q, form.scales, form.offsets, linear.bias, options["outlier_split"],
-                                          nibbles=options["int4_nibbles"])
-            scale_rounding = max(scale_rounding, qlinear.bf16_scale_error(form.scales))
-            summary.add(f"{form.format} kept", new, w)
-        elif form is not None:
-            new = _int8_layer(linear, w, options["outlier_split"])
-            error = summary.add(f"{form.format} -> int8 per channel", new, w)
-            log.warning(
-                "gguf: %s (%s) is rounded again, to int8 per channel (no kernel here takes %s as stored): "
-                "weight error %.3g%%", form.source_name, form.format, form.format, 100 * error,
-            )
-        else:  # stored as floats in the file, or rebuilt by a transform: kept as floats
-            summary.add("float kept")
-            continue
-        form = None
-        _replace(module, name, new)
+        # one weight's reads and roundings: their temporaries reuse heap pages, which go back
+        # once the layer is made (llmcore.progress.heap_for_temporaries)
+        with heap_for_temporaries(largest=WEIGHT_TEMPORARIES):
+            linear = module.get_submodule(name)
+            form = stored_form(linear.weight)
+            if isinstance(form, IntegerWeight) and form.bits == 4:
+                new = qlinear.BlockInt4Linear(form.q, form.scales, form.offsets, linear.bias, options["outlier_split"],
+                                              nibbles=options["int4_nibbles"])
+                scale_rounding = max(scale_rounding, qlinear.bf16_scale_error(form.scales))
+                bf16 = form.scales.to(torch.bfloat16).float()
+                summary.add(f"{form.format} kept", error=qlinear.rescaled_error(form.q, form.scales, bf16, form.offsets))
+            elif form is not None:
+                rounding = qlinear.ErrorSum()
+                new = _int8_layer(linear, float_rows(linear.weight), options["outlier_split"], error=rounding)
+                error = summary.add(f"{form.format} -> int8 per channel", error=rounding.relative)
+                log.warning(
+                    "gguf: %s (%s) is rounded again, to int8 per channel (no kernel here takes %s as stored): "
+                    "weight error %.3g%%", form.source_name, form.format, form.format, 100 * error,
+                )
+            else:  # stored as floats in the file, or rebuilt by a transform: kept as floats
+                summary.add("float kept")
+                continue
+            form = None
+            _replace(module, name, new)
     for name, table in [(n, m) for n, m in module.named_modules() if type(m) is nn.Embedding]:
         recorded = record(table.weight)
         if table.max_norm is not None or recorded is None:
             continue
-        form = stored_form(table.weight) if has_integers(recorded) else recorded
-        if isinstance(form, IntegerWeight) and form.offsets is None:  # Q8_0, Q4_0: its integers, as int8 rows
-            _replace(module, name, StoredByteEmbedding(form.q, form.scales, table.padding_idx))
-            summary.add(f"embedding {form.format} kept")
-        elif in_file(table.weight):  # a form no lookup takes as stored (Q6_K, Q4_1 ...): Q8_0's, from its floats
-            rows = float_rows(table.weight)
-            new = int8_row_table(rows, table.padding_idx)
-            _replace(module, name, new)
-            summary.add(f"embedding {form.format} -> int8 rows of {XNNPACK_GROUP_MULTIPLE}", new, rows)
-        form = None
+        with heap_for_temporaries(largest=WEIGHT_TEMPORARIES):
+            form = stored_form(table.weight) if has_integers(recorded) else recorded
+            if isinstance(form, IntegerWeight) and form.offsets is None:  # Q8_0, Q4_0: its integers, as int8 rows
+                _replace(module, name, StoredByteEmbedding(form.q, form.scales, table.padding_idx))
+                summary.add(f"embedding {form.format} kept")
+            elif in_file(table.weight):  # a form no lookup takes as stored (Q6_K, Q4_1 ...): Q8_0's, from its floats
+                rounding = qlinear.ErrorSum()
+                new = int8_row_table(float_rows(table.weight), table.padding_idx, error=rounding)
+                _replace(module, name, new)
+                summary.add(f"embedding {form.format} -> int8 rows of {XNNPACK_GROUP_MULTIPLE}",
+                            error=rounding.relative)
+            form = None
     line = summary.line()
     if scale_rounding:
         line += f"; 4-bit scales fp16 -> bf16 (XNNPACK's scale type): at most {100 * scale_rounding:.3g}% per scale"

@@ -170,10 +170,12 @@ def _int8_row_table(embedding: nn.Embedding, group: int) -> "StoredByteEmbedding
 _TABLE_ROWS = 2048
 
 
-def int8_row_table(weight, padding_idx: Optional[int] = None, group: int = XNNPACK_GROUP_MULTIPLE) -> "StoredByteEmbedding":
+def int8_row_table(weight, padding_idx: Optional[int] = None, group: int = XNNPACK_GROUP_MULTIPLE,
+                   error=None) -> "StoredByteEmbedding":
     """:class:`StoredByteEmbedding` of ``weight`` (anything read by rows: a tensor, or a table
     still in its checkpoint file, :func:`llmcore.stored.float_rows`) rounded to int8 rows with
-    one scale per ``group`` columns (0: per row), :data:`_TABLE_ROWS` rows at a time."""
+    one scale per ``group`` columns (0: per row), :data:`_TABLE_ROWS` rows at a time; the
+    rounding error added to ``error`` (a :class:`~llmcore_xnnpack.qlinear.ErrorSum`) if given."""
     from llmcore_xnnpack.qlinear import int8_channels
 
     rows, width = weight.shape
@@ -182,7 +184,7 @@ def int8_row_table(weight, padding_idx: Optional[int] = None, group: int = XNNPA
     scales = torch.empty(rows, width // block)
     for start in range(0, rows, _TABLE_ROWS):
         part = weight[start:start + _TABLE_ROWS].float()
-        part_q, part_scales = int8_channels(part.reshape(-1, block))
+        part_q, part_scales = int8_channels(part.reshape(-1, block), error)
         q[start:start + len(part)] = part_q.view(len(part), width)
         scales[start:start + len(part)] = part_scales.view(len(part), -1)
     return StoredByteEmbedding(q, scales, padding_idx)

@@ -174,6 +174,30 @@ def test_weight_values_by_rows_are_the_whole_weights_rows():
                - float((layer("int8").weight_values() - exact).norm() / exact.norm())) < 1e-6
 
 
+
+@pytest.mark.parametrize("with_offsets", [False, True])
+def test_the_error_of_rescaled_blocks_from_their_integers_is_the_decoded_weights(with_offsets):
+    """The gguf recipe measures a kept layer's error (its scales rounded to bf16) from the
+    integers alone: the same figure as decoding both weights, negative scales included."""
+    torch.manual_seed(3)
+    q = torch.randint(-8, 8, (OUT, IN), dtype=torch.int8)
+    scales = (torch.randn(OUT, IN // 32) * 0.02).half().float()  # about half negative, as Q4_0 writes
+    offsets = torch.randn(OUT, IN // 32) * 0.01 if with_offsets else None
+    exact = (q.float().view(OUT, -1, 32) * scales.unsqueeze(-1)
+             + (0 if offsets is None else offsets.unsqueeze(-1))).view(OUT, IN)
+    decoded = qlinear.relative_error(BlockInt4Linear(q, scales, offsets), exact)
+    assert decoded > 1e-4  # bf16 scales do change the weights
+    from_integers = qlinear.rescaled_error(q, scales, scales.to(torch.bfloat16).float(), offsets)
+    assert from_integers == pytest.approx(decoded, rel=1e-5)
+
+
+def test_int8_channels_sums_its_own_rounding_error_as_relative_error_measures_it():
+    w = torch.randn(OUT, IN)
+    error = qlinear.ErrorSum()
+    q, scales = qlinear.int8_channels(w, error)
+    assert error.relative == pytest.approx(qlinear.relative_error(ChannelInt8Linear(q, scales), w), rel=1e-5)
+    assert error.relative > 1e-4
+
 def test_outlier_split_rows_add_up_to_the_token():
     x = with_outliers(inputs(rows=5))
     rows = qlinear.split_outliers(x)
