@@ -275,6 +275,7 @@ def plot(rows: list[dict], path: Path) -> None:
     speed.set(xlabel="parameters (billions)", title="time")
     speed.legend(fontsize=8)
     figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
     print(f"# plot: {path}", file=sys.stderr)
 
