@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 import torch
 
+from llmcore import stored
 from llmcore.errors import LlmcoreError
 from llmcore.records import Calibration, ScalableChannels
 
@@ -145,14 +146,16 @@ def fold(module: Any, group: ScalableChannels, s: torch.Tensor) -> torch.Tensor:
     by the matching scales; returns those column scales. New tensors, not in-place writes: a
     loader's weights may be views of a read-only file."""
     source = module.get_submodule(group.source)
-    column = s.view(-1, *([1] * (source.weight.dim() - 1)))
-    source.weight.data = source.weight.data / column.to(source.weight.dtype)
+    if not stored.rescale(source.weight, rows=s):  # a weight still in the file is scaled as it is read
+        column = s.view(-1, *([1] * (source.weight.dim() - 1)))
+        source.weight.data = source.weight.data / column.to(source.weight.dtype)
     if getattr(source, "bias", None) is not None:
         source.bias.data = source.bias.data / s.to(source.bias.dtype)
     cols = consumer_columns(group, s)
     for name in group.linears:
         linear = module.get_submodule(name)
-        linear.weight.data = linear.weight.data * cols.to(linear.weight.dtype)
+        if not stored.rescale(linear.weight, cols=cols):
+            linear.weight.data = linear.weight.data * cols.to(linear.weight.dtype)
     return cols
 
 
@@ -213,7 +216,7 @@ class ScaleSearch:
     def _choose(self, name: str) -> None:
         group = self.by_input[name]
         x = torch.cat(self.rows.pop(name))
-        weights = [self.module.get_submodule(n).weight.detach().float() for n in group.linears]
+        weights = [stored.floats(self.module.get_submodule(n).weight) for n in group.linears]
         self.chosen[name] = choose_scales(
             group, x, weights, lambda i, w: self.round_weight(group.linears[i], w), self.round_input, self.alphas)
 

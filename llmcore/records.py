@@ -166,7 +166,12 @@ class LoadOptions:
     whose recipe does (no ``--quantize``, or ``gguf``). A loader may then leave such weights
     in the file (:class:`llmcore.stored.FileWeight`, meta parameters that refuse to run until
     read), so that the export never holds them as floats. False (a float model, as a
-    reference or for ``--quantize 8da4w``): every weight read as floats."""
+    reference, or a recipe that rounds floats it is handed): every weight read as floats."""
+    weights_in_file: bool = False
+    """Whether a loader may leave any 2-D weight in the file (:class:`llmcore.stored.FileWeight`),
+    float ones included, set by an export whose recipe reads them there one layer at a time
+    (:attr:`QuantizerRecipe.reads_weights_in_file`). A loader that cannot leave a weight in
+    its file (a pickle, a tensor rewritten at load) reads it as before."""
 
 
 @dataclass(frozen=True)
@@ -403,6 +408,11 @@ class QuantizerRecipe(Record):
     (:mod:`llmcore.stored`); an export of such a checkpoint without ``--quantize`` uses it
     when one of its backends is selected (``--quantize none`` keeps float weights), unless
     `checkpoint_default` is False (a variant chosen only by name).
+    `reads_weights_in_file`: the source recipe reads each weight a loader left in the file
+    (:class:`llmcore.stored.FileWeight`) itself, one layer at a time (:func:`llmcore.stored.floats`,
+    :func:`~llmcore.stored.rescale`, calibration through
+    :func:`~llmcore.stored.read_while_running`); an export with it asks the loader to leave
+    float weights there too, so that the model is never held whole in fp32.
     `parity_reference(converted)`: for a pt2e recipe whose backend computes the quantized
     graph differently from the graph's own eager semantics (XNNPACK quantizes dynamic
     activations per token where the graph says per tensor), the eager module that computes
@@ -421,6 +431,7 @@ class QuantizerRecipe(Record):
     checkpoint_default: bool = True
     parity_reference: Optional[Callable[[Any], Any]] = None
     calibrated: bool = False
+    reads_weights_in_file: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -17,10 +17,18 @@ then on the meta device, and a recipe reads its integers (:func:`stored_form`) o
 few rows at a time (:func:`float_rows`) when it replaces the layer, so that no export holds a
 quantized model's weights as fp32 (4 bytes a weight, 7x a Q4_0 file). What no recipe
 replaced is read whole before capture (:func:`materialize`).
+
+A float checkpoint (a bf16 safetensors folder) can be left in its file the same way for a
+recipe that rounds float weights one layer at a time (``8da4w``): its calibration runs the
+model with each module reading its own weights as it runs (:func:`read_while_running`), its
+channel scales are recorded on the file's weights rather than written into them
+(:func:`rescale`), and each linear is read whole (:func:`floats`) when it is replaced. The
+export then holds one layer in fp32, never the model (fp32 is twice a bf16 file).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
@@ -69,10 +77,12 @@ class StoredFormat:
 
 @dataclass(frozen=True)
 class FileWeight:
-    """A quantized weight left in the checkpoint file, read when a recipe needs it.
+    """A weight left in the checkpoint file (a quantized one, or a float one for a recipe that
+    reads layer by layer), read when a recipe needs it.
 
     ``read_floats(rows)`` gives fp32 rows ``[len(rows), cols]`` exactly as the loader would
-    have dequantized them (a slice of the rows: memory for those rows only);
+    have dequantized them (a slice of the rows: memory for those rows only; a tensor of its
+    own each call, which the caller may change);
     ``read_integers()`` its :class:`IntegerWeight` (None where the type has none). Each read
     decodes the file again: a recipe reads what it keeps once, when it replaces the layer.
     """
@@ -135,11 +145,79 @@ def in_file(weight: Any) -> bool:
     return isinstance(record(weight), FileWeight)
 
 
+def any_in_file(module: torch.nn.Module) -> bool:
+    """Whether any parameter of ``module`` is still in the checkpoint file."""
+    return any(isinstance(_FORMS.get(p), FileWeight) for p in module.parameters())
+
+
 def float_rows(weight: torch.Tensor) -> "torch.Tensor | FloatRows":
     """``weight`` as something read by rows (``w[a:b]``, ``w.shape``): the tensor itself, or
     for a weight still in the file a :class:`FloatRows` that reads those rows only."""
     form = record(weight)
     return FloatRows(form) if isinstance(form, FileWeight) else weight
+
+
+def floats(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` whole as fp32: read from the file for a weight still there, else the
+    tensor itself (detached, converted if it is not fp32)."""
+    form = record(weight)
+    if isinstance(form, FileWeight):
+        return form.read_floats(slice(None)).float()
+    return weight.detach().float()
+
+
+def rescale(weight: torch.Tensor, rows: Optional[torch.Tensor] = None,
+            cols: Optional[torch.Tensor] = None) -> bool:
+    """Record on a weight still in the file that its rows are to be divided by ``rows`` and
+    its input columns multiplied by ``cols`` (channel scales folded before rounding) when it
+    is read; returns False, changing nothing, for a weight that is not in the file (the
+    caller scales the tensor). Reads stay exact: the scaling is done in fp32 on the rows read."""
+    form = record(weight)
+    if not isinstance(form, FileWeight):
+        return False
+    read = form.read_floats
+
+    def read_scaled(selected: slice) -> torch.Tensor:
+        w = read(selected).float()  # rows of its own (read from the file): scaled in place
+        if rows is not None:
+            w.div_(rows[selected].float().view(-1, *([1] * (w.dim() - 1))))
+        return w.mul_(cols.float()) if cols is not None else w
+
+    remember(weight, FileWeight(form.format, form.source_name, form.shape, read_scaled, None))
+    return True
+
+
+@contextmanager
+def read_while_running(module: torch.nn.Module):
+    """Within the block, each submodule of ``module`` that has weights still in the file reads
+    them (as floats, in the parameter's dtype) just before it runs and lets them go as soon as
+    it returns, so that a forward pass (a recipe's calibration) holds one module's weights at
+    a time instead of the model's. Outside the block such modules refuse to run as before."""
+    handles = []
+
+    def read(owner: torch.nn.Module, _args) -> None:
+        kept = owner.__dict__.setdefault("_llmcore_in_file", {})
+        for name, param in list(owner.named_parameters(recurse=False)):
+            form = _FORMS.get(param)
+            if isinstance(form, FileWeight):
+                kept[name] = param
+                floats = form.read_floats(slice(None)).to(param.dtype)
+                setattr(owner, name, torch.nn.Parameter(floats, requires_grad=False))
+
+    def release(owner: torch.nn.Module, _args, _output) -> None:
+        for name, param in owner.__dict__.pop("_llmcore_in_file", {}).items():
+            setattr(owner, name, param)
+
+    for sub in module.modules():
+        if any(isinstance(_FORMS.get(p), FileWeight) for p in sub.parameters(recurse=False)):
+            # first of its pre-hooks: the guard that refuses weights in the file then sees floats
+            handles.append(sub.register_forward_pre_hook(read, prepend=True))
+            handles.append(sub.register_forward_hook(release, always_call=True))
+    try:
+        yield module
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def materialize(module: torch.nn.Module) -> list[str]:
@@ -191,9 +269,9 @@ def _refuse_weights_in_file(module: torch.nn.Module, args) -> None:
             from llmcore.errors import LlmcoreError
 
             raise LlmcoreError(
-                f"{form.source_name} ({form.format}) is still in the checkpoint file: it was loaded for a recipe "
-                "that keeps the file's integers, and has not been read.",
+                f"{form.source_name} ({form.format}) is still in the checkpoint file: it was left there for a "
+                "recipe that reads the file's weights itself, and has not been read.",
                 stage="load",
-                fix="load with LoadOptions(stored_integers=False) for float weights, or read them first with "
-                    "llmcore.stored.materialize(module).",
+                fix="load with LoadOptions(stored_integers=False, weights_in_file=False) for float weights, or read "
+                    "them first with llmcore.stored.materialize(module) (or run within llmcore.stored.read_while_running).",
             )

@@ -284,8 +284,9 @@ class Export:
                     log.say(asked)
                     self.backends_chosen = "; ".join(filter(None, (self.backends_chosen, asked)))
         loaded.stored_weights = {}  # the stored forms travel with the weight tensors now
-        if self.recipe is None or not self.recipe.record.for_quantized_checkpoints:
-            _read_from_file(loaded.module, "no recipe keeps the checkpoint's integers", log)
+        if self.recipe is None or not (self.recipe.record.for_quantized_checkpoints
+                                       or self.recipe.record.reads_weights_in_file):
+            _read_from_file(loaded.module, "no recipe reads them from the checkpoint", log)
         max_seq_len = options.max_seq_len or min(meta.max_seq_len, DEFAULT_MAX_SEQ_LEN)
         if max_seq_len > meta.max_seq_len:
             raise LlmcoreError(
@@ -506,7 +507,7 @@ def _read_from_file(module: Any, why: str, log: StageLog) -> None:
 
     names = stored.materialize(module) if module is not None else []
     if names:
-        log.say(f"{len(names)} quantized weights read as floats ({why}): {', '.join(names[:3])}"
+        log.say(f"{len(names)} weights read from the checkpoint as floats ({why}): {', '.join(names[:3])}"
                 f"{' ...' if len(names) > 3 else ''}")
 
 

@@ -78,6 +78,7 @@ def load_model(plan: "ExportPlan") -> LoadedModel:
         max_seq_len=options.max_seq_len,
         seed=options.seed,
         stored_integers=plan.keeps_integers,
+        weights_in_file=plan.weights_in_file,
     )
     if plan.loader is not None:
         path = Path(options.checkpoint)

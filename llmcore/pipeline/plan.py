@@ -83,6 +83,11 @@ class ExportPlan:
         return self.recipe is not None and bool(self.recipe.record.for_quantized_checkpoints)
 
     @property
+    def weights_in_file(self) -> bool:
+        """Whether the recipe reads weights left in the checkpoint file itself, layer by layer."""
+        return self.recipe is not None and bool(self.recipe.record.reads_weights_in_file)
+
+    @property
     def runs_on(self) -> dict[str, str]:
         """Backend id -> where it runs, for the parity check's word on a backend this runtime lacks."""
         return {p.record.runtime_id: p.record.runs_on for p, _ in self.backends if p.record.runtime_id}

@@ -19,6 +19,7 @@ from llmcore.progress import heap_for_temporaries
 from llmcore.recipe import check_plugin_options, meant_for
 from llmcore.runtime import captured_stderr
 from llmcore.records import Calibration, QuantizerRecipe
+from llmcore.stored import any_in_file, read_while_running
 
 
 def resolve_recipe(name: Optional[str], options: dict, backends: list[str], registry: Registry):
@@ -102,6 +103,12 @@ figures, a little code, a chat turn), so that no evaluation text is ever what a 
 calibrated on."""
 CALIBRATION_CALL_TOKENS = 128
 """Tokens per forward call while calibrating a model with a KV cache."""
+CALIBRATION_CALL_TOKENS_IN_FILE = 512
+"""The same for a model whose weights are still in the checkpoint file: each call reads every
+weight from the file again (:func:`llmcore.stored.read_while_running`), which costs more than
+the longer call's logits (a 1B's 461 calibration tokens in one call: 236 MiB of logits, three
+reads of its 1.5 G weights fewer, 16 s less; docs/performance.md, "Measurements behind the
+code")."""
 
 
 def calibration_for(
@@ -131,8 +138,10 @@ def calibration_for(
         # With a cache, calls of a few tokens see what one long call would (causal attention
         # over the cache), and each call's logits, [tokens, vocab], stay small: hundreds of
         # tokens in one call held their logits at the quantize stage's peak.
-        step = min(call_len, CALIBRATION_CALL_TOKENS) if use_kv_cache else call_len
-        with buffers_restored(module), torch.no_grad(), captured_stderr():
+        per_call = CALIBRATION_CALL_TOKENS_IN_FILE if any_in_file(module) else CALIBRATION_CALL_TOKENS
+        step = min(call_len, per_call) if use_kv_cache else call_len
+        # weights the loader left in the file are read by each module as it runs, then let go
+        with buffers_restored(module), torch.no_grad(), captured_stderr(), read_while_running(module):
             for start in range(0, len(ids), step):
                 tokens = torch.tensor([ids[start:start + step]], dtype=torch.long)
                 # the hooks' and searches' temporaries reuse heap pages within a call, and

@@ -80,8 +80,9 @@ def llmcore_partitioners() -> list[Backend]:
             # layers are theirs (8da8w-layers' quality: docs/performance.md, "int8 rows on the
             # layer operators")
             recipe_defaults={"8da8w": {"outlier_split": False},
-                             # a GGUF's int4 layers two to a byte until taken: an 8B's export fits
-                             "gguf": {"int4_nibbles": True}},
+                             # int4 layers two to a byte until taken: an 8B's export fits
+                             "gguf": {"int4_nibbles": True},
+                             "8da4w": {"int4_nibbles": True}},
         )
     ]
 

@@ -565,8 +565,10 @@ def load_hf(path: Path, options: LoadOptions, arch: HFArchitecture = LLAMA_HF) -
         ) from None
     from safetensors.torch import load_file
 
-    hf: dict = {}
-    for f in files:
+    # left in the file for a recipe that reads it layer by layer: shapes only, until then
+    in_file = _safetensors_in_file(files, options, arch, plugin)
+    hf: dict = {name: torch.empty(entry.shape, device="meta") for name, (_, entry) in in_file.items()}
+    for f in files if not in_file else ():
         if f.suffix == ".bin":  # pytorch_model*.bin: a pickle, read with weights_only
             hf.update(safe_torch_load(f))
             continue
@@ -581,10 +583,11 @@ def load_hf(path: Path, options: LoadOptions, arch: HFArchitecture = LLAMA_HF) -
     if arch.adapt is not None:
         hf = arch.adapt(hf, config)
     sd = hf_to_meta_state_dict(hf, config, plugin, arch.layer_names)
+    stored = _hf_file_weights(in_file, config, sd, arch)
     folder = config_path.parent
     tok_path = find_tokenizer_near(folder)
     tok = resolve_tokenizer(options, (lambda: load_tokenizer_file(tok_path)) if tok_path else None)
-    return finish(
+    loaded = finish(
         config,
         sd,
         tok,
@@ -594,6 +597,77 @@ def load_hf(path: Path, options: LoadOptions, arch: HFArchitecture = LLAMA_HF) -
         file_name=lambda name: hf_name(name, arch.layer_names),
         plugin=plugin,
     )
+    if stored:
+        loaded.stored_weights = stored
+        attach(loaded.module, stored)  # a layer whose weight is still in the file refuses to run
+    return loaded
+
+
+def _safetensors_in_file(files: list[Path], options: LoadOptions, arch: HFArchitecture, plugin: str) -> dict:
+    """For an export whose recipe reads weights in the file (``options.weights_in_file``):
+    Hugging Face name -> ``(reader, entry)`` of every tensor of ``files`` (the 2-D ones stay in
+    the file, :func:`_hf_file_weights` reads the rest). Empty (everything is read as before) for pickles, a family that rewrites tensors at load (``arch.adapt``:
+    Phi-3's fused matrices, Gemma's norms) or a file holding other element types."""
+    from .safetensors_rows import SafetensorsLayoutError, SafetensorsRows
+
+    if not options.weights_in_file or arch.adapt is not None or any(f.suffix != ".safetensors" for f in files):
+        return {}
+    readers = []
+    for f in files:
+        try:
+            readers.append(SafetensorsRows(f))
+        except (SafetensorsLayoutError, OSError, KeyError, TypeError, ValueError) as e:
+            raise load_error(
+                f"could not read {f} as safetensors: {e}",
+                fix="download the file again: it is truncated or damaged (compare its size with the source's).",
+                plugin=plugin,
+            ) from None
+    if any(reader.other for reader in readers):
+        return {}
+    return {name: (reader, entry) for reader in readers for name, entry in reader.entries.items()}
+
+
+def _hf_file_weights(in_file: dict, config: LlamaConfig, sd: dict, arch: HFArchitecture) -> dict:
+    """The decoder's parameter name -> :class:`llmcore.stored.FileWeight` for the tensors
+    :func:`_safetensors_in_file` left in the file; its 1-D tensors (norms, biases) are read
+    into ``sd`` here. Rows of q/k weights are read in Meta's rotary order."""
+    from llmcore.stored import FileWeight
+
+    stored = {}
+    hf_names = {hf_name(meta, arch.layer_names): meta for meta in sd}
+    for name, (reader, entry) in in_file.items():
+        meta = hf_names.get(name)
+        if meta is None:  # e.g. lm_head of a tied model
+            continue
+        if len(entry.shape) != 2:
+            sd[meta] = reader.read(name)
+            heads = _rotary_heads(meta, config)
+            if heads and sd[meta].shape[0] == heads * config.resolved_head_dim:
+                sd[meta] = unpermute_hf_rotary(sd[meta], heads, config.rotary_dim)
+            continue
+        rows = entry.shape[0]
+        heads = _rotary_heads(meta, config)
+        order = None
+        if heads and rows == heads * config.resolved_head_dim:
+            order = unpermute_hf_rotary(torch.arange(rows), heads, config.rotary_dim)
+        stored[meta] = FileWeight(format=entry.dtype, source_name=name, shape=tuple(entry.shape),
+                                  read_floats=_rows_reader(reader, name, order))
+    if stored:
+        next(iter(stored.values())).read_floats(slice(0, 1))  # a damaged file fails at load
+    return stored
+
+
+def _rows_reader(reader, name: str, order: Optional[torch.Tensor]):
+    def read_floats(selected: slice) -> torch.Tensor:
+        if order is None:
+            return reader.read(name, selected).float()
+        wanted = order[selected]
+        if not len(wanted):
+            return reader.read(name, slice(0, 0)).float()
+        low, high = int(wanted.min()), int(wanted.max()) + 1
+        return reader.read(name, slice(low, high))[wanted - low].float()
+
+    return read_floats
 
 
 # --------------------------------------------------------------------------------------

@@ -99,6 +99,15 @@ def _embedding_options(default_bits: int) -> dict:
     }
 
 
+_INT4_NIBBLES_OPTION = (
+    bool,
+    False,
+    "hold the int4 layers' integers two to a byte until a backend that runs int4 itself takes "
+    "them (half their memory during the export of a large model; llmcore-kernels asks for it "
+    "and unpacks what it leaves to XNNPACK)",
+)
+
+
 def _outlier_split_option(default: bool) -> tuple:
     return (
         bool,
@@ -173,7 +182,9 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                 ),
                 "output_bits": (int, 8, "bits of the output layer (tied or not): 8 (per channel) or 4"),
                 "outlier_split": _outlier_split_option(False),
+                "int4_nibbles": _INT4_NIBBLES_OPTION,
             },
+            reads_weights_in_file=True,
         ),
         QuantizerRecipe(
             name="8da8w",
@@ -204,6 +215,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                 "calibration_text": _CALIBRATION_TEXT_OPTION,
                 "outlier_split": _outlier_split_option(True),
             },
+            reads_weights_in_file=True,
         ),
         QuantizerRecipe(
             name="gguf",
@@ -218,13 +230,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             for_quantized_checkpoints=True,
             options={
                 "outlier_split": _outlier_split_option(False),
-                "int4_nibbles": (
-                    bool,
-                    False,
-                    "hold the int4 layers' integers two to a byte until a backend that runs int4 itself takes "
-                    "them (half their memory during the export of a large model; llmcore-kernels asks for it "
-                    "and unpacks what it leaves to XNNPACK)",
-                ),
+                "int4_nibbles": _INT4_NIBBLES_OPTION,
             },
         ),
     ]

@@ -366,7 +366,7 @@ _SCALE_FRACTIONS = torch.linspace(0.7, 1.2, 26).tolist()
 
 
 def int4_blocks_activation_aware(
-    weight: torch.Tensor, block: int, input_energy: torch.Tensor
+    weight: torch.Tensor, block: int, input_energy: torch.Tensor, error: Optional["ErrorSum"] = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int4 per block, ``(q [out, in], scales [out, in/block])``, each block's scale
     the one that minimises the output error its rounding causes rather than the weight error:
@@ -383,7 +383,8 @@ def int4_blocks_activation_aware(
 
     The candidates are rounded to bf16 (XNNPACK's scale type) before they are scored, so the
     chosen scale is the program's. A 1% floor on the energies keeps channels the text never
-    excited from being rounded freely.
+    excited from being rounded freely. With ``error``, the weight error of the result is added
+    to it while each slice of rows is in hand (no second pass over the weight to measure it).
     """
     w = weight.detach().float()
     out_features, in_features = w.shape
@@ -399,8 +400,11 @@ def int4_blocks_activation_aware(
             best_d = _least_output_error(wb, energy, candidates, -8, 7)
             scaled = wb * best_d.reciprocal().unsqueeze(-1)
             rows = slice(start, start + wb.shape[0])
-            q[rows] = torch.round(scaled).clamp_(-8, 7).to(torch.int8).reshape(-1, in_features)
+            rounded = torch.round(scaled).clamp_(-8, 7)
+            q[rows] = rounded.to(torch.int8).reshape(-1, in_features)
             scales[rows] = best_d
+            if error is not None:
+                error.add(rounded.mul_(best_d.unsqueeze(-1)), wb)
     return q, scales
 
 

@@ -37,7 +37,7 @@ from llmcore.errors import LlmcoreError
 from llmcore.progress import WEIGHT_TEMPORARIES, heap_for_temporaries
 from llmcore.records import Calibration
 from llmcore.runtime import torch_threads_after_custom_ops
-from llmcore.stored import IntegerWeight, float_rows, has_integers, in_file, record, stored_form
+from llmcore.stored import IntegerWeight, float_rows, floats, has_integers, in_file, record, stored_form
 from llmcore_xnnpack import qlinear
 from llmcore_xnnpack.torchao_quant import (
     XNNPACK_GROUP_MULTIPLE,
@@ -255,26 +255,41 @@ def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calib
         kept = []
         for name in _linear_names(module):
             linear = module.get_submodule(name)
-            w = linear.weight.detach().float()
-            if name in outputs and options["output_bits"] == 8:
-                new = _int8_layer(linear, w, options["outlier_split"])
-                summary.add("output layer int8 per channel", new, w)
-            else:
-                block = _int4_block(linear, options["group_size"])
-                if block is None:
-                    kept.append(name)
-                    continue
+            if name in outputs and options["output_bits"] == 8:  # read a few rows at a time
+                rounding = qlinear.ErrorSum()
+                new = _int8_layer(linear, float_rows(linear.weight), options["outlier_split"], error=rounding)
+                summary.add("output layer int8 per channel", error=rounding.relative)
+                _replace(module, name, new)
+                continue
+            block = _int4_block(linear, options["group_size"])
+            if block is None:
+                kept.append(name)
+                continue
+            # one layer's floats at a time (read from the checkpoint file if the loader left it
+            # there), their temporaries on heap pages given back after each layer: kept for the
+            # next layer instead, the layers' integers made among them held the heap (a 1B
+            # export's peak 1.5x higher; docs/performance.md, "Measurements behind the code")
+            with heap_for_temporaries(largest=WEIGHT_TEMPORARIES):
+                w = floats(linear.weight)
+                rounding = None
                 if options["asymmetric"]:
                     q, scales, offsets = qlinear.int4_blocks_affine(w, block)
                     kind = "asymmetric int4"
                 elif name in energies:
-                    q, scales = qlinear.int4_blocks_activation_aware(w, block, energies.pop(name))
+                    rounding = qlinear.ErrorSum()
+                    q, scales = qlinear.int4_blocks_activation_aware(w, block, energies.pop(name), rounding)
                     offsets, kind = None, f"int4 (activation-aware scales{calibration_note})"
                 else:
                     q, scales = qlinear.int4_blocks(w, block, options["hqq"])
                     offsets, kind = None, "int4" + (" (HQQ scales)" if options["hqq"] else "")
-                new = qlinear.BlockInt4Linear(q, scales, offsets, linear.bias, options["outlier_split"])
-                summary.add(f"linears {kind} (block {new.block})", new, w)
+                new = qlinear.BlockInt4Linear(q, scales, offsets, linear.bias, options["outlier_split"],
+                                              nibbles=options["int4_nibbles"])
+                q = None
+                if rounding is not None:
+                    summary.add(f"linears {kind} (block {new.block})", error=rounding.relative)
+                else:
+                    summary.add(f"linears {kind} (block {new.block})", new, w)
+                w = None
             _replace(module, name, new)
         if options["embedding_bits"]:  # last: its int8 copy is not held beside every float linear
             quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"],
@@ -304,7 +319,7 @@ def quantize_8da8w(module: nn.Module, options: dict, calibration: Optional[Calib
             quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"])
         for name in _linear_names(module):
             linear = module.get_submodule(name)
-            w = linear.weight.detach().float()
+            w = floats(linear.weight)  # one layer's floats (read from the file if the loader left it there)
             energy = energies.pop(name, None)
             new = _int8_layer(linear, w, options["outlier_split"], energy)
             scales = f" (activation-aware scales{calibration_note})" if energy is not None else ""

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmcore.errors import LlmcoreError
+from llmcore.stored import float_rows, in_file, materialize
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ def quantize_embeddings(module: nn.Module, bits: int, group_size: int, algorithm
         if bits == 8:
             lookup = _int8_row_table(child, group)
         else:
+            materialize(child)  # torchao rounds the whole table: read it from the file if it is there
             lookup = QuantizedLookupEmbedding(child, IntxWeightOnlyConfig(
                 weight_dtype=getattr(torch, f"int{bits}"),
                 granularity=_granularity(group),
@@ -159,10 +161,12 @@ def _int8_row_table(embedding: nn.Embedding, group: int) -> "StoredByteEmbedding
     ``quantize_``, whose full-size fp32 temporaries raised the export's peak
     (docs/performance.md, "Measurements behind the code"); the program's operator is the
     same."""
-    table = int8_row_table(embedding.weight.detach(), embedding.padding_idx, group)
+    table = int8_row_table(float_rows(embedding.weight).detach(), embedding.padding_idx, group)
     # the fp32 table stays readable for code that reads it itself (nanoGPT slices its
-    # position table); the program keeps it only where the graph reads it
-    table.weight = embedding.weight
+    # position table); the program keeps it only where the graph reads it. One still in the
+    # checkpoint file (a recipe reading layer by layer) is not read back for that.
+    if not in_file(embedding.weight):
+        table.weight = embedding.weight
     return table
 
 

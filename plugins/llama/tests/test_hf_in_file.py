@@ -1,0 +1,112 @@
+"""A Hugging Face safetensors folder left in its file for a recipe that reads it layer by layer
+(issue 61: a bf16 folder to ``8da4w`` without the model in fp32).
+
+Authorities: the same folder loaded as before (every tensor read by the safetensors package
+and converted at load), whose tensors the file's reads must equal bit for bit, whole and by
+rows, q/k rows in Meta's rotary order included; and ``8da4w`` run on that float model, whose
+integers, scales and tables the recipe must give unchanged when it reads the file itself.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llama_testutils import TINY, meta_state_dict, random_model, write_hf
+from llmcore import stored
+from llmcore.errors import LlmcoreError
+from llmcore.records import LoadOptions
+from llmcore_llama import loaders
+
+
+def write_folder(folder, dtype, shards=1, tie=False):
+    import dataclasses
+
+    config = dataclasses.replace(TINY, tie_embeddings=tie)
+    sd = {k: v.to(dtype) for k, v in meta_state_dict(random_model(config, std=0.05)).items()}
+    write_hf(folder, sd, config, shards=shards)
+    return folder
+
+
+@pytest.mark.parametrize("dtype, shards, tie", [(torch.bfloat16, 1, True), (torch.float32, 2, False),
+                                                (torch.float16, 1, False)])
+def test_weights_left_in_the_file_read_as_the_float_load(tmp_path, dtype, shards, tie):
+    folder = write_folder(tmp_path / "hf", dtype, shards, tie)
+    options = LoadOptions(max_seq_len=64)
+    floats = loaders.load_hf(folder, options).module.state_dict()
+    loaded = loaders.load_hf(folder, LoadOptions(max_seq_len=64, weights_in_file=True))
+    module = loaded.module
+    matrices = {name for name, p in module.named_parameters() if p.dim() == 2}
+    assert set(loaded.stored_weights) == matrices - ({"output.weight"} if tie else set())
+    assert module.output.weight is module.tok_embeddings.weight if tie else True
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if param.dim() == 2:
+            assert param.device.type == "meta" and stored.in_file(param), name
+            rows = stored.float_rows(param)
+            assert torch.equal(stored.floats(param), floats[name]), name
+            assert torch.equal(rows[3:17], floats[name][3:17]), name  # q/k: a slice across heads' rotary rows
+            assert rows[5:5].shape == (0, param.shape[1])
+        else:
+            assert torch.equal(param, floats[name]), name
+    with pytest.raises(LlmcoreError, match="still in the checkpoint file"):
+        module(torch.tensor([[1, 2, 3]]))
+
+
+def test_a_model_runs_with_its_weights_in_the_file_one_module_at_a_time(tmp_path):
+    folder = write_folder(tmp_path / "hf", torch.bfloat16, tie=True)
+    expected = loaders.load_hf(folder, LoadOptions(max_seq_len=64)).module(torch.tensor([[1, 2, 3, 4]]))
+    module = loaders.load_hf(folder, LoadOptions(max_seq_len=64, weights_in_file=True)).module
+    held = []
+    module.layers[1].feed_forward.w2.register_forward_hook(
+        lambda m, _a, _o: held.append(sum(p.device.type != "meta" for p in module.parameters() if p.dim() == 2)))
+    with torch.no_grad(), stored.read_while_running(module):
+        logits = module(torch.tensor([[1, 2, 3, 4]]))
+    assert torch.equal(logits, expected)
+    assert held == [1]  # while w2 runs, its weight alone of the model's matrices is read
+    assert all(p.device.type == "meta" for p in module.parameters() if p.dim() == 2)
+    with pytest.raises(LlmcoreError, match="still in the checkpoint file"):
+        module(torch.tensor([[1]]))
+
+
+def test_rescaled_weight_in_the_file_reads_scaled(tmp_path):
+    folder = write_folder(tmp_path / "hf", torch.bfloat16)
+    module = loaders.load_hf(folder, LoadOptions(max_seq_len=64, weights_in_file=True)).module
+    w = module.layers[0].attention.wv.weight
+    before = stored.floats(w)
+    rows, cols = torch.rand(w.shape[0]) + 0.5, torch.rand(w.shape[1]) + 0.5
+    assert stored.rescale(w, cols=cols) and stored.rescale(w, rows=rows)
+    assert torch.allclose(stored.floats(w), before * cols / rows.unsqueeze(1), rtol=1e-6, atol=0)
+    assert torch.equal(stored.float_rows(w)[2:9], stored.floats(w)[2:9])
+    assert not stored.rescale(torch.ones(3, 3), cols=torch.ones(3))  # a tensor in memory: the caller scales it
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_8da4w_from_the_file_is_8da4w_of_the_float_model(tmp_path, tie):
+    """Channel scales (folded into norms, v rows, o and MLP columns), activation-aware int4,
+    the int8 output layer and the int8 table: the same integers and scales either way."""
+    import llmcore_xnnpack
+    from llmcore.pipeline.quantize import calibration_for
+    from llmcore_xnnpack.recipes import quantize_8da4w
+
+    recipe = next(r for r in llmcore_xnnpack.llmcore_quantizers() if r.name == "8da4w")
+    assert recipe.reads_weights_in_file
+    options = {key: default for key, (_, default, _) in recipe.options.items()}
+    folder = write_folder(tmp_path / "hf", torch.bfloat16, tie=tie)
+    ids = [int(t) % TINY.vocab_size for t in torch.randint(0, 10**6, (150,), generator=torch.Generator().manual_seed(3))]
+    calibration = calibration_for(lambda _text: ids, 64, 64, False, "8da4w")
+    results = []
+    for in_file in (False, True):
+        module = loaders.load_hf(folder, LoadOptions(max_seq_len=64, weights_in_file=in_file)).module
+        quantize_8da4w(module, {**options, "int4_nibbles": in_file}, calibration)
+        assert not any(stored.in_file(p) for p in module.parameters())
+        if in_file:
+            for layer in module.modules():
+                if hasattr(layer, "unpack_"):
+                    layer.unpack_()
+        results.append(module.state_dict())
+    # the float model's int8 table keeps its fp32 table readable beside it (for code that reads
+    # it itself; the program does not); one read from the file is not read back for that
+    del results[0]["tok_embeddings.weight"]
+    assert results[0].keys() == results[1].keys()
+    for name, value in results[0].items():
+        assert torch.equal(value, results[1][name]), name
