@@ -110,3 +110,12 @@ def test_8da4w_from_the_file_is_8da4w_of_the_float_model(tmp_path, tie):
     assert results[0].keys() == results[1].keys()
     for name, value in results[0].items():
         assert torch.equal(value, results[1][name]), name
+
+
+def test_a_file_cut_short_fails_at_load_in_one_line(tmp_path):
+    folder = write_folder(tmp_path / "hf", torch.bfloat16)
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) - 1000])
+    with pytest.raises(LlmcoreError, match="could not read .*model.safetensors as safetensors: .*beyond the end"):
+        loaders.load_hf(folder, LoadOptions(max_seq_len=64, weights_in_file=True))
