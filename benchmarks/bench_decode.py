@@ -145,7 +145,7 @@ class EagerProgram:
             max_seq_len=max_seq_len,
         )
         registry = load_registry()
-        loaded = load_model(resolve_plan(options, registry))
+        loaded = load_model(resolve_plan(options, registry), floats=True)
         context = TransformContext(loaded.metadata, max_seq_len, options.model, ())
         # eager PyTorch with its own (plain-PyTorch) KV cache: the baseline a user has today
         apply_transforms(loaded, [registry.get("transforms", "kv-cache-static", stage="transform")], context)

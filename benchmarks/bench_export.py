@@ -113,7 +113,7 @@ def write_meta_checkpoint(folder: Path) -> tuple[Path, Path]:
 
     options = ExportOptions(model="llama", checkpoint=smollm2_path(), plugins=["xnnpack"], quantize="8da4w",
                             output=str(folder / "unused.pte"))
-    loaded = load_model(resolve_plan(options, load_registry()))
+    loaded = load_model(resolve_plan(options, load_registry()), floats=True)
     config = loaded.module.config
     state = {k: v.contiguous() for k, v in loaded.module.state_dict().items()
              if k == "output.weight" or k.startswith(("tok_embeddings.", "layers.", "norm."))}

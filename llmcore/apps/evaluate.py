@@ -174,7 +174,7 @@ def eager_reference(report: dict):
     saved = report["options"]
     options = ExportOptions(**{k: v for k, v in saved.items() if k in ExportOptions.__dataclass_fields__})
     registry = load_registry()
-    loaded = load_model(resolve_plan(options, registry))
+    loaded = load_model(resolve_plan(options, registry), floats=True)  # the fp32 model
     context = TransformContext(loaded.metadata, report["model"]["max_seq_len"], options.model, tuple(options.plugins))
     # The plain-PyTorch cache: numerically the model itself, and fast in eager mode
     # (the custom ops' eager kernels are slow and log on every call).

@@ -67,8 +67,10 @@ def checkpoint_format(options: ExportOptions, provided: Provided) -> tuple[Optio
     return None, config
 
 
-def load_model(plan: "ExportPlan") -> LoadedModel:
-    """The plan's model: its checkpoint read by the loader of its format, or its random config built."""
+def load_model(plan: "ExportPlan", *, floats: bool = False) -> LoadedModel:
+    """The plan's model: its checkpoint read by the loader of its format, or its random config
+    built. ``floats``: every weight as floats in memory, whatever the plan's recipe would read
+    from the file or keep as integers (an fp32 reference: ``llmcore eval``'s, a benchmark's)."""
     family: ModelFamily = plan.family.record
     plugin = plan.family.plugin.name
     options = plan.options
@@ -77,8 +79,8 @@ def load_model(plan: "ExportPlan") -> LoadedModel:
         tokenizer_path=Path(options.tokenizer) if options.tokenizer else None,
         max_seq_len=options.max_seq_len,
         seed=options.seed,
-        stored_integers=plan.keeps_integers,
-        weights_in_file=plan.weights_in_file,
+        stored_integers=plan.keeps_integers and not floats,
+        weights_in_file=plan.weights_in_file and not floats,
     )
     if plan.loader is not None:
         path = Path(options.checkpoint)
