@@ -54,14 +54,39 @@ dimension first, the in-place form ExecuTorch's runtime takes), a masked SDPA ov
 
 FORMS: tuple[KVCacheForm, ...] = (CUSTOM_OPS, STATIC)
 
+DEFAULT_CACHE_DTYPE = "fp32"
+CACHE_DTYPES: dict[str, str] = {
+    "fp32": "32-bit floats (the default): keys and values as the model computes them",
+    "bf16": "bfloat16: half the memory of fp32; attention in bfloat16 (queries rounded to it)",
+    "fp16": "float16: half the memory of fp32; attention in float16 (queries rounded to it)",
+    "int8": "8-bit integers with a scale and zero point per position and head: about a quarter of fp32's "
+            "memory; ExecuTorch's llama::custom_quantized_sdpa attends (queries rounded to int8 per token too)",
+}
+"""The element types a cache can keep (``llmcore export --kv-cache-dtype``), with what each
+costs. The cache's bytes are what a decode step's attention reads besides the weights, and
+at a long context the larger part of the program's memory that is not weights."""
+
+CACHE_BYTES_PER_ELEMENT = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0}
+"""Bytes per cached key or value element; ``int8`` adds a float scale and an int8 zero point
+for every ``head_dim`` elements (:func:`cache_bytes`)."""
+
 _CLASSES = {form.module_class.partition(":")[2]: form for form in FORMS}
 
-__all__ = ["CUSTOM_OPS", "FORMS", "KV_CACHE_ATTRIBUTES", "KVCacheForm", "STATIC", "kv_cache_forms", *_CLASSES]
+__all__ = [
+    "CACHE_BYTES_PER_ELEMENT", "CACHE_DTYPES", "CUSTOM_OPS", "DEFAULT_CACHE_DTYPE", "FORMS", "KV_CACHE_ATTRIBUTES",
+    "KVCacheForm", "STATIC", "cache_bytes", "kv_cache_forms", *_CLASSES,
+]
 
 
 def kv_cache_forms() -> tuple[KVCacheForm, ...]:
     """Every form the core's KV-cache transforms produce."""
     return FORMS
+
+
+def cache_bytes(rows: int, n_kv_heads: int, head_dim: int, cache_dtype: str) -> int:
+    """Bytes of one layer's keys and values: ``rows`` positions of ``n_kv_heads`` heads."""
+    per_head = CACHE_BYTES_PER_ELEMENT[cache_dtype] * head_dim + (5 if cache_dtype == "int8" else 0)
+    return int(2 * rows * n_kv_heads * per_head)
 
 
 def __getattr__(name: str) -> Any:

@@ -49,6 +49,9 @@ class ExportOptions:
     """Automatic source transforms not to apply (``--skip-transforms kv-cache``)."""
     max_seq_len: Optional[int] = None
     """Longest sequence the program accepts; the model's own limit by default."""
+    kv_cache_dtype: str = "fp32"
+    """What the KV cache keeps (``--kv-cache-dtype``): ``fp32``, ``bf16``, ``fp16`` or ``int8``
+    (:data:`llmcore.kv_cache.CACHE_DTYPES`)."""
     prompt: str = DEFAULT_PROMPT
     """Example prompt for calibration and the parity check."""
     strict_parity: Optional[float] = None

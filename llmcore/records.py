@@ -247,6 +247,8 @@ class TransformContext:
     options: dict[str, Any] = field(default_factory=dict)
     convention: CallingConvention = CallingConvention()
     """The calling convention so far (the plain one before any transform changed it)."""
+    kv_cache_dtype: str = "fp32"
+    """What a KV cache keeps (``--kv-cache-dtype``, a name of :data:`llmcore.kv_cache.CACHE_DTYPES`)."""
 
     @property
     def first_backend(self) -> Optional[str]:
@@ -316,7 +318,12 @@ class KVCacheForm(Record):
     (a sliding window shorter than ``capacity``, or None), ``slots`` (a sliding layer's ring
     buffer rows, or None: a full-length cache), ``scale`` and ``softcap`` (as
     ``CausalAttention`` has them) and the non-persistent buffers ``k_cache`` and ``v_cache``
-    laid out as ``cache_layout`` says (``S``: ``slots`` or ``capacity`` rows).
+    laid out as ``cache_layout`` says (``S``: ``slots`` or ``capacity`` rows), and ``cache_dtype``
+    (a name of :data:`llmcore.kv_cache.CACHE_DTYPES`: what the buffers hold, as the user chose
+    with ``--kv-cache-dtype``; ``int8`` adds ``k_scales``, ``k_zero_points``, ``v_scales`` and
+    ``v_zero_points``, one per position and head). A backend's transform that swaps a cache for
+    its own keeps that element type or refuses the export; the export checks that the cache
+    the program keeps is of the type asked for.
     """
 
     kind: ClassVar[str] = "kv-cache form"
@@ -339,6 +346,7 @@ class KVCacheForm(Record):
 
 KV_CACHE_ATTRIBUTES = (
     "n_heads", "n_kv_heads", "head_dim", "capacity", "window", "slots", "scale", "softcap", "k_cache", "v_cache",
+    "cache_dtype",
 )
 """What every :class:`KVCacheForm` module has, for a backend's transform to read."""
 

@@ -151,7 +151,7 @@ def test_the_mask_is_computed_once_per_forward_for_all_layers():
                 x = layer(x, x[:, :, :KV], x[:, :, :KV], input_pos).view(1, -1, H, D)
             return x.sum()
 
-    transformed = _apply(TwoLayers(), SimpleNamespace(max_seq_len=8), kv_cache.CUSTOM_OPS)
+    transformed = _apply(TwoLayers(), SimpleNamespace(max_seq_len=8, kv_cache_dtype="fp32"), kv_cache.CUSTOM_OPS)
     model, convention = transformed.module, transformed.convention
     assert convention.max_tokens_per_call == 3 and model.layers[0].k_cache.shape[1] == 5  # ring buffers of 3 + 3 - 1
     assert convention.use_kv_cache and convention.use_sdpa_with_kv_cache

@@ -51,6 +51,8 @@ def export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transforms", help="extra source transforms by name, comma-separated")
     p.add_argument("--skip-transforms", help="automatic source transforms not to apply, e.g. kv-cache")
     p.add_argument("--max-seq-len", type=int, help="longest sequence the program accepts")
+    p.add_argument("--kv-cache-dtype", help="what the KV cache keeps: fp32 (default), bf16, fp16 or int8 "
+                   "(a half or a quarter of fp32's memory, and of what a decode step's attention reads)")
     p.add_argument("--recipe", help="YAML file with the same keys as these flags")
     p.add_argument("--prompt", help="example prompt for calibration and the parity check")
     p.add_argument("--strict-parity", type=float, metavar="TOL", help="fail if max |logit diff| > TOL")
@@ -125,6 +127,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         "transforms": _split(args.transforms),
         "skip_transforms": _split(args.skip_transforms),
         "max_seq_len": args.max_seq_len,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "prompt": args.prompt,
         "strict_parity": args.strict_parity,
         "etrecord": args.etrecord,

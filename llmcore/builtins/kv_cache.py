@@ -33,6 +33,17 @@ matmuls (no fused kernel caps the scores): the custom-op variant writes its cach
 so that the attention has static shapes and lowers into the layer's XNNPACK delegate; the
 plain-PyTorch one over the filled part.
 
+The cache keeps ``cache_dtype`` (``--kv-cache-dtype``, :data:`llmcore.kv_cache.CACHE_DTYPES`).
+``bf16``/``fp16``: keys and values are rounded to 16 bits as they are written, and the
+custom-op cache attends in that type (``custom_sdpa`` takes queries, keys and values of one
+type; the queries are rounded too, the output is fp32 again). ``int8``: each new row of a head
+is rounded to int8 with its own scale and zero point (asymmetric, ``quantized_decomposed``'s
+per-token ops, as ExecuTorch's own quantized cache does), kept in ``k_scales`` /
+``k_zero_points`` (and ``v_``) beside the cache, and ``llama::custom_quantized_sdpa`` attends
+over the integers, the queries rounded to int8 per token as well; the plain-PyTorch cache
+does not take int8 (it would read the whole cache back as floats every step). Soft-capped
+layers and the parity reference read a cache back as floats (:meth:`_CachedAttention.keys_values`).
+
 What a backend plugin may rely on of these classes is declared in :mod:`llmcore.kv_cache`
 (a :class:`~llmcore.records.KVCacheForm` each), which plugins import them from.
 """
@@ -51,12 +62,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmcore import hookimpl, kv_cache as forms
-from llmcore.builtins.executorch_kernels import LLM_CUSTOM_OPS_MODULE
+from llmcore.errors import LlmcoreError
+from llmcore.builtins.executorch_kernels import LLM_CUSTOM_OPS_MODULE, QUANTIZED_KERNELS_MODULE
 from llmcore.modules import CausalAttention, attention_mask, explicit_attention, repeat_kv, replace_modules
 from llmcore.records import CallingConvention, KVCacheForm, SourceTransform, Transformed, TransformContext
 
 # the module whose import registers torch.ops.llama.* (and their runtime kernels)
 CUSTOM_OPS_MODULE = LLM_CUSTOM_OPS_MODULE
+# the module whose import registers torch.ops.quantized_decomposed.* (an int8 cache's rounding)
+QUANTIZED_DECOMPOSED_MODULE = "torch.ao.quantization.fx._decomposed"
 
 
 def _start(input_pos: torch.Tensor, seq_len: int, capacity: int) -> int:
@@ -196,23 +210,71 @@ def _capped_attention(q, keys, values, mask, scale, softcap) -> torch.Tensor:
                               softcap).transpose(1, 2)
 
 
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}
+"""The buffer type of each :data:`llmcore.kv_cache.CACHE_DTYPES` name."""
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x`` ``[..., D]`` as int8 with an fp32 scale and an int8 zero point per row of ``D``
+    (``[..., 1]`` each): the asymmetric per-token rounding ``llama::custom_quantized_sdpa``
+    reads back as ``(q - zero_point) * scale``."""
+    ops = torch.ops.quantized_decomposed
+    scales, zero_points = ops.choose_qparams_per_token_asymmetric.default(x, torch.int8)
+    rounded = ops.quantize_per_token(x, scales, zero_points, -128, 127, torch.int8)
+    return rounded, scales.float(), zero_points.to(torch.int8)
+
+
 class _CachedAttention(nn.Module):
     """What both cached attentions below hold: the heads, the context, the window and its
     ring (``slots``: rows of a sliding layer's cache, None without a window), the scores'
-    scale and soft cap, and the ``k_cache`` / ``v_cache`` buffers, ``batch`` dimensions
-    ahead of [rows, kv heads, head dim]."""
+    scale and soft cap, and the ``k_cache`` / ``v_cache`` buffers of ``cache_dtype``,
+    ``batch`` dimensions ahead of [rows, kv heads, head dim] (an int8 cache's scales and zero
+    points ahead of [rows, kv heads, 1])."""
 
     def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, capacity: int, window: Optional[int],
-                 scale: Optional[float], softcap: Optional[float], slots: Optional[int], batch: tuple[int, ...]):
+                 scale: Optional[float], softcap: Optional[float], slots: Optional[int], batch: tuple[int, ...],
+                 cache_dtype: str = forms.DEFAULT_CACHE_DTYPE):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.capacity = capacity
         self.window = _window(window, capacity)
         self.slots = slots if self.window is not None else None
         self.scale, self.softcap = scale, softcap
+        self.cache_dtype = cache_dtype
+        dtype = TORCH_DTYPES[cache_dtype]
         shape = (*batch, self.slots or capacity, n_kv_heads, head_dim)
-        self.register_buffer("k_cache", untouched_zeros(shape), persistent=False)
-        self.register_buffer("v_cache", untouched_zeros(shape), persistent=False)
+        self.register_buffer("k_cache", untouched_zeros(shape, dtype), persistent=False)
+        self.register_buffer("v_cache", untouched_zeros(shape, dtype), persistent=False)
+        if cache_dtype == "int8":
+            for name in ("k", "v"):
+                self.register_buffer(f"{name}_scales", untouched_zeros((*shape[:-1], 1)), persistent=False)
+                self.register_buffer(f"{name}_zero_points", untouched_zeros((*shape[:-1], 1), torch.int8),
+                                     persistent=False)
+
+    @property
+    def float_cache(self) -> bool:
+        return self.cache_dtype == forms.DEFAULT_CACHE_DTYPE
+
+    def stored(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What the cache keeps of new keys or values ``x``: ``(x,)`` in the cache's float
+        type, or ``(integers, scales, zero points)``."""
+        if self.cache_dtype == "int8":
+            return quantize_rows(x.float())
+        return (x.to(self.k_cache.dtype),)
+
+    def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole cache as fp32 keys and values (an int8 one read back as ``(q - zero
+        point) * scale``)."""
+        if self.cache_dtype == "int8":
+            return tuple((cache.float() - zero_points.float()) * scales for cache, scales, zero_points in (
+                (self.k_cache, self.k_scales, self.k_zero_points), (self.v_cache, self.v_scales, self.v_zero_points)))
+        return self.k_cache.float(), self.v_cache.float()
+
+    def buffers_of(self, name: str) -> tuple[torch.Tensor, ...]:
+        """The buffers ``stored`` values of ``name`` (``"k"``, ``"v"``) go to, in its order."""
+        if self.cache_dtype == "int8":
+            return getattr(self, f"{name}_cache"), getattr(self, f"{name}_scales"), getattr(self, f"{name}_zero_points")
+        return (getattr(self, f"{name}_cache"),)
 
 
 class CustomOpKVAttention(_CachedAttention):
@@ -234,9 +296,11 @@ class CustomOpKVAttention(_CachedAttention):
         scale: Optional[float] = None,
         softcap: Optional[float] = None,
         slots: Optional[int] = None,
+        cache_dtype: str = forms.DEFAULT_CACHE_DTYPE,
     ):
         # [B, S, H, D]: the ops' layout
-        super().__init__(n_heads, n_kv_heads, head_dim, capacity, window, scale, softcap, slots, batch=(1,))
+        super().__init__(n_heads, n_kv_heads, head_dim, capacity, window, scale, softcap, slots, batch=(1,),
+                         cache_dtype=cache_dtype)
         self.masks = masks if masks is not None else WindowMasks(capacity)
         if self.window is not None or softcap is not None:
             self.masks.windows.add((self.window, self.slots))
@@ -245,26 +309,36 @@ class CustomOpKVAttention(_CachedAttention):
         register_llama_ops()
         bsz, seq_len = q.shape[0], q.shape[1]
         start = _start(input_pos, seq_len, self.capacity)
-        if self.slots is None:
-            torch.ops.llama.update_cache(k.float(), self.k_cache, start)
-            torch.ops.llama.update_cache(v.float(), self.v_cache, start)
-        else:
+        if self.slots is not None:
             torch._check(seq_len + self.window - 1 <= self.slots)  # the chunk fits beside the window
             rows = self.masks.rows(input_pos, seq_len, self.slots)
-            torch.ops.llama.update_cache_with_indices(k.float(), self.k_cache, start, rows)
-            torch.ops.llama.update_cache_with_indices(v.float(), self.v_cache, start, rows)
+        for name, new in (("k", k), ("v", v)):
+            for value, buffer in zip(self.stored(new), self.buffers_of(name)):
+                if self.slots is None:
+                    torch.ops.llama.update_cache(value, buffer, start)
+                else:
+                    torch.ops.llama.update_cache_with_indices(value, buffer, start, rows)
         if self.softcap is not None or _PLAIN_ATTENTION.get():
             # over the whole cache, masked: static shapes, which XNNPACK lowers (soft caps;
             # under plain_attention only the eager parity reference runs this)
             mask = self.masks.mask(input_pos, seq_len, self.window, self.slots)
-            y = _capped_attention(q, self.k_cache, self.v_cache, mask, self.scale, self.softcap)
+            keys, values = (self.k_cache, self.v_cache) if self.float_cache else self.keys_values()
+            y = _capped_attention(q, keys, values, mask, self.scale, self.softcap)
             return y.contiguous().view(bsz, -1, self.n_heads * self.head_dim).to(q.dtype)  # -1: a view XNNPACK takes
-        scale = () if self.scale is None else (self.scale,)  # left out: the program as without one
-        if self.window is None:
-            y = torch.ops.llama.custom_sdpa(q.float(), self.k_cache, self.v_cache, start, None, 0.0, True, *scale)
-        else:  # an explicit mask over the whole cache (the op then ignores start and is_causal)
-            mask = self.masks.mask(input_pos, seq_len, self.window, self.slots)
-            y = torch.ops.llama.custom_sdpa(q.float(), self.k_cache, self.v_cache, start, mask, 0.0, False, *scale)
+        # causal from start, or an explicit mask over the whole cache (the op then ignores
+        # start and is_causal)
+        mask = None if self.window is None else self.masks.mask(input_pos, seq_len, self.window, self.slots)
+        causal = self.window is None
+        if self.cache_dtype == "int8":
+            q8, q_scales, q_zero_points = quantize_rows(q.float())
+            y = torch.ops.llama.custom_quantized_sdpa(
+                q8, self.k_cache, self.v_cache, start, mask, 0.0, causal, self.scale, q_zero_points, q_scales,
+                self.k_zero_points, self.k_scales, self.v_zero_points, self.v_scales,
+            )
+        else:
+            scale = () if self.scale is None else (self.scale,)  # left out: the program as without one
+            y = torch.ops.llama.custom_sdpa(q.to(self.k_cache.dtype), self.k_cache, self.v_cache, start, mask, 0.0,
+                                            causal, *scale)
         return y.reshape(bsz, seq_len, self.n_heads * self.head_dim).to(q.dtype)
 
 
@@ -283,10 +357,12 @@ class StaticKVAttention(_CachedAttention):
         scale: Optional[float] = None,
         softcap: Optional[float] = None,
         slots: Optional[int] = None,
+        cache_dtype: str = forms.DEFAULT_CACHE_DTYPE,
     ):
         # [S, H, D], batch of one: the written dimension comes first, which is the form
         # of in-place index_put the ExecuTorch runtime accepts.
-        super().__init__(n_heads, n_kv_heads, head_dim, capacity, window, scale, softcap, slots, batch=())
+        super().__init__(n_heads, n_kv_heads, head_dim, capacity, window, scale, softcap, slots, batch=(),
+                         cache_dtype=cache_dtype)
 
     def forward(self, q, k, v, input_pos: Optional[torch.Tensor] = None):
         bsz, seq_len = q.shape[0], q.shape[1]
@@ -295,8 +371,8 @@ class StaticKVAttention(_CachedAttention):
         if self.slots is not None:
             torch._check(seq_len + self.window - 1 <= self.slots)  # the chunk fits beside the window
         rows = positions if self.slots is None else torch.remainder(positions, self.slots)
-        self.k_cache[rows] = k[0]  # aten.index_put_: re-inplaced by ExecuTorch
-        self.v_cache[rows] = v[0]
+        self.k_cache[rows] = k[0].to(self.k_cache.dtype)  # aten.index_put_: re-inplaced by ExecuTorch
+        self.v_cache[rows] = v[0].to(self.v_cache.dtype)
         if self.slots is None:
             end = start + seq_len
             keys = self.k_cache.narrow(0, 0, end).unsqueeze(0)  # [1, end, H, D]
@@ -307,12 +383,46 @@ class StaticKVAttention(_CachedAttention):
             held = slot_positions(start + seq_len, self.slots)
             mask = attention_mask(positions, held, self.window) & (held >= 0).unsqueeze(0)
         if self.softcap is not None:
-            y = _capped_attention(q, keys, values, mask, self.scale, self.softcap)
-            return y.reshape(bsz, seq_len, self.n_heads * self.head_dim)
+            y = _capped_attention(q, keys.float(), values.float(), mask, self.scale, self.softcap)
+            return y.reshape(bsz, seq_len, self.n_heads * self.head_dim).to(q.dtype)
         n_rep = self.n_heads // self.n_kv_heads
         keys, values = repeat_kv(keys.transpose(1, 2), n_rep), repeat_kv(values.transpose(1, 2), n_rep)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, scale=self.scale)
-        return y.transpose(1, 2).reshape(bsz, seq_len, self.n_heads * self.head_dim)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2).to(keys.dtype), keys, values, attn_mask=mask,
+                                           scale=self.scale)
+        return y.transpose(1, 2).reshape(bsz, seq_len, self.n_heads * self.head_dim).to(q.dtype)
+
+
+@contextmanager
+def caches_in_fp32(module: nn.Module) -> Iterator[None]:
+    """Within it, every cached attention of ``module`` keeps fp32 keys and values (fresh
+    buffers, filled page by page as written), whatever its ``cache_dtype``; the cache it had
+    is back afterwards.
+
+    Why: calibration records the float model's activations, and the channel-scale fold is
+    checked by the float model's logits before and after. A rounded cache is not float
+    arithmetic: an int8 cache's per-token scales do not commute with scaled channels, and
+    the fold check saw that rounding move the logits (a tiny Llama, int8 cache: 0.0015,
+    over the check's 0.001)."""
+    swapped = []
+    for m in module.modules():
+        if isinstance(m, _CachedAttention) and not m.float_cache:
+            kept = {name: getattr(m, name) for name, _ in m.named_buffers(recurse=False)}
+            swapped.append((m, m.cache_dtype, kept))
+            for name in [n for n in kept if n not in ("k_cache", "v_cache")]:
+                delattr(m, name)
+            m.cache_dtype = forms.DEFAULT_CACHE_DTYPE
+            m.k_cache = untouched_zeros(kept["k_cache"].shape)
+            m.v_cache = untouched_zeros(kept["v_cache"].shape)
+    try:
+        yield
+    finally:
+        for m, cache_dtype, kept in swapped:
+            m.cache_dtype = cache_dtype
+            for name, buffer in kept.items():
+                if name in m._buffers:
+                    setattr(m, name, buffer)
+                else:
+                    m.register_buffer(name, buffer, persistent=False)
 
 
 def prefill_chunk(module: nn.Module, capacity: int) -> Optional[int]:
@@ -327,12 +437,14 @@ def prefill_chunk(module: nn.Module, capacity: int) -> Optional[int]:
     return chunk
 
 
-def untouched_zeros(shape) -> torch.Tensor:
-    """fp32 zeros whose memory the system supplies page by page as it is first written
-    (numpy's ``zeros`` is ``calloc``): a cache is resident only as far as a call has filled
-    it. Filled with ``torch.zeros``, every cache was resident at once, beside the float
-    weights at the export's peak."""
-    return torch.from_numpy(np.zeros(shape, dtype=np.float32))
+def untouched_zeros(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Zeros whose memory the system supplies page by page as it is first written (numpy's
+    ``zeros`` is ``calloc``): a cache is resident only as far as a call has filled it. Filled
+    with ``torch.zeros``, every cache was resident at once, beside the float weights at the
+    export's peak. 16-bit types are allocated as int16 and viewed (numpy has no bfloat16)."""
+    if dtype.itemsize == 2 and dtype.is_floating_point:
+        return torch.from_numpy(np.zeros(shape, dtype=np.int16)).view(dtype)
+    return torch.from_numpy(np.zeros(shape, dtype=torch.empty((), dtype=dtype).numpy().dtype))
 
 
 @functools.cache
@@ -341,8 +453,12 @@ def register_llama_ops() -> None:
     a cached attention first runs (export, the parity reference), not when the transform is
     applied: the import is heavy in memory and time (docs/performance.md, "Measurements
     behind the code"), and at transform time it sat on top of the float weights that
-    quantization frees next, raising the export's peak by as much."""
+    quantization frees next, raising the export's peak by as much. Also registers PyTorch's
+    ``quantized_decomposed`` ops, which an int8 cache rounds its rows with, and their out
+    variants (ExecuTorch's quantized kernels), which the program calls."""
     importlib.import_module(CUSTOM_OPS_MODULE)
+    importlib.import_module(QUANTIZED_DECOMPOSED_MODULE)
+    importlib.import_module(QUANTIZED_KERNELS_MODULE)
 
 
 def _apply(module: nn.Module, context: TransformContext, form: KVCacheForm) -> Transformed:
@@ -351,8 +467,17 @@ def _apply(module: nn.Module, context: TransformContext, form: KVCacheForm) -> T
     masks = WindowMasks(capacity)
     chunk = prefill_chunk(module, capacity)
 
+    if context.kv_cache_dtype == "int8" and cls is not CustomOpKVAttention:
+        raise LlmcoreError(
+            f"--kv-cache-dtype int8 needs the {forms.CUSTOM_OPS.name} transform (llama::custom_quantized_sdpa); "
+            f"{form.name} keeps fp32, bf16 or fp16.",
+            stage="transform",
+            fix=f"pass --kv-cache-dtype bf16 or fp16 with {form.name}, or drop --transforms {form.name}.",
+        )
+
     def make(attn: CausalAttention) -> nn.Module:
-        extra = {"scale": attn.scale, "softcap": attn.softcap, "slots": ring_slots(attn.window, chunk, capacity)}
+        extra = {"scale": attn.scale, "softcap": attn.softcap, "slots": ring_slots(attn.window, chunk, capacity),
+                 "cache_dtype": context.kv_cache_dtype}
         if cls is CustomOpKVAttention:
             return cls(attn.n_heads, attn.n_kv_heads, attn.head_dim, capacity, attn.window, masks, **extra)
         return cls(attn.n_heads, attn.n_kv_heads, attn.head_dim, capacity, attn.window, **extra)

@@ -309,12 +309,13 @@ class Export:
     def _transform(self) -> None:
         context = TransformContext(
             metadata=self.metadata, max_seq_len=self.max_seq_len, family=self.plan.family_name,
-            backends=self.plan.backend_names,
+            backends=self.plan.backend_names, kv_cache_dtype=self.plan.options.kv_cache_dtype,
         )
         self.loaded.module = self.module
         with self.log.stage("transform", collect=False):  # load drops no graph
             self.applied, self.convention = transform.apply_transforms(self.loaded, self.plan.transforms, context)
         self.module = self.loaded.module.eval()
+        self.kv_cache = kv_cache_summary(self.module, context.kv_cache_dtype)
         # tokens per call: the context, unless the cache takes fewer at once (ring buffers)
         self.call_len = self.convention.max_tokens_per_call or self.max_seq_len
         self.prompt_ids = self.prompt_ids[: self.call_len]
@@ -469,6 +470,7 @@ class Export:
                 "tokenizer": self.tokenizer.source,
                 "metadata": dataclasses.asdict(meta) | {"chat_template": bool(meta.chat_template)},
                 "max_seq_len": self.max_seq_len,
+                "kv_cache": self.kv_cache,
             },
             "backends": [
                 {"name": p.record.name, "plugin": p.plugin.package, "runtime_id": p.record.runtime_id, "options": o}
@@ -567,6 +569,17 @@ def _tokenizer_config(tokenizer: TextTokenizer, meta: ModelMetadata) -> str:
 
     eos = token(meta.eos_ids[0]) if meta.eos_ids else None
     return tokenizer_config(meta.chat_template, token(meta.bos_id), eos)
+
+
+def kv_cache_summary(module, cache_dtype: str) -> Optional[dict[str, Any]]:
+    """The KV cache the program keeps: its element type, and its bytes once every position
+    is filled (every buffer of the cached attentions: keys, values, an int8 cache's scales and
+    zero points). None: no cache the core made (no cache, or a backend's own)."""
+    caches = [m for m in module.modules() if getattr(m, "cache_dtype", None) is not None]
+    if not caches:
+        return None
+    nbytes = sum(b.numel() * b.element_size() for m in caches for b in m.buffers(recurse=False))
+    return {"dtype": cache_dtype, "layers": len(caches), "bytes": nbytes}
 
 
 def metadata_methods(meta: ModelMetadata, max_seq_len: int, convention: CallingConvention) -> dict[str, Any]:

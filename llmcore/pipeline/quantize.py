@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from llmcore.builtins.kv_cache import caches_in_fp32
 from llmcore.errors import LlmcoreError, read_text_file, stage_errors
 from llmcore.pipeline.parity import buffers_restored
 from llmcore.plugins import Provided, Registry
@@ -141,7 +142,9 @@ def calibration_for(
         per_call = CALIBRATION_CALL_TOKENS_IN_FILE if any_in_file(module) else CALIBRATION_CALL_TOKENS
         step = min(call_len, per_call) if use_kv_cache else call_len
         # weights the loader left in the file are read by each module as it runs, then let go
-        with buffers_restored(module), torch.no_grad(), captured_stderr(), read_while_running(module):
+        # the float model: a cache of another type (--kv-cache-dtype) keeps fp32 meanwhile
+        with buffers_restored(module), torch.no_grad(), captured_stderr(), read_while_running(module), \
+                caches_in_fp32(module):
             for start in range(0, len(ids), step):
                 tokens = torch.tensor([ids[start:start + step]], dtype=torch.long)
                 # the hooks' and searches' temporaries reuse heap pages within a call, and

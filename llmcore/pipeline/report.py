@@ -87,6 +87,10 @@ def format_summary(report: dict[str, Any]) -> str:
     total = sum(s["wall_s"] for s in report["stages"])
     peak = max((s["peak_rss_mib"] for s in report["stages"]), default=0.0)
     wrote = f"wrote {files['pte']} ({files['pte_bytes'] / 2**20:.2f} MiB) in {total:.1f}s, peak RSS {peak:.0f} MiB\n"
+    cache = report.get("model", {}).get("kv_cache")
+    if cache:
+        wrote += (f"KV cache: {cache['dtype']}, {cache['bytes'] / 2**20:.2f} MiB for {report['model']['max_seq_len']} "
+                  f"positions ({cache['layers']} layers)\n")
     if "skipped" in parity:
         return wrote + f"parity vs {parity['reference']}: skipped ({parity['skipped']})"
     ties = parity.get("near_ties") or 0

@@ -1,5 +1,12 @@
 // llama::update_cache.out, llama::update_cache_with_indices.out and llama::custom_sdpa.out
-// for llmcore_runner (see llm_ops.h).
+// for llmcore_runner (see llm_ops.h), and llama::custom_quantized_sdpa.out.
+//
+// Caches of four element types (--kv-cache-dtype): float32, float16, bfloat16 and int8
+// with a float scale and an int8 zero point per (position, kv head). The attention reads
+// keys and values through a row reader per type (F32Rows, F16Rows, Bf16Rows, Int8Rows)
+// that widens eight elements at a time to float32 in registers: the cache stays narrow in
+// memory, which is what a decode step at a long context waits on, and the arithmetic is
+// the float32 kernel's. Queries (and a 16-bit call's output) go through float32 buffers.
 //
 // Attention: each work item is one (batch, kv head, block of up to kRowBlock query rows,
 // slice of the keys). It holds every query head that reads that kv head (grouped-query
@@ -121,25 +128,86 @@ LLMCORE_INLINE v8f exp_nonpositive(v8f x) {
   return p * two_n;
 }
 
-// Four dot products q . k_t (t = 0..3) of length d, in independent accumulators.
-LLMCORE_INLINE void dot4(const float* q, const float* k0, const float* k1, const float* k2, const float* k3, int64_t d,
-                 float out[4]) {
+// Row readers: row j of one kv head's keys or values, eight elements from column c
+// widened to float32 (load), or one (at). Built for (batch b, kv head g) of a cache laid
+// out [B, S, H_kv, D] (an int8 cache's scales and zero points [B, S, H_kv, 1]).
+struct F32Rows {
+  const float* p;
+  int64_t stride;
+  LLMCORE_INLINE v8f load(int64_t j, int64_t c) const { return load8(p + j * stride + c); }
+  LLMCORE_INLINE float at(int64_t j, int64_t c) const { return p[j * stride + c]; }
+};
+
+typedef uint16_t v8u16 __attribute__((vector_size(16)));
+struct Bf16Rows {  // bfloat16: the high half of a float32's bits
+  const uint16_t* p;
+  int64_t stride;
+  LLMCORE_INLINE v8f load(int64_t j, int64_t c) const {
+    v8u16 h;
+    std::memcpy(&h, p + j * stride + c, sizeof(h));
+    const v8i bits = __builtin_convertvector(h, v8i) << 16;
+    v8f x;
+    std::memcpy(&x, &bits, sizeof(x));
+    return x;
+  }
+  LLMCORE_INLINE float at(int64_t j, int64_t c) const {
+    const uint32_t bits = static_cast<uint32_t>(p[j * stride + c]) << 16;
+    float x;
+    std::memcpy(&x, &bits, sizeof(x));
+    return x;
+  }
+};
+
+typedef _Float16 v8h __attribute__((vector_size(16)));
+struct F16Rows {  // IEEE half: one vcvtph2ps in the x86-64-v3 build (F16C)
+  const _Float16* p;
+  int64_t stride;
+  LLMCORE_INLINE v8f load(int64_t j, int64_t c) const {
+    v8h h;
+    std::memcpy(&h, p + j * stride + c, sizeof(h));
+    return __builtin_convertvector(h, v8f);
+  }
+  LLMCORE_INLINE float at(int64_t j, int64_t c) const { return static_cast<float>(p[j * stride + c]); }
+};
+
+typedef int8_t v8i8 __attribute__((vector_size(8)));
+struct Int8Rows {  // (q - zero_point) * scale, one scale and zero point per row
+  const int8_t* p;
+  int64_t stride;
+  const float* scales;
+  const int8_t* zero_points;
+  int64_t meta_stride;  // kv heads: the scales' and zero points' stride between rows
+  LLMCORE_INLINE v8f load(int64_t j, int64_t c) const {
+    v8i8 q;
+    std::memcpy(&q, p + j * stride + c, sizeof(q));
+    const v8f x = __builtin_convertvector(q, v8f);
+    return (x - splat(static_cast<float>(zero_points[j * meta_stride]))) * splat(scales[j * meta_stride]);
+  }
+  LLMCORE_INLINE float at(int64_t j, int64_t c) const {
+    return (static_cast<float>(p[j * stride + c]) - static_cast<float>(zero_points[j * meta_stride])) *
+           scales[j * meta_stride];
+  }
+};
+
+// Four dot products q . k_j (j = j0..j0+3) of length d, in independent accumulators.
+template <class Rows>
+LLMCORE_INLINE void dot4(const float* q, const Rows& k, int64_t j0, int64_t d, float out[4]) {
   v8f a0 = splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
   int64_t c = 0;
   for (; c + kVec <= d; c += kVec) {
     const v8f x = load8(q + c);
-    a0 += x * load8(k0 + c);
-    a1 += x * load8(k1 + c);
-    a2 += x * load8(k2 + c);
-    a3 += x * load8(k3 + c);
+    a0 += x * k.load(j0, c);
+    a1 += x * k.load(j0 + 1, c);
+    a2 += x * k.load(j0 + 2, c);
+    a3 += x * k.load(j0 + 3, c);
   }
   const v4f sums = hsum4(a0, a1, a2, a3);
   float s0 = sums[0], s1 = sums[1], s2 = sums[2], s3 = sums[3];
   for (; c < d; ++c) {
-    s0 += q[c] * k0[c];
-    s1 += q[c] * k1[c];
-    s2 += q[c] * k2[c];
-    s3 += q[c] * k3[c];
+    s0 += q[c] * k.at(j0, c);
+    s1 += q[c] * k.at(j0 + 1, c);
+    s2 += q[c] * k.at(j0 + 2, c);
+    s3 += q[c] * k.at(j0 + 3, c);
   }
   out[0] = s0;
   out[1] = s1;
@@ -147,25 +215,25 @@ LLMCORE_INLINE void dot4(const float* q, const float* k0, const float* k1, const
   out[3] = s3;
 }
 
-LLMCORE_INLINE float dot1(const float* q, const float* k, int64_t d) {
+template <class Rows>
+LLMCORE_INLINE float dot1(const float* q, const Rows& k, int64_t j, int64_t d) {
   v8f a = splat(0.0f);
   int64_t c = 0;
-  for (; c + kVec <= d; c += kVec) a += load8(q + c) * load8(k + c);
+  for (; c + kVec <= d; c += kVec) a += load8(q + c) * k.load(j, c);
   float s = hsum(a);
-  for (; c < d; ++c) s += q[c] * k[c];
+  for (; c < d; ++c) s += q[c] * k.at(j, c);
   return s;
 }
 
-// o[0 .. T*8) += sum_j p[j] * v_j[0 .. T*8) over n value rows (`stride` floats apart),
-// the output held in T registers for all n rows: stored once, not once per row.
-template <int T>
-LLMCORE_INLINE void weighted_rows(float* o, const float* v, int64_t stride, const float* p, int64_t n) {
+// o[0 .. T*8) += sum_j p[j] * v_{j0+j}[c .. c + T*8) over n value rows, the output held in
+// T registers for all n rows: stored once, not once per row.
+template <int T, class Rows>
+LLMCORE_INLINE void weighted_rows(float* o, const Rows& v, int64_t j0, int64_t c, const float* p, int64_t n) {
   v8f acc[T];
   for (int t = 0; t < T; ++t) acc[t] = load8(o + t * kVec);
   for (int64_t j = 0; j < n; ++j) {
     const v8f w = splat(p[j]);
-    const float* vj = v + j * stride;
-    for (int t = 0; t < T; ++t) acc[t] += w * load8(vj + t * kVec);
+    for (int t = 0; t < T; ++t) acc[t] += w * v.load(j0 + j, c + t * kVec);
   }
   for (int t = 0; t < T; ++t) store8(o + t * kVec, acc[t]);
 }
@@ -211,10 +279,18 @@ LLMCORE_INLINE float softmax_row(float* s, int64_t n, float* max_out) {
   return sum;
 }
 
+// The element type of a call's keys and values.
+enum class KvType { f32, f16, bf16, i8 };
+
 struct Attention {
   const float* q;
-  const float* k;
-  const float* v;
+  const void* k;
+  const void* v;
+  KvType kv_type;
+  const float* k_scales;  // i8 only: [batch, kv_len, n_kv_heads] each
+  const int8_t* k_zero_points;
+  const float* v_scales;
+  const int8_t* v_zero_points;
   float* out;
   int64_t batch, q_len, n_heads, head_dim;  // q and out: [batch, q_len, n_heads, head_dim]
   int64_t kv_len, n_kv_heads;               // k and v: [batch, kv_len, n_kv_heads, head_dim]
@@ -238,6 +314,33 @@ LLMCORE_INLINE int64_t key_block(int64_t d) { return std::max<int64_t>(4, (2048 
 // One work item: batch b, kv head g with the `group` query heads that read it, query rows
 // [i0, i1), keys [chunk * chunk_keys, +chunk_keys). Query vector qv = r * group + hh is
 // row i0 + r of head g * group + hh.
+template <class Rows>
+Rows rows_of(const Attention& a, const void* base, const float* scales, const int8_t* zero_points, int64_t b,
+             int64_t g);
+template <>
+LLMCORE_INLINE F32Rows rows_of(const Attention& a, const void* base, const float*, const int8_t*, int64_t b, int64_t g) {
+  return {static_cast<const float*>(base) + (b * a.kv_len * a.n_kv_heads + g) * a.head_dim, a.n_kv_heads * a.head_dim};
+}
+template <>
+LLMCORE_INLINE Bf16Rows rows_of(const Attention& a, const void* base, const float*, const int8_t*, int64_t b,
+                                int64_t g) {
+  return {static_cast<const uint16_t*>(base) + (b * a.kv_len * a.n_kv_heads + g) * a.head_dim,
+          a.n_kv_heads * a.head_dim};
+}
+template <>
+LLMCORE_INLINE F16Rows rows_of(const Attention& a, const void* base, const float*, const int8_t*, int64_t b, int64_t g) {
+  return {static_cast<const _Float16*>(base) + (b * a.kv_len * a.n_kv_heads + g) * a.head_dim,
+          a.n_kv_heads * a.head_dim};
+}
+template <>
+LLMCORE_INLINE Int8Rows rows_of(const Attention& a, const void* base, const float* scales, const int8_t* zero_points,
+                                int64_t b, int64_t g) {
+  const int64_t row0 = b * a.kv_len * a.n_kv_heads + g;
+  return {static_cast<const int8_t*>(base) + row0 * a.head_dim, a.n_kv_heads * a.head_dim, scales + row0,
+          zero_points + row0, a.n_kv_heads};
+}
+
+template <class Rows>
 LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t i1,
                                       int64_t chunk, std::vector<float>& scratch) {
   const int64_t d = a.head_dim, G = a.group;
@@ -256,9 +359,8 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
   float* maxes = scores + nq * span;
   float* sums = maxes + nq;
 
-  const int64_t kv_row_stride = a.n_kv_heads * d;
-  const float* k0 = a.k + (b * a.kv_len * a.n_kv_heads + g) * d;
-  const float* v0 = a.v + (b * a.kv_len * a.n_kv_heads + g) * d;
+  const Rows keys = rows_of<Rows>(a, a.k, a.k_scales, a.k_zero_points, b, g);
+  const Rows values = rows_of<Rows>(a, a.v, a.v_scales, a.v_zero_points, b, g);
   auto query = [&](int64_t qv) { return a.q + ((b * a.q_len + i0 + qv / G) * a.n_heads + g * G + qv % G) * d; };
   // Where query vector qv's output goes: out itself, or its slice's partial row.
   const int64_t partial_row = d + 2;
@@ -279,12 +381,11 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
       float* sr = scores + qv * span;
       int64_t j = jb;
       for (; j + 4 <= hi; j += 4) {
-        const float* kj = k0 + j * kv_row_stride;
         float dots[4];
-        dot4(qr, kj, kj + kv_row_stride, kj + 2 * kv_row_stride, kj + 3 * kv_row_stride, d, dots);
+        dot4(qr, keys, j, d, dots);
         for (int t = 0; t < 4; ++t) sr[j - j0 + t] = dots[t] * a.scale;
       }
-      for (; j < hi; ++j) sr[j - j0] = dot1(qr, k0 + j * kv_row_stride, d) * a.scale;
+      for (; j < hi; ++j) sr[j - j0] = dot1(qr, keys, j, d) * a.scale;
     }
   }
   for (int64_t qv = 0; qv < nq; ++qv) {
@@ -308,22 +409,21 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
   // accumulated in registers, 64 channels at a time, over a whole block of keys.
   for (int64_t jb = j0; jb < j1; jb += blk) {
     const int64_t je = std::min(j1, jb + blk);
-    const float* vb = v0 + jb * kv_row_stride;
     for (int64_t qv = 0; qv < nq; ++qv) {
       const int64_t n = std::min(je, end[qv / G]) - jb;
       if (n <= 0) continue;
       const float* p = scores + qv * span + (jb - j0);
       float* orow = output(qv);
       int64_t c = 0;
-      for (; c + 8 * kVec <= d; c += 8 * kVec) weighted_rows<8>(orow + c, vb + c, kv_row_stride, p, n);
+      for (; c + 8 * kVec <= d; c += 8 * kVec) weighted_rows<8>(orow + c, values, jb, c, p, n);
       if (c + 4 * kVec <= d) {
-        weighted_rows<4>(orow + c, vb + c, kv_row_stride, p, n);
+        weighted_rows<4>(orow + c, values, jb, c, p, n);
         c += 4 * kVec;
       }
-      for (; c + kVec <= d; c += kVec) weighted_rows<1>(orow + c, vb + c, kv_row_stride, p, n);
+      for (; c + kVec <= d; c += kVec) weighted_rows<1>(orow + c, values, jb, c, p, n);
       for (; c < d; ++c) {
         float acc = orow[c];
-        for (int64_t j = 0; j < n; ++j) acc += p[j] * vb[j * kv_row_stride + c];
+        for (int64_t j = 0; j < n; ++j) acc += p[j] * values.at(jb + j, c);
         orow[c] = acc;
       }
     }
@@ -341,26 +441,40 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
   }
 }
 
-// attend_block's two compilations, and the one this process runs (cpu_isa.h).
+// attend_block's two compilations per element type, and the ones this process runs (cpu_isa.h).
 using AttendBlock = void (*)(const Attention&, int64_t, int64_t, int64_t, int64_t, int64_t, std::vector<float>&);
 
+template <class Rows>
 void attend_block_baseline(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t i1, int64_t chunk,
                            std::vector<float>& scratch) {
-  attend_block_body(a, b, g, i0, i1, chunk, scratch);
+  attend_block_body<Rows>(a, b, g, i0, i1, chunk, scratch);
 }
 
 #if LLMCORE_X86_64_V3
+template <class Rows>
 __attribute__((target("arch=x86-64-v3"))) void attend_block_v3(const Attention& a, int64_t b, int64_t g, int64_t i0,
                                                                int64_t i1, int64_t chunk, std::vector<float>& scratch) {
-  attend_block_body(a, b, g, i0, i1, chunk, scratch);
+  attend_block_body<Rows>(a, b, g, i0, i1, chunk, scratch);
 }
 #endif
 
+template <class Rows>
 AttendBlock attend_block_for_this_cpu() {
 #if LLMCORE_X86_64_V3
-  if (kernels_isa() >= Isa::avx2) return attend_block_v3;
+  if (kernels_isa() >= Isa::avx2) return attend_block_v3<Rows>;
 #endif
-  return attend_block_baseline;
+  return attend_block_baseline<Rows>;
+}
+
+AttendBlock attend_block_for(KvType type) {
+  static const AttendBlock f32 = attend_block_for_this_cpu<F32Rows>(), f16 = attend_block_for_this_cpu<F16Rows>(),
+                           bf16 = attend_block_for_this_cpu<Bf16Rows>(), i8 = attend_block_for_this_cpu<Int8Rows>();
+  switch (type) {
+    case KvType::f16: return f16;
+    case KvType::bf16: return bf16;
+    case KvType::i8: return i8;
+    default: return f32;
+  }
 }
 
 // How many slices to cut each item's keys into. A decode step has one item per (batch,
@@ -420,7 +534,7 @@ void attend(Attention& a) {
   // in order, so the row blocks go last to first: the dearest items first, the cheapest
   // ones fill in at the end (docs/performance.md, "What was tried": a causal prompt's row
   // blocks last to first).
-  static const AttendBlock attend_block = attend_block_for_this_cpu();
+  const AttendBlock attend_block = attend_block_for(a.kv_type);
   kernel_parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scratch;
     for (int64_t it = begin; it < end; ++it) {
@@ -437,12 +551,156 @@ void attend(Attention& a) {
 
 const char* dtype_name(ScalarType t) { return executorch::runtime::toString(t); }
 
+// The element types a cache may keep (--kv-cache-dtype), each copied as bytes.
+bool cache_type(ScalarType t) {
+  return t == ScalarType::Float || t == ScalarType::Half || t == ScalarType::BFloat16 || t == ScalarType::Char;
+}
+
+float bf16_to_float(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float x;
+  std::memcpy(&x, &bits, sizeof(x));
+  return x;
+}
+
+uint16_t float_to_bf16(float x) {  // round to nearest even (PyTorch's rounding; NaN stays NaN)
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// Query rows of a 16-bit call as float32, and its float32 output as 16 bits again.
+void widen(const Tensor& t, float* out) {
+  const int64_t n = t.numel();
+  if (t.scalar_type() == ScalarType::BFloat16) {
+    const uint16_t* src = static_cast<const uint16_t*>(t.const_data_ptr());
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(src[i]);
+  } else {
+    const _Float16* src = static_cast<const _Float16*>(t.const_data_ptr());
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(src[i]);
+  }
+}
+
+void narrow(const float* src, Tensor& t) {
+  const int64_t n = t.numel();
+  if (t.scalar_type() == ScalarType::BFloat16) {
+    uint16_t* dst = static_cast<uint16_t*>(t.mutable_data_ptr());
+    for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+  } else {
+    _Float16* dst = static_cast<_Float16*>(t.mutable_data_ptr());
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<_Float16>(src[i]);
+  }
+}
+
+// The shape, mask and argument checks custom_sdpa and custom_quantized_sdpa share; the
+// caller has checked the element types. False: ctx holds the failure.
+bool check_attention(KernelRuntimeContext& ctx, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                     int64_t start_pos, const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal,
+                     std::optional<double> scale, Tensor& out) {
+  ET_KERNEL_CHECK_MSG(ctx, !(attn_mask.has_value() && is_causal), InvalidArgument, false,
+                      "%s: attn_mask and is_causal cannot both be set (the mask says what is seen)", op);
+  ET_KERNEL_CHECK_MSG(ctx, dropout_p == 0.0, InvalidArgument, false, "%s: dropout_p must be 0 (got %f)", op, dropout_p);
+  ET_KERNEL_CHECK_MSG(ctx, q.dim() == 4 && k.dim() == 4 && v.dim() == 4, InvalidArgument, false,
+                      "%s: query, key and value must be 4-D [B, S, H, D]", op);
+  ET_KERNEL_CHECK_MSG(ctx, k.sizes() == v.sizes(), InvalidArgument, false, "%s: key and value must have one shape", op);
+  const int64_t batch = q.size(0), q_len = q.size(1), n_heads = q.size(2), head_dim = q.size(3);
+  const int64_t kv_len = k.size(1), n_kv_heads = k.size(2);
+  ET_KERNEL_CHECK_MSG(ctx, k.size(0) == batch && k.size(3) == head_dim, InvalidArgument, false,
+                      "%s: key [%lld, %lld, %lld, %lld] does not match query [%lld, %lld, %lld, %lld] "
+                      "in batch or head size",
+                      op, (long long)k.size(0), (long long)kv_len, (long long)n_kv_heads, (long long)k.size(3),
+                      (long long)batch, (long long)q_len, (long long)n_heads, (long long)head_dim);
+  ET_KERNEL_CHECK_MSG(ctx, n_kv_heads > 0 && n_heads % n_kv_heads == 0, InvalidArgument, false,
+                      "%s: %lld query heads are not a multiple of %lld key/value heads", op, (long long)n_heads,
+                      (long long)n_kv_heads);
+  // with a mask, positions are the mask's business (a ring buffer holds later ones than its length)
+  ET_KERNEL_CHECK_MSG(ctx, attn_mask.has_value() || (start_pos >= 0 && start_pos + q_len <= kv_len), InvalidArgument,
+                      false, "%s: positions [%lld, %lld) are outside the cache's %lld", op, (long long)start_pos,
+                      (long long)(start_pos + q_len), (long long)kv_len);
+  ET_KERNEL_CHECK_MSG(ctx, !scale.has_value() || std::isfinite(*scale), InvalidArgument, false,
+                      "%s: scale must be finite", op);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, q.sizes()) == Error::Ok, InvalidArgument, false);
+  ET_KERNEL_CHECK_MSG(ctx, dense(q) && dense(k) && dense(v) && dense(out), InvalidArgument, false,
+                      "%s: query, key, value and out must be contiguous", op);
+  if (attn_mask.has_value()) {
+    const Tensor& m = *attn_mask;
+    ET_KERNEL_CHECK_MSG(ctx, m.scalar_type() == ScalarType::Float && m.dim() == 2 && m.size(0) == q_len &&
+                                 m.size(1) == kv_len && dense(m),
+                        InvalidArgument, false,
+                        "%s: attn_mask must be a contiguous float32 [%lld, %lld] (query rows x cache rows)", op,
+                        (long long)q_len, (long long)kv_len);
+  }
+  ET_KERNEL_CHECK_MSG(ctx, q.numel() == 0 || head_dim > 0, InvalidArgument, false, "%s: head size must be positive",
+                      op);
+  return true;
+}
+
+// Attention of float32 queries q over keys and values of `type` (checked), into float32 out.
+void attend_checked(const Tensor& q_shape, const float* q, const Tensor& k, const Tensor& v, KvType type,
+                    int64_t start_pos, const std::optional<Tensor>& attn_mask, bool is_causal,
+                    std::optional<double> scale, float* out, const float* k_scales = nullptr,
+                    const int8_t* k_zero_points = nullptr, const float* v_scales = nullptr,
+                    const int8_t* v_zero_points = nullptr) {
+  Attention a;
+  a.q = q;
+  a.k = k.const_data_ptr();
+  a.v = v.const_data_ptr();
+  a.kv_type = type;
+  a.k_scales = k_scales;
+  a.k_zero_points = k_zero_points;
+  a.v_scales = v_scales;
+  a.v_zero_points = v_zero_points;
+  a.out = out;
+  a.batch = q_shape.size(0);
+  a.q_len = q_shape.size(1);
+  a.n_heads = q_shape.size(2);
+  a.head_dim = q_shape.size(3);
+  a.kv_len = k.size(1);
+  a.n_kv_heads = k.size(2);
+  a.start_pos = start_pos;
+  a.causal = is_causal;
+  a.mask = attn_mask.has_value() ? attn_mask->const_data_ptr<float>() : nullptr;
+  a.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(a.head_dim)));
+  a.group = a.n_heads / a.n_kv_heads;
+  a.row_blocks = (a.q_len + kRowBlock - 1) / kRowBlock;
+  a.partial = nullptr;
+  attend(a);
+}
+
+// A cache write: value's rows to the cache rows `row_of(b, s)` gives, as bytes.
+template <class RowOf>
+void copy_rows(const Tensor& value, Tensor& cache, RowOf row_of, bool shared) {
+  const int64_t seq = value.size(1), capacity = cache.size(1);
+  const int64_t row = value.size(2) * value.size(3) * static_cast<int64_t>(value.element_size());  // bytes
+  const char* src = static_cast<const char*>(value.const_data_ptr());
+  char* dst = static_cast<char*>(cache.mutable_data_ptr());
+  auto copy = [&](int64_t b, int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1;) {  // runs of consecutive cache rows in one memcpy
+      const int64_t first = row_of(b, s);
+      int64_t n = 1;
+      while (s + n < s1 && row_of(b, s + n) == first + n) ++n;
+      std::memcpy(dst + (b * capacity + first) * row, src + (b * seq + s) * row, static_cast<size_t>(n * row));
+      s += n;
+    }
+  };
+  const int64_t threads = kernel_thread_count();
+  for (int64_t b = 0; b < value.size(0); ++b) {
+    if (shared && threads > 1 && seq * row >= kSharedCopyBytes) {
+      kernel_parallel_for(0, seq, (seq + threads - 1) / threads, [&](int64_t s0, int64_t s1) { copy(b, s0, s1); });
+    } else {
+      copy(b, 0, seq);
+    }
+  }
+}
+
 }  // namespace
 
 Tensor& update_cache_out(KernelRuntimeContext& ctx, const Tensor& value, Tensor& cache, int64_t start_pos,
                          Tensor& out) {
-  ET_KERNEL_CHECK_MSG(ctx, value.scalar_type() == ScalarType::Float && cache.scalar_type() == ScalarType::Float,
-                      InvalidType, out, "llama::update_cache: llmcore's kernel takes float32 only (value %s, cache %s)",
+  const bool types = value.scalar_type() == cache.scalar_type() && cache_type(value.scalar_type());
+  ET_KERNEL_CHECK_MSG(ctx, types, InvalidType, out,
+                      "llama::update_cache: takes float32, float16, bfloat16 or int8 alike (value %s, cache %s)",
                       dtype_name(value.scalar_type()), dtype_name(cache.scalar_type()));
   ET_KERNEL_CHECK_MSG(ctx, value.dim() == 4 && cache.dim() == 4, InvalidArgument, out,
                       "llama::update_cache: value and cache must be 4-D [B, S, H, D] (got %zd-D and %zd-D)",
@@ -460,30 +718,17 @@ Tensor& update_cache_out(KernelRuntimeContext& ctx, const Tensor& value, Tensor&
                       (long long)start_pos, (long long)(start_pos + seq), (long long)capacity);
   ET_KERNEL_CHECK_MSG(ctx, dense(value) && dense(cache), InvalidArgument, out,
                       "llama::update_cache: value and cache must be contiguous");
-  const int64_t row = value.size(2) * value.size(3);  // floats per position
-  const float* src = value.const_data_ptr<float>();
-  float* dst = cache.mutable_data_ptr<float>();
-  auto copy = [&](int64_t b, int64_t s0, int64_t s1) {
-    std::memcpy(dst + (b * capacity + start_pos + s0) * row, src + (b * seq + s0) * row,
-                sizeof(float) * (s1 - s0) * row);
-  };
-  const int64_t threads = kernel_thread_count();
-  for (int64_t b = 0; b < value.size(0); ++b) {
-    if (threads > 1 && static_cast<int64_t>(sizeof(float)) * seq * row >= kSharedCopyBytes) {
-      kernel_parallel_for(0, seq, (seq + threads - 1) / threads, [&](int64_t s0, int64_t s1) { copy(b, s0, s1); });
-    } else {
-      copy(b, 0, seq);
-    }
-  }
+  copy_rows(value, cache, [&](int64_t, int64_t s) { return start_pos + s; }, /*shared=*/true);
   return out;
 }
 
 Tensor& update_cache_with_indices_out(KernelRuntimeContext& ctx, const Tensor& value, Tensor& cache,
                                       int64_t start_pos, const Tensor& indices, Tensor& out) {
   (void)start_pos;  // the rows come from indices
-  ET_KERNEL_CHECK_MSG(ctx, value.scalar_type() == ScalarType::Float && cache.scalar_type() == ScalarType::Float,
-                      InvalidType, out,
-                      "llama::update_cache_with_indices: llmcore's kernel takes float32 only (value %s, cache %s)",
+  const bool types = value.scalar_type() == cache.scalar_type() && cache_type(value.scalar_type());
+  ET_KERNEL_CHECK_MSG(ctx, types, InvalidType, out,
+                      "llama::update_cache_with_indices: takes float32, float16, bfloat16 or int8 alike (value %s, "
+                      "cache %s)",
                       dtype_name(value.scalar_type()), dtype_name(cache.scalar_type()));
   ET_KERNEL_CHECK_MSG(ctx, indices.scalar_type() == ScalarType::Long, InvalidType, out,
                       "llama::update_cache_with_indices: indices must be int64 (got %s)",
@@ -503,90 +748,92 @@ Tensor& update_cache_with_indices_out(KernelRuntimeContext& ctx, const Tensor& v
   ET_KERNEL_CHECK_MSG(ctx, dense(value) && dense(cache) && dense(indices), InvalidArgument, out,
                       "llama::update_cache_with_indices: value, cache and indices must be contiguous");
   const int64_t seq = value.size(1), capacity = cache.size(1);
-  const int64_t row = value.size(2) * value.size(3);  // floats per position
   const int64_t* rows = indices.const_data_ptr<int64_t>();
   for (int64_t i = 0; i < indices.numel(); ++i) {
     ET_KERNEL_CHECK_MSG(ctx, rows[i] >= 0 && rows[i] < capacity, InvalidArgument, out,
                         "llama::update_cache_with_indices: row %lld is outside the cache's %lld",
                         (long long)rows[i], (long long)capacity);
   }
-  const float* src = value.const_data_ptr<float>();
-  float* dst = cache.mutable_data_ptr<float>();
-  for (int64_t b = 0; b < value.size(0); ++b) {
-    for (int64_t s = 0; s < seq; ++s) {
-      std::memcpy(dst + (b * capacity + rows[b * seq + s]) * row, src + (b * seq + s) * row, sizeof(float) * row);
-    }
-  }
+  copy_rows(value, cache, [&](int64_t b, int64_t s) { return rows[b * seq + s]; }, /*shared=*/false);
   return out;
 }
 
 Tensor& custom_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         int64_t start_pos, const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal,
                         std::optional<double> scale, Tensor& out) {
-  ET_KERNEL_CHECK_MSG(ctx, !(attn_mask.has_value() && is_causal), InvalidArgument, out,
-                      "llama::custom_sdpa: attn_mask and is_causal cannot both be set (the mask says what is seen)");
-  ET_KERNEL_CHECK_MSG(ctx, dropout_p == 0.0, InvalidArgument, out,
-                      "llama::custom_sdpa: dropout_p must be 0 (got %f)", dropout_p);
-  ET_KERNEL_CHECK_MSG(ctx,
-                      q.scalar_type() == ScalarType::Float && k.scalar_type() == ScalarType::Float &&
-                          v.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float,
-                      InvalidType, out,
-                      "llama::custom_sdpa: llmcore's kernel takes float32 only (query %s, key %s, value %s, out %s)",
+  const ScalarType type = q.scalar_type();
+  const bool types = (type == ScalarType::Float || type == ScalarType::Half || type == ScalarType::BFloat16) &&
+                     k.scalar_type() == type && v.scalar_type() == type && out.scalar_type() == type;
+  ET_KERNEL_CHECK_MSG(ctx, types, InvalidType, out,
+                      "llama::custom_sdpa: takes float32, float16 or bfloat16 alike (query %s, key %s, value %s, out %s)",
                       dtype_name(q.scalar_type()), dtype_name(k.scalar_type()), dtype_name(v.scalar_type()),
                       dtype_name(out.scalar_type()));
-  ET_KERNEL_CHECK_MSG(ctx, q.dim() == 4 && k.dim() == 4 && v.dim() == 4, InvalidArgument, out,
-                      "llama::custom_sdpa: query, key and value must be 4-D [B, S, H, D]");
-  ET_KERNEL_CHECK_MSG(ctx, k.sizes() == v.sizes(), InvalidArgument, out,
-                      "llama::custom_sdpa: key and value must have one shape");
-  const int64_t batch = q.size(0), q_len = q.size(1), n_heads = q.size(2), head_dim = q.size(3);
-  const int64_t kv_len = k.size(1), n_kv_heads = k.size(2);
-  ET_KERNEL_CHECK_MSG(ctx, k.size(0) == batch && k.size(3) == head_dim, InvalidArgument, out,
-                      "llama::custom_sdpa: key [%lld, %lld, %lld, %lld] does not match query [%lld, %lld, %lld, %lld] "
-                      "in batch or head size",
-                      (long long)k.size(0), (long long)kv_len, (long long)n_kv_heads, (long long)k.size(3),
-                      (long long)batch, (long long)q_len, (long long)n_heads, (long long)head_dim);
-  ET_KERNEL_CHECK_MSG(ctx, n_kv_heads > 0 && n_heads % n_kv_heads == 0, InvalidArgument, out,
-                      "llama::custom_sdpa: %lld query heads are not a multiple of %lld key/value heads",
-                      (long long)n_heads, (long long)n_kv_heads);
-  // with a mask, positions are the mask's business (a ring buffer holds later ones than its length)
-  ET_KERNEL_CHECK_MSG(ctx, attn_mask.has_value() || (start_pos >= 0 && start_pos + q_len <= kv_len), InvalidArgument,
-                      out, "llama::custom_sdpa: positions [%lld, %lld) are outside the cache's %lld",
-                      (long long)start_pos, (long long)(start_pos + q_len), (long long)kv_len);
-  ET_KERNEL_CHECK_MSG(ctx, !scale.has_value() || std::isfinite(*scale), InvalidArgument, out,
-                      "llama::custom_sdpa: scale must be finite");
-  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, q.sizes()) == Error::Ok, InvalidArgument, out);
-  ET_KERNEL_CHECK_MSG(ctx, dense(q) && dense(k) && dense(v) && dense(out), InvalidArgument, out,
-                      "llama::custom_sdpa: query, key, value and out must be contiguous");
-  if (attn_mask.has_value()) {
-    const Tensor& m = *attn_mask;
-    ET_KERNEL_CHECK_MSG(ctx, m.scalar_type() == ScalarType::Float && m.dim() == 2 && m.size(0) == q_len &&
-                                 m.size(1) == kv_len && dense(m),
-                        InvalidArgument, out,
-                        "llama::custom_sdpa: attn_mask must be a contiguous float32 [%lld, %lld] (query rows x cache rows)",
-                        (long long)q_len, (long long)kv_len);
+  if (!check_attention(ctx, "llama::custom_sdpa", q, k, v, start_pos, attn_mask, dropout_p, is_causal, scale, out)) {
+    return out;
   }
   if (q.numel() == 0) return out;
-  ET_KERNEL_CHECK_MSG(ctx, head_dim > 0, InvalidArgument, out, "llama::custom_sdpa: head size must be positive");
+  if (type == ScalarType::Float) {
+    attend_checked(q, q.const_data_ptr<float>(), k, v, KvType::f32, start_pos, attn_mask, is_causal, scale,
+                   out.mutable_data_ptr<float>());
+    return out;
+  }
+  // 16 bits: queries widened, the output narrowed (a few rows; the cache is read as it is)
+  thread_local std::vector<float> q32, out32;
+  q32.resize(q.numel());
+  out32.resize(q.numel());
+  widen(q, q32.data());
+  attend_checked(q, q32.data(), k, v, type == ScalarType::Half ? KvType::f16 : KvType::bf16, start_pos, attn_mask,
+                 is_causal, scale, out32.data());
+  narrow(out32.data(), out);
+  return out;
+}
 
-  Attention a;
-  a.q = q.const_data_ptr<float>();
-  a.k = k.const_data_ptr<float>();
-  a.v = v.const_data_ptr<float>();
-  a.out = out.mutable_data_ptr<float>();
-  a.batch = batch;
-  a.q_len = q_len;
-  a.n_heads = n_heads;
-  a.head_dim = head_dim;
-  a.kv_len = kv_len;
-  a.n_kv_heads = n_kv_heads;
-  a.start_pos = start_pos;
-  a.causal = is_causal;
-  a.mask = attn_mask.has_value() ? attn_mask->const_data_ptr<float>() : nullptr;
-  a.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim)));
-  a.group = n_heads / n_kv_heads;
-  a.row_blocks = (q_len + kRowBlock - 1) / kRowBlock;
-  a.partial = nullptr;
-  attend(a);
+Tensor& custom_quantized_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  int64_t start_pos, const std::optional<Tensor>& attn_mask, double dropout_p,
+                                  bool is_causal, std::optional<double> scale,
+                                  const std::optional<Tensor>& q_zero_points, const std::optional<Tensor>& q_scales,
+                                  const std::optional<Tensor>& k_zero_points, const std::optional<Tensor>& k_scales,
+                                  const std::optional<Tensor>& v_zero_points, const std::optional<Tensor>& v_scales,
+                                  bool is_seq_at_dim_2, Tensor& out) {
+  constexpr const char* op = "llama::custom_quantized_sdpa";
+  ET_KERNEL_CHECK_MSG(ctx, !is_seq_at_dim_2, InvalidArgument, out,
+                      "%s: llmcore's kernel takes [B, S, H, D] only (is_seq_at_dim_2 must be false)", op);
+  const bool types = q.scalar_type() == ScalarType::Char && k.scalar_type() == ScalarType::Char &&
+                     v.scalar_type() == ScalarType::Char && out.scalar_type() == ScalarType::Float;
+  ET_KERNEL_CHECK_MSG(ctx, types, InvalidType, out, "%s: query, key and value must be int8 and out float32 (got %s, %s, %s, %s)",
+                      op, dtype_name(q.scalar_type()), dtype_name(k.scalar_type()), dtype_name(v.scalar_type()),
+                      dtype_name(out.scalar_type()));
+  const std::optional<Tensor>* params[][2] = {{&q_scales, &q_zero_points}, {&k_scales, &k_zero_points},
+                                             {&v_scales, &v_zero_points}};
+  const Tensor* values[] = {&q, &k, &v};
+  for (int i = 0; i < 3; ++i) {
+    const std::optional<Tensor>& sc = *params[i][0];
+    const std::optional<Tensor>& zp = *params[i][1];
+    ET_KERNEL_CHECK_MSG(ctx, sc.has_value() && zp.has_value(), InvalidArgument, out,
+                        "%s: the scales and zero points of query, key and value must all be given", op);
+    const Tensor& x = *values[i];
+    const bool fits = sc->scalar_type() == ScalarType::Float && zp->scalar_type() == ScalarType::Char &&
+                      sc->numel() * x.size(3) == x.numel() && zp->numel() == sc->numel() && dense(*sc) && dense(*zp);
+    ET_KERNEL_CHECK_MSG(ctx, fits, InvalidArgument, out,
+                        "%s: scales (float32) and zero points (int8) must be contiguous, one per row of the head size",
+                        op);
+  }
+  if (!check_attention(ctx, op, q, k, v, start_pos, attn_mask, dropout_p, is_causal, scale, out)) return out;
+  if (q.numel() == 0) return out;
+  // queries read back as floats: (q - zero point) * scale, a row of head_dim at a time
+  thread_local std::vector<float> q32;
+  const int64_t d = q.size(3), rows = q.numel() / d;
+  q32.resize(q.numel());
+  const int8_t* qi = q.const_data_ptr<int8_t>();
+  const float* qs = q_scales->const_data_ptr<float>();
+  const int8_t* qz = q_zero_points->const_data_ptr<int8_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < d; ++c) q32[r * d + c] = (static_cast<float>(qi[r * d + c]) - qz[r]) * qs[r];
+  }
+  attend_checked(q, q32.data(), k, v, KvType::i8, start_pos, attn_mask, is_causal, scale,
+                 out.mutable_data_ptr<float>(), k_scales->const_data_ptr<float>(),
+                 k_zero_points->const_data_ptr<int8_t>(), v_scales->const_data_ptr<float>(),
+                 v_zero_points->const_data_ptr<int8_t>());
   return out;
 }
 
@@ -599,6 +846,7 @@ Tensor& custom_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor
 EXECUTORCH_LIBRARY(llama, "update_cache.out", llmcore_kernels::update_cache_out);
 EXECUTORCH_LIBRARY(llama, "update_cache_with_indices.out", llmcore_kernels::update_cache_with_indices_out);
 EXECUTORCH_LIBRARY(llama, "custom_sdpa.out", llmcore_kernels::custom_sdpa_out);
+EXECUTORCH_LIBRARY(llama, "custom_quantized_sdpa.out", llmcore_kernels::custom_quantized_sdpa_out);
 #else
 // The shared library a Python process loads (libllmcore_llm_ops.so). ExecuTorch's own LLM
 // custom ops library registers llama::custom_sdpa.out there under the fallback kernel key,

@@ -7,9 +7,16 @@
 //   llama::custom_sdpa.out(Tensor query, Tensor key, Tensor value, SymInt start_pos, Tensor? attn_mask=None,
 //                          float drpout_p=0., bool is_causal=False, float? scale=None, *, Tensor(a!) out) -> Tensor(a!)
 //
+//   llama::custom_quantized_sdpa.out(Tensor query, Tensor key, Tensor value, SymInt start_pos,
+//                          Tensor? attn_mask=None, float drpout_p=0., bool is_causal=False, float? scale=None,
+//                          Tensor? q_zero_points=None, Tensor? q_scales=None, Tensor? k_zero_points=None,
+//                          Tensor? k_scales=None, Tensor? v_zero_points=None, Tensor? v_scales=None,
+//                          bool is_seq_at_dim_2=False, *, Tensor(a!) out) -> Tensor(a!)
+//
 // ExecuTorch ships kernels for them only inside libcustom_ops_aot_lib.so, which needs
 // libtorch and the Python extension. These are written from the schemas and from the
-// behaviour of those ops in PyTorch, for float32, layout [B, S, H, D]:
+// behaviour of those ops in PyTorch, layout [B, S, H, D], for caches of float32, float16,
+// bfloat16 and int8 (llmcore export --kv-cache-dtype):
 //
 // * update_cache writes value[b, s] into cache[b, start_pos + s] (in place); `out` is
 //   a placeholder the program never reads, and is left untouched.
@@ -21,7 +28,13 @@
 //   attn_mask (float32 [S, kv_len], 0 or -inf: sliding windows, ring buffers) each row
 //   sees every key of the cache, the mask added to its scores, and start_pos and
 //   is_causal play no part (both set is refused, as ExecuTorch's kernel refuses it).
-//   Dropout is refused.
+//   Dropout is refused. Float16 and bfloat16 calls (query, key, value and out of one type)
+//   compute in float32 and round the output to their type.
+// * custom_quantized_sdpa is custom_sdpa over int8 query, key and value, each row of the
+//   head size read back as (q - zero_point) * scale (float32 scales and int8 zero points,
+//   [B, S, H, 1]); the output is float32. is_seq_at_dim_2 is refused.
+// * update_cache and update_cache_with_indices copy rows of any of the four types (value
+//   and cache alike): an int8 cache's scales and zero points are written by them as well.
 //
 // Registered with EXECUTORCH_LIBRARY into the runtime they are linked with. Built as an
 // object library linked into llmcore_runner (runtime/CMakeLists.txt); a Python process
@@ -51,5 +64,14 @@ executorch::aten::Tensor& custom_sdpa_out(executorch::runtime::KernelRuntimeCont
                                           const executorch::aten::Tensor& v, int64_t start_pos,
                                           const std::optional<executorch::aten::Tensor>& attn_mask, double dropout_p,
                                           bool is_causal, std::optional<double> scale, executorch::aten::Tensor& out);
+
+executorch::aten::Tensor& custom_quantized_sdpa_out(
+    executorch::runtime::KernelRuntimeContext& ctx, const executorch::aten::Tensor& q,
+    const executorch::aten::Tensor& k, const executorch::aten::Tensor& v, int64_t start_pos,
+    const std::optional<executorch::aten::Tensor>& attn_mask, double dropout_p, bool is_causal,
+    std::optional<double> scale, const std::optional<executorch::aten::Tensor>& q_zero_points,
+    const std::optional<executorch::aten::Tensor>& q_scales, const std::optional<executorch::aten::Tensor>& k_zero_points,
+    const std::optional<executorch::aten::Tensor>& k_scales, const std::optional<executorch::aten::Tensor>& v_zero_points,
+    const std::optional<executorch::aten::Tensor>& v_scales, bool is_seq_at_dim_2, executorch::aten::Tensor& out);
 
 }  // namespace llmcore_kernels

@@ -4,7 +4,8 @@
 //
 //   llmcore_llm_ops_check registered
 //       prints the names of llm_ops.cpp's kernels that are registered:
-//       "llama::update_cache.out llama::update_cache_with_indices.out llama::custom_sdpa.out"
+//       "llama::update_cache.out llama::update_cache_with_indices.out llama::custom_sdpa.out
+//       llama::custom_quantized_sdpa.out"
 //   llmcore_llm_ops_check sdpa DIR key=value...
 //       keys: batch q_len heads head_dim kv_len kv_heads start causal (0/1) scale (a number
 //       or "none") dtype (float/double/half) mask (0/1) dropout (a number) repeat (N calls)
@@ -331,7 +332,8 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   if (cmd == "registered") {
     for (const char* name :
-         {"llama::update_cache.out", "llama::update_cache_with_indices.out", "llama::custom_sdpa.out"}) {
+         {"llama::update_cache.out", "llama::update_cache_with_indices.out", "llama::custom_sdpa.out",
+          "llama::custom_quantized_sdpa.out"}) {
       if (et::registry_has_op_function(name)) std::printf("%s ", name);
     }
     std::printf("\n");

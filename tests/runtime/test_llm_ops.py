@@ -324,21 +324,22 @@ def test_a_region_opened_inside_a_region_runs_on_its_thread(ops_check):
 
 def test_the_ops_are_registered(ops_check):
     out = subprocess.run([str(ops_check), "registered"], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["llama::update_cache.out", "llama::update_cache_with_indices.out", "llama::custom_sdpa.out"]
+    assert out == ["llama::update_cache.out", "llama::update_cache_with_indices.out", "llama::custom_sdpa.out",
+                   "llama::custom_quantized_sdpa.out"]
 
 
 @pytest.mark.parametrize(
     "command,params,message",
     [
         ("sdpa", dict(mask=1, causal=1), "attn_mask and is_causal"),
-        ("sdpa", dict(mask=1, causal=0, dtype="double"), "float32 only"),
+        ("sdpa", dict(mask=1, causal=0, dtype="double"), "float32, float16 or bfloat16"),
         ("sdpa", dict(dropout=0.1), "dropout_p must be 0"),
-        ("sdpa", dict(dtype="double"), "float32 only"),
-        ("sdpa", dict(dtype="half"), "float32 only"),
+        ("sdpa", dict(dtype="double"), "float32, float16 or bfloat16"),
+        ("sdpa", dict(dtype="half", mask=1, causal=0), "attn_mask must be a contiguous float32"),
         ("sdpa", dict(heads=3, kv_heads=2), "not a multiple"),
         ("sdpa", dict(start=6, q_len=4, kv_len=8), "outside the cache"),
         ("update_cache", dict(start=7, seq=2, capacity=8), "outside the cache"),
-        ("update_cache", dict(dtype="double"), "float32 only"),
+        ("update_cache", dict(dtype="double"), "float32, float16, bfloat16 or int8"),
         ("update_cache", dict(indices=1, capacity=4, seq=1), "outside the cache"),
     ],
 )
