@@ -216,3 +216,28 @@ def test_a_real_size_bf16_folder_exports_8da4w_layer_by_layer(tmp_path):
     taken = [name for t in report["taken"] for name in t["taken"]]
     assert sum(name.startswith("layers.") for name in taken) == real_shapes.SHAPES["llama-300m"].layers
     assert report["parity"]["top1_agreement"] == 1.0
+
+
+def test_eval_reads_a_gguf_programs_reference_as_floats(tmp_path, monkeypatch):
+    """``llmcore eval`` on a program from a quantized GGUF (the gguf recipe, which leaves the
+    file's weights in the file at load): its fp32 reference reads them as floats and scores
+    the program against it (it stopped at the first weight left in the file)."""
+    import subprocess
+
+    shape = SMALL["tied-llama"]
+    monkeypatch.setitem(real_shapes.SHAPES, "tied-llama", shape)
+    path = real_shapes.write("tied-llama", tmp_path / "tied.gguf")
+    pte = tmp_path / "tied.pte"
+    root = Path(__file__).resolve().parents[1]
+    cli = [sys.executable, "-m", "llmcore"]
+    done = subprocess.run([*cli, "export", "--checkpoint", str(path), "--max-seq-len", "64", "--quiet", "-o", str(pte)],
+                          capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    done = subprocess.run([*cli, "eval", str(pte), "--text", str(root / "benchmarks/data/alice-chapter1.txt"),
+                           "--max-tokens", "96", "--json"], capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    import json
+
+    scored = json.loads(done.stdout)
+    assert scored["eager"]["tokens_scored"] == scored["program"]["tokens_scored"] == 95, scored
+    assert 0 <= scored["divergence"]["mean_kl"] < 0.5, scored
