@@ -12,13 +12,12 @@ attention kernel (``LLMCORE_KERNELS_MAX_ISA=portable`` forces the baseline one).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from clitools import run_cli
 
 from llmcore import kv_cache
 from llmcore.builtins.kv_cache import CustomOpKVAttention, StaticKVAttention, caches_in_fp32, plain_attention
@@ -74,11 +73,8 @@ def test_the_cache_bytes_are_what_the_records_say():
 
 def _export(tmp_path: Path, cache_dtype: str, *extra: str) -> subprocess.CompletedProcess:
     out = tmp_path / f"tiny-{cache_dtype}.pte"
-    return subprocess.run(
-        [sys.executable, "-m", "llmcore", "export", "--model", "llama", "--config", "tiny", "--quantize", "8da4w",
-         "--kv-cache-dtype", cache_dtype, "--max-seq-len", "96", "--prompt", PROMPT, "-o", str(out), *extra],
-        capture_output=True, text=True, cwd=ROOT,
-    )
+    return run_cli("export", "--model", "llama", "--config", "tiny", "--quantize", "8da4w", "--kv-cache-dtype",
+                   cache_dtype, "--max-seq-len", "96", "--prompt", PROMPT, "-o", str(out), *extra, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +134,6 @@ def test_the_cpp_runner_picks_pythons_tokens(programs, cache_dtype, isa, monkeyp
     assert len(agreement.runner.ids) > 0
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llmcore", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "LLMCORE_NO_PROGRESS": "1"})
-
-
 @pytest.mark.parametrize(
     "extra,message",
     [
@@ -154,7 +145,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 )
 def test_a_cache_type_the_export_cannot_keep_is_refused_in_one_line(tmp_path, extra, message):
     out = tmp_path / "x.pte"
-    done = _cli("export", "--model", "llama", "--config", "tiny", "--max-seq-len", "32", "-o", str(out), *extra)
+    done = run_cli("export", "--model", "llama", "--config", "tiny", "--max-seq-len", "32", "-o", str(out), *extra,
+                   cwd=ROOT)
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.startswith("llmcore: error")]
     assert len(lines) == 1 and message in lines[0], done.stderr[-2000:]

@@ -218,6 +218,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     """``x`` ``[..., D]`` as int8 with an fp32 scale and an int8 zero point per row of ``D``
     (``[..., 1]`` each): the asymmetric per-token rounding ``llama::custom_quantized_sdpa``
     reads back as ``(q - zero_point) * scale``."""
+    register_quantized_ops()
     ops = torch.ops.quantized_decomposed
     scales, zero_points = ops.choose_qparams_per_token_asymmetric.default(x, torch.int8)
     rounded = ops.quantize_per_token(x, scales, zero_points, -128, 127, torch.int8)
@@ -266,8 +267,8 @@ class _CachedAttention(nn.Module):
         """The whole cache as fp32 keys and values (an int8 one read back as ``(q - zero
         point) * scale``)."""
         if self.cache_dtype == "int8":
-            return tuple((cache.float() - zero_points.float()) * scales for cache, scales, zero_points in (
-                (self.k_cache, self.k_scales, self.k_zero_points), (self.v_cache, self.v_scales, self.v_zero_points)))
+            return tuple((cache.float() - zero_points.float()) * scales
+                         for cache, scales, zero_points in map(self.buffers_of, ("k", "v")))
         return self.k_cache.float(), self.v_cache.float()
 
     def buffers_of(self, name: str) -> tuple[torch.Tensor, ...]:
@@ -453,10 +454,15 @@ def register_llama_ops() -> None:
     a cached attention first runs (export, the parity reference), not when the transform is
     applied: the import is heavy in memory and time (docs/performance.md, "Measurements
     behind the code"), and at transform time it sat on top of the float weights that
-    quantization frees next, raising the export's peak by as much. Also registers PyTorch's
-    ``quantized_decomposed`` ops, which an int8 cache rounds its rows with, and their out
-    variants (ExecuTorch's quantized kernels), which the program calls."""
+    quantization frees next, raising the export's peak by as much."""
     importlib.import_module(CUSTOM_OPS_MODULE)
+
+
+@functools.cache
+def register_quantized_ops() -> None:
+    """Register PyTorch's ``quantized_decomposed`` ops, which an int8 cache rounds its rows
+    with, and their out variants (ExecuTorch's quantized kernels), which its program calls.
+    Done when an int8 cache first rounds a row: no other cache needs them."""
     importlib.import_module(QUANTIZED_DECOMPOSED_MODULE)
     importlib.import_module(QUANTIZED_KERNELS_MODULE)
 

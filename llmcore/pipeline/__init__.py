@@ -315,7 +315,7 @@ class Export:
         with self.log.stage("transform", collect=False):  # load drops no graph
             self.applied, self.convention = transform.apply_transforms(self.loaded, self.plan.transforms, context)
         self.module = self.loaded.module.eval()
-        self.kv_cache = kv_cache_summary(self.module, context.kv_cache_dtype)
+        self.kv_cache = kv_cache_summary(self.module)
         # tokens per call: the context, unless the cache takes fewer at once (ring buffers)
         self.call_len = self.convention.max_tokens_per_call or self.max_seq_len
         self.prompt_ids = self.prompt_ids[: self.call_len]
@@ -571,15 +571,16 @@ def _tokenizer_config(tokenizer: TextTokenizer, meta: ModelMetadata) -> str:
     return tokenizer_config(meta.chat_template, token(meta.bos_id), eos)
 
 
-def kv_cache_summary(module, cache_dtype: str) -> Optional[dict[str, Any]]:
-    """The KV cache the program keeps: its element type, and its bytes once every position
-    is filled (every buffer of the cached attentions: keys, values, an int8 cache's scales and
-    zero points). None: no cache the core made (no cache, or a backend's own)."""
+def kv_cache_summary(module) -> Optional[dict[str, Any]]:
+    """The KV cache the program keeps: its element type (one for every layer: the transform
+    stage refuses a swap to another), and its bytes once every position is filled (every
+    buffer of the cached attentions: keys, values, an int8 cache's scales and zero points).
+    None: no cache the core made (no cache, or a backend's own)."""
     caches = [m for m in module.modules() if getattr(m, "cache_dtype", None) is not None]
     if not caches:
         return None
     nbytes = sum(b.numel() * b.element_size() for m in caches for b in m.buffers(recurse=False))
-    return {"dtype": cache_dtype, "layers": len(caches), "bytes": nbytes}
+    return {"dtype": caches[0].cache_dtype, "layers": len(caches), "bytes": nbytes}
 
 
 def metadata_methods(meta: ModelMetadata, max_seq_len: int, convention: CallingConvention) -> dict[str, Any]:

@@ -119,10 +119,4 @@ def apply_transforms(
                     fix="drop --kv-cache-dtype for this backend, or ask its authors for caches of that type.",
                 )
             caches = now
-    if wanted != kv_cache.DEFAULT_CACHE_DTYPE and caches == 0:
-        raise LlmcoreError(
-            f"--kv-cache-dtype {wanted}: no transform left a KV cache of that type ({', '.join(applied) or 'none'} ran).",
-            stage="transform",
-            fix="drop --kv-cache-dtype, or keep the kv-cache transform.",
-        )
     return applied, context.convention
