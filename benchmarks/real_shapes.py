@@ -55,6 +55,12 @@ class Shape:
     norm_eps: float = 1e-5
     context: int = 131072
     llama3_rope: Optional[tuple[float, float, float, int]] = None  # factor, low, high, original context
+    sliding_window: Optional[int] = None  # Gemma's sliding layers (llama.cpp's default pattern of them)
+    softcaps: Optional[tuple[float, float]] = None  # Gemma 2's attention and final logit soft-caps
+
+    @property
+    def sandwich_norms(self) -> bool:  # Gemma 2 and 3: a norm on each sublayer's output too
+        return self.arch in ("gemma2", "gemma3")
 
     @property
     def kv_dim(self) -> int:
@@ -88,6 +94,13 @@ SHAPES = {
                            context=8192),
     "smollm2-qwen3": Shape("qwen3", 30, 576, 9, 3, 1536, 49152, True, 1000000.0, head_dim=64, qk_norm=True,
                            norm_eps=1e-6, context=8192),
+    # Gemma 2 (sandwich norms, GeGLU, soft-caps, every other layer sliding over 4096) and Gemma 3
+    # (and q/k norms, five of six layers sliding over 512 with their own RoPE base), the keys
+    # their config.json files give
+    "smollm2-gemma2": Shape("gemma2", 30, 576, 9, 3, 1536, 49152, True, 10000.0, norm_eps=1e-6, context=8192,
+                            sliding_window=4096, softcaps=(50.0, 30.0)),
+    "smollm2-gemma3": Shape("gemma3", 30, 576, 9, 3, 1536, 49152, True, 1000000.0, qk_norm=True, norm_eps=1e-6,
+                            context=8192, sliding_window=512),
 }
 
 
@@ -168,10 +181,14 @@ def tensors(shape: Shape) -> Iterator[tuple[str, tuple[int, ...], str]]:
             head_dim = shape.head_dim or shape.dim // shape.heads
             yield b + "attn_q_norm.weight", (head_dim,), "F32"
             yield b + "attn_k_norm.weight", (head_dim,), "F32"
+        if shape.sandwich_norms:
+            yield b + "post_attention_norm.weight", (shape.dim,), "F32"
         yield b + "ffn_norm.weight", (shape.dim,), "F32"
         yield b + "ffn_gate.weight", (shape.ffn, shape.dim), "Q4_0"
         yield b + "ffn_up.weight", (shape.ffn, shape.dim), "Q4_0"
         yield b + "ffn_down.weight", (shape.dim, shape.ffn), "Q4_0"
+        if shape.sandwich_norms:
+            yield b + "post_ffw_norm.weight", (shape.dim,), "F32"
     yield "output_norm.weight", (shape.dim,), "F32"
     if not shape.tied:
         yield "output.weight", (shape.vocab, shape.dim), six_bit_type(shape)
@@ -244,6 +261,10 @@ def header_keys(shape: Shape) -> dict:
         keys["rope_dimension_count"] = head_dim
     if head_dim != shape.dim // shape.heads:
         keys["key_length"] = keys["value_length"] = head_dim
+    if shape.sliding_window is not None:
+        keys["sliding_window"] = shape.sliding_window
+    if shape.softcaps is not None:
+        keys["attn_logit_softcapping"], keys["final_logit_softcapping"] = shape.softcaps
     return keys
 
 

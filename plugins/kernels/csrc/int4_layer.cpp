@@ -1,6 +1,7 @@
 // llmcore::int4_norm_qkv_rope.out, llmcore::int4_linear_add.out, llmcore::int4_norm_mlp_add.out:
 // a Llama layer's int4 projections, norms and residual adds (int4_layer.h says why), and
-// llmcore::int4_linear.out, the output layer after them.
+// llmcore::int4_linear.out, the output layer after them; llmcore::int4_linear_norm_add.out and
+// llmcore::int4_norm_glu_add.out for layers with sandwich norms or a GeGLU MLP.
 //
 // Registered with the ExecuTorch runtime this library links, like llmcore::int4_mlp.
 #include "int4_layer.h"
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
@@ -60,6 +62,20 @@ void place_columns(const float* y, int64_t n_begin, int64_t n_end, int64_t q_wid
       }
     }
   }
+}
+
+// out's rows [rows, dim] = residual + rms_norm(y): y's rows normed in place, then added to
+// the residual (the order of `x + post_norm(a)` in the module), the rows split among the threads.
+void norm_add_rows(float* y, int64_t rows, int64_t dim, const float* norm_weight, double eps, const float* residual,
+                   float* out, const ParallelFor& parallel) {
+  auto body = [&](int64_t b, int64_t e) {
+    rms_norm(y + b * dim, e - b, dim, norm_weight, eps, y + b * dim);  // reads each value before it writes it
+    for (int64_t i = b * dim; i < e * dim; ++i) out[i] = residual[i] + y[i];
+  };
+  if (rows == 1)
+    body(0, 1);  // one token: not worth waking the pool
+  else
+    parallel(0, rows, body);
 }
 
 }  // namespace
@@ -116,14 +132,28 @@ void int4_linear_add_forward(const float* x, int64_t rows, const int4::PackedWei
   });
 }
 
+void int4_linear_norm_add_forward(const float* x, int64_t rows, const int4::PackedWeight& w, const float* norm_weight,
+                                  double eps, const float* residual, float* out, const ParallelFor& parallel) {
+  thread_local RoundedRows rounded;
+  thread_local std::vector<float> y;
+  y.resize(rows * w.n);
+  // the norm needs whole rows: the GEMM's columns first, then a pass over the rows
+  gemm_all(rounded.round(x, rows, parallel, w), w, y.data(), parallel);
+  norm_add_rows(y.data(), rows, w.n, norm_weight, eps, residual, out, parallel);
+}
+
 void int4_norm_mlp_add_forward(const float* h, int64_t rows, const float* norm_weight, double eps,
-                               const Int4MlpWeights& w, float* out, const ParallelFor& parallel) {
+                               const Int4MlpWeights& w, float* out, const ParallelFor& parallel,
+                               const float* post_norm_weight, double post_eps) {
   const int64_t dim = w.gate_up.k;
-  thread_local std::vector<float> normed;
+  thread_local std::vector<float> normed, mlp_out;
   normed.resize(rows * dim);
   float* nv = normed.data();
   auto norm = [&](int64_t b, int64_t e) { rms_norm(h + b * dim, e - b, dim, norm_weight, eps, nv + b * dim); };
-  int4_mlp_forward(nv, rows, w, out, parallel, norm, /*residual=*/h);
+  if (post_norm_weight == nullptr) return int4_mlp_forward(nv, rows, w, out, parallel, norm, /*residual=*/h);
+  mlp_out.resize(rows * dim);
+  int4_mlp_forward(nv, rows, w, mlp_out.data(), parallel, norm);
+  norm_add_rows(mlp_out.data(), rows, dim, post_norm_weight, post_eps, h, out, parallel);
 }
 
 using executorch::aten::ScalarType;
@@ -284,6 +314,71 @@ Tensor& int4_norm_mlp_add_out(KernelRuntimeContext& ctx, const Tensor& h, const 
   return out;
 }
 
+// llmcore::int4_linear_norm_add.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_offsets,
+//     Tensor norm_weight, float eps, Tensor residual, *, Tensor(a!) out) -> Tensor(a!)
+Tensor& int4_linear_norm_add_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& w, const Tensor& w_scales,
+                                 const Tensor& w_sums, const std::optional<Tensor>& w_offsets,
+                                 const Tensor& norm_weight, double eps, const Tensor& residual, Tensor& out) {
+  int4::PackedWeight pw{};
+  const char* why = et::projection(w, w_scales, w_sums, &pw);
+  if (why == nullptr) why = et::block_offsets(w_offsets, &pw);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_linear_norm_add: w: %s", why);
+  why = float_vector(norm_weight, pw.n);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_linear_norm_add: %s", why);
+  ET_KERNEL_CHECK_MSG(ctx, std::isfinite(eps) && eps >= 0.0, InvalidArgument, out,
+                      "llmcore::int4_linear_norm_add: eps must be finite and >= 0");
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(x, pw.k), InvalidArgument, out,
+                      "llmcore::int4_linear_norm_add: x must be contiguous float32 rows of w's in-features (%lld)",
+                      (long long)pw.k);
+  const int64_t rows = x.numel() / pw.k;
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(residual, pw.n) && residual.numel() == rows * pw.n, InvalidArgument, out,
+                      "llmcore::int4_linear_norm_add: residual must be contiguous float32, one row of w's "
+                      "out-features (%lld) per row of x", (long long)pw.n);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, residual.sizes()) == Error::Ok, InvalidArgument, out);
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, pw.n), InvalidArgument, out,
+                      "llmcore::int4_linear_norm_add: out must be contiguous float32");
+  if (rows == 0) return out;
+  int4_linear_norm_add_forward(x.const_data_ptr<float>(), rows, pw, norm_weight.const_data_ptr<float>(), eps,
+                               residual.const_data_ptr<float>(), out.mutable_data_ptr<float>(), et::runtime_parallel);
+  return out;
+}
+
+// llmcore::int4_norm_glu_add.out(Tensor h, Tensor norm_weight, float eps, Tensor gate_up, Tensor gate_up_scales,
+//     Tensor gate_up_sums, Tensor? gate_up_offsets, Tensor down, Tensor down_scales, Tensor down_sums,
+//     Tensor? down_offsets, str activation, Tensor? post_norm_weight, float post_eps, *, Tensor(a!) out)
+//     -> Tensor(a!)
+Tensor& int4_norm_glu_add_out(KernelRuntimeContext& ctx, const Tensor& h, const Tensor& norm_weight, double eps,
+                              const Tensor& gate_up, const Tensor& gate_up_scales, const Tensor& gate_up_sums,
+                              const std::optional<Tensor>& gate_up_offsets, const Tensor& down,
+                              const Tensor& down_scales, const Tensor& down_sums,
+                              const std::optional<Tensor>& down_offsets, std::string_view activation,
+                              const std::optional<Tensor>& post_norm_weight, double post_eps, Tensor& out) {
+  Int4MlpWeights w{};
+  const char* part = "";
+  const char* why = et::mlp_weights(gate_up, gate_up_scales, gate_up_sums, down, down_scales, down_sums, &w, &part);
+  if (why == nullptr && (why = et::block_offsets(gate_up_offsets, &w.gate_up)) != nullptr) part = "gate_up: ";
+  if (why == nullptr && (why = et::block_offsets(down_offsets, &w.down)) != nullptr) part = "down: ";
+  if (why == nullptr && (why = glu_activation(activation, &w.activation)) != nullptr) part = "";
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_glu_add: %s%s", part, why);
+  why = float_vector(norm_weight, w.gate_up.k);
+  if (why == nullptr && post_norm_weight.has_value()) why = float_vector(*post_norm_weight, w.gate_up.k);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_glu_add: %s", why);
+  ET_KERNEL_CHECK_MSG(ctx, std::isfinite(eps) && eps >= 0.0 && std::isfinite(post_eps) && post_eps >= 0.0,
+                      InvalidArgument, out, "llmcore::int4_norm_glu_add: eps and post_eps must be finite and >= 0");
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(h, w.gate_up.k), InvalidArgument, out,
+                      "llmcore::int4_norm_glu_add: h must be contiguous float32 rows of the model dimension (%lld)",
+                      (long long)w.gate_up.k);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, h.sizes()) == Error::Ok, InvalidArgument, out);
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, w.gate_up.k), InvalidArgument, out,
+                      "llmcore::int4_norm_glu_add: out must be contiguous float32");
+  if (h.numel() == 0) return out;
+  int4_norm_mlp_add_forward(h.const_data_ptr<float>(), h.numel() / w.gate_up.k, norm_weight.const_data_ptr<float>(),
+                            eps, w, out.mutable_data_ptr<float>(), et::runtime_parallel,
+                            post_norm_weight.has_value() ? post_norm_weight->const_data_ptr<float>() : nullptr,
+                            post_eps);
+  return out;
+}
+
 namespace {
 
 // EXECUTORCH_LIBRARY's wrapper takes operators with one output; this one has three, so it is
@@ -332,3 +427,5 @@ const auto registered_norm_qkv_rope = executorch::runtime::register_kernel(
 EXECUTORCH_LIBRARY(llmcore, "int4_linear.out", llmcore_kernels::int4_linear_out);
 EXECUTORCH_LIBRARY(llmcore, "int4_linear_add.out", llmcore_kernels::int4_linear_add_out);
 EXECUTORCH_LIBRARY(llmcore, "int4_norm_mlp_add.out", llmcore_kernels::int4_norm_mlp_add_out);
+EXECUTORCH_LIBRARY(llmcore, "int4_linear_norm_add.out", llmcore_kernels::int4_linear_norm_add_out);
+EXECUTORCH_LIBRARY(llmcore, "int4_norm_glu_add.out", llmcore_kernels::int4_norm_glu_add_out);

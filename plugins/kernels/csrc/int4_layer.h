@@ -4,6 +4,13 @@
 //   llmcore::int4_linear_add:     out = residual + x W^T              (the output projection)
 //   llmcore::int4_norm_mlp_add:   out = h + mlp(rms_norm(h))          (int4_mlp.h's MLP)
 //
+// and, for layers with norms on each sublayer's output (Gemma 2 and 3's "sandwich norms") or
+// a GeGLU MLP (Gemma's), in place of the last two
+//
+//   llmcore::int4_linear_norm_add: out = residual + rms_norm(x W^T)
+//   llmcore::int4_norm_glu_add:    out = h + post_norm(mlp(rms_norm(h)))   (post_norm optional,
+//                                  the MLP's activation named: "silu" or "gelu_tanh")
+//
 // and after the last layer
 //
 //   llmcore::int4_linear:         out = x W^T (+ bias)                (the output layer)
@@ -60,9 +67,16 @@ LLMCORE_KERNELS_CXX_API void int4_linear_forward(const float* x, int64_t rows, c
 LLMCORE_KERNELS_CXX_API void int4_linear_add_forward(const float* x, int64_t rows, const int4::PackedWeight& w,
                                                      const float* residual, float* out, const ParallelFor& parallel);
 
-// out [rows, dim] = h + mlp(rms_norm(h)); w must pass int4_mlp_shape_error.
+// out [rows, w.n] = residual + rms_norm(x [rows, w.k] W^T) with norm_weight [w.n]. out may be residual.
+LLMCORE_KERNELS_CXX_API void int4_linear_norm_add_forward(const float* x, int64_t rows, const int4::PackedWeight& w,
+                                                          const float* norm_weight, double eps, const float* residual,
+                                                          float* out, const ParallelFor& parallel);
+
+// out [rows, dim] = h + mlp(rms_norm(h)), or h + rms_norm(mlp(rms_norm(h))) with the second
+// norm's weight when post_norm_weight is given; w must pass int4_mlp_shape_error.
 LLMCORE_KERNELS_CXX_API void int4_norm_mlp_add_forward(const float* h, int64_t rows, const float* norm_weight,
                                                        double eps, const Int4MlpWeights& w, float* out,
-                                                       const ParallelFor& parallel);
+                                                       const ParallelFor& parallel,
+                                                       const float* post_norm_weight = nullptr, double post_eps = 0.0);
 
 }  // namespace llmcore_kernels

@@ -1,5 +1,6 @@
 // PyTorch registration of llmcore::int4_norm_qkv_rope, llmcore::int4_linear_add,
-// llmcore::int4_norm_mlp_add and llmcore::int4_linear (schemas, CPU kernels), so that eager
+// llmcore::int4_norm_mlp_add, llmcore::int4_linear, llmcore::int4_linear_norm_add and
+// llmcore::int4_norm_glu_add (schemas, CPU kernels), so that eager
 // PyTorch and torch.export see them. Each runs the function its ExecuTorch kernel runs
 // (int4_layer.cpp) with ATen's parallel_for, as llmcore::int4_mlp does (int4_mlp_aten.cpp).
 #include <ATen/core/Tensor.h>
@@ -8,6 +9,7 @@
 
 #include <initializer_list>
 #include <optional>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -175,6 +177,79 @@ at::Tensor int4_norm_mlp_add(const at::Tensor& h, const at::Tensor& norm_weight,
                                down_scales, down_sums, down_offsets, out);
 }
 
+at::Tensor& int4_linear_norm_add_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
+                                     const at::Tensor& w_sums, const std::optional<at::Tensor>& w_offsets,
+                                     const at::Tensor& norm_weight, double eps, const at::Tensor& residual,
+                                     at::Tensor& out) {
+  constexpr const char* op = "llmcore::int4_linear_norm_add";
+  llmcore_kernels::int4::PackedWeight pw = projection(op, "w", w, w_scales, w_sums);
+  const at::Tensor offsets = block_offsets(op, "w", w_offsets, &pw);
+  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0");
+  const at::Tensor nw = norm_weight_of(op, norm_weight, pw.n);
+  const at::Tensor xc = float_rows(op, "x", x, pw.k);
+  const int64_t rows = xc.numel() / pw.k;
+  const at::Tensor rc = float_rows(op, "residual", residual, pw.n);
+  TORCH_CHECK(rc.numel() == rows * pw.n, op, ": residual must hold one row per row of x, got ", residual.sizes(),
+              " for ", x.sizes());
+  out.resize_(rc.sizes());
+  TORCH_CHECK(out.is_contiguous(), op, ": out must be contiguous");
+  if (rows > 0)
+    llmcore_kernels::int4_linear_norm_add_forward(xc.const_data_ptr<float>(), rows, pw, nw.const_data_ptr<float>(),
+                                                  eps, rc.const_data_ptr<float>(), out.mutable_data_ptr<float>(),
+                                                  torch_parallel);
+  return out;
+}
+
+at::Tensor int4_linear_norm_add(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
+                                const at::Tensor& w_sums, const std::optional<at::Tensor>& w_offsets,
+                                const at::Tensor& norm_weight, double eps, const at::Tensor& residual) {
+  at::Tensor out = at::empty({0}, residual.options());
+  return int4_linear_norm_add_out(x, w, w_scales, w_sums, w_offsets, norm_weight, eps, residual, out);
+}
+
+at::Tensor& int4_norm_glu_add_out(const at::Tensor& h, const at::Tensor& norm_weight, double eps,
+                                  const at::Tensor& gate_up, const at::Tensor& gate_up_scales,
+                                  const at::Tensor& gate_up_sums, const std::optional<at::Tensor>& gate_up_offsets,
+                                  const at::Tensor& down, const at::Tensor& down_scales, const at::Tensor& down_sums,
+                                  const std::optional<at::Tensor>& down_offsets, c10::string_view activation,
+                                  const std::optional<at::Tensor>& post_norm_weight, double post_eps,
+                                  at::Tensor& out) {
+  constexpr const char* op = "llmcore::int4_norm_glu_add";
+  llmcore_kernels::Int4MlpWeights w{projection(op, "gate_up", gate_up, gate_up_scales, gate_up_sums),
+                                    projection(op, "down", down, down_scales, down_sums)};
+  const at::Tensor gate_up_held = block_offsets(op, "gate_up", gate_up_offsets, &w.gate_up);
+  const at::Tensor down_held = block_offsets(op, "down", down_offsets, &w.down);
+  const char* why = llmcore_kernels::int4_mlp_shape_error(w);
+  if (why == nullptr) why = llmcore_kernels::glu_activation(std::string_view(activation.data(), activation.size()),
+                                                            &w.activation);
+  TORCH_CHECK(why == nullptr, op, ": ", why ? why : "");
+  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0 && std::isfinite(post_eps) && post_eps >= 0.0, op,
+              ": eps and post_eps must be finite and >= 0");
+  const at::Tensor nw = norm_weight_of(op, norm_weight, w.gate_up.k);
+  at::Tensor post;
+  if (post_norm_weight.has_value()) post = norm_weight_of(op, *post_norm_weight, w.gate_up.k);
+  const at::Tensor hc = float_rows(op, "h", h, w.gate_up.k);
+  out.resize_(hc.sizes());
+  TORCH_CHECK(out.is_contiguous(), op, ": out must be contiguous");
+  if (hc.numel() > 0)
+    llmcore_kernels::int4_norm_mlp_add_forward(hc.const_data_ptr<float>(), hc.numel() / w.gate_up.k,
+                                               nw.const_data_ptr<float>(), eps, w, out.mutable_data_ptr<float>(),
+                                               torch_parallel, post.defined() ? post.const_data_ptr<float>() : nullptr,
+                                               post_eps);
+  return out;
+}
+
+at::Tensor int4_norm_glu_add(const at::Tensor& h, const at::Tensor& norm_weight, double eps,
+                             const at::Tensor& gate_up, const at::Tensor& gate_up_scales,
+                             const at::Tensor& gate_up_sums, const std::optional<at::Tensor>& gate_up_offsets,
+                             const at::Tensor& down, const at::Tensor& down_scales, const at::Tensor& down_sums,
+                             const std::optional<at::Tensor>& down_offsets, c10::string_view activation,
+                             const std::optional<at::Tensor>& post_norm_weight, double post_eps) {
+  at::Tensor out = at::empty({0}, h.options());
+  return int4_norm_glu_add_out(h, norm_weight, eps, gate_up, gate_up_scales, gate_up_sums, gate_up_offsets, down,
+                               down_scales, down_sums, down_offsets, activation, post_norm_weight, post_eps, out);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(llmcore, m) {
@@ -204,6 +279,21 @@ TORCH_LIBRARY_FRAGMENT(llmcore, m) {
       "int4_norm_mlp_add.out(Tensor h, Tensor norm_weight, float eps, Tensor gate_up, Tensor gate_up_scales, "
       "Tensor gate_up_sums, Tensor? gate_up_offsets, Tensor down, Tensor down_scales, Tensor down_sums, "
       "Tensor? down_offsets, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def(
+      "int4_linear_norm_add(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_offsets, "
+      "Tensor norm_weight, float eps, Tensor residual) -> Tensor");
+  m.def(
+      "int4_linear_norm_add.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_offsets, "
+      "Tensor norm_weight, float eps, Tensor residual, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def(
+      "int4_norm_glu_add(Tensor h, Tensor norm_weight, float eps, Tensor gate_up, Tensor gate_up_scales, "
+      "Tensor gate_up_sums, Tensor? gate_up_offsets, Tensor down, Tensor down_scales, Tensor down_sums, "
+      "Tensor? down_offsets, str activation, Tensor? post_norm_weight, float post_eps) -> Tensor");
+  m.def(
+      "int4_norm_glu_add.out(Tensor h, Tensor norm_weight, float eps, Tensor gate_up, Tensor gate_up_scales, "
+      "Tensor gate_up_sums, Tensor? gate_up_offsets, Tensor down, Tensor down_scales, Tensor down_sums, "
+      "Tensor? down_offsets, str activation, Tensor? post_norm_weight, float post_eps, *, Tensor(a!) out) "
+      "-> Tensor(a!)");
 }
 
 TORCH_LIBRARY_IMPL(llmcore, CPU, m) {
@@ -215,4 +305,8 @@ TORCH_LIBRARY_IMPL(llmcore, CPU, m) {
   m.impl("int4_linear.out", TORCH_FN(int4_linear_out));
   m.impl("int4_norm_mlp_add", TORCH_FN(int4_norm_mlp_add));
   m.impl("int4_norm_mlp_add.out", TORCH_FN(int4_norm_mlp_add_out));
+  m.impl("int4_linear_norm_add", TORCH_FN(int4_linear_norm_add));
+  m.impl("int4_linear_norm_add.out", TORCH_FN(int4_linear_norm_add_out));
+  m.impl("int4_norm_glu_add", TORCH_FN(int4_norm_glu_add));
+  m.impl("int4_norm_glu_add.out", TORCH_FN(int4_norm_glu_add_out));
 }

@@ -42,14 +42,22 @@ const char* int4_mlp_shape_error(const Int4MlpWeights& w) {
   return nullptr;
 }
 
+const char* glu_activation(std::string_view name, GluActivation* out) {
+  if (name == "silu") return *out = GluActivation::silu, nullptr;
+  if (name == "gelu_tanh") return *out = GluActivation::gelu_tanh, nullptr;
+  return "activation must be \"silu\" or \"gelu_tanh\"";
+}
+
 namespace {
+
+constexpr float kTwoSqrtTwoOverPi = 1.5957691216057308f;  // 2 sqrt(2 / pi)
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define LLMCORE_MLP_X86 1
 #define LLMCORE_MLP_AVX2 __attribute__((target("avx2,fma")))
 
-// exp(x) for eight floats, x clamped to [-87, 88] (silu needs no more: beyond, 1 + exp(-g)
-// is 1 or overflows the quotient to 0 either way): x = n ln2 + r, |r| <= ln2/2, exp(r) by
+// exp(x) for eight floats, x clamped to [-87, 88] (the activations need no more: beyond,
+// 1 + exp(-s) is 1 or overflows the quotient to 0 either way): x = n ln2 + r, |r| <= ln2/2, exp(r) by
 // its degree-7 Taylor polynomial (relative error below 1e-7), 2^n put in the exponent.
 LLMCORE_MLP_AVX2 inline __m256 exp8(__m256 x) {
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
@@ -70,8 +78,8 @@ LLMCORE_MLP_AVX2 inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-// silu_times (below) over the whole eights of [0, count); returns where it stopped.
-LLMCORE_MLP_AVX2 int64_t silu_times_avx2(const float* gu, int64_t count, float* h) {
+// glu_times (below) over the whole eights of [0, count); returns where it stopped.
+LLMCORE_MLP_AVX2 int64_t glu_times_avx2(GluActivation activation, const float* gu, int64_t count, float* h) {
   int64_t j = 0;
   for (; j + 8 <= count; j += 8) {
     const __m256 a = _mm256_loadu_ps(gu + 2 * j), b = _mm256_loadu_ps(gu + 2 * j + 8);
@@ -80,9 +88,15 @@ LLMCORE_MLP_AVX2 int64_t silu_times_avx2(const float* gu, int64_t count, float* 
         _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), 0xd8));
     const __m256 u = _mm256_castpd_ps(
         _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))), 0xd8));
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-    const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-    _mm256_storeu_ps(h + j, _mm256_mul_ps(silu, u));
+    // act(g) = g / (1 + exp(-s)): s = g for silu, 2 sqrt(2/pi) (g + 0.044715 g^3) for gelu_tanh
+    __m256 s = g;
+    if (activation == GluActivation::gelu_tanh) {
+      const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+      s = _mm256_mul_ps(_mm256_fmadd_ps(cube, _mm256_set1_ps(0.044715f), g), _mm256_set1_ps(kTwoSqrtTwoOverPi));
+    }
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), s));
+    const __m256 act = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    _mm256_storeu_ps(h + j, _mm256_mul_ps(act, u));
   }
   return j;
 }
@@ -91,15 +105,16 @@ LLMCORE_MLP_AVX2 int64_t silu_times_avx2(const float* gu, int64_t count, float* 
 #define LLMCORE_MLP_X86 0
 #endif
 
-// h[j] = silu(gu[2j]) * gu[2j + 1] for j in [0, count): gate and up interleaved.
-void silu_times(const float* gu, int64_t count, float* h) {
+// h[j] = act(gu[2j]) * gu[2j + 1] for j in [0, count): gate and up interleaved.
+void glu_times(GluActivation activation, const float* gu, int64_t count, float* h) {
   int64_t j = 0;
 #if LLMCORE_MLP_X86
-  if (int4::uses_avx2()) j = silu_times_avx2(gu, count, h);  // the GEMM's CPU check
+  if (int4::uses_avx2()) j = glu_times_avx2(activation, gu, count, h);  // the GEMM's CPU check
 #endif
   for (; j < count; ++j) {
     const float g = gu[2 * j];
-    h[j] = g / (1.0f + std::exp(-g)) * gu[2 * j + 1];
+    const float s = activation == GluActivation::gelu_tanh ? (g + 0.044715f * (g * g * g)) * kTwoSqrtTwoOverPi : g;
+    h[j] = g / (1.0f + std::exp(-s)) * gu[2 * j + 1];
   }
 }
 
@@ -167,10 +182,10 @@ void int4_mlp_forward(const float* x, int64_t rows, const Int4MlpWeights& w, flo
 
   const int4::QuantizedRows qx = rounded_x.round(x, rows, parallel, w.gate_up, prepare);
   // gate_up's rows interleave gate and up (row 2j: gate j, row 2j + 1: up j): a thread that
-  // computes the columns [2b, 2e) has what silu(gate) * up needs for hidden units [b, e).
+  // computes the columns [2b, 2e) has what act(gate) * up needs for hidden units [b, e).
   gemm_all(qx, w.gate_up, gu, parallel, [&](int64_t n_begin, int64_t n_end) {
     for (int64_t t = 0; t < rows; ++t)
-      silu_times(gu + t * 2 * hidden + n_begin, (n_end - n_begin) / 2, hv + t * hidden + n_begin / 2);
+      glu_times(w.activation, gu + t * 2 * hidden + n_begin, (n_end - n_begin) / 2, hv + t * hidden + n_begin / 2);
   });
   const int4::QuantizedRows qh = rounded_h.round(hv, rows, parallel, w.down);
   if (residual == nullptr) return gemm_all(qh, w.down, out, parallel);

@@ -1,6 +1,6 @@
 // llmcore-kernels: the gated MLP of llmcore::int4_mlp on plain buffers.
 //
-//   out = down(silu(gate(x)) * up(x))
+//   out = down(act(gate(x)) * up(x))      act: silu (SwiGLU) or tanh-approximated GELU (GeGLU)
 //
 // with each projection an int4 GEMM on int8 activations (int4_gemm.h): x is rounded to
 // int8 per row once for gate and up, and silu(gate) * up once for down, as the 8da4w
@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string_view>
 #include <vector>
 
 #include "int4_gemm.h"
@@ -23,9 +24,19 @@
 
 namespace llmcore_kernels {
 
+// The gate's activation. gelu_tanh is F.gelu(g, approximate="tanh") (Gemma's GeGLU),
+// computed as g * sigmoid(2 sqrt(2/pi) (g + 0.044715 g^3)), which is 0.5 g (1 + tanh(..))
+// without the tanh: the same exp-and-divide as silu's g * sigmoid(g).
+enum class GluActivation { silu, gelu_tanh };
+
+// The activation an operator's `activation` argument names ("silu", "gelu_tanh"), or
+// nullptr with *out unset when it names none.
+LLMCORE_KERNELS_CXX_API const char* glu_activation(std::string_view name, GluActivation* out);
+
 struct Int4MlpWeights {
   int4::PackedWeight gate_up;  // [2 * hidden, dim]: row 2j gate's row j, row 2j + 1 up's
   int4::PackedWeight down;     // [dim, hidden]
+  GluActivation activation = GluActivation::silu;
 };
 
 // parallel(begin, end, body) calls body on disjoint subranges covering [begin, end).

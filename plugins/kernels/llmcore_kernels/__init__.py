@@ -18,7 +18,9 @@ Provides
   integers, a GGUF's own, or 8da8w's int8 ones, with each whole Llama layer run by
   ``llmcore::int4_norm_qkv_rope``, ``llmcore::int4_linear_add`` and ``llmcore::int4_norm_mlp_add``,
   the final norm by ``llmcore::rms_norm`` and the output layer by ``llmcore::int4_linear``
-  (:mod:`llmcore_kernels.layers`; the operators take int4 blocks and int8 rows).
+  (:mod:`llmcore_kernels.layers`; the operators take int4 blocks and int8 rows); Gemma's
+  layers (sandwich norms, GeGLU) end in ``llmcore::int4_linear_norm_add`` and
+  ``llmcore::int4_norm_glu_add`` instead.
 
 See ``docs/custom-kernels.md`` for how this plugin is put together.
 """
@@ -39,7 +41,8 @@ __version__ = "0.1.0"
 # Runtime operator names the native library registers (kept here, not in .ops, so that
 # listing plugins does not load the library).
 OPS = ("llmcore::rms_norm.out", "llmcore::int4_mlp.out", "llmcore::int4_norm_qkv_rope.out",
-       "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out", "llmcore::int4_linear.out")
+       "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out", "llmcore::int4_linear.out",
+       "llmcore::int4_linear_norm_add.out", "llmcore::int4_norm_glu_add.out")
 # ExecuTorch's ops whose float32 calls libllmcore_llm_ops.so takes over (kernel keys)
 LLM_OPS = ("llama::custom_sdpa.out",)
 

@@ -8,23 +8,27 @@ A layer then runs as
     h       = llmcore::int4_linear_add(a, wo, h)  # output projection + residual
     h       = llmcore::int4_norm_mlp_add(h)       # ffn norm, SwiGLU MLP, residual
 
-with no XNNPACK delegate inside it (``csrc/int4_layer.h`` says why). After the layers, the
-final norm becomes ``llmcore::rms_norm`` (:mod:`.rmsnorm`) and the output layer (int8 per
+with no XNNPACK delegate inside it (``csrc/int4_layer.h`` says why). A layer with norms on
+each sublayer's output (Gemma 2 and 3's sandwich norms) or a GeGLU MLP (Gemma's) runs its
+last two steps as ``llmcore::int4_linear_norm_add`` (``h = x + post_norm(wo a)``) and
+``llmcore::int4_norm_glu_add`` (``h + post_norm(mlp(norm(h)))``, the MLP's activation
+named). After the layers, the final norm becomes ``llmcore::rms_norm`` (:mod:`.rmsnorm`) and the output layer (int8 per
 channel, or int4 blocks) ``llmcore::int4_linear`` on the same GEMM (:class:`KernelLinear`),
 so that no XNNPACK delegate is left: its AVX2 int8 GEMM read SmolLM2's 28 MB output layer
 more slowly than llmcore's reads the MLPs (docs/performance.md, "The output layer on
 llmcore's GEMM"). A quantized linear the GEMM cannot take stays with XNNPACK.
 
 A layer qualifies when it is a pre-norm Llama block (``attention_norm``, ``attention`` with
-``wq wk wv wo`` and an ``attn`` submodule, ``ffn_norm``, ``feed_forward``), its norms RMSNorms,
-no post-norms (sandwich norms), q/k norms only as RMSNorms over each head (Qwen3's: those
-layers norm and rotate their heads after the qkv GEMM, :meth:`KernelLayer._qkv_with_head_norms`), its MLP one :mod:`.mlp` takes, every
-projection int4 with blocks of 32 (with or without per-block offsets) or int8 per channel
-(the operators' int8 rows; one kind for q, k and v, one for gate and up), no outlier split, no
-bias but on q, k and v (Qwen2's), and when on a
-random input (with a plain causal attention in place of its own) the kernels give what the
-block gives: RoPE on Meta's interleaved pairs passes, a rotation of the halves would not.
-The recipe refuses a model with a layer that does not, by name and reason.
+``wq wk wv wo`` and an ``attn`` submodule, ``ffn_norm``, ``feed_forward``), its norms RMSNorms
+(post-norms too, when it has them), its MLP's activation SiLU or the tanh GELU, q/k norms only
+as RMSNorms over each head (Qwen3's: those layers norm and rotate their heads after the qkv
+GEMM, :meth:`KernelLayer._qkv_with_head_norms`), its MLP one :mod:`.mlp` takes, every
+projection int4 with blocks of 32 (with or without per-block offsets) or int8 per channel (the
+operators' int8 rows; one kind for q, k and v, one for gate and up), no outlier split, no bias
+but on q, k and v (Qwen2's), and when on a random input (with a plain causal attention in place
+of its own) the kernels give what the block gives: RoPE on Meta's interleaved pairs passes, a
+rotation of the halves would not. The recipe refuses a model with a layer that does not, by
+name and reason.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import torch
 from torch import nn
 
 from llmcore.errors import LlmcoreError
-from llmcore.modules import CausalAttention, RMSNorm, replace_modules
+from llmcore.modules import CausalAttention, RMSNorm, gelu_tanh, replace_modules
 from llmcore.progress import WEIGHT_TEMPORARIES, heap_for_temporaries
 from llmcore_kernels import mlp
 from llmcore_xnnpack.qlinear import relative_error
@@ -51,6 +55,9 @@ log = logging.getLogger(__name__)
 # 0.1 and more (docs/custom-kernels.md, "Testing a kernel", has SmolLM2's figures).
 CHECK_TOLERANCE = 0.02
 PARTS = ("attention_norm", "attention", "ffn_norm", "feed_forward")
+POST_NORMS = ("attention_post_norm", "ffn_post_norm")  # Gemma 2 and 3's sandwich norms
+# an MLP's activation function -> the name llmcore::int4_norm_glu_add takes
+ACTIVATIONS = {torch.nn.functional.silu: "silu", gelu_tanh: "gelu_tanh"}
 
 
 class KernelLayer(nn.Module):
@@ -90,6 +97,12 @@ class KernelLayer(nn.Module):
         self.qk_eps = None if q_norm is None else float(q_norm.eps)
         self.register_buffer("q_norm", None if q_norm is None else q_norm.weight.detach().float().contiguous())
         self.register_buffer("k_norm", None if k_norm is None else k_norm.weight.detach().float().contiguous())
+        # Gemma's norms on the attention's and the MLP's outputs, before each residual add
+        for name in POST_NORMS:
+            norm = getattr(block, name, None)
+            self.register_buffer(name, None if norm is None else norm.weight.detach().float().contiguous())
+            setattr(self, f"{name}_eps", None if norm is None else float(norm.eps))
+        self.activation = mlp_activation(block.feed_forward)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 input_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -100,12 +113,20 @@ class KernelLayer(nn.Module):
             )
         else:
             q, k, v = self._qkv_with_head_norms(x, cos, sin)
-        h = torch.ops.llmcore.int4_linear_add.default(
-            self.attn(q, k, v, input_pos), self.wo, self.wo_scales, self.wo_sums, self.wo_offsets, x)
-        return torch.ops.llmcore.int4_norm_mlp_add.default(
-            h, self.ffn_norm, self.ffn_eps, self.gate_up, self.gate_up_scales, self.gate_up_sums,
-            self.gate_up_offsets, self.down, self.down_scales, self.down_sums, self.down_offsets,
-        )
+        a = self.attn(q, k, v, input_pos)
+        if self.attention_post_norm is None:
+            h = torch.ops.llmcore.int4_linear_add.default(a, self.wo, self.wo_scales, self.wo_sums, self.wo_offsets, x)
+        else:
+            h = torch.ops.llmcore.int4_linear_norm_add.default(
+                a, self.wo, self.wo_scales, self.wo_sums, self.wo_offsets, self.attention_post_norm,
+                self.attention_post_norm_eps, x)
+        mlp_weights = (self.gate_up, self.gate_up_scales, self.gate_up_sums, self.gate_up_offsets,
+                       self.down, self.down_scales, self.down_sums, self.down_offsets)
+        if self.activation == "silu" and self.ffn_post_norm is None:  # Llama's: the operator older programs call
+            return torch.ops.llmcore.int4_norm_mlp_add.default(h, self.ffn_norm, self.ffn_eps, *mlp_weights)
+        return torch.ops.llmcore.int4_norm_glu_add.default(
+            h, self.ffn_norm, self.ffn_eps, *mlp_weights, self.activation, self.ffn_post_norm,
+            self.ffn_post_norm_eps or 0.0)
 
     def _qkv_with_head_norms(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q, k, v ``[B, T, heads, head_dim]`` as the block computes them with q and k norms:
@@ -122,7 +143,16 @@ class KernelLayer(nn.Module):
     def extra_repr(self) -> str:
         kinds = sorted({"int8 rows" if w.dtype == torch.int8 else f"int4 blocks of {mlp.BLOCK}"
                         for w in (self.qkv, self.wo, self.gate_up, self.down)})
-        return f"heads {self.n_heads}, kv heads {self.n_kv_heads}, {' and '.join(kinds)}"
+        post_norms = [name.replace("_", " ") for name in POST_NORMS if getattr(self, name) is not None]
+        extras = [self.activation, *post_norms]
+        return f"heads {self.n_heads}, kv heads {self.n_kv_heads}, {' and '.join(kinds)}, {', '.join(extras)}"
+
+
+def mlp_activation(feed_forward: nn.Module) -> Optional[str]:
+    """The name of a gated MLP's activation (``ACTIVATIONS``), None for another function. A
+    module that does not say (Hugging Face's names) is taken as SiLU: the swap check then
+    finds out if it is not."""
+    return ACTIVATIONS.get(getattr(feed_forward, "activation", torch.nn.functional.silu))
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -182,12 +212,13 @@ def _is_block(module: nn.Module) -> bool:
 
 def _why_not(block: nn.Module) -> Optional[str]:
     """Why the kernels cannot take this block, or None (before the numerical check)."""
-    for name in ("attention_norm", "ffn_norm"):
-        if not isinstance(getattr(block, name), RMSNorm):
-            return f"its {name} is a {type(getattr(block, name)).__name__}, not an RMSNorm"
-    for name in ("attention_post_norm", "ffn_post_norm"):
-        if getattr(block, name, None) is not None:
-            return f"it has sandwich norms ({name})"
+    for name in ("attention_norm", "ffn_norm", *POST_NORMS):
+        norm = getattr(block, name, None)
+        if not isinstance(norm, RMSNorm) and (norm is not None or name not in POST_NORMS):
+            return f"its {name} is a {type(norm).__name__}, not an RMSNorm"
+    if mlp_activation(block.feed_forward) is None:
+        return f"its MLP's activation is {getattr(block.feed_forward.activation, '__name__', 'another')}, " \
+               f"not one of {', '.join(ACTIVATIONS.values())}"
     attention = block.attention
     q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
     if (q_norm is None) != (k_norm is None):

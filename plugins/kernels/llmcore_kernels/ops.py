@@ -25,6 +25,12 @@ Operators (schemas are defined in C++, ``csrc/rms_norm_aten.cpp`` and ``csrc/int
     w_offsets?)``). Each projection is three tensors: int4 blocks packed (``[rows, in/32, 16]``
     uint8, bfloat16 scales ``[rows, in/32]``) or int8 rows (``[rows, in]`` int8, float32 scales
     ``[rows]``), and float32 row sums.
+``llmcore::int4_linear_norm_add(x, w, w_scales, w_sums, w_offsets?, norm_weight, eps, residual)``
+    ``residual + rms_norm(x W^T)``: the attention's output projection of a layer with sandwich
+    norms (Gemma 2 and 3).
+``llmcore::int4_norm_glu_add(h, norm_weight, eps, gate_up..., down..., activation, post_norm_weight?, post_eps)``
+    ``h + post_norm(down(act(gate) * up))`` on ``rms_norm(h)``, ``act`` ``"silu"`` or
+    ``"gelu_tanh"`` (Gemma's GeGLU), the post-norm only when its weight is given.
 """
 
 from __future__ import annotations
@@ -96,6 +102,22 @@ def _int4_linear_fake(x, w, w_scales, w_sums, w_bias, w_offsets) -> torch.Tensor
 @torch.library.register_fake("llmcore::int4_norm_mlp_add")
 def _int4_norm_mlp_add_fake(h, norm_weight, eps, gate_up, gate_up_scales, gate_up_sums, gate_up_offsets, down,
                             down_scales, down_sums, down_offsets) -> torch.Tensor:
+    torch._check(h.shape[-1] == _in_features(gate_up))
+    torch._check(down.shape[0] == h.shape[-1] and _in_features(down) * 2 == gate_up.shape[0])
+    return torch.empty_like(h, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("llmcore::int4_linear_norm_add")
+def _int4_linear_norm_add_fake(x, w, w_scales, w_sums, w_offsets, norm_weight, eps, residual) -> torch.Tensor:
+    torch._check(x.shape[-1] == _in_features(w))
+    torch._check(residual.shape[-1] == w.shape[0] and norm_weight.shape[0] == w.shape[0])
+    return torch.empty_like(residual, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("llmcore::int4_norm_glu_add")
+def _int4_norm_glu_add_fake(h, norm_weight, eps, gate_up, gate_up_scales, gate_up_sums, gate_up_offsets, down,
+                            down_scales, down_sums, down_offsets, activation, post_norm_weight,
+                            post_eps) -> torch.Tensor:
     torch._check(h.shape[-1] == _in_features(gate_up))
     torch._check(down.shape[0] == h.shape[-1] and _in_features(down) * 2 == gate_up.shape[0])
     return torch.empty_like(h, memory_format=torch.contiguous_format)

@@ -31,8 +31,9 @@ def int4_block(seed: int = 0, offsets: bool = False, int8: bool = False, **confi
     torch.manual_seed(seed)
     block = TransformerBlock(cfg)
     with torch.no_grad():
-        for norm in (block.attention_norm, block.ffn_norm):
-            norm.weight.uniform_(0.5, 1.5)
+        for norm in (block.attention_norm, block.ffn_norm, block.attention_post_norm, block.ffn_post_norm):
+            if norm is not None:
+                norm.weight.uniform_(0.5, 1.5)
     for parent, names in ((block.attention, ("wq", "wk", "wv", "wo")), (block.feed_forward, ("w1", "w3", "w2"))):
         for name in names:
             linear = getattr(parent, name)
@@ -106,6 +107,53 @@ def test_a_layer_on_the_kernels_computes_what_the_llama_block_computes(ops, rows
 
     for got_part, want_part in ((q, rotate(q_want)), (k, rotate(k_want)), (v, v_want)):
         assert float((got_part - want_part).norm() / want_part.norm()) < 0.01
+
+
+# Gemma's layers: sandwich norms (a norm on the attention's and on the MLP's output, before
+# each residual add), a GeGLU MLP, each alone and together, with q/k norms (Gemma 3's), offsets
+# (a GGUF's Q4_1) and int8 rows
+@pytest.mark.parametrize("config", [{"sandwich_norms": True}, {"ffn_activation": "gelu_tanh"},
+                                    {"sandwich_norms": True, "ffn_activation": "gelu_tanh"},
+                                    {"sandwich_norms": True, "ffn_activation": "gelu_tanh", "qk_norm": True},
+                                    {"sandwich_norms": True, "ffn_activation": "gelu_tanh", "offsets": True},
+                                    {"sandwich_norms": True, "ffn_activation": "gelu_tanh", "int8": True,
+                                     "dim": 480, "n_heads": 5, "n_kv_heads": 1, "hidden_dim": 288}])
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_a_gemma_layer_on_the_kernels_computes_what_its_block_computes(ops, rows, config):
+    from llmcore_kernels.layers import KernelLayer
+
+    block = int4_block(**config)
+    layer = KernelLayer(block)
+    sandwich, geglu = config.get("sandwich_norms", False), config.get("ffn_activation") == "gelu_tanh"
+    assert (layer.ffn_post_norm is not None) == sandwich and layer.activation == ("gelu_tanh" if geglu else "silu")
+    x = torch.randn(1, rows, block.attention.wq.in_features, generator=torch.Generator().manual_seed(rows))
+    x[0, 0, 0] = 20.0  # an outlier sets its token's int8 scale
+    cos, sin = rope_tables(rows, block.attention.head_dim)
+    with torch.no_grad():
+        want, got = block(x, cos, sin), layer(x, cos, sin)
+    error = float((got - want).norm() / (want - x).norm())
+    assert error < 0.01, error
+    # each new operator's .out variant gives what the layer's call gave
+    h = torch.randn_like(x)
+    weights = (layer.gate_up, layer.gate_up_scales, layer.gate_up_sums, layer.gate_up_offsets, layer.down,
+               layer.down_scales, layer.down_sums, layer.down_offsets)
+    with torch.no_grad():
+        out = torch.empty(0)
+        torch.ops.llmcore.int4_norm_glu_add.out(h, layer.ffn_norm, layer.ffn_eps, *weights, layer.activation,
+                                                layer.ffn_post_norm, layer.ffn_post_norm_eps or 0.0, out=out)
+        normed = block.ffn_norm(h)
+        f = block.feed_forward(normed)
+        mlp_want = h + (f if block.ffn_post_norm is None else block.ffn_post_norm(f))
+    assert float((out - mlp_want).norm() / (mlp_want - h).norm()) < 0.01
+    if sandwich:
+        out = torch.empty(0)
+        a = torch.randn(1, rows, block.attention.wo.in_features, generator=torch.Generator().manual_seed(7))
+        torch.ops.llmcore.int4_linear_norm_add.out(a, layer.wo, layer.wo_scales, layer.wo_sums, layer.wo_offsets,
+                                                   layer.attention_post_norm, layer.attention_post_norm_eps, x, out=out)
+        with torch.no_grad():
+            wo_want = x + block.attention_post_norm(block.attention.wo(a))
+        assert float((out - wo_want).norm() / (wo_want - x).norm()) < 0.01
+
 
 
 def test_the_operators_check_their_inputs(ops):
@@ -208,6 +256,12 @@ def test_linears_the_kernel_cannot_run_stay_with_xnnpack(ops):
     assert not any(isinstance(m, qlinear.ChannelInt8Linear) for m in model["output"].modules())
 
 
+def exact_gelu(block):
+    """The block with an exact (erf) GELU in its MLP, which the kernels do not compute."""
+    block.feed_forward.activation = torch.nn.functional.gelu
+    return block
+
+
 def halves_rope(block):
     """The block with RoPE rotating the two halves of each head (Hugging Face's layout)
     instead of Meta's interleaved pairs: a function the kernels do not compute."""
@@ -244,7 +298,7 @@ def test_a_layer_with_q_and_k_norms_computes_what_the_block_computes(ops, rows, 
 @pytest.mark.parametrize(
     "make, reason",
     [
-        (lambda: int4_block(sandwich_norms=True), "sandwich norms"),
+        (lambda: exact_gelu(int4_block()), "its MLP's activation is gelu, not one of silu, gelu_tanh"),
         (lambda: int4_block(o_bias=True), "its wo has a bias"),
         (lambda: halves_rope(int4_block()), "differs from the kernels"),
     ],
@@ -411,16 +465,17 @@ def test_the_runner_puts_the_kernels_on_their_own_threads_without_delegates(laye
 
 
 @pytest.mark.parametrize(
-    "family, config, refused",
+    "family, config",
     [
-        ("mistral", "mistral-tiny", None),  # a sliding window on every layer (the attention module's)
-        ("phi", "phi3-tiny", None),  # partial rotary: cos 1 and sin 0 past the rotated channels
-        ("qwen", "qwen2-tiny", None),  # q, k and v biases
-        ("qwen", "qwen3-tiny", None),  # q and k norms over each head (int4_linear, llmcore::rms_norm, RoPE in the graph)
-        ("gemma", "gemma2-tiny", "sandwich norms"),
+        ("mistral", "mistral-tiny"),  # a sliding window on every layer (the attention module's)
+        ("phi", "phi3-tiny"),  # partial rotary: cos 1 and sin 0 past the rotated channels
+        ("qwen", "qwen2-tiny"),  # q, k and v biases
+        ("qwen", "qwen3-tiny"),  # q and k norms over each head (int4_linear, llmcore::rms_norm, RoPE in the graph)
+        ("gemma", "gemma2-tiny"),  # sandwich norms, GeGLU, soft-capped attention in the attention module
+        ("gemma", "gemma3-tiny"),  # and q and k norms, local and global RoPE bases
     ],
 )
-def test_the_families_built_on_llama_layers(kernel_library, tmp_path, family, config, refused):
+def test_the_families_built_on_llama_layers(kernel_library, tmp_path, family, config):
     from llmcore.runtime import libraries
     from llmcore.pipeline import export
     from llmcore.plugins import load_registry
@@ -428,18 +483,40 @@ def test_the_families_built_on_llama_layers(kernel_library, tmp_path, family, co
 
     options = ExportOptions(model=family, config=config, plugins=["xnnpack"], quantize="8da4w-layers",
                             output=str(tmp_path / "model.pte"), quiet=True)
-    if refused:
-        with pytest.raises(LlmcoreError, match=f"8da4w-layers: .*{refused}"):
-            export(options, load_registry())
-        assert not (tmp_path / "model.pte").exists()
-        return
     result = export(options, load_registry())
     ops = libraries.program_operators(result.pte.read_bytes())
-    assert {"llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out"} <= set(ops)
+    gemma = family == "gemma"  # the post-norm and GeGLU operators in place of Llama's last two
+    assert ({"llmcore::int4_linear_norm_add.out", "llmcore::int4_norm_glu_add.out"} if gemma else
+            {"llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out"}) <= set(ops)
+    assert not gemma or "llmcore::int4_norm_mlp_add.out" not in ops
     # q and k norms: the qkv GEMM on int4_linear, the heads normed after it, and RoPE's
     # elementwise ops, which XNNPACK (listed after the kernels) may take
-    assert ("llmcore::int4_norm_qkv_rope.out" in ops) != (config == "qwen3-tiny")
+    head_norms = config in ("qwen3-tiny", "gemma3-tiny")
+    assert ("llmcore::int4_norm_qkv_rope.out" in ops) != head_norms
+    # and Gemma 2's soft-capped attention, which its attention module computes in the graph
     delegated = result.report["delegation"]["by_backend"].get("XnnpackBackend", {}).get("operators", {})
-    assert set(delegated) <= {"aten_add_Tensor", "aten_sub_Tensor", "aten_mul_Tensor", "aten_cat_default",
-                              "aten_unsqueeze_copy_default"}, delegated
+    soft_capped = {"aten_bmm_default", "aten__softmax_default", "aten_tanh_default", "aten_div_Tensor",
+                   "aten_permute_copy_default", "dim_order_ops__clone_dim_order_default"}
+    allowed = {"aten_add_Tensor", "aten_sub_Tensor", "aten_mul_Tensor", "aten_cat_default",
+               "aten_unsqueeze_copy_default", "aten_view_copy_default"}
+    assert set(delegated) <= allowed | (soft_capped if config == "gemma2-tiny" else set()), delegated
     assert result.report["parity"]["top1_agreement"] == 1.0 and result.report["parity"]["max_abs_diff"] < 0.05
+
+
+@pytest.mark.parametrize("view", ["avx2", "sse4"])
+def test_a_gemma_layer_computes_its_block_in_every_isa_view(kernel_library, view):
+    """The GeGLU activation and the post-norms have an AVX2 path and a portable one (int4_mlp.cpp's
+    glu_times): the Gemma layer tests again, in a process whose kernels see only the view's
+    instruction sets (llmcore/testing/isa_view.py), so that an AVX-512 machine checks both."""
+    import subprocess
+    import sys
+
+    from llmcore.testing import isa_view
+
+    if view not in isa_view.presentable_views():
+        pytest.skip(f"this CPU cannot present the {view} view")
+    done = isa_view.run_in_view(view, [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                                       "-k", "gemma_layer_on_the_kernels"],
+                                capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout, done.stdout[-2000:]

@@ -16,6 +16,8 @@ from llmcore.errors import LlmcoreError
 
 IDS = [1, 40, 50, 60, 70, 80, 90]
 LAYER_OPS = ("int4_norm_qkv_rope", "int4_linear_add", "int4_norm_mlp_add")
+# Gemma's: a post-norm on the attention's output, and the MLP (GeGLU, with its post-norm)
+SANDWICH_OPS = ("int4_linear_norm_add", "int4_norm_glu_add")
 
 
 def _export(folder, name, **options):
@@ -37,10 +39,10 @@ def default_and_xnnpack(kernel_library, tmp_path_factory):
 
 
 FAMILIES = [("llama", "tiny"), ("qwen", "qwen2-tiny"), ("qwen", "qwen3-tiny"), ("phi", "phi4-mini-tiny"),
-            ("mistral", "mistral-tiny"), ("gemma", "gemma2-tiny")]
+            ("mistral", "mistral-tiny"), ("gemma", "gemma2-tiny"), ("gemma", "gemma3-tiny")]
 
 
-@pytest.mark.parametrize("family", ["tiny", "qwen2-tiny", "qwen3-tiny", "phi4-mini-tiny", "mistral-tiny"])
+@pytest.mark.parametrize("family", [config for _, config in FAMILIES])
 def test_a_recipe_without_plugins_runs_every_layer_on_the_kernels(default_and_xnnpack, family):
     from llmcore.runtime import Program, libraries
 
@@ -50,33 +52,46 @@ def test_a_recipe_without_plugins_runs_every_layer_on_the_kernels(default_and_xn
     assert "no --plugins" in report["backends_chosen"]
     (taken,) = report["taken"]
     assert taken["backend"] == "kernels" and taken["left"] == []
-    assert taken["taken"] == ["layers.0", "layers.1", "norm", "output"]
+    layers = 3 if family == "gemma3-tiny" else 2
+    assert taken["taken"] == [f"layers.{i}" for i in range(layers)] + ["norm", "output"]
     ops = libraries.program_operators(ours.pte.read_bytes())
-    head_norms = family == "qwen3-tiny"  # the qkv GEMM on int4_linear, the heads normed and rotated after it
-    layer_ops = {"int4_linear", "int4_linear_add", "int4_norm_mlp_add"} if head_norms else set(LAYER_OPS)
+    # q/k norms: the qkv GEMM on int4_linear, the heads normed and rotated after it
+    head_norms = family in ("qwen3-tiny", "gemma3-tiny")
+    layer_ops = set(SANDWICH_OPS) if family.startswith("gemma") else set(LAYER_OPS[1:])
+    layer_ops.add("int4_linear" if head_norms else "int4_norm_qkv_rope")
     assert {f"llmcore::{op}.out" for op in layer_ops} <= set(ops)
-    # nothing left for XNNPACK but, with head norms, RoPE's elementwise ops
+    # nothing left for XNNPACK but, with head norms, RoPE's elementwise ops, and Gemma 2's
+    # soft-capped attention (its attention module's, in the graph)
+    allowed = {"aten_add_Tensor", "aten_sub_Tensor", "aten_mul_Tensor", "aten_cat_default",
+               "aten_unsqueeze_copy_default", "aten_view_copy_default"} if head_norms else set()
+    if family == "gemma2-tiny":
+        allowed |= {"aten_bmm_default", "aten__softmax_default", "aten_tanh_default", "aten_div_Tensor",
+                    "aten_mul_Tensor", "aten_add_Tensor", "aten_view_copy_default", "aten_permute_copy_default",
+                    "dim_order_ops__clone_dim_order_default"}
     delegated = report["delegation"]["by_backend"].get("XnnpackBackend", {}).get("operators", {})
-    assert set(delegated) <= ({"aten_add_Tensor", "aten_sub_Tensor", "aten_mul_Tensor", "aten_cat_default",
-                               "aten_unsqueeze_copy_default"} if head_norms else set()), delegated
+    assert set(delegated) <= allowed, delegated
     assert report["parity"]["top1_agreement"] == 1.0 and report["parity"]["max_abs_diff"] < 0.05
-    # the same integers as 8da4w on XNNPACK alone
+    # the same integers as 8da4w on XNNPACK alone; the activations' int8 rounding may land a step
+    # apart where the two norm differently, more so with more norms a layer: Gemma 3's three
+    # layers (q/k norms and sandwich norms) measured 0.025 apart, each program 0.27 from the
+    # float model (int4 on tiny random weights), the others below 0.02
     assert xnnpack.report["taken"] == [] and xnnpack.report["backends_chosen"] is None
     want = torch.as_tensor(Program.load(xnnpack.pte).logits(IDS, input_pos=0))
     got = torch.as_tensor(Program.load(ours.pte).logits(IDS, input_pos=0))
-    assert float((got - want).norm() / want.norm()) < 0.02
+    assert float((got - want).norm() / want.norm()) < (0.03 if family == "gemma3-tiny" else 0.02)
     assert int(got.argmax()) == int(want.argmax())
 
 
-def test_layers_the_kernels_cannot_run_go_to_xnnpack_with_the_reason(default_and_xnnpack):
-    """Gemma 2's sandwich norms: every layer stays with XNNPACK, the report says why, and the
-    program is 8da4w's on XNNPACK (the final norm and output layer on the kernels)."""
+def test_layers_the_kernels_cannot_run_go_to_xnnpack_with_the_reason(kernel_library, tmp_path):
+    """8da4w with blocks of 64 (the kernels' are 32): every layer stays with XNNPACK, the
+    report says why, and the program answers as the same recipe on XNNPACK alone does."""
     from llmcore.runtime import Program
 
-    ours, xnnpack = default_and_xnnpack["gemma2-tiny"]
+    options = dict(model="llama", config="tiny", quantize="8da4w", quantize_options={"group_size": 64})
+    ours, xnnpack = _export(tmp_path, "ours", **options), _export(tmp_path, "alone", plugins=["xnnpack"], **options)
     (taken,) = ours.report["taken"]
-    assert taken["taken"] == ["norm", "output"]
-    assert len(taken["left"]) == 2 and all("sandwich norms" in why for why in taken["left"])
+    assert not any(name.startswith("layers.") for name in taken["taken"])
+    assert len(taken["left"]) >= 2 and all("blocks are 64 wide" in why for why in taken["left"])
     assert taken["left"][0].startswith("layers.0: ")
     assert ours.report["delegation"]["delegated_subgraphs"] > 0
     want = torch.as_tensor(Program.load(xnnpack.pte).logits(IDS, input_pos=0))
@@ -129,11 +144,11 @@ def test_a_float_model_gives_the_kernels_nothing_and_says_so(kernel_library, tmp
 def test_the_cli_summary_names_the_choice(kernel_library, llmcore_cli, tmp_path):
     out = tmp_path / "m.pte"
     result = llmcore_cli("export", "--model", "gemma", "--config", "gemma2-tiny", "--quantize", "8da4w",
-                         "-o", str(out))
+                         "--quantize-option", "group_size=64", "-o", str(out))
     assert result.returncode == 0, result.stderr
     assert "no --plugins: a recipe exported for this CPU gets kernels,xnnpack" in result.stderr
-    assert "backend 'kernels' runs norm and output; leaves 2 to the backends after it: layers.0: it has " \
-           "sandwich norms" in result.stderr
+    assert "backend 'kernels' runs norm and output; leaves 2 to the backends after it: layers.0: its int4 " \
+           "blocks are 64 wide" in result.stderr
     report = json.loads(out.with_name("m.report.json").read_text())
     assert report["parity"]["top1_agreement"] == 1.0
 
