@@ -177,6 +177,9 @@ void kernel_parallel_for(int64_t begin, int64_t end, int64_t grain, const Body& 
 }
 
 void kernel_threads_use_own(bool own) { use_own.store(own, std::memory_order_relaxed); }
+void kernel_threads_for_whole_layers() {
+  if (!use_own.load(std::memory_order_relaxed)) use_own.store(true, std::memory_order_relaxed);
+}
 bool kernel_threads_own() { return use_own.load(std::memory_order_relaxed); }
 bool kernel_threads_awake() { return pool().awake(); }
 int64_t kernel_threads_poll_time_us() { return kPollTime.count(); }

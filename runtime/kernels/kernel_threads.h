@@ -15,7 +15,8 @@
 // wants it is not kept off it; then they sleep. Two pools in one process would poll against each other for the same cores:
 // hence one library that all the kernels link. In a program whose delegates run on
 // ExecuTorch's pool, a second pool is the wrong choice (kernel_threads_use_own), so which
-// one runs is set for each program.
+// one runs is set for each program, and moved to the own threads by a whole-layer operator
+// (kernel_threads_for_whole_layers).
 //
 // The pool has as many threads as ExecuTorch's (executorch::extension::get_thread_count,
 // which `llmcore_runner --threads` and the Python runtime's thread setting change), the
@@ -55,6 +56,18 @@ LLMCORE_THREADS_API int64_t kernel_thread_count();
 // ExecuTorch's pool. llmcore_runner and llmcore's Program.load set it.
 LLMCORE_THREADS_API void kernel_threads_use_own(bool own);
 LLMCORE_THREADS_API bool kernel_threads_own();
+
+// Called by the operators that run a whole layer's MLP (the kernels plugin's
+// int4_norm_mlp_add and int4_norm_glu_add) each time they run: the own threads from then
+// on, whatever kernel_threads_use_own said for the program. A program made of those layers
+// spends its time in llmcore's operators even where XNNPACK delegates run pieces between
+// them (RoPE's elementwise ops of q/k-norm layers, Gemma 2's soft-capped attention), and
+// measured on a 2-core Xeon its decode was 45-55% faster on the own threads (Qwen3 and
+// Gemma 3 at SmolLM2's shape; Gemma 2 within 3%), where a program of XNNPACK layers with
+// llmcore::int4_mlp between them stays ~9% faster on ExecuTorch's pool. Neither runner can
+// list a program's operators before it runs (the C++ one reads no flatbuffer), so the
+// operators that mark such a program say so themselves.
+LLMCORE_THREADS_API void kernel_threads_for_whole_layers();
 
 // Whether the own threads are awake, polling after a recent region (tests).
 LLMCORE_THREADS_API bool kernel_threads_awake();

@@ -297,6 +297,11 @@ struct Attention {
   int64_t start_pos;
   bool causal;
   const float* mask;  // [q_len, kv_len] added to the scores; then every key is seen (nullptr: none)
+  // The keys any query row may see: [0, start_pos + q_len) without a mask; with one, the
+  // rows between its first and last entry above -inf in any query row (key_range). A ring
+  // buffer that has not wrapped yet holds its positions in rows [0, pos]: a decode step
+  // then reads those, not the whole buffer (Gemma 3's sliding layers: 1023 rows).
+  int64_t key_begin, key_end;
   float scale;
   int64_t group;       // query heads per kv head (n_heads / n_kv_heads)
   int64_t row_blocks;  // ceil(q_len / kRowBlock)
@@ -345,12 +350,11 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
                                       int64_t chunk, std::vector<float>& scratch) {
   const int64_t d = a.head_dim, G = a.group;
   const int64_t rows = i1 - i0, nq = rows * G;
-  const int64_t all_keys = a.mask != nullptr ? a.kv_len : a.start_pos + a.q_len;
-  const int64_t j0 = chunk * a.chunk_keys, j1 = std::min(all_keys, j0 + a.chunk_keys);
+  const int64_t j0 = a.key_begin + chunk * a.chunk_keys, j1 = std::min(a.key_end, j0 + a.chunk_keys);
   // Row r sees keys [j0, end[r]) in this item.
   int64_t end[kRowBlock];
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t limit = a.mask != nullptr ? a.kv_len : a.causal ? a.start_pos + i0 + r + 1 : all_keys;
+    const int64_t limit = a.mask == nullptr && a.causal ? a.start_pos + i0 + r + 1 : a.key_end;
     end[r] = std::max(j0, std::min(j1, limit));
   }
   const int64_t span = std::max<int64_t>(j1 - j0, 1);
@@ -521,7 +525,7 @@ void merge_key_chunks(const Attention& a) {
 
 void attend(Attention& a) {
   const int64_t base = a.batch * a.n_kv_heads * a.row_blocks;
-  const int64_t keys = a.mask != nullptr ? a.kv_len : a.start_pos + a.q_len;
+  const int64_t keys = a.key_end - a.key_begin;
   a.key_chunks = choose_key_chunks(base, keys, kernel_thread_count());
   a.chunk_keys = (keys + a.key_chunks - 1) / a.key_chunks;
   thread_local std::vector<float> partial;
@@ -636,6 +640,24 @@ bool check_attention(KernelRuntimeContext& ctx, const char* op, const Tensor& q,
   return true;
 }
 
+// [*begin, *end): the columns of mask [q_len, kv_len] between the first and the last entry
+// above -inf in any row (empty when every entry is -inf). A key outside them would get a
+// softmax weight of exp(-87 - max) at most, below a float's resolution of the sum it joins.
+void key_range(const float* mask, int64_t q_len, int64_t kv_len, int64_t* begin, int64_t* end) {
+  int64_t lo = kv_len, hi = 0;
+  for (int64_t i = 0; i < q_len; ++i) {
+    const float* row = mask + i * kv_len;
+    int64_t j = 0;
+    while (j < lo && !(row[j] > -INFINITY)) ++j;
+    lo = std::min(lo, j);
+    int64_t k = kv_len;
+    while (k > hi && !(row[k - 1] > -INFINITY)) --k;
+    hi = std::max(hi, k);
+  }
+  *begin = lo < hi ? lo : 0;
+  *end = lo < hi ? hi : 0;
+}
+
 // Attention of float32 queries q over keys and values of `type` (checked), into float32 out.
 void attend_checked(const Tensor& q_shape, const float* q, const Tensor& k, const Tensor& v, KvType type,
                     int64_t start_pos, const std::optional<Tensor>& attn_mask, bool is_causal,
@@ -661,6 +683,9 @@ void attend_checked(const Tensor& q_shape, const float* q, const Tensor& k, cons
   a.start_pos = start_pos;
   a.causal = is_causal;
   a.mask = attn_mask.has_value() ? attn_mask->const_data_ptr<float>() : nullptr;
+  a.key_begin = 0;
+  a.key_end = a.start_pos + a.q_len;
+  if (a.mask != nullptr) key_range(a.mask, a.q_len, a.kv_len, &a.key_begin, &a.key_end);
   a.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(a.head_dim)));
   a.group = a.n_heads / a.n_kv_heads;
   a.row_blocks = (a.q_len + kRowBlock - 1) / kRowBlock;

@@ -431,12 +431,15 @@ int run(const Options& opt) {
                                 kernels.missing() + " (pass --load-library PATH)");
   }
   // llmcore's kernels on their own threads in a program with no delegate, on ExecuTorch's
-  // pool beside delegates (runtime/kernels/kernel_threads.h says why).
+  // pool beside delegates, until a whole-layer operator of llmcore's runs
+  // (runtime/kernels/kernel_threads.h says why).
   const bool own_threads = module.forward_backends() == 0;
   llmcore_kernels::kernel_threads_use_own(own_threads);
   if (opt.verbose)
     std::fprintf(stderr, "llmcore_runner: llmcore's kernels on %s\n",
-                 own_threads ? "their own threads (no delegate)" : "ExecuTorch's thread pool (the program has delegates)");
+                 own_threads ? "their own threads (no delegate)"
+                             : "ExecuTorch's thread pool (the program has delegates), their own threads once a "
+                               "whole-layer operator runs");
   std::unique_ptr<llmcore::Tokenizer> tok = llmcore::Tokenizer::load(opt.tokenizer);
   auto t_load1 = Clock::now();
 

@@ -185,6 +185,40 @@ def test_custom_sdpa_with_a_slice_of_masked_keys(ops_check, tmp_path, threads):
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("seen", [[(0, 30)], [(20, 50)], [(10, 20), (15, 40), (12, 13)]],
+                         ids=["ring-not-wrapped", "middle", "rows-apart"])
+def test_custom_sdpa_reads_only_the_keys_its_mask_can_show(ops_check, tmp_path, threads, seen):
+    """With a mask, the kernel reads the key rows between the first and the last a query may
+    see (a ring buffer that has not wrapped: the rows written so far, not the whole buffer).
+    Rows outside hold NaN here: read, they would poison the output."""
+    q_len, heads, kv_heads, head_dim, rows = len(seen), 6, 2, 16, 96
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, q_len, heads, head_dim, generator=g) * 2
+    k = torch.randn(1, rows, kv_heads, head_dim, generator=g)
+    v = torch.randn(1, rows, kv_heads, head_dim, generator=g)
+    mask = torch.full((q_len, rows), float("-inf"))
+    for i, (lo, hi) in enumerate(seen):
+        mask[i, lo:hi] = 0.0
+    first, last = min(lo for lo, _ in seen), max(hi for _, hi in seen)
+    for t in (k, v):
+        t[:, :first] = float("nan")
+        t[:, last:] = float("nan")
+    for name, t in (("q", q), ("k", k), ("v", v), ("mask", mask)):
+        (tmp_path / f"{name}.bin").write_bytes(t.contiguous().numpy().tobytes())
+    r = run_check(ops_check, tmp_path, "sdpa", batch=1, q_len=q_len, heads=heads, head_dim=head_dim, kv_len=rows,
+                  kv_heads=kv_heads, start=0, causal=False, mask=1, threads=threads)
+    assert r.returncode == 0, r.stderr
+    got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).view(q.shape)
+    inside = slice(first, last)
+    keys = k[:, inside].double().repeat_interleave(heads // kv_heads, dim=2).transpose(1, 2)
+    values = v[:, inside].double().repeat_interleave(heads // kv_heads, dim=2).transpose(1, 2)
+    scores = q.double().transpose(1, 2) @ keys.transpose(-1, -2) / math.sqrt(head_dim) + mask[:, inside].double()
+    want = (scores.softmax(-1) @ values).transpose(1, 2).float()
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
+
+
 def test_custom_sdpa_with_a_mask_matches_torch(ops_check, tmp_path):
     """A sliding layer's call: a ring buffer of 11 rows holding positions 9..19 out of
     order, a 4-token chunk at positions 16..19, a window of 6, a mask saying which row each

@@ -292,6 +292,7 @@ Tensor& int4_norm_mlp_add_out(KernelRuntimeContext& ctx, const Tensor& h, const 
                               const std::optional<Tensor>& gate_up_offsets, const Tensor& down,
                               const Tensor& down_scales, const Tensor& down_sums,
                               const std::optional<Tensor>& down_offsets, Tensor& out) {
+  kernel_threads_for_whole_layers();  // a program of whole layers: the own threads (kernel_threads.h)
   Int4MlpWeights w{};
   const char* part = "";
   const char* why = et::mlp_weights(gate_up, gate_up_scales, gate_up_sums, down, down_scales, down_sums, &w, &part);
@@ -353,6 +354,7 @@ Tensor& int4_norm_glu_add_out(KernelRuntimeContext& ctx, const Tensor& h, const 
                               const Tensor& down_scales, const Tensor& down_sums,
                               const std::optional<Tensor>& down_offsets, std::string_view activation,
                               const std::optional<Tensor>& post_norm_weight, double post_eps, Tensor& out) {
+  kernel_threads_for_whole_layers();  // a program of whole layers: the own threads (kernel_threads.h)
   Int4MlpWeights w{};
   const char* part = "";
   const char* why = et::mlp_weights(gate_up, gate_up_scales, gate_up_sums, down, down_scales, down_sums, &w, &part);

@@ -50,7 +50,8 @@ LLM_OPS = ("llama::custom_sdpa.out",)
 def _threads_for_program(delegates: tuple[str, ...]) -> None:
     """The kernels on their own threads in a program with no delegate (all its heavy work is
     theirs: 8da4w-layers), on ExecuTorch's pool in one with delegates, whose worker they then
-    share (runtime/kernels/kernel_threads.h), as llmcore_runner chooses."""
+    share, until one of their whole-layer operators runs and moves them to their own
+    (runtime/kernels/kernel_threads.h, kernel_threads_for_whole_layers), as in llmcore_runner."""
     library.use_own_threads(not delegates)
 
 

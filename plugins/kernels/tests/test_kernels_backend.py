@@ -45,6 +45,7 @@ FAMILIES = [("llama", "tiny"), ("qwen", "qwen2-tiny"), ("qwen", "qwen3-tiny"), (
 @pytest.mark.parametrize("family", [config for _, config in FAMILIES])
 def test_a_recipe_without_plugins_runs_every_layer_on_the_kernels(default_and_xnnpack, family):
     from llmcore.runtime import Program, libraries
+    from llmcore_kernels import library
 
     ours, xnnpack = default_and_xnnpack[family]
     report = ours.report
@@ -77,7 +78,13 @@ def test_a_recipe_without_plugins_runs_every_layer_on_the_kernels(default_and_xn
     # float model (int4 on tiny random weights), the others below 0.02
     assert xnnpack.report["taken"] == [] and xnnpack.report["backends_chosen"] is None
     want = torch.as_tensor(Program.load(xnnpack.pte).logits(IDS, input_pos=0))
-    got = torch.as_tensor(Program.load(ours.pte).logits(IDS, input_pos=0))
+    assert not library.own_threads()  # XNNPACK's layers: the kernels (none here) on ExecuTorch's pool
+    program = Program.load(ours.pte)
+    assert library.own_threads() == (not delegated)  # loaded: as its delegates say
+    got = torch.as_tensor(program.logits(IDS, input_pos=0))
+    # run: its whole-layer operators moved the kernels to their own threads, delegates or
+    # not (runtime/kernels/kernel_threads.h, kernel_threads_for_whole_layers)
+    assert library.own_threads()
     assert float((got - want).norm() / want.norm()) < (0.03 if family == "gemma3-tiny" else 0.02)
     assert int(got.argmax()) == int(want.argmax())
 
