@@ -205,3 +205,34 @@ def test_a_gguf_reaches_the_kernels_as_nibbles_and_xnnpack_as_bytes(kernel_libra
         assert taken["left"] == [] and taken["taken"][:2] == ["layers.0", "layers.1"]
         assert report["parity"]["max_abs_diff"] < 0.05
     assert report["parity"]["top1_agreement"] == 1.0
+
+
+@pytest.mark.parametrize("kind", ["Gemma2", "Gemma3"])
+def test_a_gemma_gguf_runs_every_layer_on_the_kernels_by_default(kernel_library, tmp_path, kind):
+    """A Q4_0 Gemma 2 (sandwich norms, GeGLU, soft-capped attention and logits) or Gemma 3
+    (and q/k norms) GGUF, as llama.cpp's converter writes one, exported as a user does (no
+    --plugins, no recipe): the file's integers, every layer on the kernels' post-norm and
+    GeGLU operators, the program as its eager model and as the same file on XNNPACK alone."""
+    import gguf
+    from llmcore.runtime import Program, libraries
+    from llmcore_llama.testing import GGUF_LAYER_MATRICES, save_random_hf, write_gguf
+
+    folder = save_random_hf(tmp_path / kind, kind, config_kind="Gemma3Text" if kind == "Gemma3" else "",
+                            head_dim=32, query_pre_attn_scalar=32)
+    path = tmp_path / f"{kind}.gguf"
+    write_gguf(folder, path, quantize=dict.fromkeys(GGUF_LAYER_MATRICES, gguf.GGMLQuantizationType.Q4_0),
+               convert=lambda name, t: t + 1.0 if name.endswith("norm.weight") else t)  # Gemma's 1 + w norms
+    tokenizer = str(folder / "tokenizer.json")
+    ours = _export(tmp_path, "ours", checkpoint=str(path), tokenizer=tokenizer)
+    alone = _export(tmp_path, "alone", checkpoint=str(path), tokenizer=tokenizer, plugins=["xnnpack"])
+    report = ours.report
+    assert report["model"]["family"] == "gemma" and report["quantization"]["recipe"] == "gguf"
+    (taken,) = report["taken"]
+    # the tied table stays float in the file (as the converter writes a small one): XNNPACK's
+    assert taken["left"] == [] and taken["taken"] == ["layers.0", "layers.1", "norm"]
+    ops = set(libraries.program_operators(ours.pte.read_bytes()))
+    assert {"llmcore::int4_linear_norm_add.out", "llmcore::int4_norm_glu_add.out"} <= ops
+    assert report["parity"]["top1_agreement"] == 1.0 and report["parity"]["max_abs_diff"] < 0.05
+    want = torch.as_tensor(Program.load(alone.pte).logits(IDS, input_pos=0))
+    got = torch.as_tensor(Program.load(ours.pte).logits(IDS, input_pos=0))
+    assert float((got - want).norm() / want.norm()) < 0.03 and int(got.argmax()) == int(want.argmax())
