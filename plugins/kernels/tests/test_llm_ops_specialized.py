@@ -1,5 +1,6 @@
 """libllmcore_llm_ops.so: the C++ runner's attention kernel in Python processes, registered
-for float32 llama::custom_sdpa under ExecuTorch kernel keys beside ExecuTorch's own kernel.
+for float32, float16 and bfloat16 llama::custom_sdpa under ExecuTorch kernel keys beside
+ExecuTorch's own kernel.
 
 Each run is a fresh interpreter: kernel registrations are process-wide and cannot be undone.
 The authority is ExecuTorch's own kernel (``LLMCORE_SPECIALIZED_KERNELS=0``)."""
@@ -10,6 +11,8 @@ import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 
 # Prefill of a prompt, then decode steps: logits of each call, and how many attention calls
@@ -61,6 +64,23 @@ def test_python_runs_the_runners_attention_kernel_with_executorchs_results(kv_ex
                   library=str(kernel_library / library.LLM_OPS_LIBRARY))
     assert before["calls"] == 4 * layers
     assert _max_difference(before["logits"], theirs["logits"]) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_a_16_bit_cache_runs_the_runners_attention_kernel_too(kernel_library, tmp_path, dtype):
+    """A KV cache of 16-bit floats (--kv-cache-dtype) calls llama::custom_sdpa in its type:
+    that call reaches this library's kernel too (ExecuTorch's own took 125 ms for a SmolLM2
+    prefill call of an fp16 cache), with ExecuTorch's results."""
+    from llmcore.pipeline import export
+    from llmcore.plugins import load_registry
+    from llmcore.recipe import ExportOptions
+
+    out = tmp_path / f"{dtype}.pte"
+    export(ExportOptions(model="llama", config="tiny", plugins=["xnnpack"], kv_cache_dtype=dtype, output=str(out),
+                         quiet=True), load_registry())
+    theirs, ours = _run(out, specialized=False), _run(out, specialized=True)
+    assert ours["calls"] == 4 * 2, ours["calls"]  # each forward call, each of the two layers
+    assert _max_difference(ours["logits"], theirs["logits"]) < 1e-3
 
 
 def test_no_program_needs_the_specialized_library(kv_export):
