@@ -233,28 +233,82 @@ void int4_norm_qkv_rope_out(KernelRuntimeContext& ctx, const Tensor& h, const Te
                              v.mutable_data_ptr<float>(), et::runtime_parallel);
 }
 
+namespace {
+
+// The work of int4_linear_add (norm_weight null) and int4_linear_norm_add, its checks named
+// after `op`: out = residual + x W^T, or residual + rms_norm(x W^T).
+void linear_residual(KernelRuntimeContext& ctx, const char* op, const Tensor& x, const Tensor& w,
+                     const Tensor& w_scales, const Tensor& w_sums, const std::optional<Tensor>& w_offsets,
+                     const Tensor* norm_weight, double eps, const Tensor& residual, Tensor& out) {
+  int4::PackedWeight pw{};
+  const char* why = et::projection(w, w_scales, w_sums, &pw);
+  if (why == nullptr) why = et::block_offsets(w_offsets, &pw);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "%s: w: %s", op, why);
+  if (norm_weight != nullptr) {
+    why = float_vector(*norm_weight, pw.n);
+    ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "%s: %s", op, why);
+    ET_KERNEL_CHECK_MSG(ctx, std::isfinite(eps) && eps >= 0.0, InvalidArgument, , "%s: eps must be finite and >= 0",
+                        op);
+  }
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(x, pw.k), InvalidArgument, ,
+                      "%s: x must be contiguous float32 rows of w's in-features (%lld)", op, (long long)pw.k);
+  const int64_t rows = x.numel() / pw.k;
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(residual, pw.n) && residual.numel() == rows * pw.n, InvalidArgument, ,
+                      "%s: residual must be contiguous float32, one row of w's out-features (%lld) per row of x", op,
+                      (long long)pw.n);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, residual.sizes()) == Error::Ok, InvalidArgument, );
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, pw.n), InvalidArgument, , "%s: out must be contiguous float32", op);
+  if (rows == 0) return;
+  if (norm_weight == nullptr)
+    int4_linear_add_forward(x.const_data_ptr<float>(), rows, pw, residual.const_data_ptr<float>(),
+                            out.mutable_data_ptr<float>(), et::runtime_parallel);
+  else
+    int4_linear_norm_add_forward(x.const_data_ptr<float>(), rows, pw, norm_weight->const_data_ptr<float>(), eps,
+                                 residual.const_data_ptr<float>(), out.mutable_data_ptr<float>(), et::runtime_parallel);
+}
+
+// The work of int4_norm_mlp_add (silu, no post-norm) and int4_norm_glu_add, its checks named
+// after `op`: out = h + mlp(rms_norm(h)), or h + rms_norm(mlp(rms_norm(h))) with the post-norm.
+void norm_mlp_residual(KernelRuntimeContext& ctx, const char* op, const Tensor& h, const Tensor& norm_weight,
+                       double eps, const Tensor& gate_up, const Tensor& gate_up_scales, const Tensor& gate_up_sums,
+                       const std::optional<Tensor>& gate_up_offsets, const Tensor& down, const Tensor& down_scales,
+                       const Tensor& down_sums, const std::optional<Tensor>& down_offsets,
+                       std::string_view activation, const std::optional<Tensor>& post_norm_weight, double post_eps,
+                       Tensor& out) {
+  kernel_threads_for_whole_layers();  // a program of whole layers: the own threads (kernel_threads.h)
+  Int4MlpWeights w{};
+  const char* part = "";
+  const char* why = et::mlp_weights(gate_up, gate_up_scales, gate_up_sums, down, down_scales, down_sums, &w, &part);
+  if (why == nullptr && (why = et::block_offsets(gate_up_offsets, &w.gate_up)) != nullptr) part = "gate_up: ";
+  if (why == nullptr && (why = et::block_offsets(down_offsets, &w.down)) != nullptr) part = "down: ";
+  if (why == nullptr && (why = glu_activation(activation, &w.activation)) != nullptr) part = "";
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "%s: %s%s", op, part, why);
+  why = float_vector(norm_weight, w.gate_up.k);
+  if (why == nullptr && post_norm_weight.has_value()) why = float_vector(*post_norm_weight, w.gate_up.k);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "%s: %s", op, why);
+  ET_KERNEL_CHECK_MSG(ctx, std::isfinite(eps) && eps >= 0.0, InvalidArgument, , "%s: eps must be finite and >= 0", op);
+  ET_KERNEL_CHECK_MSG(ctx, std::isfinite(post_eps) && post_eps >= 0.0, InvalidArgument, ,
+                      "%s: post_eps must be finite and >= 0", op);
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(h, w.gate_up.k), InvalidArgument, ,
+                      "%s: h must be contiguous float32 rows of the model dimension (%lld)", op,
+                      (long long)w.gate_up.k);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, h.sizes()) == Error::Ok, InvalidArgument, );
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, w.gate_up.k), InvalidArgument, , "%s: out must be contiguous float32", op);
+  if (h.numel() == 0) return;
+  int4_norm_mlp_add_forward(h.const_data_ptr<float>(), h.numel() / w.gate_up.k, norm_weight.const_data_ptr<float>(),
+                            eps, w, out.mutable_data_ptr<float>(), et::runtime_parallel,
+                            post_norm_weight.has_value() ? post_norm_weight->const_data_ptr<float>() : nullptr,
+                            post_eps);
+}
+
+}  // namespace
+
 // llmcore::int4_linear_add.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_offsets,
 //     Tensor residual, *, Tensor(a!) out) -> Tensor(a!)
 Tensor& int4_linear_add_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& w, const Tensor& w_scales,
                             const Tensor& w_sums, const std::optional<Tensor>& w_offsets, const Tensor& residual,
                             Tensor& out) {
-  int4::PackedWeight pw{};
-  const char* why = et::projection(w, w_scales, w_sums, &pw);
-  if (why == nullptr) why = et::block_offsets(w_offsets, &pw);
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_linear_add: w: %s", why);
-  ET_KERNEL_CHECK_MSG(ctx, rows_of(x, pw.k), InvalidArgument, out,
-                      "llmcore::int4_linear_add: x must be contiguous float32 rows of w's in-features (%lld)",
-                      (long long)pw.k);
-  const int64_t rows = x.numel() / pw.k;
-  ET_KERNEL_CHECK_MSG(ctx, rows_of(residual, pw.n) && residual.numel() == rows * pw.n, InvalidArgument, out,
-                      "llmcore::int4_linear_add: residual must be contiguous float32, one row of w's out-features "
-                      "(%lld) per row of x", (long long)pw.n);
-  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, residual.sizes()) == Error::Ok, InvalidArgument, out);
-  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, pw.n), InvalidArgument, out,
-                      "llmcore::int4_linear_add: out must be contiguous float32");
-  if (rows == 0) return out;
-  int4_linear_add_forward(x.const_data_ptr<float>(), rows, pw, residual.const_data_ptr<float>(),
-                          out.mutable_data_ptr<float>(), et::runtime_parallel);
+  linear_residual(ctx, "llmcore::int4_linear_add", x, w, w_scales, w_sums, w_offsets, nullptr, 0.0, residual, out);
   return out;
 }
 
@@ -292,26 +346,8 @@ Tensor& int4_norm_mlp_add_out(KernelRuntimeContext& ctx, const Tensor& h, const 
                               const std::optional<Tensor>& gate_up_offsets, const Tensor& down,
                               const Tensor& down_scales, const Tensor& down_sums,
                               const std::optional<Tensor>& down_offsets, Tensor& out) {
-  kernel_threads_for_whole_layers();  // a program of whole layers: the own threads (kernel_threads.h)
-  Int4MlpWeights w{};
-  const char* part = "";
-  const char* why = et::mlp_weights(gate_up, gate_up_scales, gate_up_sums, down, down_scales, down_sums, &w, &part);
-  if (why == nullptr && (why = et::block_offsets(gate_up_offsets, &w.gate_up)) != nullptr) part = "gate_up: ";
-  if (why == nullptr && (why = et::block_offsets(down_offsets, &w.down)) != nullptr) part = "down: ";
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_mlp_add: %s%s", part, why);
-  why = float_vector(norm_weight, w.gate_up.k);
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_mlp_add: %s", why);
-  ET_KERNEL_CHECK_MSG(ctx, std::isfinite(eps) && eps >= 0.0, InvalidArgument, out,
-                      "llmcore::int4_norm_mlp_add: eps must be finite and >= 0");
-  ET_KERNEL_CHECK_MSG(ctx, rows_of(h, w.gate_up.k), InvalidArgument, out,
-                      "llmcore::int4_norm_mlp_add: h must be contiguous float32 rows of the model dimension (%lld)",
-                      (long long)w.gate_up.k);
-  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, h.sizes()) == Error::Ok, InvalidArgument, out);
-  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, w.gate_up.k), InvalidArgument, out,
-                      "llmcore::int4_norm_mlp_add: out must be contiguous float32");
-  if (h.numel() == 0) return out;
-  int4_norm_mlp_add_forward(h.const_data_ptr<float>(), h.numel() / w.gate_up.k, norm_weight.const_data_ptr<float>(),
-                            eps, w, out.mutable_data_ptr<float>(), et::runtime_parallel);
+  norm_mlp_residual(ctx, "llmcore::int4_norm_mlp_add", h, norm_weight, eps, gate_up, gate_up_scales, gate_up_sums,
+                    gate_up_offsets, down, down_scales, down_sums, down_offsets, "silu", std::nullopt, 0.0, out);
   return out;
 }
 
@@ -320,27 +356,8 @@ Tensor& int4_norm_mlp_add_out(KernelRuntimeContext& ctx, const Tensor& h, const 
 Tensor& int4_linear_norm_add_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& w, const Tensor& w_scales,
                                  const Tensor& w_sums, const std::optional<Tensor>& w_offsets,
                                  const Tensor& norm_weight, double eps, const Tensor& residual, Tensor& out) {
-  int4::PackedWeight pw{};
-  const char* why = et::projection(w, w_scales, w_sums, &pw);
-  if (why == nullptr) why = et::block_offsets(w_offsets, &pw);
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_linear_norm_add: w: %s", why);
-  why = float_vector(norm_weight, pw.n);
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_linear_norm_add: %s", why);
-  ET_KERNEL_CHECK_MSG(ctx, std::isfinite(eps) && eps >= 0.0, InvalidArgument, out,
-                      "llmcore::int4_linear_norm_add: eps must be finite and >= 0");
-  ET_KERNEL_CHECK_MSG(ctx, rows_of(x, pw.k), InvalidArgument, out,
-                      "llmcore::int4_linear_norm_add: x must be contiguous float32 rows of w's in-features (%lld)",
-                      (long long)pw.k);
-  const int64_t rows = x.numel() / pw.k;
-  ET_KERNEL_CHECK_MSG(ctx, rows_of(residual, pw.n) && residual.numel() == rows * pw.n, InvalidArgument, out,
-                      "llmcore::int4_linear_norm_add: residual must be contiguous float32, one row of w's "
-                      "out-features (%lld) per row of x", (long long)pw.n);
-  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, residual.sizes()) == Error::Ok, InvalidArgument, out);
-  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, pw.n), InvalidArgument, out,
-                      "llmcore::int4_linear_norm_add: out must be contiguous float32");
-  if (rows == 0) return out;
-  int4_linear_norm_add_forward(x.const_data_ptr<float>(), rows, pw, norm_weight.const_data_ptr<float>(), eps,
-                               residual.const_data_ptr<float>(), out.mutable_data_ptr<float>(), et::runtime_parallel);
+  linear_residual(ctx, "llmcore::int4_linear_norm_add", x, w, w_scales, w_sums, w_offsets, &norm_weight, eps,
+                  residual, out);
   return out;
 }
 
@@ -354,30 +371,9 @@ Tensor& int4_norm_glu_add_out(KernelRuntimeContext& ctx, const Tensor& h, const 
                               const Tensor& down_scales, const Tensor& down_sums,
                               const std::optional<Tensor>& down_offsets, std::string_view activation,
                               const std::optional<Tensor>& post_norm_weight, double post_eps, Tensor& out) {
-  kernel_threads_for_whole_layers();  // a program of whole layers: the own threads (kernel_threads.h)
-  Int4MlpWeights w{};
-  const char* part = "";
-  const char* why = et::mlp_weights(gate_up, gate_up_scales, gate_up_sums, down, down_scales, down_sums, &w, &part);
-  if (why == nullptr && (why = et::block_offsets(gate_up_offsets, &w.gate_up)) != nullptr) part = "gate_up: ";
-  if (why == nullptr && (why = et::block_offsets(down_offsets, &w.down)) != nullptr) part = "down: ";
-  if (why == nullptr && (why = glu_activation(activation, &w.activation)) != nullptr) part = "";
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_glu_add: %s%s", part, why);
-  why = float_vector(norm_weight, w.gate_up.k);
-  if (why == nullptr && post_norm_weight.has_value()) why = float_vector(*post_norm_weight, w.gate_up.k);
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_norm_glu_add: %s", why);
-  ET_KERNEL_CHECK_MSG(ctx, std::isfinite(eps) && eps >= 0.0 && std::isfinite(post_eps) && post_eps >= 0.0,
-                      InvalidArgument, out, "llmcore::int4_norm_glu_add: eps and post_eps must be finite and >= 0");
-  ET_KERNEL_CHECK_MSG(ctx, rows_of(h, w.gate_up.k), InvalidArgument, out,
-                      "llmcore::int4_norm_glu_add: h must be contiguous float32 rows of the model dimension (%lld)",
-                      (long long)w.gate_up.k);
-  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, h.sizes()) == Error::Ok, InvalidArgument, out);
-  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, w.gate_up.k), InvalidArgument, out,
-                      "llmcore::int4_norm_glu_add: out must be contiguous float32");
-  if (h.numel() == 0) return out;
-  int4_norm_mlp_add_forward(h.const_data_ptr<float>(), h.numel() / w.gate_up.k, norm_weight.const_data_ptr<float>(),
-                            eps, w, out.mutable_data_ptr<float>(), et::runtime_parallel,
-                            post_norm_weight.has_value() ? post_norm_weight->const_data_ptr<float>() : nullptr,
-                            post_eps);
+  norm_mlp_residual(ctx, "llmcore::int4_norm_glu_add", h, norm_weight, eps, gate_up, gate_up_scales, gate_up_sums,
+                    gate_up_offsets, down, down_scales, down_sums, down_offsets, activation, post_norm_weight,
+                    post_eps, out);
   return out;
 }
 

@@ -117,12 +117,18 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   return int4_linear_out(x, w, w_scales, w_sums, w_bias, w_offsets, out);
 }
 
-at::Tensor& int4_linear_add_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
-                                const at::Tensor& w_sums, const std::optional<at::Tensor>& w_offsets,
-                                const at::Tensor& residual, at::Tensor& out) {
-  constexpr const char* op = "llmcore::int4_linear_add";
+// The work of int4_linear_add (norm_weight null) and int4_linear_norm_add, its checks named
+// after `op`: out = residual + x W^T, or residual + rms_norm(x W^T).
+at::Tensor& linear_residual(const char* op, const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
+                            const at::Tensor& w_sums, const std::optional<at::Tensor>& w_offsets,
+                            const at::Tensor* norm_weight, double eps, const at::Tensor& residual, at::Tensor& out) {
   llmcore_kernels::int4::PackedWeight pw = projection(op, "w", w, w_scales, w_sums);
   const at::Tensor offsets = block_offsets(op, "w", w_offsets, &pw);
+  at::Tensor nw;
+  if (norm_weight != nullptr) {
+    TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0");
+    nw = norm_weight_of(op, *norm_weight, pw.n);
+  }
   const at::Tensor xc = float_rows(op, "x", x, pw.k);
   const int64_t rows = xc.numel() / pw.k;
   const at::Tensor rc = float_rows(op, "residual", residual, pw.n);
@@ -130,10 +136,52 @@ at::Tensor& int4_linear_add_out(const at::Tensor& x, const at::Tensor& w, const 
               " for ", x.sizes());
   out.resize_(rc.sizes());
   TORCH_CHECK(out.is_contiguous(), op, ": out must be contiguous");
-  if (rows > 0)
+  if (rows == 0) return out;
+  if (norm_weight == nullptr)
     llmcore_kernels::int4_linear_add_forward(xc.const_data_ptr<float>(), rows, pw, rc.const_data_ptr<float>(),
                                              out.mutable_data_ptr<float>(), torch_parallel);
+  else
+    llmcore_kernels::int4_linear_norm_add_forward(xc.const_data_ptr<float>(), rows, pw, nw.const_data_ptr<float>(),
+                                                  eps, rc.const_data_ptr<float>(), out.mutable_data_ptr<float>(),
+                                                  torch_parallel);
   return out;
+}
+
+// The work of int4_norm_mlp_add (silu, no post-norm) and int4_norm_glu_add, its checks named
+// after `op`: out = h + mlp(rms_norm(h)), or h + rms_norm(mlp(rms_norm(h))) with the post-norm.
+at::Tensor& norm_mlp_residual(const char* op, const at::Tensor& h, const at::Tensor& norm_weight, double eps,
+                              const at::Tensor& gate_up, const at::Tensor& gate_up_scales,
+                              const at::Tensor& gate_up_sums, const std::optional<at::Tensor>& gate_up_offsets,
+                              const at::Tensor& down, const at::Tensor& down_scales, const at::Tensor& down_sums,
+                              const std::optional<at::Tensor>& down_offsets, std::string_view activation,
+                              const std::optional<at::Tensor>& post_norm_weight, double post_eps, at::Tensor& out) {
+  llmcore_kernels::Int4MlpWeights w{projection(op, "gate_up", gate_up, gate_up_scales, gate_up_sums),
+                                    projection(op, "down", down, down_scales, down_sums)};
+  const at::Tensor gate_up_held = block_offsets(op, "gate_up", gate_up_offsets, &w.gate_up);
+  const at::Tensor down_held = block_offsets(op, "down", down_offsets, &w.down);
+  const char* why = llmcore_kernels::int4_mlp_shape_error(w);
+  if (why == nullptr) why = llmcore_kernels::glu_activation(activation, &w.activation);
+  TORCH_CHECK(why == nullptr, op, ": ", why ? why : "");
+  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0");
+  TORCH_CHECK(std::isfinite(post_eps) && post_eps >= 0.0, op, ": post_eps must be finite and >= 0");
+  const at::Tensor nw = norm_weight_of(op, norm_weight, w.gate_up.k);
+  at::Tensor post;
+  if (post_norm_weight.has_value()) post = norm_weight_of(op, *post_norm_weight, w.gate_up.k);
+  const at::Tensor hc = float_rows(op, "h", h, w.gate_up.k);
+  out.resize_(hc.sizes());
+  TORCH_CHECK(out.is_contiguous(), op, ": out must be contiguous");
+  if (hc.numel() > 0)
+    llmcore_kernels::int4_norm_mlp_add_forward(hc.const_data_ptr<float>(), hc.numel() / w.gate_up.k,
+                                               nw.const_data_ptr<float>(), eps, w, out.mutable_data_ptr<float>(),
+                                               torch_parallel, post.defined() ? post.const_data_ptr<float>() : nullptr,
+                                               post_eps);
+  return out;
+}
+
+at::Tensor& int4_linear_add_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
+                                const at::Tensor& w_sums, const std::optional<at::Tensor>& w_offsets,
+                                const at::Tensor& residual, at::Tensor& out) {
+  return linear_residual("llmcore::int4_linear_add", x, w, w_scales, w_sums, w_offsets, nullptr, 0.0, residual, out);
 }
 
 at::Tensor int4_linear_add(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
@@ -148,23 +196,9 @@ at::Tensor& int4_norm_mlp_add_out(const at::Tensor& h, const at::Tensor& norm_we
                                   const at::Tensor& gate_up_sums, const std::optional<at::Tensor>& gate_up_offsets,
                                   const at::Tensor& down, const at::Tensor& down_scales, const at::Tensor& down_sums,
                                   const std::optional<at::Tensor>& down_offsets, at::Tensor& out) {
-  constexpr const char* op = "llmcore::int4_norm_mlp_add";
-  llmcore_kernels::Int4MlpWeights w{projection(op, "gate_up", gate_up, gate_up_scales, gate_up_sums),
-                                    projection(op, "down", down, down_scales, down_sums)};
-  const at::Tensor gate_up_held = block_offsets(op, "gate_up", gate_up_offsets, &w.gate_up);
-  const at::Tensor down_held = block_offsets(op, "down", down_offsets, &w.down);
-  const char* why = llmcore_kernels::int4_mlp_shape_error(w);
-  TORCH_CHECK(why == nullptr, op, ": ", why ? why : "");
-  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0");
-  const at::Tensor nw = norm_weight_of(op, norm_weight, w.gate_up.k);
-  const at::Tensor hc = float_rows(op, "h", h, w.gate_up.k);
-  out.resize_(hc.sizes());
-  TORCH_CHECK(out.is_contiguous(), op, ": out must be contiguous");
-  if (hc.numel() > 0)
-    llmcore_kernels::int4_norm_mlp_add_forward(hc.const_data_ptr<float>(), hc.numel() / w.gate_up.k,
-                                               nw.const_data_ptr<float>(), eps, w, out.mutable_data_ptr<float>(),
-                                               torch_parallel);
-  return out;
+  return norm_mlp_residual("llmcore::int4_norm_mlp_add", h, norm_weight, eps, gate_up, gate_up_scales, gate_up_sums,
+                           gate_up_offsets, down, down_scales, down_sums, down_offsets, "silu", std::nullopt, 0.0,
+                           out);
 }
 
 at::Tensor int4_norm_mlp_add(const at::Tensor& h, const at::Tensor& norm_weight, double eps,
@@ -181,23 +215,8 @@ at::Tensor& int4_linear_norm_add_out(const at::Tensor& x, const at::Tensor& w, c
                                      const at::Tensor& w_sums, const std::optional<at::Tensor>& w_offsets,
                                      const at::Tensor& norm_weight, double eps, const at::Tensor& residual,
                                      at::Tensor& out) {
-  constexpr const char* op = "llmcore::int4_linear_norm_add";
-  llmcore_kernels::int4::PackedWeight pw = projection(op, "w", w, w_scales, w_sums);
-  const at::Tensor offsets = block_offsets(op, "w", w_offsets, &pw);
-  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0");
-  const at::Tensor nw = norm_weight_of(op, norm_weight, pw.n);
-  const at::Tensor xc = float_rows(op, "x", x, pw.k);
-  const int64_t rows = xc.numel() / pw.k;
-  const at::Tensor rc = float_rows(op, "residual", residual, pw.n);
-  TORCH_CHECK(rc.numel() == rows * pw.n, op, ": residual must hold one row per row of x, got ", residual.sizes(),
-              " for ", x.sizes());
-  out.resize_(rc.sizes());
-  TORCH_CHECK(out.is_contiguous(), op, ": out must be contiguous");
-  if (rows > 0)
-    llmcore_kernels::int4_linear_norm_add_forward(xc.const_data_ptr<float>(), rows, pw, nw.const_data_ptr<float>(),
-                                                  eps, rc.const_data_ptr<float>(), out.mutable_data_ptr<float>(),
-                                                  torch_parallel);
-  return out;
+  return linear_residual("llmcore::int4_linear_norm_add", x, w, w_scales, w_sums, w_offsets, &norm_weight, eps,
+                         residual, out);
 }
 
 at::Tensor int4_linear_norm_add(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
@@ -214,29 +233,9 @@ at::Tensor& int4_norm_glu_add_out(const at::Tensor& h, const at::Tensor& norm_we
                                   const std::optional<at::Tensor>& down_offsets, c10::string_view activation,
                                   const std::optional<at::Tensor>& post_norm_weight, double post_eps,
                                   at::Tensor& out) {
-  constexpr const char* op = "llmcore::int4_norm_glu_add";
-  llmcore_kernels::Int4MlpWeights w{projection(op, "gate_up", gate_up, gate_up_scales, gate_up_sums),
-                                    projection(op, "down", down, down_scales, down_sums)};
-  const at::Tensor gate_up_held = block_offsets(op, "gate_up", gate_up_offsets, &w.gate_up);
-  const at::Tensor down_held = block_offsets(op, "down", down_offsets, &w.down);
-  const char* why = llmcore_kernels::int4_mlp_shape_error(w);
-  if (why == nullptr) why = llmcore_kernels::glu_activation(std::string_view(activation.data(), activation.size()),
-                                                            &w.activation);
-  TORCH_CHECK(why == nullptr, op, ": ", why ? why : "");
-  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0 && std::isfinite(post_eps) && post_eps >= 0.0, op,
-              ": eps and post_eps must be finite and >= 0");
-  const at::Tensor nw = norm_weight_of(op, norm_weight, w.gate_up.k);
-  at::Tensor post;
-  if (post_norm_weight.has_value()) post = norm_weight_of(op, *post_norm_weight, w.gate_up.k);
-  const at::Tensor hc = float_rows(op, "h", h, w.gate_up.k);
-  out.resize_(hc.sizes());
-  TORCH_CHECK(out.is_contiguous(), op, ": out must be contiguous");
-  if (hc.numel() > 0)
-    llmcore_kernels::int4_norm_mlp_add_forward(hc.const_data_ptr<float>(), hc.numel() / w.gate_up.k,
-                                               nw.const_data_ptr<float>(), eps, w, out.mutable_data_ptr<float>(),
-                                               torch_parallel, post.defined() ? post.const_data_ptr<float>() : nullptr,
-                                               post_eps);
-  return out;
+  return norm_mlp_residual("llmcore::int4_norm_glu_add", h, norm_weight, eps, gate_up, gate_up_scales, gate_up_sums,
+                           gate_up_offsets, down, down_scales, down_sums, down_offsets,
+                           std::string_view(activation.data(), activation.size()), post_norm_weight, post_eps, out);
 }
 
 at::Tensor int4_norm_glu_add(const at::Tensor& h, const at::Tensor& norm_weight, double eps,

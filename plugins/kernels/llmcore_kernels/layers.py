@@ -12,11 +12,12 @@ with no XNNPACK delegate inside it (``csrc/int4_layer.h`` says why). A layer wit
 each sublayer's output (Gemma 2 and 3's sandwich norms) or a GeGLU MLP (Gemma's) runs its
 last two steps as ``llmcore::int4_linear_norm_add`` (``h = x + post_norm(wo a)``) and
 ``llmcore::int4_norm_glu_add`` (``h + post_norm(mlp(norm(h)))``, the MLP's activation
-named). After the layers, the final norm becomes ``llmcore::rms_norm`` (:mod:`.rmsnorm`) and the output layer (int8 per
-channel, or int4 blocks) ``llmcore::int4_linear`` on the same GEMM (:class:`KernelLinear`),
-so that no XNNPACK delegate is left: its AVX2 int8 GEMM read SmolLM2's 28 MB output layer
-more slowly than llmcore's reads the MLPs (docs/performance.md, "The output layer on
-llmcore's GEMM"). A quantized linear the GEMM cannot take stays with XNNPACK.
+named). After the layers, the final norm becomes ``llmcore::rms_norm`` (:mod:`.rmsnorm`) and
+the output layer (int8 per channel, or int4 blocks) ``llmcore::int4_linear`` on the same
+GEMM (:class:`KernelLinear`), so that no XNNPACK delegate is left: its AVX2 int8 GEMM read
+SmolLM2's 28 MB output layer more slowly than llmcore's reads the MLPs (docs/performance.md,
+"The output layer on llmcore's GEMM"). A quantized linear the GEMM cannot take stays with
+XNNPACK.
 
 A layer qualifies when it is a pre-norm Llama block (``attention_norm``, ``attention`` with
 ``wq wk wv wo`` and an ``attn`` submodule, ``ffn_norm``, ``feed_forward``), its norms RMSNorms
@@ -214,7 +215,9 @@ def _why_not(block: nn.Module) -> Optional[str]:
     """Why the kernels cannot take this block, or None (before the numerical check)."""
     for name in ("attention_norm", "ffn_norm", *POST_NORMS):
         norm = getattr(block, name, None)
-        if not isinstance(norm, RMSNorm) and (norm is not None or name not in POST_NORMS):
+        if norm is None and name in POST_NORMS:  # a layer without sandwich norms
+            continue
+        if not isinstance(norm, RMSNorm):
             return f"its {name} is a {type(norm).__name__}, not an RMSNorm"
     if mlp_activation(block.feed_forward) is None:
         return f"its MLP's activation is {getattr(block.feed_forward.activation, '__name__', 'another')}, " \

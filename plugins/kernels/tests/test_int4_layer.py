@@ -508,7 +508,6 @@ def test_a_gemma_layer_computes_its_block_in_every_isa_view(kernel_library, view
     """The GeGLU activation and the post-norms have an AVX2 path and a portable one (int4_mlp.cpp's
     glu_times): the Gemma layer tests again, in a process whose kernels see only the view's
     instruction sets (llmcore/testing/isa_view.py), so that an AVX-512 machine checks both."""
-    import subprocess
     import sys
 
     from llmcore.testing import isa_view
