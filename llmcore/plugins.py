@@ -29,6 +29,7 @@ ALLOWLIST_ENV = "LLMCORE_LOAD_PLUGINS"
 BUILTIN_PLUGINS = {
     "kv-cache": "llmcore.builtins.kv_cache",
     "executorch-kernels": "llmcore.builtins.executorch_kernels",
+    "runtime-attention": "llmcore.builtins.runtime_attention",
     "core-commands": "llmcore.builtins.commands",
     "apps": "llmcore.apps",
 }

@@ -60,24 +60,32 @@ def test_scale_and_softcap_match_the_definition(window, scale, softcap):
 
 @pytest.mark.parametrize("scale, softcap", SCORINGS, ids=SCORING_IDS)
 @pytest.mark.parametrize(
-    "cache, plain",
-    [(CustomOpKVAttention, False), (CustomOpKVAttention, True), (StaticKVAttention, False)],
-    ids=["custom-ops", "custom-ops-plain-attention", "plain-pytorch"],
+    "cache, plain, capped_kernel",
+    [(CustomOpKVAttention, False, True), (CustomOpKVAttention, False, False), (CustomOpKVAttention, True, True),
+     (StaticKVAttention, False, True)],
+    ids=["custom-ops", "custom-ops-caps-written-out", "custom-ops-plain-attention", "plain-pytorch"],
 )
 @pytest.mark.parametrize("window, slots", [(None, None), (5, None), (5, 9)], ids=["full", "window", "ring"])
-def test_caches_keep_the_window_while_decoding_past_it(cache, plain, window, slots, scale, softcap):
+def test_caches_keep_the_window_while_decoding_past_it(monkeypatch, cache, plain, capped_kernel, window, slots, scale,
+                                                       softcap):
     """A 7-token prefill (two chunks of at most 5 into a ring buffer of 9 rows), then 17
     single-token steps: every step's output equals attention over the whole sequence (with
     the window, well past it, and past the ring's length), at the layer's scale and cap.
-    ``plain``: the custom-op cache as the export's parity reference runs it (plain_attention)."""
+    ``plain``: the custom-op cache as the export's parity reference runs it (plain_attention).
+    ``capped_kernel``: soft caps through llmcore::softcap_sdpa, or (its library not built)
+    written out."""
     import contextlib
     import importlib
 
+    from llmcore.builtins import runtime_attention
     from llmcore.builtins.kv_cache import CUSTOM_OPS_MODULE, plain_attention
 
     importlib.import_module(CUSTOM_OPS_MODULE)
+    monkeypatch.setattr(runtime_attention, "kernel_built", lambda: capped_kernel)
     with plain_attention() if plain else contextlib.nullcontext():
-        _decode_past_the_window(cache, window, slots, scale, softcap)
+        attn = _decode_past_the_window(cache, window, slots, scale, softcap)
+    if cache is CustomOpKVAttention:
+        assert attn.capped_kernel == (capped_kernel and softcap is not None)
 
 
 def _decode_past_the_window(cache, window, slots, scale, softcap):
@@ -92,6 +100,7 @@ def _decode_past_the_window(cache, window, slots, scale, softcap):
         s = slice(pos, pos + 1)
         got.append(attn(q[:, s], k[:, s], v[:, s], torch.tensor([pos])))
     torch.testing.assert_close(torch.cat(got, dim=1), want, atol=1e-5, rtol=0)
+    return attn
 
 
 def test_a_window_no_shorter_than_the_cache_is_plain_causal_attention():

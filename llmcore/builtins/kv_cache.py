@@ -27,11 +27,13 @@ context. The masks, and the rows new positions go to, are computed once per forw
 (:class:`WindowMasks`).
 
 A layer's attention scale (``CausalAttention.scale``) goes to the SDPA op as it is. A layer
-with soft-capped scores (``CausalAttention.softcap``: Gemma 2) attends with explicit
-matmuls (no fused kernel caps the scores): the custom-op variant writes its cache with
-``llama::update_cache`` and attends over the whole cache with the causal (or window) mask,
-so that the attention has static shapes and lowers into the layer's XNNPACK delegate; the
-plain-PyTorch one over the filled part.
+with soft-capped scores (``CausalAttention.softcap``: Gemma 2) attends, in the custom-op
+variant, through ``llmcore::softcap_sdpa`` (:mod:`llmcore.builtins.runtime_attention`: the
+runtime's attention kernel with the cap), a float cache at least and where that kernel is
+built; otherwise (an int8 cache, no ``make runner``) with explicit matmuls over the whole
+cache and the causal (or window) mask, static shapes that lower into the layer's XNNPACK
+delegate, each decode step then reading every row of the cache. The plain-PyTorch variant
+writes them out over the filled part.
 
 The cache keeps ``cache_dtype`` (``--kv-cache-dtype``, :data:`llmcore.kv_cache.CACHE_DTYPES`).
 ``bf16``/``fp16``: keys and values are rounded to 16 bits as they are written, and the
@@ -63,6 +65,7 @@ from torch import nn
 
 from llmcore import hookimpl, kv_cache as forms
 from llmcore.errors import LlmcoreError
+from llmcore.builtins import runtime_attention
 from llmcore.builtins.executorch_kernels import LLM_CUSTOM_OPS_MODULE, QUANTIZED_KERNELS_MODULE
 from llmcore.modules import CausalAttention, attention_mask, explicit_attention, repeat_kv, replace_modules
 from llmcore.records import CallingConvention, KVCacheForm, SourceTransform, Transformed, TransformContext
@@ -303,7 +306,9 @@ class CustomOpKVAttention(_CachedAttention):
         super().__init__(n_heads, n_kv_heads, head_dim, capacity, window, scale, softcap, slots, batch=(1,),
                          cache_dtype=cache_dtype)
         self.masks = masks if masks is not None else WindowMasks(capacity)
-        if self.window is not None or softcap is not None:
+        # soft caps through the runtime's kernel, or written out (module docstring)
+        self.capped_kernel = softcap is not None and self.cache_dtype != "int8" and runtime_attention.kernel_built()
+        if self.window is not None or (softcap is not None and not self.capped_kernel):
             self.masks.windows.add((self.window, self.slots))
 
     def forward(self, q, k, v, input_pos: Optional[torch.Tensor] = None):
@@ -319,7 +324,7 @@ class CustomOpKVAttention(_CachedAttention):
                     torch.ops.llama.update_cache(value, buffer, start)
                 else:
                     torch.ops.llama.update_cache_with_indices(value, buffer, start, rows)
-        if self.softcap is not None or _PLAIN_ATTENTION.get():
+        if (self.softcap is not None and not self.capped_kernel) or _PLAIN_ATTENTION.get():
             # over the whole cache, masked: static shapes, which XNNPACK lowers (soft caps;
             # under plain_attention only the eager parity reference runs this)
             mask = self.masks.mask(input_pos, seq_len, self.window, self.slots)
@@ -336,6 +341,10 @@ class CustomOpKVAttention(_CachedAttention):
                 q8, self.k_cache, self.v_cache, start, mask, 0.0, causal, self.scale, q_zero_points, q_scales,
                 self.k_zero_points, self.k_scales, self.v_zero_points, self.v_scales,
             )
+        elif self.softcap is not None:
+            runtime_attention.define()
+            y = torch.ops.llmcore.softcap_sdpa(q.to(self.k_cache.dtype), self.k_cache, self.v_cache, start, mask,
+                                               self.scale, self.softcap)
         else:
             scale = () if self.scale is None else (self.scale,)  # left out: the program as without one
             y = torch.ops.llama.custom_sdpa(q.to(self.k_cache.dtype), self.k_cache, self.v_cache, start, mask, 0.0,

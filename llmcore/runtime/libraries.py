@@ -36,11 +36,42 @@ from typing import Any, Iterable, Optional
 from llmcore.runtime import pte
 from llmcore.errors import LlmcoreError, stage_errors
 
+BUILD_DIR_ENV = "LLMCORE_BUILD_DIR"
+LLM_OPS_LIBRARY = "libllmcore_llm_ops.so"
+_CHECKOUT = Path(__file__).resolve().parents[2]  # an editable install's checkout
 RUNTIME_LIBRARIES_METHOD = "get_runtime_libraries"
 RUNTIME_LIBRARIES_ENV = "LLMCORE_RUNTIME_LIBRARIES"
 SPECIALIZED_KERNELS_ENV = "LLMCORE_SPECIALIZED_KERNELS"
 
 _handles: dict[str, Any] = {}  # native libraries loaded here: path -> handle (kept alive)
+
+
+# ---- the runtime's own library ------------------------------------------------------------
+
+
+def build_dir() -> Path:
+    """Where ``make runner`` put the runtime's libraries: ``$LLMCORE_BUILD_DIR``, else
+    ``build/`` of the checkout llmcore is installed from."""
+    value = os.environ.get(BUILD_DIR_ENV)
+    return Path(value) if value else _CHECKOUT / "build"
+
+
+def llm_ops_built() -> bool:
+    """Whether ``libllmcore_llm_ops.so`` (the runtime's attention kernels for Python
+    processes, runtime/kernels/llm_ops.cpp) is built."""
+    return (build_dir() / LLM_OPS_LIBRARY).is_file()
+
+
+def llm_ops_library() -> Path:
+    """``libllmcore_llm_ops.so``, or a one-line error that says how to build it. Every
+    loader of it goes through here: two copies in one process would each register its ops."""
+    path = build_dir() / LLM_OPS_LIBRARY
+    if not path.is_file():
+        raise LlmcoreError(
+            f"the runtime's attention library {LLM_OPS_LIBRARY} is not built (looked in {path.parent}).",
+            fix=f"run `make runner` in {_CHECKOUT}, or set {BUILD_DIR_ENV} to the folder that holds it.",
+        )
+    return path
 
 
 # ---- what a program calls and declares ---------------------------------------------------

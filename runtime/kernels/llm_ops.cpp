@@ -1,5 +1,6 @@
 // llama::update_cache.out, llama::update_cache_with_indices.out and llama::custom_sdpa.out
-// for llmcore_runner (see llm_ops.h), and llama::custom_quantized_sdpa.out.
+// for llmcore_runner (see llm_ops.h), llama::custom_quantized_sdpa.out, and llmcore's own
+// llmcore::softcap_sdpa.out (custom_sdpa with soft-capped scores: Gemma 2).
 //
 // Caches of four element types (--kv-cache-dtype): float32, float16, bfloat16 and int8
 // with a float scale and an int8 zero point per (position, kv head). The attention reads
@@ -299,6 +300,29 @@ LLMCORE_INLINE float softmax_row(float* s, int64_t n, float* max_out) {
   return sum;
 }
 
+// s[j] <- cap * tanh(s[j] / cap) over n scores. tanh(|x|) = (1 - e) / (1 + e) with
+// e = exp(-2|x|) <= 1 (exp_nonpositive's range), the sign put back: an absolute error of a
+// few float ulps of cap, which is what the softmax that follows sees (a relative one near
+// 0 would not matter there).
+LLMCORE_INLINE void soft_cap_row(float* s, int64_t n, float cap) {
+  const v8f inv = splat(1.0f / cap), c = splat(cap), one = splat(1.0f);
+  auto capped = [&](v8f x) {
+    const v8f t = x * inv;
+    const v8f mag = t < splat(0.0f) ? -t : t;
+    const v8f e = exp_nonpositive(splat(-2.0f) * mag);
+    const v8f th = (one - e) / (one + e);
+    return c * (t < splat(0.0f) ? -th : th);
+  };
+  int64_t j = 0;
+  for (; j + kVec <= n; j += kVec) store8(s + j, capped(load8(s + j)));
+  if (j < n) {
+    float tail[kVec] = {};
+    for (int64_t l = 0; j + l < n; ++l) tail[l] = s[j + l];
+    const v8f y = capped(load8(tail));
+    for (int64_t l = 0; j + l < n; ++l) s[j + l] = y[l];
+  }
+}
+
 // The element type of a call's keys and values.
 enum class KvType { f32, f16, bf16, i8 };
 
@@ -323,6 +347,9 @@ struct Attention {
   // then reads those, not the whole buffer (Gemma 3's sliding layers: 1023 rows).
   int64_t key_begin, key_end;
   float scale;
+  // Scores become softcap * tanh(score / softcap) before the mask is added (Gemma 2's
+  // soft-capped attention, llmcore::softcap_sdpa); 0: not capped.
+  float softcap;
   int64_t group;       // query heads per kv head (n_heads / n_kv_heads)
   int64_t row_blocks;  // ceil(q_len / kRowBlock)
   int64_t key_chunks;  // slices of the keys per (batch, kv head, row block); 1 but in short calls
@@ -415,6 +442,7 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
   for (int64_t qv = 0; qv < nq; ++qv) {
     const int64_t n = end[qv / G] - j0;
     float* sr = scores + qv * span;
+    if (a.softcap > 0.0f) soft_cap_row(sr, n, a.softcap);
     if (a.mask != nullptr) {  // additive: -inf keys get exp(-87 - max) ~ 0 in softmax_row
       const float* mr = a.mask + (i0 + qv / G) * a.kv_len + j0;
       for (int64_t j = 0; j < n; ++j) sr[j] += mr[j];
@@ -683,7 +711,7 @@ void attend_checked(const Tensor& q_shape, const float* q, const Tensor& k, cons
                     int64_t start_pos, const std::optional<Tensor>& attn_mask, bool is_causal,
                     std::optional<double> scale, float* out, const float* k_scales = nullptr,
                     const int8_t* k_zero_points = nullptr, const float* v_scales = nullptr,
-                    const int8_t* v_zero_points = nullptr) {
+                    const int8_t* v_zero_points = nullptr, float softcap = 0.0f) {
   Attention a;
   a.q = q;
   a.k = k.const_data_ptr();
@@ -707,6 +735,7 @@ void attend_checked(const Tensor& q_shape, const float* q, const Tensor& k, cons
   a.key_end = a.start_pos + a.q_len;
   if (a.mask != nullptr) key_range(a.mask, a.q_len, a.kv_len, &a.key_begin, &a.key_end);
   a.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(a.head_dim)));
+  a.softcap = softcap;
   a.group = a.n_heads / a.n_kv_heads;
   a.row_blocks = (a.q_len + kRowBlock - 1) / kRowBlock;
   a.partial = nullptr;
@@ -803,34 +832,54 @@ Tensor& update_cache_with_indices_out(KernelRuntimeContext& ctx, const Tensor& v
   return out;
 }
 
-Tensor& custom_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
-                        int64_t start_pos, const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal,
-                        std::optional<double> scale, Tensor& out) {
+namespace {
+
+// custom_sdpa and softcap_sdpa: queries, keys, values and out of one float type; 16-bit
+// calls compute in float32 (queries widened, the output narrowed: a few rows; the cache is
+// read as it is).
+Tensor& float_sdpa(KernelRuntimeContext& ctx, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                   int64_t start_pos, const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal,
+                   std::optional<double> scale, float softcap, Tensor& out) {
   const ScalarType type = q.scalar_type();
   const bool types = (type == ScalarType::Float || type == ScalarType::Half || type == ScalarType::BFloat16) &&
                      k.scalar_type() == type && v.scalar_type() == type && out.scalar_type() == type;
   ET_KERNEL_CHECK_MSG(ctx, types, InvalidType, out,
-                      "llama::custom_sdpa: takes float32, float16 or bfloat16 alike (query %s, key %s, value %s, out %s)",
+                      "%s: takes float32, float16 or bfloat16 alike (query %s, key %s, value %s, out %s)", op,
                       dtype_name(q.scalar_type()), dtype_name(k.scalar_type()), dtype_name(v.scalar_type()),
                       dtype_name(out.scalar_type()));
-  if (!check_attention(ctx, "llama::custom_sdpa", q, k, v, start_pos, attn_mask, dropout_p, is_causal, scale, out)) {
-    return out;
-  }
+  if (!check_attention(ctx, op, q, k, v, start_pos, attn_mask, dropout_p, is_causal, scale, out)) return out;
   if (q.numel() == 0) return out;
   if (type == ScalarType::Float) {
     attend_checked(q, q.const_data_ptr<float>(), k, v, KvType::f32, start_pos, attn_mask, is_causal, scale,
-                   out.mutable_data_ptr<float>());
+                   out.mutable_data_ptr<float>(), nullptr, nullptr, nullptr, nullptr, softcap);
     return out;
   }
-  // 16 bits: queries widened, the output narrowed (a few rows; the cache is read as it is)
   thread_local std::vector<float> q32, out32;
   q32.resize(q.numel());
   out32.resize(q.numel());
   widen(q, q32.data());
   attend_checked(q, q32.data(), k, v, type == ScalarType::Half ? KvType::f16 : KvType::bf16, start_pos, attn_mask,
-                 is_causal, scale, out32.data());
+                 is_causal, scale, out32.data(), nullptr, nullptr, nullptr, nullptr, softcap);
   narrow(out32.data(), out);
   return out;
+}
+
+}  // namespace
+
+Tensor& custom_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                        int64_t start_pos, const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal,
+                        std::optional<double> scale, Tensor& out) {
+  return float_sdpa(ctx, "llama::custom_sdpa", q, k, v, start_pos, attn_mask, dropout_p, is_causal, scale, 0.0f, out);
+}
+
+Tensor& softcap_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                         int64_t start_pos, const std::optional<Tensor>& attn_mask, std::optional<double> scale,
+                         double softcap, Tensor& out) {
+  constexpr const char* op = "llmcore::softcap_sdpa";
+  ET_KERNEL_CHECK_MSG(ctx, softcap > 0.0 && std::isfinite(softcap), InvalidArgument, out,
+                      "%s: softcap must be positive and finite (got %f)", op, softcap);
+  return float_sdpa(ctx, op, q, k, v, start_pos, attn_mask, 0.0, /*is_causal=*/!attn_mask.has_value(), scale,
+                    static_cast<float>(softcap), out);
 }
 
 Tensor& custom_quantized_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -892,7 +941,13 @@ EXECUTORCH_LIBRARY(llama, "update_cache.out", llmcore_kernels::update_cache_out)
 EXECUTORCH_LIBRARY(llama, "update_cache_with_indices.out", llmcore_kernels::update_cache_with_indices_out);
 EXECUTORCH_LIBRARY(llama, "custom_sdpa.out", llmcore_kernels::custom_sdpa_out);
 EXECUTORCH_LIBRARY(llama, "custom_quantized_sdpa.out", llmcore_kernels::custom_quantized_sdpa_out);
-#else
+#endif
+
+// llmcore's own attention op: no other library registers it, so both builds do, under the
+// fallback key (llmcore_runner and libllmcore_llm_ops.so are never in one process).
+EXECUTORCH_LIBRARY(llmcore, "softcap_sdpa.out", llmcore_kernels::softcap_sdpa_out);
+
+#ifdef LLMCORE_LLM_OPS_KEYED
 // The shared library a Python process loads (libllmcore_llm_ops.so). ExecuTorch's own LLM
 // custom ops library registers llama::custom_sdpa.out there under the fallback kernel key,
 // and registering one name under one key twice aborts the process. An ExecuTorch kernel

@@ -65,6 +65,18 @@ executorch::aten::Tensor& custom_sdpa_out(executorch::runtime::KernelRuntimeCont
                                           const std::optional<executorch::aten::Tensor>& attn_mask, double dropout_p,
                                           bool is_causal, std::optional<double> scale, executorch::aten::Tensor& out);
 
+// llmcore::softcap_sdpa.out(Tensor query, Tensor key, Tensor value, SymInt start_pos, Tensor? attn_mask,
+//                           float? scale, float softcap, *, Tensor(a!) out) -> Tensor(a!)
+// custom_sdpa (causal from start_pos without a mask, the mask alone with one) with each
+// score s replaced by softcap * tanh(s / softcap) before the mask is added: Gemma 2's
+// attention. Defined for PyTorch by llmcore/builtins/softcap_attention.py.
+executorch::aten::Tensor& softcap_sdpa_out(executorch::runtime::KernelRuntimeContext& ctx,
+                                           const executorch::aten::Tensor& q, const executorch::aten::Tensor& k,
+                                           const executorch::aten::Tensor& v, int64_t start_pos,
+                                           const std::optional<executorch::aten::Tensor>& attn_mask,
+                                           std::optional<double> scale, double softcap,
+                                           executorch::aten::Tensor& out);
+
 executorch::aten::Tensor& custom_quantized_sdpa_out(
     executorch::runtime::KernelRuntimeContext& ctx, const executorch::aten::Tensor& q,
     const executorch::aten::Tensor& k, const executorch::aten::Tensor& v, int64_t start_pos,

@@ -5,13 +5,14 @@
 //   llmcore_llm_ops_check registered
 //       prints the names of llm_ops.cpp's kernels that are registered:
 //       "llama::update_cache.out llama::update_cache_with_indices.out llama::custom_sdpa.out
-//       llama::custom_quantized_sdpa.out"
+//       llama::custom_quantized_sdpa.out llmcore::softcap_sdpa.out"
 //   llmcore_llm_ops_check sdpa DIR key=value...
 //       keys: batch q_len heads head_dim kv_len kv_heads start causal (0/1) scale (a number
 //       or "none") dtype (float/double/half) mask (0/1) dropout (a number) repeat (N calls)
 //       skew (bytes past a 64-byte boundary for q, k, v and out: 16 is where the Python
 //       bindings put planned memory) cold (0/1: 64 MiB read before each call, so that k
-//       and v come from memory as in a decode step)
+//       and v come from memory as in a decode step) softcap (a number: calls
+//       llmcore::softcap_sdpa.out instead, which takes no causal or dropout)
 //       reads DIR/q.bin [batch,q_len,heads,head_dim], DIR/k.bin and DIR/v.bin
 //       [batch,kv_len,kv_heads,head_dim] (float32, when dtype=float), with mask=1 DIR/mask.bin
 //       [q_len,kv_len] (float32: 0 or -inf), writes DIR/out.bin;
@@ -198,9 +199,16 @@ int run_sdpa(const Args& a) {
   et::EValue ev_scale = scale == "none" ? et::EValue() : et::EValue(std::stod(scale));
   et::EValue ev_out(out.tensor());
   et::EValue* stack[] = {&ev_q, &ev_k, &ev_v, &ev_start, &ev_mask, &ev_dropout, &ev_causal, &ev_scale, &ev_out};
+  // softcap=X: llmcore::softcap_sdpa.out (no dropout or is_causal: causal unless masked)
+  const std::string softcap = a.get("softcap", "none");
+  et::EValue ev_softcap(softcap == "none" ? 0.0 : std::stod(softcap));
+  et::EValue* capped_stack[] = {&ev_q, &ev_k, &ev_v, &ev_start, &ev_mask, &ev_scale, &ev_softcap, &ev_out};
+  const bool capped = softcap != "none";
+  et::EValue** args = capped ? capped_stack : stack;
+  const size_t n_args = capped ? 8 : 9;
 
   size_pool(a);
-  et::OpFunction op = lookup("llama::custom_sdpa.out");
+  et::OpFunction op = lookup(capped ? "llmcore::softcap_sdpa.out" : "llama::custom_sdpa.out");
   const int64_t repeat = std::max<int64_t>(1, a.num("repeat", 1));
   std::vector<double> us;
   const bool own = a.num("pool", 0) != 0;
@@ -220,7 +228,7 @@ int run_sdpa(const Args& a) {
     }
     awake = llmcore_kernels::kernel_threads_awake();
     auto t0 = std::chrono::steady_clock::now();
-    op(ctx, et::Span<et::EValue*>(stack, 9));
+    op(ctx, et::Span<et::EValue*>(args, n_args));
     auto t1 = std::chrono::steady_clock::now();
     if (ctx.failure_state() != et::Error::Ok) return 1;
     us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
@@ -333,7 +341,7 @@ int main(int argc, char** argv) {
   if (cmd == "registered") {
     for (const char* name :
          {"llama::update_cache.out", "llama::update_cache_with_indices.out", "llama::custom_sdpa.out",
-          "llama::custom_quantized_sdpa.out"}) {
+          "llama::custom_quantized_sdpa.out", "llmcore::softcap_sdpa.out"}) {
       if (et::registry_has_op_function(name)) std::printf("%s ", name);
     }
     std::printf("\n");

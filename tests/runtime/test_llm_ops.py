@@ -250,6 +250,82 @@ def test_custom_sdpa_with_a_mask_matches_torch(ops_check, tmp_path):
     torch.testing.assert_close(got, theirs, rtol=2e-5, atol=2e-6)
 
 
+def capped_reference(q, k, v, start, mask, scale, softcap):
+    """llmcore::softcap_sdpa in float64: causal from ``start`` without a mask, the additive
+    ``mask`` alone with one; scores capped before the mask."""
+    q, k, v = q.double(), k.double(), v.double()
+    b, s, h, d = q.shape
+    n_rep = h // k.shape[2]
+    if mask is None:
+        n = start + s
+        k, v = k[:, :n], v[:, :n]
+        mask = torch.zeros(s, n, dtype=torch.float64).masked_fill(
+            torch.arange(n)[None, :] > torch.arange(start, n)[:, None], float("-inf"))
+    keys = k.repeat_interleave(n_rep, dim=2).transpose(1, 2)
+    values = v.repeat_interleave(n_rep, dim=2).transpose(1, 2)
+    scores = q.transpose(1, 2) @ keys.transpose(-1, -2) * (1.0 / math.sqrt(d) if scale is None else scale)
+    scores = torch.tanh(scores / softcap) * softcap + mask.double()
+    return (scores.softmax(-1) @ values).transpose(1, 2).float()
+
+
+CAPPED_CASES = [
+    # q_len, heads, head_dim, kv_len, kv_heads, start, scale, softcap, masked
+    pytest.param(1, 9, 64, 1024, 3, 700, None, 50.0, False, id="decode-gqa-smollm2-shape"),
+    pytest.param(37, 8, 32, 128, 2, 20, 0.4, 5.0, False, id="prefill-chunk-scores-past-the-cap"),
+    pytest.param(3, 4, 13, 20, 2, 4, 0.5, 0.7, False, id="odd-head-dim-tight-cap"),
+    pytest.param(4, 6, 16, 11, 2, 16, None, 3.0, True, id="ring-buffer-mask"),
+]
+
+
+@pytest.mark.parametrize("isa", [None, "portable"], ids=["best", "portable"])
+@pytest.mark.parametrize("q_len,heads,head_dim,kv_len,kv_heads,start,scale,softcap,masked", CAPPED_CASES)
+def test_softcap_sdpa_matches_torch(ops_check, tmp_path, q_len, heads, head_dim, kv_len, kv_heads, start, scale,
+                                    softcap, masked, isa):
+    """llmcore::softcap_sdpa (Gemma 2's attention): each score capped at softcap * tanh(s /
+    softcap) before the mask, in both compilations; scores well past the cap (queries x3)
+    and a sliding layer's ring buffer mask. Rows past the attended ones hold NaN (no mask)."""
+    from llmcore.builtins import runtime_attention
+    from llmcore.builtins.kv_cache import window_mask
+
+    g = torch.Generator().manual_seed(q_len * 31 + heads)
+    q = torch.randn(1, q_len, heads, head_dim, generator=g) * 3
+    k = torch.randn(1, kv_len, kv_heads, head_dim, generator=g)
+    v = torch.randn(1, kv_len, kv_heads, head_dim, generator=g)
+    mask = window_mask(torch.tensor([start]), q_len, 64, 6, kv_len) if masked else None
+    if not masked:
+        k[:, start + q_len:] = float("nan")
+        v[:, start + q_len:] = float("nan")
+    for name, t in (("q", q), ("k", k), ("v", v)) + ((("mask", mask),) if masked else ()):
+        (tmp_path / f"{name}.bin").write_bytes(t.contiguous().numpy().tobytes())
+    env = None if isa is None else os.environ | {"LLMCORE_KERNELS_MAX_ISA": isa}
+    r = run_check(ops_check, tmp_path, "sdpa", env=env, batch=1, q_len=q_len, heads=heads, head_dim=head_dim,
+                  kv_len=kv_len, kv_heads=kv_heads, start=start, mask=int(masked), scale=scale, softcap=softcap)
+    assert r.returncode == 0, r.stderr
+    if isa == "portable":
+        assert "isa=portable" in r.stdout, r.stdout
+    got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).view(q.shape)
+    want = capped_reference(q, k, v, start, mask, scale, softcap)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=3e-6)
+    # the op's PyTorch kernel (eager runs, the parity reference) computes the same
+    runtime_attention.define()
+    eager = torch.ops.llmcore.softcap_sdpa(q, torch.nan_to_num(k), torch.nan_to_num(v), start, mask, scale, softcap)
+    torch.testing.assert_close(eager, want, rtol=2e-5, atol=3e-6)
+    # the cap matters here: custom_sdpa's result is far from it
+    uncapped = reference_sdpa(q, torch.nan_to_num(k), torch.nan_to_num(v), start, True, scale) if not masked else None
+    if uncapped is not None:
+        assert (uncapped - want).abs().max() > 1e-2
+
+
+def test_softcap_sdpa_refuses_a_cap_that_is_not_positive(ops_check, tmp_path):
+    q = torch.randn(1, 1, 2, 8)
+    k = torch.randn(1, 4, 2, 8)
+    for name, t in (("q", q), ("k", k), ("v", k)):
+        (tmp_path / f"{name}.bin").write_bytes(t.numpy().tobytes())
+    r = run_check(ops_check, tmp_path, "sdpa", batch=1, q_len=1, heads=2, head_dim=8, kv_len=4, kv_heads=2, start=0,
+                  softcap=0.0)
+    assert r.returncode != 0 and "softcap must be positive" in r.stderr, r.stderr
+
+
 def test_update_cache_with_indices_writes_its_rows(ops_check, tmp_path):
     """Positions 9..11 into a ring buffer of 5 rows: rows 4, 0, 1; the others untouched;
     the same as ExecuTorch's kernel."""
@@ -359,7 +435,7 @@ def test_a_region_opened_inside_a_region_runs_on_its_thread(ops_check):
 def test_the_ops_are_registered(ops_check):
     out = subprocess.run([str(ops_check), "registered"], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["llama::update_cache.out", "llama::update_cache_with_indices.out", "llama::custom_sdpa.out",
-                   "llama::custom_quantized_sdpa.out"]
+                   "llama::custom_quantized_sdpa.out", "llmcore::softcap_sdpa.out"]
 
 
 @pytest.mark.parametrize(

@@ -94,17 +94,22 @@ def test_each_switch_matters(tmp_path, switch, off):
 def test_exported_program_matches_transformers(tmp_path, name):
     """No --model; fp32 XNNPACK with the KV cache: prefill at three lengths and 16 greedy
     tokens past the window."""
+    from llmcore.runtime import libraries
+
     folder = checkpoint(tmp_path / name, name)
     out = tmp_path / "out" / f"{name}.pte"
     report = export_cli(folder, out)
     assert report["model"]["family"] == "gemma"
+    # Gemma 2's soft-capped attention on the runtime's kernel (where it is built, as make test builds it)
+    capped = "llmcore::softcap_sdpa.out" in libraries.program_operators(out.read_bytes())
+    assert capped == (name == "gemma2" and libraries.llm_ops_built())
     check_program_against(out, reference(folder), ATOL)
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gemma3"])
 def test_8da4w_export_lowers_one_delegate_per_layer(tmp_path, name):
-    """Gemma 2's soft-capped attention is explicit matmuls over the cache, inside the layer's
-    delegate; Gemma 3's two RoPE tables are computed once, before the layers."""
+    """Gemma 2's soft-capped attention is llmcore::softcap_sdpa between delegates, as the
+    cache ops are; Gemma 3's two RoPE tables are computed once, before the layers."""
     folder = checkpoint(tmp_path / name, name)
     n_layers = 3 if name == "gemma3" else 2
     check_one_delegate_per_layer(export_cli(folder, tmp_path / f"{name}.pte", "--quantize", "8da4w"), n_layers)

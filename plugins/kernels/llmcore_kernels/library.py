@@ -9,8 +9,9 @@ processes too):
 * ``libllmcore_kernels_aot.so``: their PyTorch registration; it links the first, so loading
   it in Python registers the ops with both PyTorch and the ExecuTorch runtime;
 * ``libllmcore_llm_ops.so``: ``llmcore_runner``'s attention kernel (``llama::custom_sdpa``)
-  for Python processes, registered for float32 tensors under ExecuTorch kernel keys beside
-  ExecuTorch's own kernel of that op (``runtime/kernels/llm_ops.cpp``);
+  for Python processes, registered for float tensors under ExecuTorch kernel keys beside
+  ExecuTorch's own kernel of that op (``runtime/kernels/llm_ops.cpp``); the core's own
+  runtime library, found where the core finds it (:func:`llmcore.runtime.libraries.llm_ops_library`);
 * ``libllmcore_xnnpack_reshape.so``: XNNPACK's whole-runtime reshape only when a delegate's
   input shapes change, as ``llmcore_runner`` does (``runtime/kernels/xnnpack_reshape.cpp``);
   loaded before ExecuTorch's bindings;
@@ -29,12 +30,13 @@ import os
 from pathlib import Path
 
 from llmcore.errors import LlmcoreError
+from llmcore.runtime import libraries
 
 PLUGIN = "kernels"
 LIB_DIR_ENV = "LLMCORE_KERNELS_LIB_DIR"
 RUNTIME_LIBRARY = "libllmcore_kernels.so"
 AOT_LIBRARY = "libllmcore_kernels_aot.so"
-LLM_OPS_LIBRARY = "libllmcore_llm_ops.so"
+LLM_OPS_LIBRARY = libraries.LLM_OPS_LIBRARY  # the core runtime's (llm_ops_library)
 XNNPACK_RESHAPE_LIBRARY = "libllmcore_xnnpack_reshape.so"
 THREADS_LIBRARY = "libllmcore_threads.so"
 _SOURCE_ROOT = Path(__file__).resolve().parents[3]  # the checkout, for an editable install
@@ -68,8 +70,10 @@ def runtime_library() -> Path:
 
 
 def llm_ops_library() -> Path:
-    """The runner's attention kernel, as a library a Python process loads beside ExecuTorch's."""
-    return library_path(LLM_OPS_LIBRARY)
+    """The runner's attention kernel, as a library a Python process loads beside ExecuTorch's:
+    the core's own runtime library (it also runs ``llmcore::softcap_sdpa``), from where the
+    core finds it, so that one process never loads two copies (each would register the op)."""
+    return libraries.llm_ops_library()
 
 
 def xnnpack_reshape_library() -> Path:
@@ -112,11 +116,9 @@ def load() -> None:
         return
     import torch
 
-    from llmcore.runtime.libraries import runtime_bindings
-
     # The kernels register into the runtime that the Python bindings use: import them first
     # so that the library's dependency on libexecutorch.so resolves to the copy they loaded.
-    runtime_bindings()
+    libraries.runtime_bindings()
 
     path = library_path(AOT_LIBRARY)
     try:
