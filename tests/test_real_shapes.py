@@ -218,6 +218,29 @@ def test_a_real_size_bf16_folder_exports_8da4w_layer_by_layer(tmp_path):
     assert report["parity"]["top1_agreement"] == 1.0
 
 
+def test_a_tied_q6_k_table_is_stored_once(tmp_path, monkeypatch):
+    """A tied model's Q6_K table, as llama-quantize writes Llama-3.2's and Qwen2.5's: the
+    output layer's int8 rows and the embedding's lookups are one tensor, so the program holds
+    the table once (as the file does) and answers as its eager model. Two copies were 262 MB
+    of Llama-3.2-1B's 1058 MB program; here the 12 MB table is most of the file, so a second
+    copy would put the program near twice the file."""
+    import json
+    import subprocess
+
+    shape = SMALL["tied-llama"]
+    monkeypatch.setitem(real_shapes.SHAPES, "tied-llama", shape)
+    path = real_shapes.write("tied-llama", tmp_path / "tied.gguf")
+    pte = tmp_path / "tied.pte"
+    done = subprocess.run([sys.executable, "-m", "llmcore", "export", "--checkpoint", str(path), "--max-seq-len", "64",
+                           "--quiet", "-o", str(pte)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "the output layer's int8 rows (tied: one table)" in done.stderr, done.stderr[-2000:]
+    table_mib = shape.vocab * shape.dim / 2**20  # the int8 rows
+    report = json.loads(pte.with_suffix(".report.json").read_text())
+    assert report["outputs"]["pte_bytes"] / 2**20 < path.stat().st_size / 2**20 + 0.5 * table_mib
+    assert report["parity"]["top1_agreement"] == 1.0
+
+
 def test_eval_reads_a_gguf_programs_reference_as_floats(tmp_path, monkeypatch):
     """``llmcore eval`` on a program from a quantized GGUF (the gguf recipe, which leaves the
     file's weights in the file at load): its fp32 reference reads them as floats and scores

@@ -110,6 +110,8 @@ def register_linears(module: nn.Module, name: str, linears: list[nn.Module], int
 
     def stacked(attr: str) -> torch.Tensor:
         parts = [integers(p) if attr == "q" else getattr(p, attr) for p in linears]
+        if len(parts) == 1:  # the tensor itself, not a copy: a tied table's rows stay one tensor
+            return parts[0]
         return interleave_rows(*parts) if interleave else torch.cat(parts)
 
     if all(isinstance(p, ChannelInt8Linear) for p in linears):

@@ -44,6 +44,7 @@ from llmcore_xnnpack.torchao_quant import (
     StoredByteEmbedding,
     check_embedding_options,
     int8_row_table,
+    shared_int8_table,
     check_options,
     linear_group,
     quantize_embeddings,
@@ -346,6 +347,7 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
         )
     summary = _Summary("gguf", options)
     scale_rounding = 0.0
+    rounded_int8 = {}  # id of a weight rounded to int8 per channel -> its layer (a tied table's)
     for name in names:
         # one weight's reads and roundings: their temporaries reuse heap pages, which go back
         # once the layer is made (llmcore.progress.heap_for_temporaries)
@@ -361,6 +363,7 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
             elif form is not None:
                 rounding = qlinear.ErrorSum()
                 new = _int8_layer(linear, float_rows(linear.weight), options["outlier_split"], error=rounding)
+                rounded_int8[id(linear.weight)] = new
                 error = summary.add(f"{form.format} -> int8 per channel", error=rounding.relative)
                 log.warning(
                     "gguf: %s (%s) is rounded again, to int8 per channel (no kernel here takes %s as stored): "
@@ -380,6 +383,9 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
             if isinstance(form, IntegerWeight) and form.offsets is None:  # Q8_0, Q4_0: its integers, as int8 rows
                 _replace(module, name, StoredByteEmbedding(form.q, form.scales, table.padding_idx))
                 summary.add(f"embedding {form.format} kept")
+            elif id(table.weight) in rounded_int8:  # tied to an output layer rounded afresh: its rows, shared
+                _replace(module, name, shared_int8_table(rounded_int8[id(table.weight)], table.padding_idx))
+                summary.add(f"embedding {form.format} -> the output layer's int8 rows (tied: one table)")
             elif in_file(table.weight):  # a form no lookup takes as stored (Q6_K, Q4_1 ...): Q8_0's, from its floats
                 rounding = qlinear.ErrorSum()
                 new = int8_row_table(float_rows(table.weight), table.padding_idx, error=rounding)
