@@ -181,6 +181,13 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                     "term: lower loss, slower decode (docs/quantization.md)",
                 ),
                 "output_bits": (int, 8, "bits of the output layer (tied or not): 8 (per channel) or 4"),
+                "tied_table": (
+                    bool,
+                    True,
+                    "an 8-bit embedding tied to the int8 output layer looks its rows up in that layer's "
+                    "integers (one scale a row): the program holds the table once, as the checkpoint does "
+                    "(false: a table of its own, a scale per embedding_group_size columns)",
+                ),
                 "outlier_split": _outlier_split_option(False),
                 "int4_nibbles": _INT4_NIBBLES_OPTION,
             },

@@ -254,11 +254,13 @@ def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calib
         if calibrated and options["awq"]:
             summary.notes.append(_fold(module, search, energies, calibration, options))
         kept = []
+        tied_int8 = {}  # id of an output layer's weight -> its int8 layer, for a table tied to it
         for name in _linear_names(module):
             linear = module.get_submodule(name)
             if name in outputs and options["output_bits"] == 8:  # read a few rows at a time
                 rounding = qlinear.ErrorSum()
                 new = _int8_layer(linear, float_rows(linear.weight), options["outlier_split"], error=rounding)
+                tied_int8[id(linear.weight)] = new
                 summary.add("output layer int8 per channel", error=rounding.relative)
                 _replace(module, name, new)
                 continue
@@ -294,7 +296,11 @@ def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calib
             _replace(module, name, new)
         if options["embedding_bits"]:  # last: its int8 copy is not held beside every float linear
             quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"],
-                                "hqq_scale_only" if options["hqq"] else "affine")
+                                "hqq_scale_only" if options["hqq"] else "affine",
+                                tied_int8 if options["tied_table"] else None)
+            if any(isinstance(m, StoredByteEmbedding) and m.q is layer.q
+                   for m in module.modules() for layer in tied_int8.values()):
+                summary.notes.append("the tied embedding looks its rows up in the output layer's int8 ones (one table)")
     if kept:
         log.warning(
             "8da4w: %d linear layer(s) kept in fp32, their in-features not being a multiple of %d: %s",

@@ -123,8 +123,12 @@ class QuantizedLookupEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, quantized={self.qweight.__class__.__name__}"
 
 
-def quantize_embeddings(module: nn.Module, bits: int, group_size: int, algorithm: str = "affine") -> int:
-    """Give every plain ``nn.Embedding`` a quantized lookup table; returns how many got one."""
+def quantize_embeddings(module: nn.Module, bits: int, group_size: int, algorithm: str = "affine",
+                        tied_int8: Optional[dict] = None) -> int:
+    """Give every plain ``nn.Embedding`` a quantized lookup table; returns how many got one.
+    ``tied_int8``: ``id(weight) -> ChannelInt8Linear`` of output layers already rounded to int8
+    per channel; an 8-bit table tied to one of them looks its rows up in that layer's integers
+    (:func:`shared_int8_table`)."""
     from torchao.quantization.quant_api import IntxWeightOnlyConfig
 
     targets = [
@@ -138,7 +142,9 @@ def quantize_embeddings(module: nn.Module, bits: int, group_size: int, algorithm
         if bits == 4 and child.embedding_dim % 2:
             log.warning("8da4w: embedding %s kept in fp32: 4-bit rows need an even width", name)
             continue
-        if bits == 8:
+        if bits == 8 and tied_int8 and id(child.weight) in tied_int8:
+            lookup = shared_int8_table(tied_int8[id(child.weight)], child.padding_idx)
+        elif bits == 8:
             lookup = _int8_row_table(child, group)
         else:
             materialize(child)  # torchao rounds the whole table: read it from the file if it is there
