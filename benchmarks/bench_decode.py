@@ -526,8 +526,8 @@ SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 15: 2}
 @functools.lru_cache(maxsize=None)  # once per program, not once per view
 def weight_bytes_per_token(pte: Path, model: str) -> int:
     """Bytes of weights a decode step reads: the whole program, except that a token
-    embedding stored apart from the output layer (the quantized recipes keep their own
-    output weights) is read one row per token, not whole. The embedding's tensors are the
+    embedding stored apart from the output layer (an untied one, or one the recipe gave rows
+    of its own) is read one row per token, not whole. The embedding's tensors are the
     constants the program's embedding operators take with one row per vocabulary entry (the
     table and its scales, in whatever format the recipe chose: 8da4w's default is 8-bit, gguf
     carries the file's); an output layer outside a delegate has as many rows, and is read whole."""
@@ -542,14 +542,25 @@ def weight_bytes_per_token(pte: Path, model: str) -> int:
 
     vocab, _ = EMBEDDINGS[model]
     plan = deserialize_pte_binary(pte.read_bytes()).program.execution_plan[0]
-    embedding_args = {i for chain in plan.chains for instruction in chain.instructions
-                      if isinstance(instruction.instr_args, KernelCall)
-                      and "embedding" in plan.operators[instruction.instr_args.op_index].name
-                      for i in instruction.instr_args.args}
+    calls = [instruction.instr_args for chain in plan.chains for instruction in chain.instructions
+             if isinstance(instruction.instr_args, KernelCall)]
+
+    def arguments(embedding: bool) -> set[int]:
+        return {i for call in calls if ("embedding" in plan.operators[call.op_index].name) == embedding
+                for i in call.args}
+
+    def buffer(index: int) -> int:
+        tensor = plan.values[index].val
+        return tensor.data_buffer_idx if isinstance(tensor, Tensor) else 0
+
+    embedding_args = arguments(True)
+    # a table the output layer reads too (a tied one, stored once) is read whole
+    read_whole = {buffer(i) for i in arguments(False)} - {0}
     per_row = 0
     for index in embedding_args:
         tensor = plan.values[index].val
-        if isinstance(tensor, Tensor) and tensor.data_buffer_idx > 0 and tensor.sizes and tensor.sizes[0] == vocab:
+        if isinstance(tensor, Tensor) and tensor.data_buffer_idx > 0 and tensor.data_buffer_idx not in read_whole \
+                and tensor.sizes and tensor.sizes[0] == vocab:
             row = SCALAR_BYTES[int(tensor.scalar_type)]
             for dim in tensor.sizes[1:]:
                 row *= dim
