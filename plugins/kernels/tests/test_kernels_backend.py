@@ -236,3 +236,23 @@ def test_a_gemma_gguf_runs_every_layer_on_the_kernels_by_default(kernel_library,
     want = torch.as_tensor(Program.load(alone.pte).logits(IDS, input_pos=0))
     got = torch.as_tensor(Program.load(ours.pte).logits(IDS, input_pos=0))
     assert float((got - want).norm() / want.norm()) < 0.03 and int(got.argmax()) == int(want.argmax())
+
+
+def test_a_tied_int8_table_is_stored_once(tmp_path):
+    """Llama's tiny config ties its table to the output layer. Under 8da4w on the kernels
+    (int8 output layer, 8-bit embedding) the embedding looks its rows up in the integers the
+    output layer's operator reads in place (the backend's recipe default ``tied_table``), so
+    the program holds the 320 x 64 int8 table once; ``tied_table=false`` gives the embedding
+    rows of its own, a second table. Both answer as their eager models."""
+    from llmcore.pipeline import export
+    from llmcore.plugins import load_registry
+    from llmcore.recipe import ExportOptions
+
+    sizes = {}
+    for options in ({}, {"tied_table": False}):
+        out = tmp_path / f"tied-{len(options)}.pte"
+        result = export(ExportOptions(model="llama", config="tiny", quantize="8da4w", plugins=["kernels", "xnnpack"],
+                                      output=str(out), quiet=True, quantize_options=options), load_registry())
+        assert result.report["parity"]["top1_agreement"] == 1.0
+        sizes[bool(options)] = result.report["outputs"]["pte_bytes"]
+    assert sizes[True] - sizes[False] >= 320 * 64

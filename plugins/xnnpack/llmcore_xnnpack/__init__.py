@@ -99,6 +99,15 @@ def _embedding_options(default_bits: int) -> dict:
     }
 
 
+_TIED_TABLE_OPTION = (
+    bool,
+    False,
+    "an embedding tied to the output layer, which the recipe rounds to int8 per channel, looks its rows "
+    "up in that layer's integers (one scale a row): the program holds the table once, as the checkpoint "
+    "does, where the output layer runs on those integers in place (llmcore-kernels asks for it); XNNPACK "
+    "packs a copy of its own, so with XNNPACK alone the embedding keeps a table of its own (false)",
+)
+
 _INT4_NIBBLES_OPTION = (
     bool,
     False,
@@ -181,13 +190,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                     "term: lower loss, slower decode (docs/quantization.md)",
                 ),
                 "output_bits": (int, 8, "bits of the output layer (tied or not): 8 (per channel) or 4"),
-                "tied_table": (
-                    bool,
-                    True,
-                    "an 8-bit embedding tied to the int8 output layer looks its rows up in that layer's "
-                    "integers (one scale a row): the program holds the table once, as the checkpoint does "
-                    "(false: a table of its own, a scale per embedding_group_size columns)",
-                ),
+                "tied_table": _TIED_TABLE_OPTION,
                 "outlier_split": _outlier_split_option(False),
                 "int4_nibbles": _INT4_NIBBLES_OPTION,
             },
@@ -238,6 +241,7 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
             options={
                 "outlier_split": _outlier_split_option(False),
                 "int4_nibbles": _INT4_NIBBLES_OPTION,
+                "tied_table": _TIED_TABLE_OPTION,
             },
         ),
     ]

@@ -389,7 +389,7 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
             if isinstance(form, IntegerWeight) and form.offsets is None:  # Q8_0, Q4_0: its integers, as int8 rows
                 _replace(module, name, StoredByteEmbedding(form.q, form.scales, table.padding_idx))
                 summary.add(f"embedding {form.format} kept")
-            elif id(table.weight) in rounded_int8:  # tied to an output layer rounded afresh: its rows, shared
+            elif options["tied_table"] and id(table.weight) in rounded_int8:  # tied to an int8 output layer
                 _replace(module, name, shared_int8_table(rounded_int8[id(table.weight)], table.padding_idx))
                 summary.add(f"embedding {form.format} -> the output layer's int8 rows (tied: one table)")
             elif in_file(table.weight):  # a form no lookup takes as stored (Q6_K, Q4_1 ...): Q8_0's, from its floats

@@ -98,21 +98,3 @@ def test_table_shared_through_two_parameters_is_stored_once():
     with torch.no_grad():
         assert (got - model(tokens)).abs().max().item() <= 1e-5
 
-
-def test_8da4w_keeps_a_tied_int8_table_once(tmp_path):
-    """Llama's tiny config ties its table to the output layer: under 8da4w (int8 output layer,
-    8-bit embedding) the embedding looks its rows up in the output layer's integers, so the
-    program holds the 320 x 64 int8 table once; ``tied_table=false`` gives the embedding rows
-    of its own (a second table). Both answer as their eager models."""
-    from llmcore.pipeline import export
-    from llmcore.plugins import load_registry
-    from llmcore.recipe import ExportOptions
-
-    sizes = {}
-    for shared in (True, False):
-        out = tmp_path / f"tied-{shared}.pte"
-        result = export(ExportOptions(model="llama", config="tiny", quantize="8da4w", output=str(out), quiet=True,
-                                      quantize_options={"tied_table": shared}), load_registry())
-        assert result.report["parity"]["top1_agreement"] == 1.0
-        sizes[shared] = result.report["outputs"]["pte_bytes"]
-    assert sizes[False] - sizes[True] >= 320 * 64
