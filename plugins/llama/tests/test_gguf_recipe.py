@@ -192,3 +192,26 @@ def test_q8_0_token_embedding_keeps_its_integers(tmp_path):
     saved = floats.pte.stat().st_size - result.pte.stat().st_size
     table_bytes = TINY.vocab_size * TINY.dim * 4
     assert 0.6 * table_bytes < saved < table_bytes
+
+
+def test_weights_rounded_again_are_reported_once_per_format(tmp_path, caplog):
+    """A file whose every linear is Q8_0 (113 of them in Llama-3.2-1B's shape) gets one
+    warning for them, with the count and the worst error, not one a weight; a single one
+    (the fixture's Q8_0 output layer) is named."""
+    import logging
+
+    folder = write_checkpoint(tmp_path, {**{name: Q.Q8_0 for name in LINEARS}, "output.weight": Q.Q8_0})
+    with caplog.at_level(logging.WARNING, logger="llmcore_xnnpack.recipes"):
+        result = run_export(folder, "q8_0")
+    assert result.report["parity"]["top1_agreement"] == 1.0
+    again = [r.getMessage() for r in caplog.records if "rounded again" in r.getMessage()]
+    assert len(again) == 1, again
+    assert again[0].startswith(f"gguf: {len(LINEARS) + 1} Q8_0 weights are rounded again, to int8 per channel")
+    assert "weight error at most" in again[0]
+
+    caplog.clear()
+    (tmp_path / "one").mkdir()
+    with caplog.at_level(logging.WARNING, logger="llmcore_xnnpack.recipes"):
+        run_export(write_checkpoint(tmp_path / "one", TYPES), "one")
+    again = [r.getMessage() for r in caplog.records if "rounded again" in r.getMessage()]
+    assert len(again) == 1 and again[0].startswith("gguf: output.weight (Q8_0) is rounded again"), again

@@ -354,6 +354,7 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
     summary = _Summary("gguf", options)
     scale_rounding = 0.0
     rounded_int8 = {}  # id of a weight rounded to int8 per channel -> its layer (a tied table's)
+    rounded_again = {}  # format -> [(weight, its error)] of the weights rounded to int8 per channel
     for name in names:
         # one weight's reads and roundings: their temporaries reuse heap pages, which go back
         # once the layer is made (llmcore.progress.heap_for_temporaries)
@@ -371,10 +372,7 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
                 new = _int8_layer(linear, float_rows(linear.weight), options["outlier_split"], error=rounding)
                 rounded_int8[id(linear.weight)] = new
                 error = summary.add(f"{form.format} -> int8 per channel", error=rounding.relative)
-                log.warning(
-                    "gguf: %s (%s) is rounded again, to int8 per channel (no kernel here takes %s as stored): "
-                    "weight error %.3g%%", form.source_name, form.format, form.format, 100 * error,
-                )
+                rounded_again.setdefault(form.format, []).append((form.source_name, error))
             else:  # stored as floats in the file, or rebuilt by a transform: kept as floats
                 summary.add("float kept")
                 continue
@@ -399,6 +397,12 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
                 summary.add(f"embedding {form.format} -> int8 rows of {XNNPACK_GROUP_MULTIPLE}",
                             error=rounding.relative)
             form = None
+    for format_name, weights in rounded_again.items():  # one line a format, not one a weight (a Q8_0 file's 113)
+        worst_name, worst = max(weights, key=lambda w: w[1])
+        what, error = ((f"{worst_name} ({format_name}) is", f"{100 * worst:.3g}%") if len(weights) == 1 else
+                       (f"{len(weights)} {format_name} weights are", f"at most {100 * worst:.3g}% ({worst_name})"))
+        log.warning("gguf: %s rounded again, to int8 per channel (no kernel here takes %s as stored): weight error %s",
+                    what, format_name, error)
     line = summary.line()
     if scale_rounding:
         line += f"; 4-bit scales fp16 -> bf16 (XNNPACK's scale type): at most {100 * scale_rounding:.3g}% per scale"
