@@ -52,13 +52,13 @@ def softcap_sdpa(q, k, v, start_pos: int, attn_mask, scale: Optional[float], sof
     """The op's arithmetic in PyTorch (``[B, T, H, D]`` out, ``q``'s type), float32 inside."""
     import torch
 
-    from llmcore.modules import explicit_attention
+    from llmcore.modules import attention_mask, explicit_attention
 
     seq_len = q.shape[1]
     if attn_mask is None:  # causal from start_pos, over the rows written so far
         end = start_pos + seq_len
         k, v = k[:, :end], v[:, :end]
-        attn_mask = torch.arange(end)[None, :] <= torch.arange(start_pos, end)[:, None]
+        attn_mask = attention_mask(torch.arange(start_pos, end), torch.arange(end), None)
     y = explicit_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask, scale, softcap)
     return y.transpose(1, 2).contiguous().to(q.dtype)
 

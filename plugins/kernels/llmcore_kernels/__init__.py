@@ -33,6 +33,7 @@ from functools import partial
 from llmcore import hookimpl
 from llmcore.errors import LlmcoreError
 from llmcore.records import Backend, EdgeSettings, Lazy, QuantizerRecipe, RuntimeLibrary, SourceTransform
+from llmcore.runtime import libraries
 
 from llmcore_kernels import library
 
@@ -111,7 +112,7 @@ def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
             "processes too: without it they run ExecuTorch's, whose decode steps spend a third of "
             "their time in MKL's matrix-vector products at long contexts (docs/performance.md)",
             ops=LLM_OPS,
-            shared_library=library.llm_ops_library,
+            shared_library=libraries.llm_ops_library,  # the core runtime's, found where the core finds it
             declared=False,
             specialized=True,
         ),

@@ -69,13 +69,6 @@ def runtime_library() -> Path:
     return library_path(RUNTIME_LIBRARY)
 
 
-def llm_ops_library() -> Path:
-    """The runner's attention kernel, as a library a Python process loads beside ExecuTorch's:
-    the core's own runtime library (it also runs ``llmcore::softcap_sdpa``), from where the
-    core finds it, so that one process never loads two copies (each would register the op)."""
-    return libraries.llm_ops_library()
-
-
 def xnnpack_reshape_library() -> Path:
     """XNNPACK's whole-runtime reshape only when a delegate's input shapes change, for a
     Python process to load before ExecuTorch's bindings (``runtime/kernels/xnnpack_reshape.cpp``)."""

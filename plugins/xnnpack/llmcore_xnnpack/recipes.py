@@ -44,10 +44,10 @@ from llmcore_xnnpack.torchao_quant import (
     StoredByteEmbedding,
     check_embedding_options,
     int8_row_table,
-    shared_int8_table,
     check_options,
     linear_group,
     quantize_embeddings,
+    shared_int8_table,
 )
 
 log = logging.getLogger(__name__)
@@ -295,11 +295,10 @@ def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calib
                 w = None
             _replace(module, name, new)
         if options["embedding_bits"]:  # last: its int8 copy is not held beside every float linear
-            quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"],
-                                "hqq_scale_only" if options["hqq"] else "affine",
-                                tied_int8 if options["tied_table"] else None)
-            if any(isinstance(m, StoredByteEmbedding) and m.q is layer.q
-                   for m in module.modules() for layer in tied_int8.values()):
+            _, shared = quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"],
+                                            "hqq_scale_only" if options["hqq"] else "affine",
+                                            tied_int8 if options["tied_table"] else None)
+            if shared:
                 summary.notes.append("the tied embedding looks its rows up in the output layer's int8 ones (one table)")
     if kept:
         log.warning(

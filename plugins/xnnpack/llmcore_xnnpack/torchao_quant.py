@@ -124,11 +124,11 @@ class QuantizedLookupEmbedding(nn.Module):
 
 
 def quantize_embeddings(module: nn.Module, bits: int, group_size: int, algorithm: str = "affine",
-                        tied_int8: Optional[dict] = None) -> int:
-    """Give every plain ``nn.Embedding`` a quantized lookup table; returns how many got one.
-    ``tied_int8``: ``id(weight) -> ChannelInt8Linear`` of output layers already rounded to int8
-    per channel; an 8-bit table tied to one of them looks its rows up in that layer's integers
-    (:func:`shared_int8_table`)."""
+                        tied_int8: Optional[dict] = None) -> tuple[int, int]:
+    """Give every plain ``nn.Embedding`` a quantized lookup table; returns how many got one,
+    and how many of those look up a tied output layer's rows. ``tied_int8``: ``id(weight) ->
+    ChannelInt8Linear`` of output layers already rounded to int8 per channel; an 8-bit table
+    tied to one of them looks its rows up in that layer's integers (:func:`shared_int8_table`)."""
     from torchao.quantization.quant_api import IntxWeightOnlyConfig
 
     targets = [
@@ -136,7 +136,7 @@ def quantize_embeddings(module: nn.Module, bits: int, group_size: int, algorithm
         for name, child in module.named_modules()
         if type(child) is nn.Embedding and child.max_norm is None and child.weight.dim() == 2
     ]
-    done = 0
+    done = shared = 0
     for name, child in targets:
         group = embedding_group(child.embedding_dim, group_size)
         if bits == 4 and child.embedding_dim % 2:
@@ -144,6 +144,7 @@ def quantize_embeddings(module: nn.Module, bits: int, group_size: int, algorithm
             continue
         if bits == 8 and tied_int8 and id(child.weight) in tied_int8:
             lookup = shared_int8_table(tied_int8[id(child.weight)], child.padding_idx)
+            shared += 1
         elif bits == 8:
             lookup = _int8_row_table(child, group)
         else:
@@ -157,7 +158,7 @@ def quantize_embeddings(module: nn.Module, bits: int, group_size: int, algorithm
         parent = module.get_submodule(parent_name) if parent_name else module
         setattr(parent, attr, lookup)
         done += 1
-    return done
+    return done, shared
 
 
 def _int8_row_table(embedding: nn.Embedding, group: int) -> "StoredByteEmbedding":
