@@ -433,52 +433,79 @@ def _quant_fusion_only_where_quantized() -> ContextManager:
     return replaced((_QUANT_FUSION, fusion_where_quantized))
 
 
-# Constants smaller than this keep their memory after they are copied into the program: the
-# large ones (weights) are what the release is for.
-RELEASED_CONSTANT_BYTES = 1 << 16
-# The heap's free pages go back to the system after every this many bytes released.
-TRIMMED_EVERY_BYTES = 64 << 20
+# Constants smaller than this are copied into the program's buffers as upstream copies them:
+# the large ones (weights) are what emitting in place is for.
+IN_PLACE_CONSTANT_BYTES = 1 << 16
 
 
-def _constants_released_once_emitted() -> ContextManager:
-    """Each large constant's memory is given back as soon as the emitter has copied it into
-    the program's buffers (its storage resized to nothing), so that an export does not hold
-    its weights twice, in the graph and in the program, through the whole of emission. A
-    constant whose storage was released already (two placeholders of one tensor) is given
-    the buffer it went to. The edge program is not usable afterwards: llmcore drops it
-    when the program is emitted (an ETRecord is made from a copy taken before)."""
-    original = resolve(_EMIT_CONSTANT)
-    make_tensor_value = resolve("executorch.exir.emit._emitter:make_tensor_value")
+def _constants_emitted_in_place() -> ContextManager:
+    """Each large constant goes into the program's buffers as its own memory, not a copy of
+    it: the writer reads the bytes from the tensor when it writes the file. Upstream copies
+    each constant into a ``bytes`` object while the graph still holds it, so an export held
+    its weights twice through emission (an 8B model's 4.7 GB program, 9.4 GB); releasing each
+    weight once copied still held the largest twice, and a tied table is the first and largest
+    (Llama-3.2-1B: 250 MiB over the export's peak). A program buffer may be ``bytes`` or a
+    ``Cord`` (ExecuTorch's bytes in parts, which is how the writer joins them), so the view
+    is a Cord whose one part is the storage's memory; nothing copies it (``deepcopy`` gives
+    it back, as it does ``bytes``). The edge program's weights must not change until the
+    program is written: llmcore writes it at once and drops both."""
+    import ctypes
+    import hashlib
+
+    from executorch.exir._serialize import _cord
     from executorch.exir.schema import EValue
 
-    from llmcore.progress import return_free_memory
+    original = resolve(_EMIT_CONSTANT)
+    make_tensor_value = resolve("executorch.exir.emit._emitter:make_tensor_value")
+    # ExecuTorch 1.5's Cord asks a part that is not bytes to write itself (as its file-backed
+    # data does); 1.4's writes each part with outfile.write, which takes a memoryview as it is
+    parts_write_themselves = hasattr(_cord, "FileBackedData")
 
-    released: dict[int, int] = {}  # the storage's StorageImpl -> the program buffer it went to
-    untrimmed = [0]  # bytes released since the heap last gave its free pages back
+    class MemoryPart:
+        """A storage's bytes as ExecuTorch 1.5's Cord reads a part that is not ``bytes``."""
 
-    def released_once_copied(self, spec, constant_tag=None):
+        def __init__(self, view: memoryview) -> None:
+            self.view = view
+
+        def __len__(self) -> int:
+            return len(self.view)
+
+        def to_bytes(self) -> bytes:
+            return bytes(self.view)
+
+        def write_to_file(self, outfile) -> None:
+            outfile.write(self.view)
+
+    class StorageBytes(_cord.Cord):
+        """A torch storage's bytes, where they are, as one part of a Cord; holds the storage."""
+
+        def __init__(self, storage) -> None:
+            super().__init__()
+            view = memoryview((ctypes.c_char * storage.nbytes()).from_address(storage.data_ptr())).cast("B")
+            self.storage, self.digest = storage, hashlib.sha256(view).hexdigest()
+            self._buffers = [MemoryPart(view) if parts_write_themselves else view]
+            self._byte_size = len(view)
+
+        def __deepcopy__(self, memo) -> "StorageBytes":
+            return self
+
+    emitted: dict[int, int] = {}  # the storage's StorageImpl -> the program buffer it went to
+
+    def emitted_in_place(self, spec, constant_tag=None):
         storage = spec.storage if spec.const else None
         planned = spec.mem_id is not None and spec.mem_offset is not None  # a mutable buffer's initial state
-        if storage is None or planned or spec.extra_tensor_info is not None:
-            return original(self, spec, constant_tag)
+        if (storage is None or planned or spec.extra_tensor_info is not None
+                or storage.nbytes() < IN_PLACE_CONSTANT_BYTES or spec.nbytes() != storage.nbytes()):
+            return original(self, spec, constant_tag)  # (a view of part of a storage: upstream's error)
         key = storage._cdata
-        if key in released:
-            return EValue(make_tensor_value(released[key], None, spec))
-        value = original(self, spec, constant_tag)
-        # a storage that is not resizable is someone else's memory (a mapped safetensors file,
-        # a numpy array): its pages are the file's, and it stays as it is
-        if storage.nbytes() >= RELEASED_CONSTANT_BYTES and storage.resizable():
-            released[key] = value.val.data_buffer_idx
-            untrimmed[0] += storage.nbytes()
-            storage.resize_(0)
-            # a weight made inside a heap_for_temporaries scope lives on the heap, whose free
-            # pages stay resident until trimmed (one with its own mapping goes back at once)
-            if untrimmed[0] >= TRIMMED_EVERY_BYTES:
-                return_free_memory()
-                untrimmed[0] = 0
-        return value
+        if key not in emitted:
+            data = StorageBytes(storage)
+            hashed = data.digest
+            found = self.program_state.cached_spec_hash_values.get(hashed, -1)
+            emitted[key] = found if found != -1 else self._save_new_const_tensor(spec, data, hashed, None, constant_tag)
+        return EValue(make_tensor_value(emitted[key], None, spec))
 
-    return replaced((_EMIT_CONSTANT, released_once_copied))
+    return replaced((_EMIT_CONSTANT, emitted_in_place))
 
 
 @contextmanager
@@ -603,15 +630,19 @@ for _patch in (
         apply=_quant_fusion_only_where_quantized,
     ),
     Patch(
-        name="constants_released_once_emitted",
+        name="constants_emitted_in_place",
         replaces=(_EMIT_CONSTANT,),
-        relies_on={_EMIT_CONSTANT: ("f3b5b9a22e5e8125",)},
+        relies_on={
+            _EMIT_CONSTANT: ("f3b5b9a22e5e8125",),
+            "executorch.exir.emit._emitter:_Emitter._save_new_const_tensor": ("6b9ac7c29901c3a9",),
+            "executorch.exir._serialize._cord:Cord": ("cb4a84f49dcec087", "ee7d59a588d87f0b"),
+        },
         requires=(EXECUTORCH,),
-        why="to_executorch copies every constant into the program's buffers while the graph still "
-            "holds it, so an export peaked at twice its program (an 8B model's 4.7 GB program, 9.4 GB); "
-            "each large constant's memory is released once its bytes are copied, which leaves the "
-            "program's bytes as they were.",
-        apply=_constants_released_once_emitted,
+        why="to_executorch copies every constant into a bytes object while the graph still holds "
+            "it, so an export held its weights twice (an 8B model's 4.7 GB program, 9.4 GB); each "
+            "large constant goes into the program's buffers as its own memory instead, which the "
+            "writer reads when it writes the file: the same bytes, never held twice.",
+        apply=_constants_emitted_in_place,
     ),
     Patch(
         name="recorded_delegate_outputs",

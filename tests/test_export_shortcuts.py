@@ -1,6 +1,6 @@
 """Work the export skips because nothing it writes depends on it: stack traces on traced
 nodes (only an ETRecord reads them), the serializer's repeated type-hint lookups, and the
-graph's copy of each weight once the program holds its bytes."""
+copy of each weight the program's buffers made (they are the weights' own memory)."""
 
 from __future__ import annotations
 
@@ -84,8 +84,8 @@ def test_the_serializer_reads_each_class_s_type_hints_once_and_writes_the_same_j
 
 
 class _Weights(torch.nn.Module):
-    """Two linears large enough to be released (RELEASED_CONSTANT_BYTES), one too small, and
-    one weight read by two placeholders' worth of uses (the same tensor twice)."""
+    """Two linears large enough to be emitted in place (IN_PLACE_CONSTANT_BYTES), one too
+    small, and one weight read by two placeholders' worth of uses (the same tensor twice)."""
 
     def __init__(self):
         super().__init__()
@@ -98,47 +98,59 @@ class _Weights(torch.nn.Module):
         return self.small(self.big(x) @ self.shared + x @ self.shared.T)
 
 
-def _emitted(release: bool):
+def _emitted(model: torch.nn.Module, in_place: bool):
+    """(the program manager, its bytes, the graph's tensors by name) of ``model``'s emission."""
     from executorch.exir import to_edge
 
     from llmcore.pipeline import emit
 
-    exported = torch.export.export(_Weights().eval(), (torch.randn(2, 256),))
+    exported = torch.export.export(model, (torch.randn(2, 256),))
     edge = to_edge(exported)
-    program = emit.to_executorch(edge, release_constants=release)
+    program = emit.to_executorch(edge, in_place_constants=in_place)
     graph = edge.exported_program()
     tensors = {**graph.state_dict, **{n: t for n, t in graph.constants.items() if isinstance(t, torch.Tensor)}}
-    return program.buffer, {name: t.untyped_storage().nbytes() for name, t in tensors.items()}
+    return program, program.buffer, tensors
 
 
-def test_weights_are_released_once_emitted_and_the_program_is_the_same():
-    """``constants_released_once_emitted``: the program's bytes are those of an emission that
-    keeps the weights, the large weights' memory is given back, a small one's is kept."""
-    kept_bytes, kept = _emitted(release=False)
-    released_bytes, released = _emitted(release=True)
-    assert released_bytes == kept_bytes
-    assert all(n > 0 for n in kept.values())
-    large = [name for name, n in kept.items() if n >= upstream.RELEASED_CONSTANT_BYTES]
-    assert len(large) >= 2 and all(released[name] == 0 for name in large)  # big's weight, shared
-    assert all(released[name] == n for name, n in kept.items() if name not in large)  # the small ones
+def _buffer_addresses(program) -> list[int]:
+    """The address of each program buffer's bytes where a buffer is a view of other memory
+    (``constants_emitted_in_place``), 0 where it holds bytes of its own."""
+    import ctypes
+
+    addresses = []
+    for buffer in program.executorch_program.constant_buffer:
+        parts = [] if isinstance(buffer.storage, bytes) else buffer.storage._buffers
+        views = [getattr(part, "view", part) for part in parts]
+        addresses.append(ctypes.addressof(ctypes.c_char.from_buffer(views[0])) if views else 0)
+    return addresses
 
 
-def test_weights_in_memory_that_is_not_torchs_are_emitted_and_kept():
-    """A weight over a numpy array (as a mapped safetensors file gives them) cannot be
-    resized: it is emitted as it is and left alone."""
+def test_large_weights_are_emitted_in_place_and_the_program_is_the_same():
+    """``constants_emitted_in_place``: the program's bytes are those of upstream's emission,
+    and each large weight's buffer is the weight's own memory, not a copy; a small one's is
+    copied as upstream copies it."""
+    _, copied_bytes, _ = _emitted(_Weights().eval(), in_place=False)
+    program, in_place_bytes, tensors = _emitted(_Weights().eval(), in_place=True)
+    assert in_place_bytes == copied_bytes
+    addresses = set(_buffer_addresses(program))
+    large = [name for name, t in tensors.items() if t.untyped_storage().nbytes() >= upstream.IN_PLACE_CONSTANT_BYTES]
+    assert len(large) >= 2  # big's weight, shared
+    assert {tensors[name].data_ptr() for name in large} <= addresses
+    assert not {t.data_ptr() for name, t in tensors.items() if name not in large} & addresses  # copies
+
+
+def test_weights_in_memory_that_is_not_torchs_are_emitted_in_place():
+    """A weight over a numpy array (as a mapped safetensors file gives them) is emitted from
+    where it is, and the program computes what the model does."""
     import numpy as np
-    from executorch.exir import to_edge
-
-    from llmcore.pipeline import emit
 
     model = _Weights().eval()
     outside = torch.from_numpy(np.ascontiguousarray(model.shared.numpy().copy()))
-    assert not outside.untyped_storage().resizable()
     model.shared = outside
     want = model(torch.ones(2, 256))
-    program = emit.to_executorch(to_edge(torch.export.export(model, (torch.randn(2, 256),))), release_constants=True)
-    assert outside.untyped_storage().nbytes() == 256 * 256 * 4
+    program, data, _ = _emitted(model, in_place=True)
+    assert outside.data_ptr() in _buffer_addresses(program)
     from executorch.runtime import Runtime
 
-    method = Runtime.get().load_program(program.buffer).load_method("forward")
+    method = Runtime.get().load_program(data).load_method("forward")
     assert torch.allclose(method.execute([torch.ones(2, 256)])[0], want, atol=1e-4)

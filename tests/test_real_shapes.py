@@ -144,10 +144,12 @@ def test_hf_folder_is_what_transformers_loads(kind, tmp_path, monkeypatch):
 
 # An export of the 0.28B shape (a 166 MiB Q4_0 GGUF) may hold at most this many times the file
 # on top of what it held once loaded (Python, torch, ExecuTorch and the model's structure): the
-# program's integers once in the module and once as the program's bytes, and a layer being
-# read. Its weights as fp32 alone would be 7x the file (an export that dequantized the file
-# peaked at 12.5x, issue 61's table).
-EXPORT_GROWTH_PER_FILE = 5.0
+# program's integers once (the program's buffers are the module's own memory: the
+# constants_emitted_in_place patch), a layer being read and packed, and the heap pages of its
+# temporaries. Observed 2.16-2.18x; 3.8x in one run of two while the output layer's row sums
+# took a cast copy a slice at a time, and 12.5x for an export that dequantized the file
+# (issue 61's table): its weights as fp32 alone would be 7x the file.
+EXPORT_GROWTH_PER_FILE = 3.0
 PROGRAM_PER_FILE = 1.3  # Q4_0's blocks as the kernels' nibbles, bf16 scales and offsets
 
 

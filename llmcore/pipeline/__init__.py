@@ -420,10 +420,10 @@ class Export:
     def _to_executorch(self) -> None:
         with self.log.stage("emit", collect=self._retraced):  # a pass that ran left the old program behind
             tmp = self._etrecord_tmp
-            # an export run whole keeps no graph after this: each weight's memory goes as soon as
-            # the program has its bytes
+            # an export run whole writes the program at once and keeps no graph: the program's
+            # buffers can be the weights' own memory
             program = emit.to_executorch(self.edge, str(tmp) if tmp else None, self._edge_copy,
-                                         release_constants=self._whole)
+                                         in_place_constants=self._whole)
             self.edge = self._edge_copy = None
             # Staged now (renamed into place only when everything has passed), written part
             # by part (never joined into one bytes object beside the program that holds the

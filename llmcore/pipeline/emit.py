@@ -21,7 +21,7 @@ def select_post_passes(registry: Registry, backends: list[str]) -> list[Provided
 
 
 # The patches of llmcore.upstream that post-passes and to_executorch apply.
-EMIT_PATCHES = ("recorded_delegate_outputs", "quant_fusion_only_where_quantized", "constants_released_once_emitted")
+EMIT_PATCHES = ("recorded_delegate_outputs", "quant_fusion_only_where_quantized", "constants_emitted_in_place")
 
 
 def called_operators(edge) -> set[str]:
@@ -45,11 +45,11 @@ def apply_post_passes(edge, passes: list[Provided]):
     return edge
 
 
-def to_executorch(edge, etrecord_path: Optional[str] = None, edge_copy: Any = None, release_constants: bool = False):
-    """Serialise the edge program; writes an ETRecord when asked. ``release_constants``: give
-    each large constant's memory back once it is copied into the program (the
-    ``constants_released_once_emitted`` patch), for a caller that drops ``edge`` and the
-    returned manager's graph afterwards and writes no ETRecord (they would read the graph)."""
+def to_executorch(edge, etrecord_path: Optional[str] = None, edge_copy: Any = None, in_place_constants: bool = False):
+    """Serialise the edge program; writes an ETRecord when asked. ``in_place_constants``: the
+    program's buffers are the large constants' own memory, not copies (the
+    ``constants_emitted_in_place`` patch), for a caller that writes the program before
+    anything changes a weight and writes no ETRecord."""
     from executorch.exir import ExecutorchBackendConfig
     from executorch.exir.passes import MemoryPlanningPass
     from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
@@ -64,10 +64,10 @@ def to_executorch(edge, etrecord_path: Optional[str] = None, edge_copy: Any = No
         run_reinplace_pass=True,
     )
     fix = "run with --debug for the traceback; a post-pass or backend left the graph in a state ExecuTorch cannot plan."
-    release = release_constants and not etrecord_path
+    in_place = in_place_constants and not etrecord_path
     with stage_errors("emit", None, "to_executorch failed", fix), upstream.applied("recorded_delegate_outputs"), \
             upstream.applied("quant_fusion_only_where_quantized"), \
-            upstream.applied("constants_released_once_emitted") if release else nullcontext():
+            upstream.applied("constants_emitted_in_place") if in_place else nullcontext():
         program = edge.to_executorch(config)
     if etrecord_path and edge_copy is not None:
         from executorch.devtools import generate_etrecord

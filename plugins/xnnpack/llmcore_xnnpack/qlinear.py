@@ -117,7 +117,7 @@ def int8_gemm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
 
 
 # fp32 weight bytes an eager quantized linear decodes at once (gemm_by_rows)
-_EAGER_WEIGHT_BYTES = 32 * 2**20
+_EAGER_WEIGHT_BYTES = 8 * 2**20
 
 
 def gemm_by_rows(x: torch.Tensor, layer: nn.Module, bias: Optional[torch.Tensor], outlier_split: bool,
