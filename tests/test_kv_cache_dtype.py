@@ -20,6 +20,8 @@ import torch
 from clitools import run_cli
 
 from llmcore import kv_cache
+from llmcore.builtins import runtime_attention
+from llmcore.runtime import libraries
 from llmcore.builtins.kv_cache import CustomOpKVAttention, StaticKVAttention, caches_in_fp32, plain_attention
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,6 +114,13 @@ def test_the_program_keeps_the_cache_it_was_asked_for(programs, cache_dtype):
     assert ratio == pytest.approx(0.5 if cache_dtype != "int8" else (16 + 5) / 64, rel=1e-6)
     assert f"KV cache: {cache_dtype}," in stdout
     assert report["parity"]["top1_agreement"] == 1.0
+    if cache_dtype == "int8" and runtime_attention.kernel_built():
+        # the rounding is one llmcore::quantize_rows call for each of k, v and q, not
+        # quantized_decomposed's ops decomposed into a score of portable ones
+        calls = libraries.program_operators(pte.read_bytes())
+        assert "llmcore::quantize_rows.out" in calls
+        rounding = ("choose_qparams", "quantize_per_token", "amin", "amax", "round")
+        assert not [op for op in calls if any(name in op for name in rounding)], calls
     ids = list(range(3, 40))
     narrow, wide = _logits(pte, ids), _logits(programs["fp32"][0], ids)
     error = float((narrow - wide).norm() / wide.norm())

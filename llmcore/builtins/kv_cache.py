@@ -40,7 +40,8 @@ The cache keeps ``cache_dtype`` (``--kv-cache-dtype``, :data:`llmcore.kv_cache.C
 custom-op cache attends in that type (``custom_sdpa`` takes queries, keys and values of one
 type; the queries are rounded too, the output is fp32 again). ``int8``: each new row of a head
 is rounded to int8 with its own scale and zero point (asymmetric, ``quantized_decomposed``'s
-per-token ops, as ExecuTorch's own quantized cache does), kept in ``k_scales`` /
+per-token arithmetic, as ExecuTorch's own quantized cache rounds; one ``llmcore::quantize_rows``
+call where the runtime's library is built), kept in ``k_scales`` /
 ``k_zero_points`` (and ``v_``) beside the cache, and ``llama::custom_quantized_sdpa`` attends
 over the integers, the queries rounded to int8 per token as well; the plain-PyTorch cache
 does not take int8 (it would read the whole cache back as floats every step). Soft-capped
@@ -72,8 +73,6 @@ from llmcore.records import CallingConvention, KVCacheForm, SourceTransform, Tra
 
 # the module whose import registers torch.ops.llama.* (and their runtime kernels)
 CUSTOM_OPS_MODULE = LLM_CUSTOM_OPS_MODULE
-# the module whose import registers torch.ops.quantized_decomposed.* (an int8 cache's rounding)
-QUANTIZED_DECOMPOSED_MODULE = "torch.ao.quantization.fx._decomposed"
 
 
 def _start(input_pos: torch.Tensor, seq_len: int, capacity: int) -> int:
@@ -220,12 +219,14 @@ TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.flo
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``x`` ``[..., D]`` as int8 with an fp32 scale and an int8 zero point per row of ``D``
     (``[..., 1]`` each): the asymmetric per-token rounding ``llama::custom_quantized_sdpa``
-    reads back as ``(q - zero_point) * scale``."""
+    reads back as ``(q - zero_point) * scale``. One ``llmcore::quantize_rows`` call where the
+    runtime's library is built (:mod:`llmcore.builtins.runtime_attention`), the same
+    arithmetic as ``quantized_decomposed``'s per-token ops, which a program otherwise calls."""
+    if runtime_attention.kernel_built():
+        runtime_attention.define()
+        return torch.ops.llmcore.quantize_rows(x)
     register_quantized_ops()
-    ops = torch.ops.quantized_decomposed
-    scales, zero_points = ops.choose_qparams_per_token_asymmetric.default(x, torch.int8)
-    rounded = ops.quantize_per_token(x, scales, zero_points, -128, 127, torch.int8)
-    return rounded, scales.float(), zero_points.to(torch.int8)
+    return runtime_attention.quantize_rows(x)
 
 
 class _CachedAttention(nn.Module):
@@ -472,7 +473,7 @@ def register_quantized_ops() -> None:
     """Register PyTorch's ``quantized_decomposed`` ops, which an int8 cache rounds its rows
     with, and their out variants (ExecuTorch's quantized kernels), which its program calls.
     Done when an int8 cache first rounds a row: no other cache needs them."""
-    importlib.import_module(QUANTIZED_DECOMPOSED_MODULE)
+    importlib.import_module(runtime_attention.QUANTIZED_DECOMPOSED_MODULE)
     importlib.import_module(QUANTIZED_KERNELS_MODULE)
 
 

@@ -1,6 +1,7 @@
 // llama::update_cache.out, llama::update_cache_with_indices.out and llama::custom_sdpa.out
 // for llmcore_runner (see llm_ops.h), llama::custom_quantized_sdpa.out, and llmcore's own
-// llmcore::softcap_sdpa.out (custom_sdpa with soft-capped scores: Gemma 2).
+// llmcore::softcap_sdpa.out (custom_sdpa with soft-capped scores: Gemma 2) and
+// llmcore::quantize_rows.out (an int8 cache's rows, and its queries, rounded per row).
 //
 // Caches of four element types (--kv-cache-dtype): float32, float16, bfloat16 and int8
 // with a float scale and an int8 zero point per (position, kv head). The attention reads
@@ -29,6 +30,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
@@ -192,6 +195,17 @@ struct F16Rows {  // IEEE half
 };
 
 typedef int8_t v8i8 __attribute__((vector_size(8)));
+typedef int16_t v8i16 __attribute__((vector_size(16)));
+// Eight int8 widened to float32 through int16 and int32: GCC 12 converts an int8 vector to
+// floats (or to int32) in one step one element at a time through general registers, some
+// forty instructions; in two steps it is two sign extensions and one conversion, and the int8
+// cache's attention took 3-4x the fp32 one's time.
+LLMCORE_INLINE v8f widen_int8(const void* src) {
+  v8i8 q;
+  std::memcpy(&q, src, sizeof(q));
+  return __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(q, v8i16), v8i), v8f);
+}
+
 struct Int8Rows {  // (q - zero_point) * scale, one scale and zero point per row
   const int8_t* p;
   int64_t stride;
@@ -199,9 +213,7 @@ struct Int8Rows {  // (q - zero_point) * scale, one scale and zero point per row
   const int8_t* zero_points;
   int64_t meta_stride;  // kv heads: the scales' and zero points' stride between rows
   LLMCORE_INLINE v8f load(int64_t j, int64_t c) const {
-    v8i8 q;
-    std::memcpy(&q, p + j * stride + c, sizeof(q));
-    const v8f x = __builtin_convertvector(q, v8f);
+    const v8f x = widen_int8(p + j * stride + c);
     return (x - splat(static_cast<float>(zero_points[j * meta_stride]))) * splat(scales[j * meta_stride]);
   }
   LLMCORE_INLINE float at(int64_t j, int64_t c) const {
@@ -392,6 +404,24 @@ LLMCORE_INLINE Int8Rows rows_of(const Attention& a, const void* base, const floa
           zero_points + row0, a.n_kv_heads};
 }
 
+// Rows [jb, je) of a narrow cache widened to float32 into `buffer` ([je - jb, d]), the row
+// reader's own values: the same arithmetic as reading them one query vector at a time.
+template <class Rows>
+LLMCORE_INLINE F32Rows widened_rows(const Rows& rows, int64_t jb, int64_t je, int64_t d, float* buffer) {
+  for (int64_t j = jb; j < je; ++j) {
+    float* dst = buffer + (j - jb) * d;
+    int64_t c = 0;
+    for (; c + kVec <= d; c += kVec) store8(dst + c, rows.load(j, c));
+    for (; c < d; ++c) dst[c] = rows.at(j, c);
+  }
+  return F32Rows{buffer, d};
+}
+
+// A narrow cache's block of keys or values read by at least this many query vectors (a
+// prefill's rows; grouped-query heads) is widened once, then read as float32: each vector
+// widened every row of it again, and an int8 cache's prefill attention took 4x the fp32 one's.
+constexpr int64_t kWidenedFor = 2;
+
 template <class Rows>
 LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t i1,
                                       int64_t chunk, std::vector<float>& scratch) {
@@ -405,10 +435,14 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
     end[r] = std::max(j0, std::min(j1, limit));
   }
   const int64_t span = std::max<int64_t>(j1 - j0, 1);
-  if (static_cast<int64_t>(scratch.size()) < nq * (span + 2)) scratch.resize(nq * (span + 2));
+  const int64_t blk = key_block(d);
+  const bool widen = !std::is_same<Rows, F32Rows>::value && nq >= kWidenedFor;
+  const int64_t needed = nq * (span + 2) + (widen ? blk * d : 0);
+  if (static_cast<int64_t>(scratch.size()) < needed) scratch.resize(needed);
   float* scores = scratch.data();  // [nq][span], key j at column j - j0
   float* maxes = scores + nq * span;
   float* sums = maxes + nq;
+  float* block_rows = sums + nq;  // [blk][d]: a block of keys or values widened (widen)
 
   const Rows keys = rows_of<Rows>(a, a.k, a.k_scales, a.k_zero_points, b, g);
   const Rows values = rows_of<Rows>(a, a.v, a.v_scales, a.v_zero_points, b, g);
@@ -420,12 +454,11 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
     return a.key_chunks == 1 ? a.out + row * d
                              : a.partial + (chunk * a.batch * a.q_len * a.n_heads + row) * partial_row;
   };
-  const int64_t blk = key_block(d);
 
   // Scores, scaled. Keys in blocks, each block read by every query vector while in L1
-  // (grouped-query heads share their keys); within a block four keys at a time.
-  for (int64_t jb = j0; jb < j1; jb += blk) {
-    const int64_t je = std::min(j1, jb + blk);
+  // (grouped-query heads share their keys); within a block four keys at a time. `k` holds
+  // key j as row j - first (a widened block's rows start at its first key).
+  auto score_block = [&](const auto& k, int64_t first, int64_t jb, int64_t je) {
     for (int64_t qv = 0; qv < nq; ++qv) {
       const int64_t hi = std::min(je, end[qv / G]);
       const float* qr = query(qv);
@@ -433,10 +466,18 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
       int64_t j = jb;
       for (; j + 4 <= hi; j += 4) {
         float dots[4];
-        dot4(qr, keys, j, d, dots);
+        dot4(qr, k, j - first, d, dots);
         for (int t = 0; t < 4; ++t) sr[j - j0 + t] = dots[t] * a.scale;
       }
-      for (; j < hi; ++j) sr[j - j0] = dot1(qr, keys, j, d) * a.scale;
+      for (; j < hi; ++j) sr[j - j0] = dot1(qr, k, j - first, d) * a.scale;
+    }
+  };
+  for (int64_t jb = j0; jb < j1; jb += blk) {
+    const int64_t je = std::min(j1, jb + blk);
+    if (widen) {
+      score_block(widened_rows(keys, jb, je, d, block_rows), jb, jb, je);
+    } else {
+      score_block(keys, 0, jb, je);
     }
   }
   for (int64_t qv = 0; qv < nq; ++qv) {
@@ -458,26 +499,34 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
   }
 
   // Weighted sum of values, blocked over keys as the scores were. Each output row is
-  // accumulated in registers, 64 channels at a time, over a whole block of keys.
-  for (int64_t jb = j0; jb < j1; jb += blk) {
-    const int64_t je = std::min(j1, jb + blk);
+  // accumulated in registers, 64 channels at a time, over a whole block of keys; `v` holds
+  // the block's rows from row `first` on.
+  auto weigh_block = [&](const auto& v, int64_t first, int64_t jb, int64_t je) {
     for (int64_t qv = 0; qv < nq; ++qv) {
       const int64_t n = std::min(je, end[qv / G]) - jb;
       if (n <= 0) continue;
       const float* p = scores + qv * span + (jb - j0);
       float* orow = output(qv);
       int64_t c = 0;
-      for (; c + 8 * kVec <= d; c += 8 * kVec) weighted_rows<8>(orow + c, values, jb, c, p, n);
+      for (; c + 8 * kVec <= d; c += 8 * kVec) weighted_rows<8>(orow + c, v, first, c, p, n);
       if (c + 4 * kVec <= d) {
-        weighted_rows<4>(orow + c, values, jb, c, p, n);
+        weighted_rows<4>(orow + c, v, first, c, p, n);
         c += 4 * kVec;
       }
-      for (; c + kVec <= d; c += kVec) weighted_rows<1>(orow + c, values, jb, c, p, n);
+      for (; c + kVec <= d; c += kVec) weighted_rows<1>(orow + c, v, first, c, p, n);
       for (; c < d; ++c) {
         float acc = orow[c];
-        for (int64_t j = 0; j < n; ++j) acc += p[j] * values.at(jb + j, c);
+        for (int64_t j = 0; j < n; ++j) acc += p[j] * v.at(first + j, c);
         orow[c] = acc;
       }
+    }
+  };
+  for (int64_t jb = j0; jb < j1; jb += blk) {
+    const int64_t je = std::min(j1, jb + blk);
+    if (widen) {
+      weigh_block(widened_rows(values, jb, je, d, block_rows), 0, jb, je);
+    } else {
+      weigh_block(values, jb, jb, je);
     }
   }
 
@@ -931,6 +980,92 @@ Tensor& custom_quantized_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, co
   return out;
 }
 
+namespace {
+
+// One row of quantize_rows, PyTorch's arithmetic step for step (finite inputs): the
+// parameters in float32 (quantized_decomposed's choose_qparams_per_token_asymmetric), the
+// rounding in float64, where PyTorch's type promotion puts quantize_per_token's (a float32
+// row times the float64 reciprocal of its scale, plus the zero point). Each product and sum
+// is rounded on its own, as PyTorch's elementwise kernels round them: no fused multiply-add.
+__attribute__((optimize("fp-contract=off"))) void quantize_row(const float* x, int64_t n, int8_t* q, float* scale_out,
+                                                              int8_t* zero_point_out) {
+  float lo = 0.0f, hi = 0.0f;  // min(row, 0) and max(row, 0)
+  for (int64_t i = 0; i < n; ++i) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  const float scale = std::max((hi - lo) / 255.0f, std::numeric_limits<float>::epsilon());
+  const float descaled_min = lo / scale, descaled_max = hi / scale;
+  const float from_min = -128.0f + descaled_min, from_max = 127.0f + descaled_max;
+  const float zero_point = std::nearbyint(
+      std::min(std::max(from_min + from_max > 0.0f ? -128.0f - descaled_min : 127.0f - descaled_max, -128.0f), 127.0f));
+  const double inverse = 1.0 / static_cast<double>(scale), offset = zero_point;
+  for (int64_t i = 0; i < n; ++i) {
+    const double scaled = static_cast<double>(x[i]) * inverse;
+    const double shifted = scaled + offset;
+    q[i] = static_cast<int8_t>(std::min(std::max(std::nearbyint(shifted), -128.0), 127.0));
+  }
+  *scale_out = scale;
+  *zero_point_out = static_cast<int8_t>(zero_point);
+}
+
+}  // namespace
+
+void quantize_rows_out(KernelRuntimeContext& ctx, const Tensor& x, Tensor& q, Tensor& scales, Tensor& zero_points) {
+  constexpr const char* op = "llmcore::quantize_rows";
+  const bool types = x.scalar_type() == ScalarType::Float && q.scalar_type() == ScalarType::Char &&
+                     scales.scalar_type() == ScalarType::Float && zero_points.scalar_type() == ScalarType::Char;
+  ET_KERNEL_CHECK_MSG(ctx, types, InvalidType, ,
+                      "%s: takes float32 rows into int8, float32 scales and int8 zero points (got %s, %s, %s, %s)", op,
+                      dtype_name(x.scalar_type()), dtype_name(q.scalar_type()), dtype_name(scales.scalar_type()),
+                      dtype_name(zero_points.scalar_type()));
+  ET_KERNEL_CHECK_MSG(ctx, x.dim() >= 1 && x.size(x.dim() - 1) > 0, InvalidArgument, ,
+                      "%s: x must have rows (a last dimension of at least one element)", op);
+  executorch::aten::SizesType sizes[16];
+  ET_KERNEL_CHECK_MSG(ctx, x.dim() <= 16, InvalidArgument, , "%s: at most 16 dimensions", op);
+  for (ssize_t i = 0; i < x.dim(); ++i) sizes[i] = x.size(i);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(q, x.sizes()) == Error::Ok, InvalidArgument, );
+  sizes[x.dim() - 1] = 1;
+  const executorch::aten::ArrayRef<executorch::aten::SizesType> row_sizes(sizes, static_cast<size_t>(x.dim()));
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(scales, row_sizes) == Error::Ok, InvalidArgument, );
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(zero_points, row_sizes) == Error::Ok, InvalidArgument, );
+  ET_KERNEL_CHECK_MSG(ctx, dense(x) && dense(q) && dense(scales) && dense(zero_points), InvalidArgument, ,
+                      "%s: x and its outputs must be contiguous", op);
+  const int64_t n = x.size(x.dim() - 1), rows = x.numel() / n;
+  const float* in = x.const_data_ptr<float>();
+  int8_t* integers = q.mutable_data_ptr<int8_t>();
+  float* row_scales = scales.mutable_data_ptr<float>();
+  int8_t* row_zero_points = zero_points.mutable_data_ptr<int8_t>();
+  auto quantize = [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) quantize_row(in + r * n, n, integers + r * n, row_scales + r, row_zero_points + r);
+  };
+  // a decode step's rows (a few heads) on this thread; a prefill's on the kernels' threads
+  constexpr int64_t kParallelElements = 1 << 16;
+  if (x.numel() >= kParallelElements) {
+    kernel_parallel_for(0, rows, std::max<int64_t>(1, kParallelElements / n / 4), quantize);
+  } else {
+    quantize(0, rows);
+  }
+}
+
+namespace {
+
+// EXECUTORCH_LIBRARY's wrapper takes operators with one output; llmcore::quantize_rows.out
+// has three, so it is unboxed here: the stack holds x, the outputs q, scales, zero_points,
+// then the returned values (the same tensors). Each argument's kind is checked before it
+// is read (EValue's accessors abort the process on a wrong one).
+void quantize_rows_boxed(KernelRuntimeContext& ctx, executorch::runtime::Span<executorch::runtime::EValue*> stack) {
+  executorch::runtime::internal::EventTracerProfileOpScope scope(ctx.internal_event_tracer(),
+                                                                 "llmcore::quantize_rows.out");
+  bool fits = stack.size() >= 4;
+  for (size_t i = 0; fits && i < 4; ++i) fits = stack[i]->isTensor();
+  ET_KERNEL_CHECK_MSG(ctx, fits, InvalidProgram, ,
+                      "llmcore::quantize_rows.out: called with other arguments than (x, *, q, scales, zero_points)");
+  quantize_rows_out(ctx, stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toTensor(), stack[3]->toTensor());
+}
+
+}  // namespace
+
 }  // namespace llmcore_kernels
 
 #ifndef LLMCORE_LLM_OPS_KEYED
@@ -946,6 +1081,10 @@ EXECUTORCH_LIBRARY(llama, "custom_quantized_sdpa.out", llmcore_kernels::custom_q
 // llmcore's own attention op: no other library registers it, so both builds do, under the
 // fallback key (llmcore_runner and libllmcore_llm_ops.so are never in one process).
 EXECUTORCH_LIBRARY(llmcore, "softcap_sdpa.out", llmcore_kernels::softcap_sdpa_out);
+namespace {
+const auto quantize_rows_registered = executorch::runtime::register_kernel(
+    executorch::runtime::Kernel("llmcore::quantize_rows.out", llmcore_kernels::quantize_rows_boxed));
+}  // namespace
 
 #ifdef LLMCORE_LLM_OPS_KEYED
 // The shared library a Python process loads (libllmcore_llm_ops.so). ExecuTorch's own LLM
@@ -969,6 +1108,19 @@ namespace {
       "v1/" T ";0,1,2,3|" T ";0,1,2,3|" T ";0,1,2,3|6;0,1|" T ";0,1,2,3"
 constexpr const char* kSdpaKeys[] = {LLMCORE_SDPA_KEYS("6"), LLMCORE_SDPA_KEYS("5"), LLMCORE_SDPA_KEYS("15")};
 #undef LLMCORE_SDPA_KEYS
+// llama::custom_quantized_sdpa.out of an int8 cache (code 1): int8 query, key and value, the
+// mask when given, then each one's int8 zero points and float32 scales, out, the returned out
+// (ExecuTorch's own kernel decoded a SmolLM2 int8-cache program at 45 tok/s where the runner
+// did 188).
+#define LLMCORE_Q8 "1;0,1,2,3|"
+#define LLMCORE_QPARAMS LLMCORE_Q8 "6;0,1,2,3|" LLMCORE_Q8 "6;0,1,2,3|" LLMCORE_Q8 "6;0,1,2,3|"
+constexpr const char* kQuantizedSdpaKeys[] = {
+    "v1/" LLMCORE_Q8 LLMCORE_Q8 LLMCORE_Q8 LLMCORE_QPARAMS "6;0,1,2,3|6;0,1,2,3",
+    "v1/" LLMCORE_Q8 LLMCORE_Q8 LLMCORE_Q8 "6;0,1|" LLMCORE_QPARAMS "6;0,1,2,3|6;0,1,2,3",
+    "v1/" LLMCORE_Q8 LLMCORE_Q8 LLMCORE_Q8 LLMCORE_QPARAMS "6;0,1,2,3",
+    "v1/" LLMCORE_Q8 LLMCORE_Q8 LLMCORE_Q8 "6;0,1|" LLMCORE_QPARAMS "6;0,1,2,3"};
+#undef LLMCORE_QPARAMS
+#undef LLMCORE_Q8
 
 // Calls that reached this library's kernel: how a caller (a test, a benchmark) tells that
 // the runtime picked it over the fallback.
@@ -983,17 +1135,43 @@ Tensor& keyed_custom_sdpa_out(executorch::runtime::KernelRuntimeContext& ctx, co
   return llmcore_kernels::custom_sdpa_out(ctx, q, k, v, start_pos, attn_mask, dropout_p, is_causal, scale, out);
 }
 
+Tensor& keyed_custom_quantized_sdpa_out(
+    executorch::runtime::KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, int64_t start_pos,
+    const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal, std::optional<double> scale,
+    const std::optional<Tensor>& q_zero_points, const std::optional<Tensor>& q_scales,
+    const std::optional<Tensor>& k_zero_points, const std::optional<Tensor>& k_scales,
+    const std::optional<Tensor>& v_zero_points, const std::optional<Tensor>& v_scales, bool is_seq_at_dim_2,
+    Tensor& out) {
+  keyed_sdpa_calls.fetch_add(1, std::memory_order_relaxed);
+  return llmcore_kernels::custom_quantized_sdpa_out(ctx, q, k, v, start_pos, attn_mask, dropout_p, is_causal, scale,
+                                                    q_zero_points, q_scales, k_zero_points, k_scales, v_zero_points,
+                                                    v_scales, is_seq_at_dim_2, out);
+}
+
 constexpr char kSdpaName[] = "llama::custom_sdpa.out";
+constexpr char kQuantizedSdpaName[] = "llama::custom_quantized_sdpa.out";
+
+// One boxed kernel under each of `keys`: kernels[] outlives the registration (the registry
+// keeps pointers into it).
+template <size_t N>
+executorch::runtime::Error register_keyed(const executorch::runtime::Kernel& boxed, const char* const (&keys)[N],
+                                          executorch::runtime::Kernel (&kernels)[N]) {
+  for (size_t i = 0; i < N; ++i) {
+    kernels[i] = executorch::runtime::Kernel(boxed.name_, executorch::runtime::KernelKey(keys[i]), boxed.op_);
+  }
+  return executorch::runtime::register_kernels({kernels, N});
+}
 
 executorch::runtime::Error register_keyed_sdpa() {
-  const executorch::runtime::Kernel boxed =
-      executorch::extension::make_boxed_kernel(kSdpaName, EXECUTORCH_FN(keyed_custom_sdpa_out, kSdpaName));
-  static executorch::runtime::Kernel kernels[sizeof kSdpaKeys / sizeof *kSdpaKeys];
-  size_t n = 0;
-  for (const char* key : kSdpaKeys) {
-    kernels[n++] = executorch::runtime::Kernel(boxed.name_, executorch::runtime::KernelKey(key), boxed.op_);
-  }
-  return executorch::runtime::register_kernels({kernels, n});
+  static executorch::runtime::Kernel sdpa[sizeof kSdpaKeys / sizeof *kSdpaKeys];
+  static executorch::runtime::Kernel quantized[sizeof kQuantizedSdpaKeys / sizeof *kQuantizedSdpaKeys];
+  const executorch::runtime::Error done = register_keyed(
+      executorch::extension::make_boxed_kernel(kSdpaName, EXECUTORCH_FN(keyed_custom_sdpa_out, kSdpaName)),
+      kSdpaKeys, sdpa);
+  if (done != executorch::runtime::Error::Ok) return done;
+  return register_keyed(executorch::extension::make_boxed_kernel(
+                            kQuantizedSdpaName, EXECUTORCH_FN(keyed_custom_quantized_sdpa_out, kQuantizedSdpaName)),
+                        kQuantizedSdpaKeys, quantized);
 }
 
 const executorch::runtime::Error keyed_sdpa_registered = register_keyed_sdpa();

@@ -86,4 +86,12 @@ executorch::aten::Tensor& custom_quantized_sdpa_out(
     const std::optional<executorch::aten::Tensor>& k_scales, const std::optional<executorch::aten::Tensor>& v_zero_points,
     const std::optional<executorch::aten::Tensor>& v_scales, bool is_seq_at_dim_2, executorch::aten::Tensor& out);
 
+// llmcore::quantize_rows.out: each row of x's last dimension (float32) as int8 with a float32
+// scale and an int8 zero point per row ([..., 1]), bit for bit PyTorch's
+// quantized_decomposed.choose_qparams_per_token_asymmetric + quantize_per_token (an int8
+// KV cache's keys, values and queries, --kv-cache-dtype int8).
+void quantize_rows_out(executorch::runtime::KernelRuntimeContext& ctx, const executorch::aten::Tensor& x,
+                       executorch::aten::Tensor& q, executorch::aten::Tensor& scales,
+                       executorch::aten::Tensor& zero_points);
+
 }  // namespace llmcore_kernels

@@ -5,7 +5,7 @@
 //   llmcore_llm_ops_check registered
 //       prints the names of llm_ops.cpp's kernels that are registered:
 //       "llama::update_cache.out llama::update_cache_with_indices.out llama::custom_sdpa.out
-//       llama::custom_quantized_sdpa.out llmcore::softcap_sdpa.out"
+//       llama::custom_quantized_sdpa.out llmcore::softcap_sdpa.out llmcore::quantize_rows.out"
 //   llmcore_llm_ops_check sdpa DIR key=value...
 //       keys: batch q_len heads head_dim kv_len kv_heads start causal (0/1) scale (a number
 //       or "none") dtype (float/double/half) mask (0/1) dropout (a number) repeat (N calls)
@@ -27,6 +27,10 @@
 //       keys: batch seq heads head_dim capacity start dtype indices (0/1) threads (as for sdpa)
 //       reads DIR/value.bin and DIR/cache.bin, writes the updated cache to DIR/cache_out.bin;
 //       with indices=1 runs update_cache_with_indices on DIR/indices.bin (int64 [batch,seq])
+//   llmcore_llm_ops_check quantize_rows DIR key=value...
+//       keys: rows n threads (as for sdpa); reads DIR/x.bin (float32 [rows, n]), runs
+//       llmcore::quantize_rows.out, writes DIR/q.bin (int8 [rows, n]), DIR/scales.bin
+//       (float32 [rows, 1]) and DIR/zero_points.bin (int8 [rows, 1])
 //   llmcore_llm_ops_check parallel - key=value...
 //       keys: begin end grain threads (as for sdpa; then_threads=M resizes the pool again
 //       before a second round) calls (regions a round, default 3) work_us (each part's
@@ -270,6 +274,22 @@ int run_update_cache(const Args& a) {
   return 0;
 }
 
+int run_quantize_rows(const Args& a) {
+  const int64_t rows = a.num("rows", 1), n = a.num("n", 8);
+  Buffer x(ScalarType::Float, {rows, n}, read_file(a.dir + "/x.bin", static_cast<size_t>(rows * n) * sizeof(float)));
+  Buffer q(ScalarType::Char, {rows, n}), scales(ScalarType::Float, {rows, 1}), zero_points(ScalarType::Char, {rows, 1});
+  et::EValue ev_x(x.tensor()), ev_q(q.tensor()), ev_scales(scales.tensor()), ev_zero_points(zero_points.tensor());
+  et::EValue* stack[] = {&ev_x, &ev_q, &ev_scales, &ev_zero_points, &ev_q, &ev_scales, &ev_zero_points};
+  size_pool(a);
+  et::KernelRuntimeContext ctx;
+  lookup("llmcore::quantize_rows.out")(ctx, et::Span<et::EValue*>(stack, 7));
+  if (ctx.failure_state() != et::Error::Ok) return 1;
+  write_file(a.dir + "/q.bin", q.data, q.nbytes());
+  write_file(a.dir + "/scales.bin", scales.data, scales.nbytes());
+  write_file(a.dir + "/zero_points.bin", zero_points.data, zero_points.nbytes());
+  return 0;
+}
+
 // One round of `calls` regions over [begin, end) with kernel_parallel_for.
 void parallel_round(const Args& a, int round) {
   const int64_t begin = a.num("begin", 0), end = a.num("end", 16), grain = a.num("grain", 1);
@@ -336,12 +356,12 @@ int run_parallel(const Args& a) {
 
 int main(int argc, char** argv) {
   et::runtime_init();
-  if (argc < 2) usage("expected a command: registered, sdpa, update_cache, parallel");
+  if (argc < 2) usage("expected a command: registered, sdpa, update_cache, quantize_rows, parallel");
   const std::string cmd = argv[1];
   if (cmd == "registered") {
     for (const char* name :
          {"llama::update_cache.out", "llama::update_cache_with_indices.out", "llama::custom_sdpa.out",
-          "llama::custom_quantized_sdpa.out", "llmcore::softcap_sdpa.out"}) {
+          "llama::custom_quantized_sdpa.out", "llmcore::softcap_sdpa.out", "llmcore::quantize_rows.out"}) {
       if (et::registry_has_op_function(name)) std::printf("%s ", name);
     }
     std::printf("\n");
@@ -350,5 +370,6 @@ int main(int argc, char** argv) {
   if (cmd == "sdpa") return run_sdpa(parse(argc, argv));
   if (cmd == "update_cache") return run_update_cache(parse(argc, argv));
   if (cmd == "parallel") return run_parallel(parse(argc, argv));
+  if (cmd == "quantize_rows") return run_quantize_rows(parse(argc, argv));
   usage("unknown command " + cmd);
 }

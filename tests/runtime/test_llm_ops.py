@@ -326,6 +326,47 @@ def test_softcap_sdpa_refuses_a_cap_that_is_not_positive(ops_check, tmp_path):
     assert r.returncode != 0 and "softcap must be positive" in r.stderr, r.stderr
 
 
+def quantize_rows_inputs(rows: int, n: int) -> torch.Tensor:
+    """Rows a cache rounds, and the ones its arithmetic treats apart: all positive (the zero
+    point at the bottom), all negative, all zero (the smallest scale), one value, values on
+    rounding ties, a wide range, and a row whose zero point comes from its maximum."""
+    g = torch.Generator().manual_seed(rows * 7 + n)
+    x = torch.randn(rows, n, generator=g) * torch.logspace(-3, 3, rows).unsqueeze(1)
+    x[0] = x[0].abs() + 1
+    x[1] = -x[1].abs() - 1
+    x[2] = 0
+    x[3] = 0
+    x[3, 0] = 5.0
+    x[4] = torch.arange(n) * 0.5 - n / 4  # halves: ties once scaled?
+    x[5] = torch.linspace(-1, 200, n)
+    return x
+
+
+@pytest.mark.parametrize("isa", [None, "portable"], ids=["best", "portable"])
+@pytest.mark.parametrize("rows,n,threads", [(16, 64, 1), (2048, 64, 2), (9, 96, 2), (7, 5, 1)])
+def test_quantize_rows_is_pytorchs_rounding_bit_for_bit(ops_check, tmp_path, rows, n, threads, isa):
+    """llmcore::quantize_rows (an int8 cache's keys, values and queries): the integers, scales
+    and zero points PyTorch's quantized_decomposed per-token ops give, exactly, for a decode
+    step's few rows and a prefill's many (split across threads), in both compilations; and
+    the op's PyTorch kernel is those ops."""
+    from llmcore.builtins import runtime_attention
+
+    x = quantize_rows_inputs(rows, n)
+    (tmp_path / "x.bin").write_bytes(x.numpy().tobytes())
+    env = None if isa is None else os.environ | {"LLMCORE_KERNELS_MAX_ISA": isa}
+    r = run_check(ops_check, tmp_path, "quantize_rows", env=env, rows=rows, n=n, threads=threads)
+    assert r.returncode == 0, r.stderr
+    want_q, want_scales, want_zero_points = runtime_attention.quantize_rows(x)
+    read = lambda name, dtype, shape: torch.frombuffer(bytearray((tmp_path / name).read_bytes()), dtype=dtype).view(shape)
+    assert torch.equal(read("scales.bin", torch.float32, (rows, 1)), want_scales)
+    assert torch.equal(read("zero_points.bin", torch.int8, (rows, 1)), want_zero_points)
+    assert torch.equal(read("q.bin", torch.int8, (rows, n)), want_q)
+    assert want_q.min() == -128 and want_q.max() == 127  # the rows reach both ends
+    runtime_attention.define()
+    for got, want in zip(torch.ops.llmcore.quantize_rows(x), (want_q, want_scales, want_zero_points)):
+        assert torch.equal(got, want)
+
+
 def test_update_cache_with_indices_writes_its_rows(ops_check, tmp_path):
     """Positions 9..11 into a ring buffer of 5 rows: rows 4, 0, 1; the others untouched;
     the same as ExecuTorch's kernel."""
@@ -435,7 +476,7 @@ def test_a_region_opened_inside_a_region_runs_on_its_thread(ops_check):
 def test_the_ops_are_registered(ops_check):
     out = subprocess.run([str(ops_check), "registered"], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["llama::update_cache.out", "llama::update_cache_with_indices.out", "llama::custom_sdpa.out",
-                   "llama::custom_quantized_sdpa.out", "llmcore::softcap_sdpa.out"]
+                   "llama::custom_quantized_sdpa.out", "llmcore::softcap_sdpa.out", "llmcore::quantize_rows.out"]
 
 
 @pytest.mark.parametrize(
@@ -557,3 +598,41 @@ def test_runner_matches_reference_on_gqa_program(binaries, gqa_program, prompt):
     _, out, _ = run_runner(gqa_program, prompt, "--max-new-tokens", 30, "--temperature", 0, "--print-ids")
     assert parse_ids(out) == want
     assert len(set(want)) > 3  # not a degenerate repetition
+
+
+# An int8 cache's program run by the Python runtime: prefill, then decode steps; each call's
+# logits and how many attention calls reached libllmcore_llm_ops.so's keyed kernel.
+_PYTHON_RUN = r"""
+import json, sys
+from llmcore.runtime import Program, libraries
+program = Program.load(sys.argv[1])
+rows = [program.logits([5, 17, 3, 9, 40, 2], 0).tolist()]
+for pos, token in enumerate([7, 11, 13], start=6):
+    rows.append(program.logits([token], pos).tolist())
+handle = next(h for path, h in libraries._handles.items() if path.endswith("libllmcore_llm_ops.so"))
+print(json.dumps({"logits": rows, "calls": handle.llmcore_llm_ops_sdpa_calls()}))
+"""
+
+
+def test_python_runs_the_runtimes_int8_cache_attention(binaries, tmp_path):  # noqa: F811
+    """An int8 cache's program in a Python process: its rounding (llmcore::quantize_rows)
+    loads libllmcore_llm_ops.so, whose llama::custom_quantized_sdpa kernel is keyed for int8
+    calls, so every attention call reaches it (ExecuTorch's own decoded SmolLM2 at a quarter
+    of the runner's speed); the export's parity check, in a process that loaded it too, finds
+    the program's logits the eager model's (ExecuTorch's PyTorch kernel of the op)."""
+    import sys
+
+    from llmcore.pipeline import export
+    from llmcore.plugins import load_registry
+    from llmcore.recipe import ExportOptions
+
+    out = tmp_path / "int8.pte"
+    result = export(ExportOptions(model="llama", config="tiny", plugins=["xnnpack"], kv_cache_dtype="int8",
+                                  output=str(out), quiet=True), load_registry())
+    parity = result.report["parity"]
+    assert parity["top1_agreement"] == 1.0 and parity["max_abs_diff"] < 0.05, parity
+    done = subprocess.run([sys.executable, "-c", _PYTHON_RUN, str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ran = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ran["calls"] == 4 * 2  # each forward call, each of the tiny model's two layers
+    assert all(math.isfinite(x) for row in ran["logits"] for x in row)
