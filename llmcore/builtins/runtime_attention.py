@@ -134,6 +134,11 @@ def define() -> None:
     _defined.append(lib)
 
 
+# ExecuTorch's attention ops whose calls libllmcore_llm_ops.so takes over in Python processes,
+# under ExecuTorch kernel keys (float32, float16, bfloat16 custom_sdpa; int8 custom_quantized_sdpa)
+SPECIALIZED_OPS = ("llama::custom_sdpa.out", "llama::custom_quantized_sdpa.out")
+
+
 @hookimpl
 def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
     return [
@@ -145,5 +150,17 @@ def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
             ops=RUNTIME_OPS,
             shared_library=libraries.llm_ops_library,
             declared=False,  # llmcore_runner links it: nothing for a runner to look for
-        )
+        ),
+        RuntimeLibrary(
+            name="llmcore_llm_ops",
+            description="llmcore_runner's attention kernels for ExecuTorch's llama::custom_sdpa (float32, float16, "
+            "bfloat16) and llama::custom_quantized_sdpa (int8) calls, in Python processes too: without them they "
+            "run ExecuTorch's, whose decode steps spend a third of their time in MKL's matrix-vector products "
+            "at long contexts, and whose int8 attention decoded SmolLM2 at a quarter of the runner's speed "
+            "(docs/performance.md)",
+            ops=SPECIALIZED_OPS,
+            shared_library=libraries.llm_ops_library,
+            declared=False,
+            specialized=True,
+        ),
     ]

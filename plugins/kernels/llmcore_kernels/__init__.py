@@ -6,10 +6,6 @@ Provides
   runtime headers of the executorch wheel and built by the project's CMake
   (``make runner``) into ``build/libllmcore_kernels.so`` (ExecuTorch registration) and
   ``build/libllmcore_kernels_aot.so`` (PyTorch registration);
-* the specialized runtime library ``llmcore_llm_ops``: the C++ runner's attention kernel
-  (``llama::custom_sdpa`` on float32), which Python processes then run instead of
-  ExecuTorch's own (``build/libllmcore_llm_ops.so``, built by the runtime from
-  ``runtime/kernels/llm_ops.cpp``);
 * the source transform ``fused-rmsnorm`` (``--transforms fused-rmsnorm``): Llama-style
   RMSNorm modules become one call of ``llmcore::rms_norm``;
 * the quantizer recipe ``8da4w-mlp`` (``--quantize 8da4w-mlp``): llmcore-xnnpack's ``8da4w``,
@@ -33,7 +29,6 @@ from functools import partial
 from llmcore import hookimpl
 from llmcore.errors import LlmcoreError
 from llmcore.records import Backend, EdgeSettings, Lazy, QuantizerRecipe, RuntimeLibrary, SourceTransform
-from llmcore.runtime import libraries
 
 from llmcore_kernels import library
 
@@ -44,8 +39,6 @@ __version__ = "0.1.0"
 OPS = ("llmcore::rms_norm.out", "llmcore::int4_mlp.out", "llmcore::int4_norm_qkv_rope.out",
        "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out", "llmcore::int4_linear.out",
        "llmcore::int4_linear_norm_add.out", "llmcore::int4_norm_glu_add.out")
-# ExecuTorch's ops whose float32 calls libllmcore_llm_ops.so takes over (kernel keys)
-LLM_OPS = ("llama::custom_sdpa.out",)
 
 
 def _threads_for_program(delegates: tuple[str, ...]) -> None:
@@ -105,16 +98,6 @@ def llmcore_runtime_libraries() -> list[RuntimeLibrary]:
             python_module="llmcore_kernels.ops",
             shared_library=library.runtime_library,
             prepare=_threads_for_program,
-        ),
-        RuntimeLibrary(
-            name="llmcore_llm_ops",
-            description="llmcore_runner's attention kernel for float32 llama::custom_sdpa, in Python "
-            "processes too: without it they run ExecuTorch's, whose decode steps spend a third of "
-            "their time in MKL's matrix-vector products at long contexts (docs/performance.md)",
-            ops=LLM_OPS,
-            shared_library=libraries.llm_ops_library,  # the core runtime's, found where the core finds it
-            declared=False,
-            specialized=True,
         ),
         RuntimeLibrary(
             name="llmcore_xnnpack_reshape",

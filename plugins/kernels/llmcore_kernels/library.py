@@ -8,16 +8,14 @@ processes too):
 * ``libllmcore_kernels.so``: the ExecuTorch kernels, registered with the runtime on load;
 * ``libllmcore_kernels_aot.so``: their PyTorch registration; it links the first, so loading
   it in Python registers the ops with both PyTorch and the ExecuTorch runtime;
-* ``libllmcore_llm_ops.so``: ``llmcore_runner``'s attention kernel (``llama::custom_sdpa``)
-  for Python processes, registered for float tensors under ExecuTorch kernel keys beside
-  ExecuTorch's own kernel of that op (``runtime/kernels/llm_ops.cpp``); the core's own
-  runtime library, found where the core finds it (:func:`llmcore.runtime.libraries.llm_ops_library`);
 * ``libllmcore_xnnpack_reshape.so``: XNNPACK's whole-runtime reshape only when a delegate's
   input shapes change, as ``llmcore_runner`` does (``runtime/kernels/xnnpack_reshape.cpp``);
   loaded before ExecuTorch's bindings;
-* ``libllmcore_threads.so``: the threads the first and the third split their work over in a
-  program with no delegate, one pool for the process (``runtime/kernels/kernel_threads.h``,
-  :func:`use_own_threads`); both link it, and it is found next to them.
+* ``libllmcore_threads.so``: the threads the first and the core runtime's attention library
+  (``libllmcore_llm_ops.so``, :func:`llmcore.runtime.libraries.llm_ops_library`) split their
+  work over in a program with no delegate, one pool for the process
+  (``runtime/kernels/kernel_threads.h``, :func:`use_own_threads`); both link it, and it is
+  found next to them.
 
 They are looked up in ``$LLMCORE_KERNELS_LIB_DIR`` when it is set, else in ``build/`` of the
 checkout this package is installed from (editable installs).
@@ -36,7 +34,6 @@ PLUGIN = "kernels"
 LIB_DIR_ENV = "LLMCORE_KERNELS_LIB_DIR"
 RUNTIME_LIBRARY = "libllmcore_kernels.so"
 AOT_LIBRARY = "libllmcore_kernels_aot.so"
-LLM_OPS_LIBRARY = libraries.LLM_OPS_LIBRARY  # the core runtime's (llm_ops_library)
 XNNPACK_RESHAPE_LIBRARY = "libllmcore_xnnpack_reshape.so"
 THREADS_LIBRARY = "libllmcore_threads.so"
 _SOURCE_ROOT = Path(__file__).resolve().parents[3]  # the checkout, for an editable install

@@ -23,9 +23,10 @@ def kernel_library() -> Path:
     """The folder holding libllmcore_kernels.so, libllmcore_kernels_aot.so,
     libllmcore_llm_ops.so and libllmcore_xnnpack_reshape.so (and, for the default folder,
     llmcore_runner), building them into build/ when missing."""
+    from llmcore.runtime import libraries
     from llmcore_kernels import library
 
-    targets = [BUILD / library.RUNTIME_LIBRARY, BUILD / library.AOT_LIBRARY, BUILD / library.LLM_OPS_LIBRARY,
+    targets = [BUILD / library.RUNTIME_LIBRARY, BUILD / library.AOT_LIBRARY, BUILD / libraries.LLM_OPS_LIBRARY,
                BUILD / library.XNNPACK_RESHAPE_LIBRARY, RUNNER]
     if os.environ.get(library.LIB_DIR_ENV):
         folder = library.library_dir()

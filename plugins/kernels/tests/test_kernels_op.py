@@ -160,8 +160,10 @@ def test_the_native_libraries_link_the_wheels_runtime(kernel_library):
     extension = next(pybindings.glob("_C*.so"))
     assert "libexecutorch.so" in _needed(extension)
     assert (kernel_library / library.AOT_LIBRARY).is_file()
-    # One pool of kernel threads for the process: the kernels and the attention kernel link
-    # the same library, found next to them.
-    for name in (library.RUNTIME_LIBRARY, library.LLM_OPS_LIBRARY):
+    # One pool of kernel threads for the process: the kernels and the runtime's attention
+    # kernels link the same library, found next to them.
+    from llmcore.runtime import libraries
+
+    for name in (library.RUNTIME_LIBRARY, libraries.LLM_OPS_LIBRARY):
         assert "libllmcore_threads.so" in _needed(kernel_library / name), name
     assert (kernel_library / "libllmcore_threads.so").is_file()
