@@ -34,8 +34,8 @@ attention (:func:`kernel_built`): a program it made must run in the process that
 and ``quantize_per_token``, which an int8 cache (``--kv-cache-dtype int8``) rounds its new
 keys and values and its queries with, bit for bit. In a program those two ops decompose into
 some twenty portable operators a call, three calls a layer: SmolLM2's int8-cache program had
-1437 operator nodes where the fp32 cache's had 657, and decoded at a third of its speed
-(docs/performance.md, "The KV cache's element type"). Its run-time kernel is in the same
+1437 operator nodes where the fp32 cache's had 657 (docs/performance.md, "The KV cache's
+element type", has what each cost). Its run-time kernel is in the same
 library; its PyTorch kernel is those two ops. Where the library is not built the cache rounds
 with them directly, as before.
 """

@@ -49,7 +49,8 @@ def to_executorch(edge, etrecord_path: Optional[str] = None, edge_copy: Any = No
     """Serialise the edge program; writes an ETRecord when asked. ``in_place_constants``: the
     program's buffers are the large constants' own memory, not copies (the
     ``constants_emitted_in_place`` patch), for a caller that writes the program before
-    anything changes a weight and writes no ETRecord."""
+    anything changes a weight; an export that writes an ETRecord keeps upstream's copies
+    (its graph and program are kept to be looked at)."""
     from executorch.exir import ExecutorchBackendConfig
     from executorch.exir.passes import MemoryPlanningPass
     from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass

@@ -198,8 +198,8 @@ typedef int8_t v8i8 __attribute__((vector_size(8)));
 typedef int16_t v8i16 __attribute__((vector_size(16)));
 // Eight int8 widened to float32 through int16 and int32: GCC 12 converts an int8 vector to
 // floats (or to int32) in one step one element at a time through general registers, some
-// forty instructions; in two steps it is two sign extensions and one conversion, and the int8
-// cache's attention took 3-4x the fp32 one's time.
+// forty instructions; in two steps it is two sign extensions and one conversion (a SmolLM2
+// int8-cache program decoded at 72-75 tok/s before, 162-167 after; fp32's 182-184).
 LLMCORE_INLINE v8f widen_int8(const void* src) {
   v8i8 q;
   std::memcpy(&q, src, sizeof(q));
@@ -419,7 +419,8 @@ LLMCORE_INLINE F32Rows widened_rows(const Rows& rows, int64_t jb, int64_t je, in
 
 // A narrow cache's block of keys or values read by at least this many query vectors (a
 // prefill's rows; grouped-query heads) is widened once, then read as float32: each vector
-// widened every row of it again, and an int8 cache's prefill attention took 4x the fp32 one's.
+// widened every row of it again (a SmolLM2 int8-cache program's 952-token prefill: 525 tok/s
+// before, 890-907 after; fp32's 1097-1135).
 constexpr int64_t kWidenedFor = 2;
 
 template <class Rows>

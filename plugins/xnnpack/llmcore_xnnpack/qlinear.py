@@ -116,7 +116,9 @@ def int8_gemm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
     return y if bias is None else y + bias
 
 
-# fp32 weight bytes an eager quantized linear decodes at once (gemm_by_rows)
+# fp32 weight bytes an eager quantized linear decodes at once (gemm_by_rows): the kernels' swap
+# check runs each layer eagerly on top of an export's peak, and 32 MiB slices held Llama-3.2-1B's
+# take stage 20-45 MiB higher than these (docs/performance.md, "Cost by model size")
 _EAGER_WEIGHT_BYTES = 8 * 2**20
 
 
