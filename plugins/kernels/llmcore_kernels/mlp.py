@@ -90,14 +90,15 @@ def register_int8(module: nn.Module, name: str, q: torch.Tensor, scales: torch.T
     scales = scales.float().reshape(-1)
     if q.dim() != 2 or scales.shape != (q.shape[0],):
         raise ValueError(f"an int8 weight {tuple(q.shape)} needs one scale a row, got {tuple(scales.shape)}")
-    module.register_buffer(name, q.to(torch.int8).contiguous())
+    integers = q.to(torch.int8).contiguous()
+    module.register_buffer(name, integers)
     module.register_buffer(f"{name}_scales", scales.contiguous())
     # each row's integers summed exactly (int32 holds 127 x 65536, INT8_MAX_IN) by an int8 GEMM
     # with a column of ones: sum() casts what it sums first, and those copies, a slice of rows
     # at a time, were not reused by the heap in one run of two (the output layer of the
     # llama-300m shape: +370 MiB on the export's peak)
     ones = torch.ones(q.shape[1], 8, dtype=torch.int8)  # _int_mm takes 8 columns at least
-    sums = torch._int_mm(q.to(torch.int8).contiguous(), ones)[:, 0].double() * scales.double()
+    sums = torch._int_mm(integers, ones)[:, 0].double() * scales.double()
     module.register_buffer(f"{name}_sums", sums.float().contiguous())
 
 
