@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -93,7 +94,9 @@ def export(shape: str, gguf: Path, pte: Path, max_seq_len: int, plugins: str = "
         report = json.loads(pte.with_suffix(".report.json").read_text())
         row["recipe"] = (report.get("quantization") or {}).get("recipe")
         row["backends"] = ",".join(b["name"] for b in report["backends"])
-        row["kernel_layers"] = sum(name.startswith("layers.") for t in report.get("taken", []) for name in t["taken"])
+        # a layer's module: Llama's ``layers.N``, GPT-2's ``transformer.h.N``
+        row["kernel_layers"] = sum(re.fullmatch(r"(layers|transformer\.h)\.\d+", name) is not None
+                                   for t in report.get("taken", []) for name in t["taken"])
     return row
 
 

@@ -101,6 +101,10 @@ SHAPES = {
                             sliding_window=4096, softcaps=(50.0, 30.0)),
     "smollm2-gemma3": Shape("gemma3", 30, 576, 9, 3, 1536, 49152, True, 1000000.0, qk_norm=True, norm_eps=1e-6,
                             context=8192, sliding_window=512),
+    # GPT-2 (LayerNorms with biases, q/k/v in one matrix, biases on every projection, a plain
+    # GELU MLP four times the width: as many weights as SmolLM2's gated 1536, learned positions,
+    # no grouped-query attention)
+    "smollm2-gpt2": Shape("gpt2", 30, 576, 9, 9, 2304, 49152, True, 0.0, context=2048),
 }
 
 
@@ -163,6 +167,9 @@ def six_bit_type(shape: Shape) -> str:
 def tensors(shape: Shape) -> Iterator[tuple[str, tuple[int, ...], str]]:
     """Every tensor of the file in llama.cpp's order: (name, shape as [rows, cols] in
     PyTorch's order, ggml type name)."""
+    if shape.arch == "gpt2":
+        yield from gpt2_tensors(shape)
+        return
     if shape.llama3_rope:
         yield "rope_freqs.weight", ((shape.head_dim or shape.dim // shape.heads) // 2,), "F32"
     yield "token_embd.weight", (shape.vocab, shape.dim), six_bit_type(shape) if shape.tied else "Q4_0"
@@ -190,6 +197,27 @@ def tensors(shape: Shape) -> Iterator[tuple[str, tuple[int, ...], str]]:
         if shape.sandwich_norms:
             yield b + "post_ffw_norm.weight", (shape.dim,), "F32"
     yield "output_norm.weight", (shape.dim,), "F32"
+    if not shape.tied:
+        yield "output.weight", (shape.vocab, shape.dim), six_bit_type(shape)
+
+
+def gpt2_tensors(shape: Shape) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    """llama.cpp's ``gpt2`` tensors (src/models/gpt2.cpp): the positions table stays F32
+    (llama-quantize leaves ``position_embd`` alone), every norm and projection has a bias."""
+    yield "token_embd.weight", (shape.vocab, shape.dim), six_bit_type(shape) if shape.tied else "Q4_0"
+    yield "position_embd.weight", (shape.context, shape.dim), "F32"
+    for i in range(shape.layers):
+        b = f"blk.{i}."
+        for name, rows, cols in (("attn_norm", shape.dim, 0), ("attn_qkv", 3 * shape.dim, shape.dim),
+                                 ("attn_output", shape.dim, shape.dim), ("ffn_norm", shape.dim, 0),
+                                 ("ffn_up", shape.ffn, shape.dim), ("ffn_down", shape.dim, shape.ffn)):
+            if cols:
+                yield b + f"{name}.weight", (rows, cols), "Q4_0"
+            else:
+                yield b + f"{name}.weight", (rows,), "F32"
+            yield b + f"{name}.bias", (rows,), "F32"
+    yield "output_norm.weight", (shape.dim,), "F32"
+    yield "output_norm.bias", (shape.dim,), "F32"
     if not shape.tied:
         yield "output.weight", (shape.vocab, shape.dim), six_bit_type(shape)
 
@@ -253,6 +281,10 @@ def smollm2_tokenizer(vocab: int) -> dict:
 
 def header_keys(shape: Shape) -> dict:
     """The architecture's keys as llama.cpp's converter writes them, by ``GGUFWriter.add_<key>``."""
+    if shape.arch == "gpt2":  # no RoPE; LayerNorms
+        return {"block_count": shape.layers, "context_length": shape.context, "embedding_length": shape.dim,
+                "feed_forward_length": shape.ffn, "head_count": shape.heads, "layer_norm_eps": shape.norm_eps,
+                "vocab_size": shape.vocab}
     head_dim = shape.head_dim or shape.dim // shape.heads
     keys = {"block_count": shape.layers, "context_length": shape.context, "embedding_length": shape.dim,
             "feed_forward_length": shape.ffn, "head_count": shape.heads, "head_count_kv": shape.kv_heads,

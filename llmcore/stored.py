@@ -29,7 +29,7 @@ export then holds one layer in fp32, never the model (fp32 is twice a bf16 file)
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Optional
 
 import torch
@@ -113,6 +113,29 @@ class FloatRows:
 
     def detach(self) -> "FloatRows":
         return self
+
+
+def stored_rows(form: "IntegerWeight | StoredFormat | FileWeight", start: int, stop: int):
+    """Rows ``[start, stop)`` of a loader's record, as a record of the same kind: for a
+    transform that splits a stored matrix by its rows (nanoGPT's q, k and v from one ``c_attn``),
+    so that each part still carries the checkpoint's integers, or is still read from the file
+    (a row keeps its blocks, so its integers are the whole matrix's rows)."""
+    if isinstance(form, IntegerWeight):
+        offsets = None if form.offsets is None else form.offsets[start:stop]
+        return replace(form, q=form.q[start:stop], scales=form.scales[start:stop], offsets=offsets)
+    if not isinstance(form, FileWeight):
+        return form  # a StoredFormat: only the format's name, the same for every row
+
+    def read_floats(rows: slice) -> torch.Tensor:
+        first, last, _ = rows.indices(stop - start)
+        return form.read_floats(slice(start + first, start + last))
+
+    def read_integers() -> Optional[IntegerWeight]:
+        whole = form.read_integers()
+        return None if whole is None else stored_rows(whole, start, stop)
+
+    return FileWeight(form.format, form.source_name, (stop - start, *form.shape[1:]), read_floats,
+                      read_integers if form.read_integers is not None else None)
 
 
 def remember(weight: torch.Tensor, form: "IntegerWeight | StoredFormat | FileWeight") -> None:

@@ -78,6 +78,40 @@ void norm_add_rows(float* y, int64_t rows, int64_t dim, const float* norm_weight
     parallel(0, rows, body);
 }
 
+// out [rows, dim] = layer_norm(x): each row's mean, then its mean square deviation, in eight
+// running sums each (independent lanes the compiler vectorises), then (x - mean) * rstd *
+// weight + bias. PyTorch's CPU kernel rounds its own way (x * rstd - mean * rstd, fused):
+// the two differ by float rounding, which the swap check's tolerance allows.
+void layer_norm_rows(const float* x, int64_t rows, int64_t dim, const LayerNorm& norm, float* out) {
+  constexpr int kLanes = 8;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = out + r * dim;
+    float lanes[kLanes] = {};
+    int64_t c = 0;
+    for (; c + kLanes <= dim; c += kLanes)
+      for (int l = 0; l < kLanes; ++l) lanes[l] += xr[c + l];
+    float sum = 0.0f;
+    for (int l = 0; l < kLanes; ++l) sum += lanes[l];
+    for (; c < dim; ++c) sum += xr[c];
+    const float mean = sum / static_cast<float>(dim);
+    float squares[kLanes] = {};
+    for (c = 0; c + kLanes <= dim; c += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const float d = xr[c + l] - mean;
+        squares[l] += d * d;
+      }
+    float deviation = 0.0f;
+    for (int l = 0; l < kLanes; ++l) deviation += squares[l];
+    for (; c < dim; ++c) deviation += (xr[c] - mean) * (xr[c] - mean);
+    const float rstd = 1.0f / std::sqrt(deviation / static_cast<float>(dim) + static_cast<float>(norm.eps));
+    for (c = 0; c < dim; ++c) {
+      const float normed = (xr[c] - mean) * rstd * norm.weight[c];
+      yr[c] = norm.bias != nullptr ? normed + norm.bias[c] : normed;
+    }
+  }
+}
+
 }  // namespace
 
 const char* int4_norm_qkv_rope_shape_error(const Int4NormQkvRope& a, int64_t* head_dim) {
@@ -156,6 +190,50 @@ void int4_norm_mlp_add_forward(const float* h, int64_t rows, const float* norm_w
   norm_add_rows(mlp_out.data(), rows, dim, post_norm_weight, post_eps, h, out, parallel);
 }
 
+const char* int4_ffn_shape_error(const Int4FfnWeights& w) {
+  if (w.up.k <= 0 || w.up.k % int4::kBlock != 0) return "the model dimension must be a positive multiple of 32";
+  if (w.up.n <= 0 || w.up.n % int4::kBlock != 0) return "up's rows (the hidden size) must be a positive multiple of 32";
+  if (w.down.k != w.up.n || w.down.n != w.up.k) return "down must map the hidden size back to the model dimension";
+  return nullptr;
+}
+
+void int4_layer_norm_linear_forward(const float* h, int64_t rows, const LayerNorm& norm, const int4::PackedWeight& w,
+                                    float* out, const ParallelFor& parallel) {
+  thread_local std::vector<float> normed;
+  thread_local RoundedRows rounded;
+  normed.resize(rows * w.k);
+  float* nv = normed.data();
+  // each thread norms and rounds its rows, then the GEMM (its bias included)
+  const int4::QuantizedRows x = rounded.round(nv, rows, parallel, w, [&](int64_t b, int64_t e) {
+    layer_norm_rows(h + b * w.k, e - b, w.k, norm, nv + b * w.k);
+  });
+  gemm_all(x, w, out, parallel);
+}
+
+void int4_layer_norm_ffn_add_forward(const float* h, int64_t rows, const LayerNorm& norm, const Int4FfnWeights& w,
+                                     float* out, const ParallelFor& parallel) {
+  const int64_t dim = w.up.k, hidden = w.up.n;
+  thread_local RoundedRows rounded_x, rounded_hidden;
+  thread_local std::vector<float> normed, hidden_values, down;
+  normed.resize(rows * dim);
+  hidden_values.resize(rows * hidden);
+  down.resize(rows * dim);
+  float *nv = normed.data(), *hv = hidden_values.data(), *dv = down.data();
+  const int4::QuantizedRows x = rounded_x.round(nv, rows, parallel, w.up, [&](int64_t b, int64_t e) {
+    layer_norm_rows(h + b * dim, e - b, dim, norm, nv + b * dim);
+  });
+  // the activation on each thread's columns of up(x) + bias as soon as it has them
+  gemm_all(x, w.up, hv, parallel, [&](int64_t n_begin, int64_t n_end) {
+    for (int64_t t = 0; t < rows; ++t) activate(w.activation, hv + t * hidden + n_begin, n_end - n_begin);
+  });
+  const int4::QuantizedRows qh = rounded_hidden.round(hv, rows, parallel, w.down);
+  gemm_all(qh, w.down, dv, parallel, [&](int64_t n_begin, int64_t n_end) {
+    // residual first, then the MLP's output (its bias in it): the order of `h + mlp(ln(h))`
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t n = n_begin; n < n_end; ++n) out[t * dim + n] = h[t * dim + n] + dv[t * dim + n];
+  });
+}
+
 using executorch::aten::ScalarType;
 using executorch::aten::Tensor;
 using executorch::runtime::Error;
@@ -175,6 +253,15 @@ const char* float_vector(const Tensor& t, int64_t size) {
 // rows of `width` floats: a dense float32 tensor whose last size is width.
 bool rows_of(const Tensor& t, int64_t width) {
   return t.scalar_type() == ScalarType::Float && t.dim() >= 1 && t.size(t.dim() - 1) == width && et::dense(t);
+}
+
+// An optional float32 vector of `size` values (a bias): its data into *data when given; false
+// when it is given in another form.
+bool optional_vector(const std::optional<Tensor>& t, int64_t size, const float** data) {
+  if (!t.has_value()) return true;
+  if (!rows_of(*t, size) || t->dim() != 1) return false;
+  *data = t->const_data_ptr<float>();
+  return true;
 }
 
 // `out` resized to `base`'s sizes with its last one replaced by `last` (one size or more).
@@ -239,11 +326,14 @@ namespace {
 // after `op`: out = residual + x W^T, or residual + rms_norm(x W^T).
 void linear_residual(KernelRuntimeContext& ctx, const char* op, const Tensor& x, const Tensor& w,
                      const Tensor& w_scales, const Tensor& w_sums, const std::optional<Tensor>& w_offsets,
-                     const Tensor* norm_weight, double eps, const Tensor& residual, Tensor& out) {
+                     const Tensor* norm_weight, double eps, const Tensor& residual, Tensor& out,
+                     const std::optional<Tensor>& w_bias = std::nullopt) {
   int4::PackedWeight pw{};
   const char* why = et::projection(w, w_scales, w_sums, &pw);
   if (why == nullptr) why = et::block_offsets(w_offsets, &pw);
   ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "%s: w: %s", op, why);
+  ET_KERNEL_CHECK_MSG(ctx, optional_vector(w_bias, pw.n, &pw.bias), InvalidArgument, ,
+                      "%s: w_bias must be a contiguous float32 vector of w's rows", op);
   if (norm_weight != nullptr) {
     why = float_vector(*norm_weight, pw.n);
     ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "%s: %s", op, why);
@@ -377,6 +467,99 @@ Tensor& int4_norm_glu_add_out(KernelRuntimeContext& ctx, const Tensor& h, const 
   return out;
 }
 
+// llmcore::int4_linear_bias_add.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_bias,
+//     Tensor? w_offsets, Tensor residual, *, Tensor(a!) out) -> Tensor(a!)
+Tensor& int4_linear_bias_add_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& w, const Tensor& w_scales,
+                                 const Tensor& w_sums, const std::optional<Tensor>& w_bias,
+                                 const std::optional<Tensor>& w_offsets, const Tensor& residual, Tensor& out) {
+  linear_residual(ctx, "llmcore::int4_linear_bias_add", x, w, w_scales, w_sums, w_offsets, nullptr, 0.0, residual,
+                  out, w_bias);
+  return out;
+}
+
+namespace {
+
+// One projection's tensors (et::projection's), its block offsets and bias into *pw, or why not.
+const char* projection_with_bias(const Tensor& w, const Tensor& scales, const Tensor& sums,
+                                 const std::optional<Tensor>& bias, const std::optional<Tensor>& offsets,
+                                 int4::PackedWeight* pw) {
+  const char* why = et::projection(w, scales, sums, pw);
+  if (why == nullptr) why = et::block_offsets(offsets, pw);
+  if (why == nullptr && !optional_vector(bias, pw->n, &pw->bias))
+    why = "its bias must be a contiguous float32 vector of its rows";
+  return why;
+}
+
+// A LayerNorm's weight, optional bias and eps into *norm, or why not.
+const char* layer_norm_of(const Tensor& weight, const std::optional<Tensor>& bias, double eps, int64_t dim,
+                          LayerNorm* norm) {
+  if (const char* why = float_vector(weight, dim)) return why;
+  if (!optional_vector(bias, dim, &norm->bias)) return "the norm's bias must be a contiguous float32 vector of the model dimension";
+  if (!std::isfinite(eps) || eps < 0.0) return "eps must be finite and >= 0";
+  norm->weight = weight.const_data_ptr<float>();
+  norm->eps = eps;
+  return nullptr;
+}
+
+}  // namespace
+
+// llmcore::int4_layer_norm_linear.out(Tensor h, Tensor norm_weight, Tensor? norm_bias, float eps, Tensor w,
+//     Tensor w_scales, Tensor w_sums, Tensor? w_bias, Tensor? w_offsets, *, Tensor(a!) out) -> Tensor(a!)
+Tensor& int4_layer_norm_linear_out(KernelRuntimeContext& ctx, const Tensor& h, const Tensor& norm_weight,
+                                   const std::optional<Tensor>& norm_bias, double eps, const Tensor& w,
+                                   const Tensor& w_scales, const Tensor& w_sums, const std::optional<Tensor>& w_bias,
+                                   const std::optional<Tensor>& w_offsets, Tensor& out) {
+  constexpr const char* op = "llmcore::int4_layer_norm_linear";
+  int4::PackedWeight pw{};
+  const char* why = projection_with_bias(w, w_scales, w_sums, w_bias, w_offsets, &pw);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "%s: w: %s", op, why);
+  LayerNorm norm{};
+  why = layer_norm_of(norm_weight, norm_bias, eps, pw.k, &norm);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "%s: %s", op, why);
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(h, pw.k), InvalidArgument, out,
+                      "%s: h must be contiguous float32 rows of w's in-features (%lld)", op, (long long)pw.k);
+  ET_KERNEL_CHECK(ctx, resize_last(out, h, {pw.n}) == Error::Ok, InvalidArgument, out);
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, pw.n), InvalidArgument, out, "%s: out must be contiguous float32", op);
+  const int64_t rows = h.numel() / pw.k;
+  if (rows == 0) return out;
+  int4_layer_norm_linear_forward(h.const_data_ptr<float>(), rows, norm, pw, out.mutable_data_ptr<float>(),
+                                 et::runtime_parallel);
+  return out;
+}
+
+// llmcore::int4_layer_norm_ffn_add.out(Tensor h, Tensor norm_weight, Tensor? norm_bias, float eps, Tensor up,
+//     Tensor up_scales, Tensor up_sums, Tensor? up_bias, Tensor? up_offsets, Tensor down, Tensor down_scales,
+//     Tensor down_sums, Tensor? down_bias, Tensor? down_offsets, str activation, *, Tensor(a!) out) -> Tensor(a!)
+Tensor& int4_layer_norm_ffn_add_out(KernelRuntimeContext& ctx, const Tensor& h, const Tensor& norm_weight,
+                                    const std::optional<Tensor>& norm_bias, double eps, const Tensor& up,
+                                    const Tensor& up_scales, const Tensor& up_sums, const std::optional<Tensor>& up_bias,
+                                    const std::optional<Tensor>& up_offsets, const Tensor& down,
+                                    const Tensor& down_scales, const Tensor& down_sums,
+                                    const std::optional<Tensor>& down_bias, const std::optional<Tensor>& down_offsets,
+                                    std::string_view activation, Tensor& out) {
+  constexpr const char* op = "llmcore::int4_layer_norm_ffn_add";
+  kernel_threads_for_whole_layers();  // a program of whole layers: the own threads (kernel_threads.h)
+  Int4FfnWeights w{};
+  const char* why = projection_with_bias(up, up_scales, up_sums, up_bias, up_offsets, &w.up);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "%s: up: %s", op, why);
+  why = projection_with_bias(down, down_scales, down_sums, down_bias, down_offsets, &w.down);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "%s: down: %s", op, why);
+  why = glu_activation(activation, &w.activation);
+  if (why == nullptr) why = int4_ffn_shape_error(w);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "%s: %s", op, why);
+  LayerNorm norm{};
+  why = layer_norm_of(norm_weight, norm_bias, eps, w.up.k, &norm);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "%s: %s", op, why);
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(h, w.up.k), InvalidArgument, out,
+                      "%s: h must be contiguous float32 rows of the model dimension (%lld)", op, (long long)w.up.k);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, h.sizes()) == Error::Ok, InvalidArgument, out);
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, w.up.k), InvalidArgument, out, "%s: out must be contiguous float32", op);
+  if (h.numel() == 0) return out;
+  int4_layer_norm_ffn_add_forward(h.const_data_ptr<float>(), h.numel() / w.up.k, norm, w,
+                                  out.mutable_data_ptr<float>(), et::runtime_parallel);
+  return out;
+}
+
 namespace {
 
 // EXECUTORCH_LIBRARY's wrapper takes operators with one output; this one has three, so it is
@@ -427,3 +610,6 @@ EXECUTORCH_LIBRARY(llmcore, "int4_linear_add.out", llmcore_kernels::int4_linear_
 EXECUTORCH_LIBRARY(llmcore, "int4_norm_mlp_add.out", llmcore_kernels::int4_norm_mlp_add_out);
 EXECUTORCH_LIBRARY(llmcore, "int4_linear_norm_add.out", llmcore_kernels::int4_linear_norm_add_out);
 EXECUTORCH_LIBRARY(llmcore, "int4_norm_glu_add.out", llmcore_kernels::int4_norm_glu_add_out);
+EXECUTORCH_LIBRARY(llmcore, "int4_linear_bias_add.out", llmcore_kernels::int4_linear_bias_add_out);
+EXECUTORCH_LIBRARY(llmcore, "int4_layer_norm_linear.out", llmcore_kernels::int4_layer_norm_linear_out);
+EXECUTORCH_LIBRARY(llmcore, "int4_layer_norm_ffn_add.out", llmcore_kernels::int4_layer_norm_ffn_add_out);

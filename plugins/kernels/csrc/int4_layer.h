@@ -11,6 +11,13 @@
 //   llmcore::int4_norm_glu_add:    out = h + post_norm(mlp(rms_norm(h)))   (post_norm optional,
 //                                  the MLP's activation named: "silu" or "gelu_tanh")
 //
+// and, for a pre-LayerNorm layer with biases and a plain MLP (GPT-2's), whose q, k and v
+// take no RoPE (its positions are learned, added to the embeddings)
+//
+//   llmcore::int4_layer_norm_linear:  out = layer_norm(h) W^T + bias     (q, k and v, one GEMM)
+//   llmcore::int4_linear_bias_add:    out = residual + x W^T + bias      (the output projection)
+//   llmcore::int4_layer_norm_ffn_add: out = h + down(act(up(layer_norm(h))))   (biases on both)
+//
 // and after the last layer
 //
 //   llmcore::int4_linear:         out = x W^T (+ bias)                (the output layer)
@@ -63,7 +70,7 @@ LLMCORE_KERNELS_CXX_API void int4_norm_qkv_rope_forward(const float* h, int64_t 
 LLMCORE_KERNELS_CXX_API void int4_linear_forward(const float* x, int64_t rows, const int4::PackedWeight& w, float* out,
                                                  const ParallelFor& parallel);
 
-// out [rows, w.n] = residual [rows, w.n] + x [rows, w.k] W^T. out may be residual.
+// out [rows, w.n] = residual [rows, w.n] + (x [rows, w.k] W^T (+ w.bias)). out may be residual.
 LLMCORE_KERNELS_CXX_API void int4_linear_add_forward(const float* x, int64_t rows, const int4::PackedWeight& w,
                                                      const float* residual, float* out, const ParallelFor& parallel);
 
@@ -78,5 +85,34 @@ LLMCORE_KERNELS_CXX_API void int4_norm_mlp_add_forward(const float* h, int64_t r
                                                        double eps, const Int4MlpWeights& w, float* out,
                                                        const ParallelFor& parallel,
                                                        const float* post_norm_weight = nullptr, double post_eps = 0.0);
+
+// A LayerNorm over each row: (x - mean) / sqrt(var + eps) * weight (+ bias), var the mean
+// square deviation (PyTorch's, not the unbiased one).
+struct LayerNorm {
+  const float* weight;  // [dim]
+  const float* bias;    // [dim] or null
+  double eps;
+};
+
+// A plain MLP: down(act(up(x))), biases (w.bias) on either.
+struct Int4FfnWeights {
+  int4::PackedWeight up;    // [hidden, dim]
+  int4::PackedWeight down;  // [dim, hidden]
+  GluActivation activation = GluActivation::gelu_tanh;
+};
+
+// Why the shapes cannot be run, or nullptr: dim and hidden multiples of 32, down back to dim.
+LLMCORE_KERNELS_CXX_API const char* int4_ffn_shape_error(const Int4FfnWeights& w);
+
+// out [rows, w.n] = layer_norm(h [rows, w.k]) W^T (+ w.bias).
+LLMCORE_KERNELS_CXX_API void int4_layer_norm_linear_forward(const float* h, int64_t rows, const LayerNorm& norm,
+                                                            const int4::PackedWeight& w, float* out,
+                                                            const ParallelFor& parallel);
+
+// out [rows, dim] = h + down(act(up(layer_norm(h)))), the biases w.up.bias and w.down.bias
+// (when given) added by the GEMMs; w must pass int4_ffn_shape_error. out may be h.
+LLMCORE_KERNELS_CXX_API void int4_layer_norm_ffn_add_forward(const float* h, int64_t rows, const LayerNorm& norm,
+                                                             const Int4FfnWeights& w, float* out,
+                                                             const ParallelFor& parallel);
 
 }  // namespace llmcore_kernels

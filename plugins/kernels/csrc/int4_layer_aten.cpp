@@ -1,6 +1,7 @@
 // PyTorch registration of llmcore::int4_norm_qkv_rope, llmcore::int4_linear_add,
-// llmcore::int4_norm_mlp_add, llmcore::int4_linear, llmcore::int4_linear_norm_add and
-// llmcore::int4_norm_glu_add (schemas, CPU kernels), so that eager
+// llmcore::int4_norm_mlp_add, llmcore::int4_linear, llmcore::int4_linear_norm_add,
+// llmcore::int4_norm_glu_add and GPT-2's three (int4_linear_bias_add, int4_layer_norm_linear,
+// int4_layer_norm_ffn_add) (schemas, CPU kernels), so that eager
 // PyTorch and torch.export see them. Each runs the function its ExecuTorch kernel runs
 // (int4_layer.cpp) with ATen's parallel_for, as llmcore::int4_mlp does (int4_mlp_aten.cpp).
 #include <ATen/core/Tensor.h>
@@ -27,6 +28,37 @@ using llmcore_kernels::aten::torch_parallel;
 at::Tensor norm_weight_of(const char* op, const at::Tensor& weight, int64_t dim) {
   TORCH_CHECK(weight.dim() == 1, op, ": the norm's weight must be 1-D, got ", weight.sizes());
   return float_rows(op, "the norm's weight", weight, dim);
+}
+
+// A projection's optional bias: float32, one value a row, contiguous; set as pw's bias (the
+// returned tensor holds it).
+at::Tensor bias_of(const char* op, const char* what, const std::optional<at::Tensor>& bias,
+                   llmcore_kernels::int4::PackedWeight* pw) {
+  if (!bias.has_value()) return at::Tensor();
+  TORCH_CHECK(bias->dim() == 1, op, ": ", what, " must be 1-D, got ", bias->sizes());
+  at::Tensor held = float_rows(op, what, *bias, pw->n);
+  pw->bias = held.const_data_ptr<float>();
+  return held;
+}
+
+// A LayerNorm's weight and optional bias over `dim` values (the returned tensors hold them).
+struct HeldLayerNorm {
+  at::Tensor weight, bias;
+  llmcore_kernels::LayerNorm norm{};
+};
+
+HeldLayerNorm layer_norm_of(const char* op, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            double eps, int64_t dim) {
+  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0");
+  HeldLayerNorm held;
+  held.weight = norm_weight_of(op, weight, dim);
+  held.norm.weight = held.weight.const_data_ptr<float>();
+  held.norm.eps = eps;
+  if (bias.has_value()) {
+    held.bias = norm_weight_of(op, *bias, dim);
+    held.norm.bias = held.bias.const_data_ptr<float>();
+  }
+  return held;
 }
 
 // base's sizes, the last replaced by `last` (one size or more)
@@ -121,9 +153,11 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 // after `op`: out = residual + x W^T, or residual + rms_norm(x W^T).
 at::Tensor& linear_residual(const char* op, const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
                             const at::Tensor& w_sums, const std::optional<at::Tensor>& w_offsets,
-                            const at::Tensor* norm_weight, double eps, const at::Tensor& residual, at::Tensor& out) {
+                            const at::Tensor* norm_weight, double eps, const at::Tensor& residual, at::Tensor& out,
+                            const std::optional<at::Tensor>& w_bias = std::nullopt) {
   llmcore_kernels::int4::PackedWeight pw = projection(op, "w", w, w_scales, w_sums);
   const at::Tensor offsets = block_offsets(op, "w", w_offsets, &pw);
+  const at::Tensor bias = bias_of(op, "w_bias", w_bias, &pw);
   at::Tensor nw;
   if (norm_weight != nullptr) {
     TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0");
@@ -249,6 +283,91 @@ at::Tensor int4_norm_glu_add(const at::Tensor& h, const at::Tensor& norm_weight,
                                down_scales, down_sums, down_offsets, activation, post_norm_weight, post_eps, out);
 }
 
+at::Tensor& int4_linear_bias_add_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
+                                     const at::Tensor& w_sums, const std::optional<at::Tensor>& w_bias,
+                                     const std::optional<at::Tensor>& w_offsets, const at::Tensor& residual,
+                                     at::Tensor& out) {
+  return linear_residual("llmcore::int4_linear_bias_add", x, w, w_scales, w_sums, w_offsets, nullptr, 0.0, residual,
+                         out, w_bias);
+}
+
+at::Tensor int4_linear_bias_add(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
+                                const at::Tensor& w_sums, const std::optional<at::Tensor>& w_bias,
+                                const std::optional<at::Tensor>& w_offsets, const at::Tensor& residual) {
+  at::Tensor out = at::empty({0}, residual.options());
+  return int4_linear_bias_add_out(x, w, w_scales, w_sums, w_bias, w_offsets, residual, out);
+}
+
+at::Tensor& int4_layer_norm_linear_out(const at::Tensor& h, const at::Tensor& norm_weight,
+                                       const std::optional<at::Tensor>& norm_bias, double eps, const at::Tensor& w,
+                                       const at::Tensor& w_scales, const at::Tensor& w_sums,
+                                       const std::optional<at::Tensor>& w_bias,
+                                       const std::optional<at::Tensor>& w_offsets, at::Tensor& out) {
+  constexpr const char* op = "llmcore::int4_layer_norm_linear";
+  llmcore_kernels::int4::PackedWeight pw = projection(op, "w", w, w_scales, w_sums);
+  const at::Tensor offsets = block_offsets(op, "w", w_offsets, &pw);
+  const at::Tensor bias = bias_of(op, "w_bias", w_bias, &pw);
+  const HeldLayerNorm norm = layer_norm_of(op, norm_weight, norm_bias, eps, pw.k);
+  const at::Tensor hc = float_rows(op, "h", h, pw.k);
+  const int64_t rows = hc.numel() / pw.k;
+  out.resize_(last_replaced(hc, {pw.n}));
+  TORCH_CHECK(out.is_contiguous(), op, ": out must be contiguous");
+  if (rows > 0)
+    llmcore_kernels::int4_layer_norm_linear_forward(hc.const_data_ptr<float>(), rows, norm.norm, pw,
+                                                    out.mutable_data_ptr<float>(), torch_parallel);
+  return out;
+}
+
+at::Tensor int4_layer_norm_linear(const at::Tensor& h, const at::Tensor& norm_weight,
+                                  const std::optional<at::Tensor>& norm_bias, double eps, const at::Tensor& w,
+                                  const at::Tensor& w_scales, const at::Tensor& w_sums,
+                                  const std::optional<at::Tensor>& w_bias, const std::optional<at::Tensor>& w_offsets) {
+  at::Tensor out = at::empty({0}, h.options());
+  return int4_layer_norm_linear_out(h, norm_weight, norm_bias, eps, w, w_scales, w_sums, w_bias, w_offsets, out);
+}
+
+at::Tensor& int4_layer_norm_ffn_add_out(const at::Tensor& h, const at::Tensor& norm_weight,
+                                        const std::optional<at::Tensor>& norm_bias, double eps, const at::Tensor& up,
+                                        const at::Tensor& up_scales, const at::Tensor& up_sums,
+                                        const std::optional<at::Tensor>& up_bias,
+                                        const std::optional<at::Tensor>& up_offsets, const at::Tensor& down,
+                                        const at::Tensor& down_scales, const at::Tensor& down_sums,
+                                        const std::optional<at::Tensor>& down_bias,
+                                        const std::optional<at::Tensor>& down_offsets, c10::string_view activation,
+                                        at::Tensor& out) {
+  constexpr const char* op = "llmcore::int4_layer_norm_ffn_add";
+  llmcore_kernels::Int4FfnWeights w{projection(op, "up", up, up_scales, up_sums),
+                                    projection(op, "down", down, down_scales, down_sums)};
+  const at::Tensor up_held = block_offsets(op, "up", up_offsets, &w.up);
+  const at::Tensor down_held = block_offsets(op, "down", down_offsets, &w.down);
+  const at::Tensor up_bias_held = bias_of(op, "up_bias", up_bias, &w.up);
+  const at::Tensor down_bias_held = bias_of(op, "down_bias", down_bias, &w.down);
+  const char* why = llmcore_kernels::glu_activation(std::string_view(activation.data(), activation.size()),
+                                                    &w.activation);
+  if (why == nullptr) why = llmcore_kernels::int4_ffn_shape_error(w);
+  TORCH_CHECK(why == nullptr, op, ": ", why ? why : "");
+  const HeldLayerNorm norm = layer_norm_of(op, norm_weight, norm_bias, eps, w.up.k);
+  const at::Tensor hc = float_rows(op, "h", h, w.up.k);
+  out.resize_(hc.sizes());
+  TORCH_CHECK(out.is_contiguous(), op, ": out must be contiguous");
+  if (hc.numel() > 0)
+    llmcore_kernels::int4_layer_norm_ffn_add_forward(hc.const_data_ptr<float>(), hc.numel() / w.up.k, norm.norm, w,
+                                                     out.mutable_data_ptr<float>(), torch_parallel);
+  return out;
+}
+
+at::Tensor int4_layer_norm_ffn_add(const at::Tensor& h, const at::Tensor& norm_weight,
+                                   const std::optional<at::Tensor>& norm_bias, double eps, const at::Tensor& up,
+                                   const at::Tensor& up_scales, const at::Tensor& up_sums,
+                                   const std::optional<at::Tensor>& up_bias, const std::optional<at::Tensor>& up_offsets,
+                                   const at::Tensor& down, const at::Tensor& down_scales, const at::Tensor& down_sums,
+                                   const std::optional<at::Tensor>& down_bias,
+                                   const std::optional<at::Tensor>& down_offsets, c10::string_view activation) {
+  at::Tensor out = at::empty({0}, h.options());
+  return int4_layer_norm_ffn_add_out(h, norm_weight, norm_bias, eps, up, up_scales, up_sums, up_bias, up_offsets,
+                                     down, down_scales, down_sums, down_bias, down_offsets, activation, out);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(llmcore, m) {
@@ -295,7 +414,38 @@ TORCH_LIBRARY_FRAGMENT(llmcore, m) {
       "-> Tensor(a!)");
 }
 
+TORCH_LIBRARY_FRAGMENT(llmcore, m) {
+  // a pre-LayerNorm layer with biases and a plain MLP (GPT-2's)
+  m.def(
+      "int4_linear_bias_add(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_bias, Tensor? w_offsets, "
+      "Tensor residual) -> Tensor");
+  m.def(
+      "int4_linear_bias_add.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_bias, "
+      "Tensor? w_offsets, Tensor residual, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def(
+      "int4_layer_norm_linear(Tensor h, Tensor norm_weight, Tensor? norm_bias, float eps, Tensor w, "
+      "Tensor w_scales, Tensor w_sums, Tensor? w_bias, Tensor? w_offsets) -> Tensor");
+  m.def(
+      "int4_layer_norm_linear.out(Tensor h, Tensor norm_weight, Tensor? norm_bias, float eps, Tensor w, "
+      "Tensor w_scales, Tensor w_sums, Tensor? w_bias, Tensor? w_offsets, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def(
+      "int4_layer_norm_ffn_add(Tensor h, Tensor norm_weight, Tensor? norm_bias, float eps, Tensor up, "
+      "Tensor up_scales, Tensor up_sums, Tensor? up_bias, Tensor? up_offsets, Tensor down, Tensor down_scales, "
+      "Tensor down_sums, Tensor? down_bias, Tensor? down_offsets, str activation) -> Tensor");
+  m.def(
+      "int4_layer_norm_ffn_add.out(Tensor h, Tensor norm_weight, Tensor? norm_bias, float eps, Tensor up, "
+      "Tensor up_scales, Tensor up_sums, Tensor? up_bias, Tensor? up_offsets, Tensor down, Tensor down_scales, "
+      "Tensor down_sums, Tensor? down_bias, Tensor? down_offsets, str activation, *, Tensor(a!) out) "
+      "-> Tensor(a!)");
+}
+
 TORCH_LIBRARY_IMPL(llmcore, CPU, m) {
+  m.impl("int4_linear_bias_add", TORCH_FN(int4_linear_bias_add));
+  m.impl("int4_linear_bias_add.out", TORCH_FN(int4_linear_bias_add_out));
+  m.impl("int4_layer_norm_linear", TORCH_FN(int4_layer_norm_linear));
+  m.impl("int4_layer_norm_linear.out", TORCH_FN(int4_layer_norm_linear_out));
+  m.impl("int4_layer_norm_ffn_add", TORCH_FN(int4_layer_norm_ffn_add));
+  m.impl("int4_layer_norm_ffn_add.out", TORCH_FN(int4_layer_norm_ffn_add_out));
   m.impl("int4_norm_qkv_rope", TORCH_FN(int4_norm_qkv_rope));
   m.impl("int4_norm_qkv_rope.out", TORCH_FN(int4_norm_qkv_rope_out));
   m.impl("int4_linear_add", TORCH_FN(int4_linear_add));

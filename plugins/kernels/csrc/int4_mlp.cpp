@@ -78,6 +78,18 @@ LLMCORE_MLP_AVX2 inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
+// act(g) = g / (1 + exp(-s)) for eight floats: s = g for silu, 2 sqrt(2/pi) (g + 0.044715 g^3)
+// for gelu_tanh.
+LLMCORE_MLP_AVX2 inline __m256 act8(GluActivation activation, __m256 g) {
+  __m256 s = g;
+  if (activation == GluActivation::gelu_tanh) {
+    const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+    s = _mm256_mul_ps(_mm256_fmadd_ps(cube, _mm256_set1_ps(0.044715f), g), _mm256_set1_ps(kTwoSqrtTwoOverPi));
+  }
+  const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), s));
+  return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
 // glu_times (below) over the whole eights of [0, count); returns where it stopped.
 LLMCORE_MLP_AVX2 int64_t glu_times_avx2(GluActivation activation, const float* gu, int64_t count, float* h) {
   int64_t j = 0;
@@ -88,16 +100,15 @@ LLMCORE_MLP_AVX2 int64_t glu_times_avx2(GluActivation activation, const float* g
         _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), 0xd8));
     const __m256 u = _mm256_castpd_ps(
         _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))), 0xd8));
-    // act(g) = g / (1 + exp(-s)): s = g for silu, 2 sqrt(2/pi) (g + 0.044715 g^3) for gelu_tanh
-    __m256 s = g;
-    if (activation == GluActivation::gelu_tanh) {
-      const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
-      s = _mm256_mul_ps(_mm256_fmadd_ps(cube, _mm256_set1_ps(0.044715f), g), _mm256_set1_ps(kTwoSqrtTwoOverPi));
-    }
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), s));
-    const __m256 act = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-    _mm256_storeu_ps(h + j, _mm256_mul_ps(act, u));
+    _mm256_storeu_ps(h + j, _mm256_mul_ps(act8(activation, g), u));
   }
+  return j;
+}
+
+// activate (below) over the whole eights of [0, count); returns where it stopped.
+LLMCORE_MLP_AVX2 int64_t activate_avx2(GluActivation activation, float* y, int64_t count) {
+  int64_t j = 0;
+  for (; j + 8 <= count; j += 8) _mm256_storeu_ps(y + j, act8(activation, _mm256_loadu_ps(y + j)));
   return j;
 }
 
@@ -105,20 +116,30 @@ LLMCORE_MLP_AVX2 int64_t glu_times_avx2(GluActivation activation, const float* g
 #define LLMCORE_MLP_X86 0
 #endif
 
+// act(g), one float at a time (the portable loops, and what the eights leave).
+inline float act1(GluActivation activation, float g) {
+  const float s = activation == GluActivation::gelu_tanh ? (g + 0.044715f * (g * g * g)) * kTwoSqrtTwoOverPi : g;
+  return g / (1.0f + std::exp(-s));
+}
+
 // h[j] = act(gu[2j]) * gu[2j + 1] for j in [0, count): gate and up interleaved.
 void glu_times(GluActivation activation, const float* gu, int64_t count, float* h) {
   int64_t j = 0;
 #if LLMCORE_MLP_X86
   if (int4::uses_avx2()) j = glu_times_avx2(activation, gu, count, h);  // the GEMM's CPU check
 #endif
-  for (; j < count; ++j) {
-    const float g = gu[2 * j];
-    const float s = activation == GluActivation::gelu_tanh ? (g + 0.044715f * (g * g * g)) * kTwoSqrtTwoOverPi : g;
-    h[j] = g / (1.0f + std::exp(-s)) * gu[2 * j + 1];
-  }
+  for (; j < count; ++j) h[j] = act1(activation, gu[2 * j]) * gu[2 * j + 1];
 }
 
 }  // namespace
+
+void activate(GluActivation activation, float* y, int64_t count) {
+  int64_t j = 0;
+#if LLMCORE_MLP_X86
+  if (int4::uses_avx2()) j = activate_avx2(activation, y, count);
+#endif
+  for (; j < count; ++j) y[j] = act1(activation, y[j]);
+}
 
 int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, const ParallelFor& parallel,
                                        const int4::PackedWeight& w, const RangeWork& prepare) {

@@ -33,6 +33,9 @@ enum class GluActivation { silu, gelu_tanh };
 // nullptr with *out unset when it names none.
 LLMCORE_KERNELS_CXX_API const char* glu_activation(std::string_view name, GluActivation* out);
 
+// y[j] = act(y[j]) for j in [0, count): the activation of a plain (not gated) MLP, GPT-2's.
+LLMCORE_KERNELS_CXX_API void activate(GluActivation activation, float* y, int64_t count);
+
 struct Int4MlpWeights {
   int4::PackedWeight gate_up;  // [2 * hidden, dim]: row 2j gate's row j, row 2j + 1 up's
   int4::PackedWeight down;     // [dim, hidden]

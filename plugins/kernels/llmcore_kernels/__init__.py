@@ -16,7 +16,9 @@ Provides
   the final norm by ``llmcore::rms_norm`` and the output layer by ``llmcore::int4_linear``
   (:mod:`llmcore_kernels.layers`; the operators take int4 blocks and int8 rows); Gemma's
   layers (sandwich norms, GeGLU) end in ``llmcore::int4_linear_norm_add`` and
-  ``llmcore::int4_norm_glu_add`` instead.
+  ``llmcore::int4_norm_glu_add`` instead; GPT-2's (LayerNorms and biases, a plain GELU MLP)
+  run on ``llmcore::int4_layer_norm_linear``, ``llmcore::int4_linear_bias_add`` and
+  ``llmcore::int4_layer_norm_ffn_add`` (:mod:`llmcore_kernels.layernorm_layers`).
 
 See ``docs/custom-kernels.md`` for how this plugin is put together.
 """
@@ -38,7 +40,8 @@ __version__ = "0.1.0"
 # listing plugins does not load the library).
 OPS = ("llmcore::rms_norm.out", "llmcore::int4_mlp.out", "llmcore::int4_norm_qkv_rope.out",
        "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out", "llmcore::int4_linear.out",
-       "llmcore::int4_linear_norm_add.out", "llmcore::int4_norm_glu_add.out")
+       "llmcore::int4_linear_norm_add.out", "llmcore::int4_norm_glu_add.out", "llmcore::int4_linear_bias_add.out",
+       "llmcore::int4_layer_norm_linear.out", "llmcore::int4_layer_norm_ffn_add.out")
 
 
 def _threads_for_program(delegates: tuple[str, ...]) -> None:

@@ -3,7 +3,9 @@
 ``--plugins kernels,xnnpack`` (the default list of a quantized CPU export where both are
 installed): after the recipe has quantized the model (``gguf``, ``8da4w``, ``8da8w``, the
 integers it chose), each layer the operators compute exactly is swapped for
-:class:`~llmcore_kernels.layers.KernelLayer`, then the final norm and the output layer; each
+:class:`~llmcore_kernels.layers.KernelLayer` (a Llama layer) or
+:class:`~llmcore_kernels.layernorm_layers.KernelLayerNormBlock` (GPT-2's), then the final
+norm and the output layer; each
 layer they cannot take stays as it is, for XNNPACK to delegate, and the export's summary says
 why (a float layer, an outlier split, a form the operators lack). So which integers (the
 recipe) and which kernels run them (the backends, in order) are chosen apart: ``--plugins
@@ -27,6 +29,7 @@ def take(module: nn.Module, options: dict) -> ModulesTaken:
     if not any(isinstance(m, mlp.QUANTIZED_LINEARS) for m in module.modules()):
         return ModulesTaken(taken=(), note="the model has no int4 or int8 linears (the kernels run quantized "
                             "layers: export a quantized GGUF, or --quantize 8da4w or 8da8w)")
+    from llmcore_kernels.layernorm_layers import KernelLayerNormBlock
     from llmcore_kernels.rmsnorm import FusedRMSNorm
 
     _, left = layers.swap_layers(module)
@@ -35,5 +38,5 @@ def take(module: nn.Module, options: dict) -> ModulesTaken:
         if isinstance(linear, BlockInt4Linear):
             linear.unpack_()
     taken = tuple(name for name, m in module.named_modules()
-                  if isinstance(m, (layers.KernelLayer, layers.KernelLinear, FusedRMSNorm)))
+                  if isinstance(m, (layers.KernelLayer, KernelLayerNormBlock, layers.KernelLinear, FusedRMSNorm)))
     return ModulesTaken(taken=taken, left=tuple(left) + tuple(left_linears))

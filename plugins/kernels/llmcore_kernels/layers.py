@@ -29,7 +29,8 @@ operators' int8 rows; one kind for q, k and v, one for gate and up), no outlier 
 but on q, k and v (Qwen2's), and when on a random input (with a plain causal attention in place
 of its own) the kernels give what the block gives: RoPE on Meta's interleaved pairs passes, a
 rotation of the halves would not. The recipe refuses a model with a layer that does not, by
-name and reason.
+name and reason. GPT-2's layers (LayerNorms, biases, a plain MLP, no RoPE) have operators of
+their own: :mod:`.layernorm_layers`, which :func:`swap_layers` applies too.
 """
 
 from __future__ import annotations
@@ -294,8 +295,22 @@ def _swap_checked(model: nn.Module, match, why_not, build, same_function) -> tup
 
 
 def swap_layers(model: nn.Module) -> tuple[int, list[str]]:
-    """Replace qualifying layers in place; returns (how many, why others were kept)."""
-    return _swap_checked(model, _is_block, _why_not, KernelLayer, _same_function)
+    """Replace qualifying layers in place, Llama's (:class:`KernelLayer`) and GPT-2's
+    (:class:`~llmcore_kernels.layernorm_layers.KernelLayerNormBlock`); returns (how many, why
+    others were kept)."""
+    from llmcore_kernels import layernorm_layers as gpt2
+
+    swapped, kept = _swap_checked(model, _is_block, _why_not, KernelLayer, _same_function)
+    more, kept_more = _swap_checked(model, gpt2.is_block, gpt2.why_not, gpt2.KernelLayerNormBlock,
+                                    gpt2.same_function)
+    return swapped + more, kept + kept_more
+
+
+def is_layer(module: nn.Module) -> bool:
+    """A layer :func:`swap_layers` looks at: Llama's or GPT-2's."""
+    from llmcore_kernels import layernorm_layers
+
+    return _is_block(module) or layernorm_layers.is_block(module)
 
 
 def _same_linear(linear: nn.Module, kernel: KernelLinear) -> Optional[str]:
@@ -313,7 +328,7 @@ def swap_outside_layers(model: nn.Module) -> list[str]:
     returns why linears were kept (they stay with XNNPACK)."""
     from llmcore_kernels import rmsnorm
 
-    inside_kept = {id(m) for block in model.modules() if _is_block(block) for m in block.modules()}
+    inside_kept = {id(m) for block in model.modules() if is_layer(block) for m in block.modules()}
     _, kept = _swap_checked(model, lambda m: isinstance(m, mlp.QUANTIZED_LINEARS) and id(m) not in inside_kept,
                             lambda linear: mlp.why_not_linear("linear", linear, offsets=True, int8=True),
                             KernelLinear, _same_linear)
@@ -327,8 +342,9 @@ def apply(module: nn.Module, recipe: str, instead: str) -> nn.Module:
     swapped, kept = swap_layers(module)
     if swapped == 0 and not kept:
         raise LlmcoreError(
-            f"{recipe}: the model has no Llama layers (attention with wq, wk, wv, wo, then a gated MLP) for "
-            "llmcore's layer kernels.",
+            f"{recipe}: the model has no Llama layers (attention with wq, wk, wv, wo, then a gated MLP) or "
+            "GPT-2 layers (ln_1, attn with c_attn and c_proj, ln_2, mlp with c_fc and c_proj) for llmcore's "
+            "layer kernels.",
             stage="quantize",
             fix=f"use --quantize {instead} for this model.",
         )

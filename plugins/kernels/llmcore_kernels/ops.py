@@ -31,6 +31,12 @@ Operators (schemas are defined in C++, ``csrc/rms_norm_aten.cpp`` and ``csrc/int
 ``llmcore::int4_norm_glu_add(h, norm_weight, eps, gate_up..., down..., activation, post_norm_weight?, post_eps)``
     ``h + post_norm(down(act(gate) * up))`` on ``rms_norm(h)``, ``act`` ``"silu"`` or
     ``"gelu_tanh"`` (Gemma's GeGLU), the post-norm only when its weight is given.
+``llmcore::int4_layer_norm_linear(h, norm_weight, norm_bias?, eps, w, w_scales, w_sums, w_bias?, w_offsets?)``
+    ``layer_norm(h) W^T + bias``: a pre-LayerNorm layer's q, k and v in one GEMM (GPT-2).
+``llmcore::int4_linear_bias_add(x, w, w_scales, w_sums, w_bias?, w_offsets?, residual)``
+    ``residual + x W^T + bias``: its output projection.
+``llmcore::int4_layer_norm_ffn_add(h, norm_weight, norm_bias?, eps, up..., up_bias?, up_offsets?, down..., down_bias?, down_offsets?, activation)``
+    ``h + down(act(up(layer_norm(h))))``, each projection with its bias: its plain MLP.
 """
 
 from __future__ import annotations
@@ -120,4 +126,26 @@ def _int4_norm_glu_add_fake(h, norm_weight, eps, gate_up, gate_up_scales, gate_u
                             post_eps) -> torch.Tensor:
     torch._check(h.shape[-1] == _in_features(gate_up))
     torch._check(down.shape[0] == h.shape[-1] and _in_features(down) * 2 == gate_up.shape[0])
+    return torch.empty_like(h, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("llmcore::int4_linear_bias_add")
+def _int4_linear_bias_add_fake(x, w, w_scales, w_sums, w_bias, w_offsets, residual) -> torch.Tensor:
+    torch._check(x.shape[-1] == _in_features(w))
+    torch._check(residual.shape[-1] == w.shape[0])
+    return torch.empty_like(residual, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("llmcore::int4_layer_norm_linear")
+def _int4_layer_norm_linear_fake(h, norm_weight, norm_bias, eps, w, w_scales, w_sums, w_bias,
+                                 w_offsets) -> torch.Tensor:
+    torch._check(h.shape[-1] == _in_features(w) and norm_weight.shape[0] == h.shape[-1])
+    return h.new_empty([*h.shape[:-1], w.shape[0]])
+
+
+@torch.library.register_fake("llmcore::int4_layer_norm_ffn_add")
+def _int4_layer_norm_ffn_add_fake(h, norm_weight, norm_bias, eps, up, up_scales, up_sums, up_bias, up_offsets, down,
+                                  down_scales, down_sums, down_bias, down_offsets, activation) -> torch.Tensor:
+    torch._check(h.shape[-1] == _in_features(up))
+    torch._check(down.shape[0] == h.shape[-1] and _in_features(down) == up.shape[0])
     return torch.empty_like(h, memory_format=torch.contiguous_format)

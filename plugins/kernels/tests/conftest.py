@@ -102,3 +102,23 @@ def kv_export(kernel_library, tmp_path_factory):
     out = tmp_path_factory.mktemp("kv") / "tiny.pte"
     return export(ExportOptions(model="llama", config="tiny", plugins=["xnnpack"], output=str(out), quiet=True),
                   load_registry())
+
+
+@pytest.fixture
+def passes_in_isa_view():
+    """:func:`tests_pass_in_isa_view`, for a test to call."""
+    return tests_pass_in_isa_view
+
+
+def tests_pass_in_isa_view(view: str, test_file: str, keyword: str) -> None:
+    """The tests of ``test_file`` selected by ``keyword`` pass again in a process whose kernels
+    see only ``view``'s instruction sets (llmcore/testing/isa_view.py), so that an AVX-512
+    machine checks the AVX2 and portable paths too; skips where this CPU cannot present it."""
+    from llmcore.testing import isa_view
+
+    if view not in isa_view.presentable_views():
+        pytest.skip(f"this CPU cannot present the {view} view")
+    done = isa_view.run_in_view(view, [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file,
+                                       "-k", keyword], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout, done.stdout[-2000:]

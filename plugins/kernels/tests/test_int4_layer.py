@@ -504,18 +504,8 @@ def test_the_families_built_on_llama_layers(kernel_library, tmp_path, family, co
 
 
 @pytest.mark.parametrize("view", ["avx2", "sse4"])
-def test_a_gemma_layer_computes_its_block_in_every_isa_view(kernel_library, view):
+def test_a_gemma_layer_computes_its_block_in_every_isa_view(kernel_library, passes_in_isa_view, view):
     """The GeGLU activation and the post-norms have an AVX2 path and a portable one (int4_mlp.cpp's
     glu_times): the Gemma layer tests again, in a process whose kernels see only the view's
     instruction sets (llmcore/testing/isa_view.py), so that an AVX-512 machine checks both."""
-    import sys
-
-    from llmcore.testing import isa_view
-
-    if view not in isa_view.presentable_views():
-        pytest.skip(f"this CPU cannot present the {view} view")
-    done = isa_view.run_in_view(view, [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                                       "-k", "gemma_layer_on_the_kernels"],
-                                capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout and "failed" not in done.stdout, done.stdout[-2000:]
+    passes_in_isa_view(view, __file__, "gemma_layer_on_the_kernels")

@@ -118,7 +118,9 @@ def test_hooks_declare_the_library_the_transform_and_the_recipe():
     assert provided.plugin.distribution == "llmcore-kernels"
     assert record.ops == ("llmcore::rms_norm.out", "llmcore::int4_mlp.out", "llmcore::int4_norm_qkv_rope.out",
                           "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out", "llmcore::int4_linear.out",
-                          "llmcore::int4_linear_norm_add.out", "llmcore::int4_norm_glu_add.out")
+                          "llmcore::int4_linear_norm_add.out", "llmcore::int4_norm_glu_add.out",
+                          "llmcore::int4_linear_bias_add.out", "llmcore::int4_layer_norm_linear.out",
+                          "llmcore::int4_layer_norm_ffn_add.out")
     assert record.python_module == "llmcore_kernels.ops"
     transform = registry.get("transforms", "fused-rmsnorm", stage="test").record
     assert not transform.automatic

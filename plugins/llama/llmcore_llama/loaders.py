@@ -1132,12 +1132,15 @@ def _in_file(g: GGUFFile, entry, name: str, parts, prefix: str, arch: GGUFArchit
         n = rows if order is None else len(order)
         if heads and n == heads * config.resolved_head_dim:
             order = unpermute_hf_rotary(torch.arange(rows) if order is None else order, heads, config.rotary_dim)
-        out.append((meta, _file_weight(g, t, qtype, name, cols, n, order)))
+        out.append((meta, file_weight(g, t, qtype, name, cols, n, order)))
     out[0][1].read_floats(slice(0, 1))
     return out
 
 
-def _file_weight(g: GGUFFile, t, qtype: int, name: str, cols: int, rows: int, order: Optional[torch.Tensor]):
+def file_weight(g: GGUFFile, t, qtype: int, name: str, cols: int, rows: int, order: Optional[torch.Tensor] = None):
+    """GGUF tensor ``t`` (``rows`` of ``cols``; ``order``: which of its rows, None for all) as a
+    :class:`llmcore.stored.FileWeight`: its floats or integers read when a recipe asks. Public for
+    families whose model is not this decoder (nanoGPT's GPT-2 GGUFs)."""
     from llmcore.stored import FileWeight
 
     def raw(selected: slice):

@@ -124,6 +124,16 @@ def _loader(name: str, description: str, matches_name: str, load_name: str, clai
                             claims=Lazy("llmcore_nanogpt.loaders", claims_name))
 
 
+def _load_gguf(path: Path, options: LoadOptions) -> LoadedModel:
+    from llmcore_nanogpt import gguf_loader
+
+    loaded = gguf_loader.load_gguf(path, options)
+    if options.tokenizer_path is not None:  # --tokenizer in place of the file's own
+        loaded.tokenizer = _tokenizer_for(loaded.module.config.vocab_size, options, path)
+        return _finish(loaded, options)
+    return loaded
+
+
 @hookimpl
 def llmcore_model_families() -> list[ModelFamily]:
     return [
@@ -137,6 +147,10 @@ def llmcore_model_families() -> list[ModelFamily]:
             },
             build_random=_build_random,
             loaders=(
+                CheckpointLoader("gguf", "GGUF file of llama.cpp's gpt2 architecture (the llama plugin's GGUF types; "
+                                 "the file's integers are kept by --quantize gguf) with its embedded tokenizer",
+                                 Lazy("llmcore_nanogpt.gguf_loader", "claims"), _load_gguf,
+                                 claims=Lazy("llmcore_nanogpt.gguf_loader", "claims")),
                 _loader("hf-gpt2", "Hugging Face GPT-2 folder: config.json + model.safetensors or pytorch_model.bin",
                         "matches_hf", "load_hf", "claims_hf"),
                 _loader("nanogpt-ckpt", "nanoGPT train.py checkpoint: ckpt.pt with model_args and model",

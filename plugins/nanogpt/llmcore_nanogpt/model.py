@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from llmcore.modules import CausalAttention, LayerNorm, positions_slice
+from llmcore.modules import CausalAttention, LayerNorm, gelu_tanh, positions_slice
 
 
 @dataclass
@@ -66,14 +65,25 @@ class SplitQKV(nn.Module):
     """
 
     def __init__(self, fused: nn.Linear):
+        from llmcore import stored
+
         super().__init__()
         width = fused.out_features // 3
         self.q, self.k, self.v = (
             nn.Linear(fused.in_features, width, bias=fused.bias is not None, device="meta") for _ in range(3)
         )
+        # what the loader recorded of the fused weight (a GGUF's integers, or the weight left
+        # in its file), for each part's rows: the recipe then keeps the file's integers
+        form = stored.record(fused.weight)
         for i, proj in enumerate((self.q, self.k, self.v)):
             rows = slice(i * width, (i + 1) * width)
-            proj.weight = nn.Parameter(fused.weight.detach()[rows].clone(), requires_grad=False)
+            if stored.in_file(fused.weight):  # still in the file: the parts are read from it too
+                weight = torch.empty(width, fused.in_features, device="meta")
+            else:
+                weight = fused.weight.detach()[rows].clone()
+            proj.weight = nn.Parameter(weight, requires_grad=False)
+            if form is not None:
+                stored.remember(proj.weight, stored.stored_rows(form, rows.start, rows.stop))
             if fused.bias is not None:
                 proj.bias = nn.Parameter(fused.bias.detach()[rows].clone(), requires_grad=False)
 
@@ -92,13 +102,19 @@ def split_qkv(model: nn.Module) -> int:
 
 
 class MLP(nn.Module):
+    """``c_proj(gelu(c_fc(x)))``, GPT-2's GELU with the tanh approximation (``gelu_new``).
+
+    ``activation`` names the function, so that a backend that fuses the MLP (llmcore-kernels)
+    computes that one and can refuse another rather than guess it from the numbers."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.activation = gelu_tanh
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return self.c_proj(self.activation(self.c_fc(x)))
 
 
 class Block(nn.Module):
