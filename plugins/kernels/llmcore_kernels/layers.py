@@ -86,10 +86,10 @@ class KernelLayer(nn.Module):
         # The blocks' offsets (a GGUF's Q4_1 and Q4_K minima; Q4_0's blocks with a negative
         # scale), stacked as the rows are (csrc/int4_gemm.h's layout): None where no
         # projection of a group has any.
-        self.register_buffer("qkv_offsets", _stacked_offsets(stacked))
-        self.register_buffer("wo_offsets", _stacked_offsets([attention.wo]))
-        self.register_buffer("gate_up_offsets", _stacked_offsets([gate, up], interleave=True))
-        self.register_buffer("down_offsets", _stacked_offsets([down]))
+        self.register_buffer("qkv_offsets", stacked_offsets(stacked))
+        self.register_buffer("wo_offsets", stacked_offsets([attention.wo]))
+        self.register_buffer("gate_up_offsets", stacked_offsets([gate, up], interleave=True))
+        self.register_buffer("down_offsets", stacked_offsets([down]))
         # Qwen3's (and Gemma 3's) per-head norms of q and k, between the projection and RoPE:
         # int4_norm_qkv_rope places rotated columns as each thread finishes them, before a
         # head is whole, so these layers take the qkv GEMM (int4_linear) and norm and rotate
@@ -178,7 +178,7 @@ class KernelLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         mlp.register_linears(self, "w", [linear])
-        self.register_buffer("w_offsets", _stacked_offsets([linear]))
+        self.register_buffer("w_offsets", stacked_offsets([linear]))
         self.w_bias = None if linear.bias is None else nn.Parameter(
             linear.bias.detach().float().contiguous(), requires_grad=False)
 
@@ -191,7 +191,7 @@ class KernelLinear(nn.Module):
         return f"{self.in_features}, {self.out_features}, {kind}"
 
 
-def _stacked_offsets(linears: list[nn.Module], interleave: bool = False) -> Optional[torch.Tensor]:
+def stacked_offsets(linears: list[nn.Module], interleave: bool = False) -> Optional[torch.Tensor]:
     """The linears' ``offset_weight`` rows one after another (zeros for a linear without), or
     the rows of two interleaved as ``gate_up``'s are, in the kernel's layout ``[ceil(rows/8),
     in/32, 8]`` (csrc/int4_gemm.h: eight rows side by side, zeros past the last); None when

@@ -22,6 +22,7 @@ import torch
 
 from llmcore.checkpoints import check_state_dict
 from llmcore.errors import LlmcoreError
+from llmcore.modules import LayerNorm
 from llmcore.records import LoadedModel, LoadOptions, ModelMetadata, Tokenizer
 
 from llmcore_nanogpt.model import GPT, GPTConfig
@@ -146,7 +147,7 @@ def load_gguf(path: Path, options: LoadOptions) -> LoadedModel:
     if "lm_head.weight" not in state:  # tied, as GPT-2 is: the one table serves both
         model.lm_head.weight = model.transformer.wte.weight
     for module in model.modules():
-        if hasattr(module, "eps") and hasattr(module, "weight"):  # the LayerNorms
+        if isinstance(module, LayerNorm):
             module.eps = eps
     model.eval()
     loaded = LoadedModel(

@@ -20,6 +20,7 @@ import torch
 from llmcore import nesting
 from llmcore.checkpoints import check_state_dict
 from llmcore.errors import LlmcoreError
+from llmcore.modules import LayerNorm
 from llmcore.records import LoadedModel, LoadOptions, Tokenizer
 
 from llmcore_nanogpt.model import GPT, GPTConfig
@@ -167,6 +168,7 @@ def load_hf(path: Path, options: LoadOptions, tokenizer: Optional[Tokenizer]) ->
             f"{folder} holds a {hf.get('model_type')!r} model, not GPT-2.",
             "use the model family that provides this architecture (see `llmcore plugins`).",
         )
+    _refuse_other_math(hf, folder)
     config = GPTConfig(
         block_size=hf.get("n_positions", hf.get("n_ctx", 1024)),
         vocab_size=hf["vocab_size"],
@@ -185,7 +187,37 @@ def load_hf(path: Path, options: LoadOptions, tokenizer: Optional[Tokenizer]) ->
         if key.endswith(CONV1D_SUFFIXES) and value.dim() == 2:
             value = value.t().contiguous()
         renamed[key] = value
-    return LoadedModel(build_model(config, renamed, str(folder)), metadata=None, tokenizer=tokenizer)
+    model = build_model(config, renamed, str(folder))
+    for module in model.modules():
+        if isinstance(module, LayerNorm):
+            module.eps = float(hf.get("layer_norm_epsilon", 1e-5))
+    return LoadedModel(model, metadata=None, tokenizer=tokenizer)
+
+
+# config.json keys of transformers' GPT-2 that change what it computes, and the values under
+# which it computes what this model does; another value is refused by name, never ignored
+# (layer_norm_epsilon is applied; the sizes are read).
+HF_MATH_KEYS = {
+    "activation_function": ("gelu_new", "gelu_pytorch_tanh"),  # both the tanh GELU this model computes
+    "n_inner": (None,),  # None: 4 x n_embd, the MLP here
+    "scale_attn_weights": (True,),
+    "scale_attn_by_inverse_layer_idx": (False,),
+    "add_cross_attention": (False,),
+}
+
+
+def _refuse_other_math(hf: dict, folder: Path) -> None:
+    for key, allowed in HF_MATH_KEYS.items():
+        value = hf.get(key, allowed[0])
+        if key == "n_inner" and value == 4 * hf.get("n_embd", 0):
+            continue
+        if value not in allowed:
+            raise _error(
+                f"{folder}: config.json sets {key}={value!r}, which GPT-2 here does not compute "
+                f"(it takes {' or '.join(repr(a) for a in allowed)}), so the program would not compute what the "
+                "checkpoint does.",
+                "export the checkpoint with the model family that implements it.",
+            )
 
 
 def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:

@@ -259,6 +259,28 @@ def test_load_hf_matches_transformers(tmp_path):
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("key, value", [("activation_function", "relu"), ("n_inner", 100),
+                                        ("scale_attn_by_inverse_layer_idx", True), ("scale_attn_weights", False)])
+def test_hf_keys_that_change_the_math_are_refused_by_name(tmp_path, key, value):
+    folder = _save_hf(_tiny(seed=9), tmp_path / "hf")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {key: value}))
+    with pytest.raises(LlmcoreError, match=f"{key}={value!r}"):
+        loaders.load_hf(folder, LoadOptions(), None)
+
+
+def test_hf_layer_norm_epsilon_is_applied(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    folder = _save_hf(_tiny(seed=10), tmp_path / "hf")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"layer_norm_epsilon": 0.5}))
+    ours = loaders.load_hf(folder, LoadOptions(), None).module
+    ref = transformers.GPT2LMHeadModel.from_pretrained(str(folder), torch_dtype=torch.float32).eval()
+    tokens = _tokens(12, ours.config.vocab_size)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens), ref(tokens).logits[:, -1, :], atol=1e-4, rtol=0)
+
+
 def test_plugin_loader_records(tmp_path):
     """The records the hook hands llmcore: matching, loading, tokenizer and metadata."""
     import llmcore_nanogpt
