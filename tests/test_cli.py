@@ -126,9 +126,11 @@ def test_unknown_model_family(cli, tmp_path):
 
 
 def test_failed_export_leaves_no_pte(cli, tmp_path):
-    # A parity tolerance of zero fails after the program is built, just before writing.
+    # A parity tolerance of zero fails after the program is built, just before writing: 8da8w's
+    # XNNPACK program is a few thousandths of a logit from its eager model (0.00246 on the Xeon;
+    # int8-dynamic's is now exact, since nanoGPT's GELU is the tanh form XNNPACK computes)
     out = tmp_path / "strict.pte"
-    result = cli(*TINY, "--plugins", "xnnpack", "--quantize", "int8-dynamic", "--strict-parity", "0", "-o", str(out))
+    result = cli(*TINY, "--plugins", "xnnpack", "--quantize", "8da8w", "--strict-parity", "0", "-o", str(out))
     assert result.returncode == 2
     assert "parity check failed" in result.stderr
     assert list(tmp_path.iterdir()) == []  # no .pte, no report, no temporary files

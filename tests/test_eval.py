@@ -45,6 +45,25 @@ def test_eval_refuses_a_program_without_cache(exports, cli):
     assert result.returncode == 2 and "has none" in result.stderr
 
 
+def test_eval_refuses_an_eager_reference_larger_than_memory(exports, cli, tmp_path):
+    """An 8B's eager reference is 30 GiB of fp32: refused in one line before it is loaded (the
+    kernel would kill the process without one), with the way to score the program alone."""
+    import shutil
+
+    pte = exports("xnnpack").pte
+    report = json.loads(pte.with_name(pte.stem + ".report.json").read_text())
+    assert report["model"]["parameters"] > 0
+    for file in pte.parent.iterdir():
+        shutil.copy(file, tmp_path / file.name)
+    report["model"]["parameters"] = 10**13  # 37 TiB of fp32: more than any machine running this
+    (tmp_path / (pte.stem + ".report.json")).write_text(json.dumps(report))
+    result = cli("eval", str(tmp_path / pte.name), "--text", str(TEXT), "--max-tokens", "20")
+    assert result.returncode == 2 and "10000.00B parameters" in result.stderr and "--no-eager" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    result = cli("eval", str(tmp_path / pte.name), "--text", str(TEXT), "--max-tokens", "20", "--no-eager")
+    assert result.returncode == 0, result.stderr
+
+
 # A fake model small enough to score by hand: the logits at a position depend on the token
 # there, on the position, and on the sum of every token up to it (a stand-in for attention
 # over the KV cache), through fixed random tables.

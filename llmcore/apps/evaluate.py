@@ -192,6 +192,37 @@ def eager_reference(report: dict):
     return logits
 
 
+def available_memory() -> Optional[int]:
+    """Bytes the kernel says a new allocation can have without swapping (MemAvailable), or
+    None where /proc/meminfo does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory_for_eager(report: dict) -> None:
+    """Refuse, before loading it, an eager reference this machine cannot hold: it is the fp32
+    model (4 bytes a parameter: Llama-3.1-8B's is 30 GiB), and a process that runs out of
+    memory is killed without a word. The report says how many parameters the model has
+    (exports from before it said so are not checked)."""
+    parameters = report.get("model", {}).get("parameters")
+    available = available_memory()
+    if not parameters or available is None:
+        return
+    needed = 4 * parameters
+    if needed > 0.9 * available:
+        raise LlmcoreError(
+            f"the eager reference is the fp32 model, {needed / 2**30:.1f} GiB for {parameters / 1e9:.2f}B parameters, "
+            f"and this machine has {available / 2**30:.1f} GiB available.",
+            stage="eval",
+            fix="pass --no-eager to score the program alone, or evaluate on a machine with more memory.",
+        )
+
+
 PROTOCOLS = ("sliding", "llama-perplexity")
 
 
@@ -255,6 +286,7 @@ def evaluate(pte: str, text_path: str, max_tokens: Optional[int], window: Option
                 stage="eval",
                 fix="keep the report llmcore export wrote next to the .pte, or pass --no-eager.",
             ) from None
+        check_memory_for_eager(report)
         scored, eager, divergence = compare(positions, program.logits, eager_reference(report))
         result.update(program=asdict(scored), eager=asdict(eager), divergence=asdict(divergence))
         result["delta"] = result["program"]["perplexity"] - result["eager"]["perplexity"]

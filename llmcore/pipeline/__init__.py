@@ -303,6 +303,9 @@ class Export:
                 fix="pass --tokenizer with the tokenizer files of the checkpoint.",
             )
         self.loaded, self.module, self.metadata, self.max_seq_len = loaded, loaded.module, meta, max_seq_len
+        # the model's size as loaded (weights left in the file count too: their parameters are on
+        # the meta device), for what needs the float model again (llmcore eval's eager reference)
+        self.parameters = sum(p.numel() for p in loaded.module.parameters())
         self.tokenizer = TextTokenizer(loaded.tokenizer.json_text, source=loaded.tokenizer.description or "model")
         self.prompt_ids = _prompt_ids(self.tokenizer, options.prompt, meta, max_seq_len)
 
@@ -471,6 +474,7 @@ class Export:
                 "metadata": dataclasses.asdict(meta) | {"chat_template": bool(meta.chat_template)},
                 "max_seq_len": self.max_seq_len,
                 "kv_cache": self.kv_cache,
+                "parameters": self.parameters,
             },
             "backends": [
                 {"name": p.record.name, "plugin": p.plugin.package, "runtime_id": p.record.runtime_id, "options": o}
