@@ -11,6 +11,7 @@ tie), or the row is refused. Speed and memory depend on shapes, not values: rand
 
     python benchmarks/bench_scale.py --sizes llama-300m,llama-3.2-1b --cache /data/scale \\
         --json scale.json --plot scale.png
+    python benchmarks/bench_scale.py --sizes smollm2-llama,smollm2-gpt2 --isa-view avx2   # AVX2's kernels
 
 An export that the machine cannot hold is killed by the system; its row says so and the
 next size runs. Run nothing else on the machine meanwhile.
@@ -100,10 +101,34 @@ def export(shape: str, gguf: Path, pte: Path, max_seq_len: int, plugins: str = "
     return row
 
 
-def cpp_runner(runner: Path, pte: Path, prompt_tokens: int, new_tokens: int) -> dict:
-    status, wall, peak, out, err = run_with_peak(
-        [str(runner), str(pte), "--prompt", prompt_text(prompt_tokens), "--max-new-tokens", str(new_tokens),
-         "--temperature", "0", "--print-ids"])
+def in_view(view: str, command_env: dict | None = None):
+    """A context giving the environment of a process run on ISA ``view`` (llmcore/testing/isa_view.py:
+    ExecuTorch's and llmcore's kernels picked as on that CPU), then checking, once it ran, that
+    the view took effect; the plain environment for ``native``."""
+    import contextlib
+    import tempfile
+
+    from llmcore.testing import isa_view
+
+    @contextlib.contextmanager
+    def context():
+        base = dict(command_env or os.environ)
+        if view == "native":
+            yield base
+            return
+        with tempfile.TemporaryDirectory() as folder:
+            report = Path(folder) / "report"
+            yield base | isa_view.executorch_env(view, report)
+            isa_view.read_report(report, view)  # raises when the process did not run in the view
+
+    return context()
+
+
+def cpp_runner(runner: Path, pte: Path, prompt_tokens: int, new_tokens: int, view: str = "native") -> dict:
+    with in_view(view) as env:
+        status, wall, peak, out, err = run_with_peak(
+            [str(runner), str(pte), "--prompt", prompt_text(prompt_tokens), "--max-new-tokens", str(new_tokens),
+             "--temperature", "0", "--print-ids"], env=env)
     if status != 0:
         return {"error": f"exit {status}: {err.strip()[-200:]}"}
     ids = next(([int(i) for i in line.split()[1:]] for line in out.splitlines()[::-1] if line.startswith("ids:")), None)
@@ -130,10 +155,11 @@ def python_worker() -> None:
                       "prompt_tokens": len(reply.prompt_ids)}))
 
 
-def python_runtime(pte: Path, prompt_tokens: int, new_tokens: int) -> dict:
+def python_runtime(pte: Path, prompt_tokens: int, new_tokens: int, view: str = "native") -> dict:
     request = json.dumps({"pte": str(pte), "prompt_tokens": prompt_tokens, "new_tokens": new_tokens})
-    env = dict(os.environ, OMP_NUM_THREADS="1")  # as `llmcore run` sets it (llmcore/cli.py)
-    status, _, peak, out, err = run_with_peak([sys.executable, __file__, "--worker"], env=env, stdin=request)
+    # OMP_NUM_THREADS=1: as `llmcore run` sets it (llmcore/cli.py)
+    with in_view(view, dict(os.environ, OMP_NUM_THREADS="1")) as env:
+        status, _, peak, out, err = run_with_peak([sys.executable, __file__, "--worker"], env=env, stdin=request)
     if status != 0:
         return {"error": f"exit {status}: {err.strip()[-200:]}"}
     return json.loads(out.strip().splitlines()[-1]) | {"peak_mib": peak}
@@ -162,11 +188,12 @@ def median_runs(runs: list[dict]) -> dict:
         "min_max": {k: (min(r[k] for r in good), max(r[k] for r in good)) for k in keys}}
 
 
-def llama_cpp(gguf: Path, prompt_tokens: int, long_prompt: int, new_tokens: int, threads: int, repeat: int) -> dict:
+def llama_cpp(gguf: Path, prompt_tokens: int, long_prompt: int, new_tokens: int, threads: int, repeat: int,
+              view: str = "native") -> dict:
     binary = llamacpp_peer.llama_bench_path()
     status, _, peak, out, err = run_with_peak(
         [str(binary), "-m", str(gguf), "-p", f"{prompt_tokens},{long_prompt}", "-n", str(new_tokens), "-t", str(threads),
-         "-r", str(repeat), "-o", "json"])
+         "-r", str(repeat), "-o", "json"], env=dict(os.environ) | llamacpp_peer.view_env(view))
     if status != 0:
         return {"error": f"exit {status}: {err.strip()[-200:]}"}
     result = {"peak_mib": peak}
@@ -194,8 +221,8 @@ def measure_size(name: str, args, bandwidth_gbs: float) -> dict:
     step_bytes = bench_decode.weight_bytes_per_token(pte, name)
     row["bandwidth_limit_tok_s"] = bandwidth_gbs * 1e9 / step_bytes
     runner = Path(args.runner)
-    for label, run in (("c++", lambda p: cpp_runner(runner, pte, p, args.new_tokens)),
-                       ("python", lambda p: python_runtime(pte, p, args.new_tokens))):
+    for label, run in (("c++", lambda p: cpp_runner(runner, pte, p, args.new_tokens, args.isa_view)),
+                       ("python", lambda p: python_runtime(pte, p, args.new_tokens, args.isa_view))):
         print(f"# {name}: {label} ...", file=sys.stderr, flush=True)
         short = median_runs([checked(pte, run(args.prompt_tokens), args.prompt_tokens, f"{name} ({label})")
                              for _ in range(args.repeat)])
@@ -205,7 +232,7 @@ def measure_size(name: str, args, bandwidth_gbs: float) -> dict:
     if args.llama_cpp != "off":
         print(f"# {name}: llama.cpp ...", file=sys.stderr, flush=True)
         row["llama_cpp"] = llama_cpp(gguf, args.prompt_tokens, args.long_prompt, args.new_tokens, args.threads,
-                                     args.repeat)
+                                     args.repeat, args.isa_view)
     return row
 
 
@@ -302,6 +329,9 @@ def main() -> None:
     parser.add_argument("--plugins", default="",
                         help="backends for the export (default: none named, so the export's default list, as a user "
                         "gets it; e.g. xnnpack for XNNPACK alone)")
+    parser.add_argument("--isa-view", default="native",
+                        help="run the runners and llama.cpp as on a CPU with fewer features (avx2: without AVX-512 "
+                        "and VNNI, the AVX2-only EPYC's kernels; llmcore/testing/isa_view.py); the export is the same")
     parser.add_argument("--json")
     parser.add_argument("--plot")
     args = parser.parse_args()
@@ -310,6 +340,12 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown size {unknown[0]!r}; choose from {', '.join(real_shapes.SHAPES)}")
     print(bench_decode.machine_header())
+    if args.isa_view != "native":
+        from llmcore.testing import isa_view
+
+        isa_view.check_view(args.isa_view)
+        print(f"# ISA view {args.isa_view}: the runners and llama.cpp run as if the CPU lacked "
+              f"{', '.join(isa_view.VIEWS[args.isa_view])}")
     bandwidth = bench_decode.memory_bandwidth_gbs()
     print(f"memory read bandwidth here: {bandwidth:.1f} GB/s ({os.cpu_count()} threads)")
     if args.llama_cpp == "auto":
