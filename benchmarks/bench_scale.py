@@ -188,6 +188,18 @@ def median_runs(runs: list[dict]) -> dict:
         "min_max": {k: (min(r[k] for r in good), max(r[k] for r in good)) for k in keys}}
 
 
+def paired_ratios(python: list[dict], cpp: list[dict], python_long: list[dict], cpp_long: list[dict]) -> dict:
+    """Python's speed over the C++ runner's in each round (issue 60: within 5%), median of the
+    rounds: prefill of the short and the long prompt, decode. Rounds with a refused run are left out."""
+    def median_of(a_runs, b_runs, key):
+        pairs = [a[key] / b[key] for a, b in zip(a_runs, b_runs) if "refused" not in a and "refused" not in b]
+        return statistics.median(pairs) if pairs else None
+
+    return {"prefill": median_of(python, cpp, "prefill_tok_s"),
+            "prefill_long": median_of(python_long, cpp_long, "prefill_tok_s"),
+            "decode": median_of(python, cpp, "decode_tok_s")}
+
+
 def llama_cpp(gguf: Path, prompt_tokens: int, long_prompt: int, new_tokens: int, threads: int, repeat: int,
               view: str = "native") -> dict:
     binary = llamacpp_peer.llama_bench_path()
@@ -221,14 +233,21 @@ def measure_size(name: str, args, bandwidth_gbs: float) -> dict:
     step_bytes = bench_decode.weight_bytes_per_token(pte, name)
     row["bandwidth_limit_tok_s"] = bandwidth_gbs * 1e9 / step_bytes
     runner = Path(args.runner)
-    for label, run in (("c++", lambda p: cpp_runner(runner, pte, p, args.new_tokens, args.isa_view)),
-                       ("python", lambda p: python_runtime(pte, p, args.new_tokens, args.isa_view))):
-        print(f"# {name}: {label} ...", file=sys.stderr, flush=True)
-        short = median_runs([checked(pte, run(args.prompt_tokens), args.prompt_tokens, f"{name} ({label})")
-                             for _ in range(args.repeat)])
-        long = median_runs([checked(pte, run(args.long_prompt), args.long_prompt, f"{name} ({label}, long prompt)")
-                            for _ in range(args.repeat)])
-        row[label] = short | {"prefill_long_tok_s": long.get("prefill_tok_s"), "refused_long": long.get("refused")}
+    runs = {"c++": lambda p: cpp_runner(runner, pte, p, args.new_tokens, args.isa_view),
+            "python": lambda p: python_runtime(pte, p, args.new_tokens, args.isa_view)}
+    # Rounds alternate the runners, so that a slow spell of a shared machine slows both sides of
+    # a round and the Python/C++ ratio is paired by round (as bench_decode's rows are).
+    short = {label: [] for label in runs}
+    long = {label: [] for label in runs}
+    for round_ in range(args.repeat):
+        print(f"# {name}: round {round_ + 1} of {args.repeat} ...", file=sys.stderr, flush=True)
+        for label, run in runs.items():
+            short[label].append(checked(pte, run(args.prompt_tokens), args.prompt_tokens, f"{name} ({label})"))
+            long[label].append(checked(pte, run(args.long_prompt), args.long_prompt, f"{name} ({label}, long prompt)"))
+    for label in runs:
+        row[label] = median_runs(short[label]) | {"prefill_long_tok_s": median_runs(long[label]).get("prefill_tok_s"),
+                                                  "refused_long": median_runs(long[label]).get("refused")}
+    row["python_over_cpp"] = paired_ratios(short["python"], short["c++"], long["python"], long["c++"])
     if args.llama_cpp != "off":
         print(f"# {name}: llama.cpp ...", file=sys.stderr, flush=True)
         row["llama_cpp"] = llama_cpp(gguf, args.prompt_tokens, args.long_prompt, args.new_tokens, args.threads,
@@ -267,6 +286,10 @@ def table(rows: list[dict], args) -> str:
                 f"{r['bandwidth_limit_tok_s']:.1f} ({run['decode_tok_s'] / r['bandwidth_limit_tok_s']:.0%})"])
             base = ["", "", ""]
             export_cols = ["", "", ""]
+        paired = r.get("python_over_cpp") or {}
+        if all(paired.get(k) for k in ("prefill", "prefill_long", "decode")):
+            lines.append(["", "", "", "", "", "", "python / c++, paired", "", "", f"{paired['prefill']:.2f}",
+                          f"{paired['prefill_long']:.2f}", f"{paired['decode']:.2f}", ""])
         if peer and "error" not in peer:
             lines.append(["", "", "", "", "", "", "llama.cpp Q4_0", "", f"{peer['peak_mib']:.0f}",
                           f"{peer.get(f'prefill{args.prompt_tokens}_tok_s', 0):.1f}",
@@ -356,7 +379,7 @@ def main() -> None:
         if args.json:  # kept as the run goes: a later size killed for memory loses nothing
             Path(args.json).write_text(json.dumps({"bandwidth_gbs": bandwidth, "rows": rows}, indent=2))
     print(f"\n## cost by size ({args.prompt_tokens}- and {args.long_prompt}-token prompts, {args.new_tokens} new tokens, "
-          f"greedy, median of {args.repeat}; every runner's tokens checked against Python's)")
+          f"greedy, median of {args.repeat} rounds alternating the runners; every runner's tokens checked against Python's)")
     print(table(rows, args))
     if args.plot:
         plot(rows, Path(args.plot))

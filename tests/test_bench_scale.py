@@ -28,3 +28,14 @@ def test_exit_status_and_input_reach_the_caller():
     status, _, _, out, err = bench_scale.run_with_peak(
         [sys.executable, "-c", "import sys; print(sys.stdin.read().upper()); sys.exit(3)"], stdin="tokens")
     assert status == 3 and out.strip() == "TOKENS" and err == ""
+
+
+def test_python_over_cpp_is_paired_by_round_and_leaves_refused_rounds_out():
+    # a slow second round slows both sides: Python is 0.9x the runner in each round
+    cpp = [{"prefill_tok_s": 100.0, "decode_tok_s": 200.0}, {"prefill_tok_s": 50.0, "decode_tok_s": 100.0},
+           {"prefill_tok_s": 100.0, "decode_tok_s": 200.0, "refused": "tokens differ"}]
+    python = [{"prefill_tok_s": 90.0, "decode_tok_s": 180.0}, {"prefill_tok_s": 45.0, "decode_tok_s": 90.0},
+              {"prefill_tok_s": 10.0, "decode_tok_s": 10.0}]
+    ratios = bench_scale.paired_ratios(python, cpp, python[:1], cpp[:1])
+    assert ratios == {"prefill": 0.9, "prefill_long": 0.9, "decode": 0.9}
+    assert bench_scale.paired_ratios(python[2:], cpp[2:], [], [])["decode"] is None
