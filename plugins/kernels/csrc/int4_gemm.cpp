@@ -324,8 +324,8 @@ namespace {
 // eight rows' offsets of a block side by side). Each output is summed over the blocks in
 // order from zero with one multiply-add a block (fused in the AVX2 build, a multiply and
 // an add in the portable one, the same on every path of a build), then added to y: the same
-// floats however the rows are split among threads. Whole chunks of eight rows take four
-// tokens at a time (each block's eight offsets loaded once for the four).
+// floats however the rows are split among threads. Whole chunks of eight rows go in tiles
+// of tokens and chunks (offset_tile).
 template <typename MulAdd>
 inline __attribute__((always_inline)) void offset_row(const QuantizedRows& x, const PackedWeight& w, int64_t n,
                                                       float* y, MulAdd mul_add) {
@@ -340,35 +340,49 @@ inline __attribute__((always_inline)) void offset_row(const QuantizedRows& x, co
 }
 
 #if LLMCORE_HAVE_X86
+// kTokens tokens by kChunks chunks of eight rows, from row n (n % 8 == 0): a running sum a
+// register, each block's offsets loaded once for the tokens and each mean once for the
+// chunks. Four tokens by two chunks keep eight sums going where four tokens by one chunk
+// kept four, each waiting on its last multiply-add: a 66-token prefill of SmolLM2's Q4_1
+// program 45.9-46.3 -> 44.3-45.1 ms (Xeon, Python, min of 30).
+template <int kTokens, int kChunks>
+LLMCORE_AVX2 inline __attribute__((always_inline)) void offset_tile(const QuantizedRows& x, const PackedWeight& w,
+                                                                    int64_t t, int64_t n, float* y) {
+  const int64_t blocks = w.k / kBlock;
+  const float* o = w.offsets + (n / 8) * blocks * 8;
+  __m256 sum[kTokens][kChunks];
+  for (int i = 0; i < kTokens; ++i)
+    for (int c = 0; c < kChunks; ++c) sum[i][c] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < blocks; ++g) {
+    __m256 ov[kChunks];
+    for (int c = 0; c < kChunks; ++c) ov[c] = _mm256_loadu_ps(o + c * blocks * 8 + g * 8);
+    for (int i = 0; i < kTokens; ++i) {
+      const __m256 mean = _mm256_set1_ps(x.means[(t + i) * blocks + g]);
+      for (int c = 0; c < kChunks; ++c) sum[i][c] = _mm256_fmadd_ps(ov[c], mean, sum[i][c]);
+    }
+  }
+  for (int i = 0; i < kTokens; ++i)
+    for (int c = 0; c < kChunks; ++c) {
+      float* yt = y + (t + i) * w.n + n + 8 * c;
+      _mm256_storeu_ps(yt, _mm256_add_ps(_mm256_loadu_ps(yt), sum[i][c]));
+    }
+}
+
+template <int kChunks>
+LLMCORE_AVX2 inline __attribute__((always_inline)) void offset_chunks(const QuantizedRows& x, const PackedWeight& w,
+                                                                      int64_t n, float* y) {
+  int64_t t = 0;
+  for (; t + 4 <= x.m; t += 4) offset_tile<4, kChunks>(x, w, t, n, y);
+  for (; t < x.m; ++t) offset_tile<1, kChunks>(x, w, t, n, y);
+}
+
 LLMCORE_AVX2 void add_block_offsets_avx2(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin,
                                          int64_t n_end, float* y) {
-  const int64_t blocks = w.k / kBlock;
   const auto fused = [](float a, float b, float c) LLMCORE_AVX2 { return std::fma(a, b, c); };
   int64_t n = n_begin;
   for (; n < n_end && n % 8 != 0; ++n) offset_row(x, w, n, y, fused);
-  for (; n + 8 <= n_end; n += 8) {
-    const float* o = w.offsets + (n / 8) * blocks * 8;
-    int64_t t = 0;
-    for (; t + 4 <= x.m; t += 4) {
-      __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-      for (int64_t g = 0; g < blocks; ++g) {
-        const __m256 ov = _mm256_loadu_ps(o + g * 8);
-        for (int i = 0; i < 4; ++i)
-          sum[i] = _mm256_fmadd_ps(ov, _mm256_set1_ps(x.means[(t + i) * blocks + g]), sum[i]);
-      }
-      for (int i = 0; i < 4; ++i) {
-        float* yt = y + (t + i) * w.n + n;
-        _mm256_storeu_ps(yt, _mm256_add_ps(_mm256_loadu_ps(yt), sum[i]));
-      }
-    }
-    for (; t < x.m; ++t) {
-      __m256 sum = _mm256_setzero_ps();
-      for (int64_t g = 0; g < blocks; ++g)
-        sum = _mm256_fmadd_ps(_mm256_loadu_ps(o + g * 8), _mm256_set1_ps(x.means[t * blocks + g]), sum);
-      float* yt = y + t * w.n + n;
-      _mm256_storeu_ps(yt, _mm256_add_ps(_mm256_loadu_ps(yt), sum));
-    }
-  }
+  for (; n + 16 <= n_end; n += 16) offset_chunks<2>(x, w, n, y);
+  for (; n + 8 <= n_end; n += 8) offset_chunks<1>(x, w, n, y);
   for (; n < n_end; ++n) offset_row(x, w, n, y, fused);
 }
 #endif
