@@ -125,10 +125,15 @@ def llama3_rope_divisors(shape: Shape) -> np.ndarray:
 def random_q4_0(rows: int, cols: int, rng: np.random.Generator, std: float = 0.02) -> np.ndarray:
     """``rows x cols`` weights as Q4_0 blocks of 32 (18 bytes: a float16 scale ``d``, then 16
     bytes of 4-bit codes ``q``, weight = d * (q - 8)), drawn directly: codes uniform, so a
-    weight's spread is ``d * 4.6``, with ``d`` near ``std / 4.6``."""
+    weight's spread is ``|d| * 4.6``, with ``|d|`` near ``std / 4.6``. ``d`` is negative in
+    half the blocks, as in the files llama.cpp writes (``d = max / -8``, the sign of the
+    block's largest value): llmcore's export holds such a block as a positive scale and an
+    offset, which cost a real Q4_0 model's prefill a sixth more than blocks drawn with
+    positive scales only, as this function drew them until 2026-12-04 (docs/performance.md)."""
     blocks = rows * cols // 32
     out = np.empty((blocks, 18), dtype=np.uint8)
-    d = (std / 4.6 * rng.uniform(0.8, 1.2, size=blocks)).astype(np.float16)
+    sign = rng.choice(np.array([-1.0, 1.0]), size=blocks)
+    d = (sign * std / 4.6 * rng.uniform(0.8, 1.2, size=blocks)).astype(np.float16)
     out[:, :2] = d.view(np.uint8).reshape(blocks, 2)
     out[:, 2:] = rng.integers(0, 256, size=(blocks, 16), dtype=np.uint8)
     return out.reshape(rows, cols // 32 * 18)
