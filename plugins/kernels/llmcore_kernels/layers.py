@@ -195,7 +195,10 @@ def stacked_offsets(linears: list[nn.Module], interleave: bool = False) -> Optio
     """The linears' ``offset_weight`` rows one after another (zeros for a linear without), or
     the rows of two interleaved as ``gate_up``'s are, in the kernel's layout ``[ceil(rows/8),
     in/32, 8]`` (csrc/int4_gemm.h: eight rows side by side, zeros past the last); None when
-    none has any."""
+    none has any. In bfloat16 where every offset is a bfloat16 value (a Q4_0 file's, which
+    are its negative scales: PackedWeight::offsets_bf16), which the kernels widen to the same
+    floats: a float32 offset a block was 4 bytes beside the block's 18, a real Q4_0 model's
+    program 1.22x its file (Llama-3.2-1B's shape, docs/performance.md)."""
     if all(getattr(p, "offset_weight", None) is None for p in linears):
         return None
     rows = [p.offset_weight.detach().float() if p.offset_weight is not None
@@ -204,7 +207,9 @@ def stacked_offsets(linears: list[nn.Module], interleave: bool = False) -> Optio
     n, blocks = stacked.shape
     padded = torch.zeros((n + 7) // 8 * 8, blocks)
     padded[:n] = stacked
-    return padded.view(-1, 8, blocks).transpose(1, 2).contiguous()
+    offsets = padded.view(-1, 8, blocks).transpose(1, 2).contiguous()
+    bf16 = offsets.to(torch.bfloat16)
+    return bf16 if torch.equal(bf16.float(), offsets) else offsets
 
 
 def _is_block(module: nn.Module) -> bool:

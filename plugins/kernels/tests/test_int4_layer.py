@@ -171,7 +171,7 @@ def test_the_operators_check_their_inputs(ops):
     with pytest.raises(RuntimeError, match="qkv_bias's last size must be 128"):
         torch.ops.llmcore.int4_norm_qkv_rope(x, layer.attention_norm, 1e-5, layer.qkv, layer.qkv_scales,
                                              layer.qkv_sums, torch.zeros(96), None, cos, sin, 4, 2)
-    with pytest.raises(RuntimeError, match=r"qkv's offsets must be a float32 \[16, 2, 8\]"):
+    with pytest.raises(RuntimeError, match=r"qkv's offsets must be a float32 \(or bfloat16\) \[16, 2, 8\]"):
         torch.ops.llmcore.int4_norm_qkv_rope(x, layer.attention_norm, 1e-5, layer.qkv, layer.qkv_scales,
                                              layer.qkv_sums, None, torch.zeros(2, 128), cos, sin, 4, 2)
     with pytest.raises(RuntimeError, match="residual must hold one row per row of x"):
@@ -227,6 +227,40 @@ def test_the_output_layer_on_the_kernel_computes_what_its_module_computes(ops, k
     torch.ops.llmcore.int4_linear.out(x, kernel.w, kernel.w_scales, kernel.w_sums, kernel.w_bias, kernel.w_offsets,
                                       out=out)
     assert torch.equal(out, got)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_q4_0s_negative_scales_reach_the_kernel_as_bfloat16_offsets(ops, rows):
+    """A Q4_0 block with a negative scale d is held as |d| (~q) + |d| (XNNPACK takes positive
+    scales): its offset is a bfloat16 value, and the kernel takes such offsets as bfloat16 (half
+    float32's bytes), widened to the same floats: the output is the float32 offsets' bit for
+    bit, and the module's up to the order of the sums."""
+    from llmcore_kernels.layers import KernelLinear
+    from llmcore_xnnpack import qlinear
+
+    g = torch.Generator().manual_seed(rows)
+    q = torch.randint(-8, 8, (320, 480), dtype=torch.int8, generator=g)
+    sign = torch.where(torch.rand(320, 15, generator=g) < 0.5, -1.0, 1.0)
+    linear = qlinear.BlockInt4Linear(q, sign * (torch.rand(320, 15, generator=g) * 0.02 + 0.005))
+    assert linear.offset_weight is not None  # the negative scales' offsets
+    kernel = KernelLinear(linear)
+    assert kernel.w_offsets.dtype == torch.bfloat16
+    x = torch.randn(1, rows, 480, generator=g)
+    with torch.no_grad():
+        got, want = kernel(x), linear(x)
+    as_float = torch.ops.llmcore.int4_linear(x, kernel.w, kernel.w_scales, kernel.w_sums, None,
+                                             kernel.w_offsets.float())
+    assert torch.equal(got, as_float)
+    assert float((got - want).norm() / want.norm()) < 1e-5
+    # offsets that are not bfloat16 values (a Q4_1's minima) stay float32
+    assert KernelLinear(quantized_linear("offsets", cols=480)).w_offsets.dtype == torch.float32
+
+
+@pytest.mark.parametrize("view", ["avx2", "sse4"])
+def test_bfloat16_offsets_in_every_isa_view(kernel_library, passes_in_isa_view, view):
+    """The offsets' AVX2 loads widen bfloat16 by a shift, the portable loop by one value at a
+    time: the same test again in a process whose kernels see only the view's instruction sets."""
+    passes_in_isa_view(view, __file__, "negative_scales_reach_the_kernel")
 
 
 def test_the_output_layer_operator_checks_its_inputs(ops):
