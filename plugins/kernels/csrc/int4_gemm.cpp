@@ -320,12 +320,6 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
 
 namespace {
 
-// The offset term for rows [n_begin, n_end) of every token (int4_gemm.h, PackedWeight::offsets:
-// eight rows' offsets of a block side by side). Each output is summed over the blocks in
-// order from zero with one multiply-add a block (fused in the AVX2 build, a multiply and
-// an add in the portable one, the same on every path of a build), then added to y: the same
-// floats however the rows are split among threads. Whole chunks of eight rows go in tiles
-// of tokens and chunks (offset_tile).
 // An offset as a float, from float32 or bfloat16 storage (PackedWeight::offsets_bf16).
 inline float offset_value(float o) { return o; }
 inline float offset_value(uint16_t o) {
@@ -342,6 +336,12 @@ inline const float* offsets_of<float>(const PackedWeight& w) { return w.offsets;
 template <>
 inline const uint16_t* offsets_of<uint16_t>(const PackedWeight& w) { return w.offsets_bf16; }
 
+// The offset term for rows [n_begin, n_end) of every token (int4_gemm.h, PackedWeight::offsets:
+// eight rows' offsets of a block side by side). Each output is summed over the blocks in
+// order from zero with one multiply-add a block (fused in the AVX2 build, a multiply and
+// an add in the portable one, the same on every path of a build), then added to y: the same
+// floats however the rows are split among threads. Whole chunks of eight rows go in tiles
+// of tokens and chunks (offset_tile).
 template <typename Offset, typename MulAdd>
 inline __attribute__((always_inline)) void offset_row(const QuantizedRows& x, const PackedWeight& w, int64_t n,
                                                       float* y, MulAdd mul_add) {
@@ -356,17 +356,17 @@ inline __attribute__((always_inline)) void offset_row(const QuantizedRows& x, co
 }
 
 #if LLMCORE_HAVE_X86
-// kTokens tokens by kChunks chunks of eight rows, from row n (n % 8 == 0): a running sum a
-// register, each block's offsets loaded once for the tokens and each mean once for the
-// chunks. Four tokens by two chunks keep eight sums going where four tokens by one chunk
-// kept four, each waiting on its last multiply-add: a 66-token prefill of SmolLM2's Q4_1
-// program 45.9-46.3 -> 44.3-45.1 ms (Xeon, Python, min of 30).
 LLMCORE_AVX2 inline __m256 load_offsets(const float* o) { return _mm256_loadu_ps(o); }
 LLMCORE_AVX2 inline __m256 load_offsets(const uint16_t* o) {  // bfloat16: the float's upper half
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
+// kTokens tokens by kChunks chunks of eight rows, from row n (n % 8 == 0): a running sum a
+// register, each block's offsets loaded once for the tokens and each mean once for the
+// chunks. Four tokens by two chunks keep eight sums going where four tokens by one chunk
+// kept four, each waiting on its last multiply-add: a 66-token prefill of SmolLM2's Q4_1
+// program 45.9-46.3 -> 44.3-45.1 ms (Xeon, Python, min of 30).
 template <typename Offset, int kTokens, int kChunks>
 LLMCORE_AVX2 inline __attribute__((always_inline)) void offset_tile(const QuantizedRows& x, const PackedWeight& w,
                                                                     int64_t t, int64_t n, float* y) {
