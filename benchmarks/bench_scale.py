@@ -245,8 +245,9 @@ def measure_size(name: str, args, bandwidth_gbs: float) -> dict:
             short[label].append(checked(pte, run(args.prompt_tokens), args.prompt_tokens, f"{name} ({label})"))
             long[label].append(checked(pte, run(args.long_prompt), args.long_prompt, f"{name} ({label}, long prompt)"))
     for label in runs:
-        row[label] = median_runs(short[label]) | {"prefill_long_tok_s": median_runs(long[label]).get("prefill_tok_s"),
-                                                  "refused_long": median_runs(long[label]).get("refused")}
+        long_run = median_runs(long[label])
+        row[label] = median_runs(short[label]) | {"prefill_long_tok_s": long_run.get("prefill_tok_s"),
+                                                  "refused_long": long_run.get("refused")}
     row["python_over_cpp"] = paired_ratios(short["python"], short["c++"], long["python"], long["c++"])
     if args.llama_cpp != "off":
         print(f"# {name}: llama.cpp ...", file=sys.stderr, flush=True)

@@ -160,9 +160,7 @@ void int4_linear_add_forward(const float* x, int64_t rows, const int4::PackedWei
   y.resize(rows * w.n);
   float* yv = y.data();
   gemm_all(rounded.round(x, rows, parallel, w), w, yv, parallel, [&](int64_t n_begin, int64_t n_end) {
-    // residual first, then the product: the order of `residual + linear(x)` in the module
-    for (int64_t t = 0; t < rows; ++t)
-      for (int64_t c = n_begin; c < n_end; ++c) out[t * w.n + c] = residual[t * w.n + c] + yv[t * w.n + c];
+    add_residual_columns(residual, yv, rows, w.n, n_begin, n_end, out);  // residual + linear(x)
   });
 }
 
@@ -228,9 +226,7 @@ void int4_layer_norm_ffn_add_forward(const float* h, int64_t rows, const LayerNo
   });
   const int4::QuantizedRows qh = rounded_hidden.round(hv, rows, parallel, w.down);
   gemm_all(qh, w.down, dv, parallel, [&](int64_t n_begin, int64_t n_end) {
-    // residual first, then the MLP's output (its bias in it): the order of `h + mlp(ln(h))`
-    for (int64_t t = 0; t < rows; ++t)
-      for (int64_t n = n_begin; n < n_end; ++n) out[t * dim + n] = h[t * dim + n] + dv[t * dim + n];
+    add_residual_columns(h, dv, rows, dim, n_begin, n_end, out);  // h + mlp(ln(h)), its bias in mlp's output
   });
 }
 
@@ -262,6 +258,17 @@ bool optional_vector(const std::optional<Tensor>& t, int64_t size, const float**
   if (!rows_of(*t, size) || t->dim() != 1) return false;
   *data = t->const_data_ptr<float>();
   return true;
+}
+
+// One projection's tensors (et::projection's), its block offsets and bias into *pw, or why not.
+const char* projection_with_bias(const Tensor& w, const Tensor& scales, const Tensor& sums,
+                                 const std::optional<Tensor>& bias, const std::optional<Tensor>& offsets,
+                                 int4::PackedWeight* pw) {
+  const char* why = et::projection(w, scales, sums, pw);
+  if (why == nullptr) why = et::block_offsets(offsets, pw);
+  if (why == nullptr && !optional_vector(bias, pw->n, &pw->bias))
+    why = "its bias must be a contiguous float32 vector of its rows";
+  return why;
 }
 
 // `out` resized to `base`'s sizes with its last one replaced by `last` (one size or more).
@@ -329,11 +336,8 @@ void linear_residual(KernelRuntimeContext& ctx, const char* op, const Tensor& x,
                      const Tensor* norm_weight, double eps, const Tensor& residual, Tensor& out,
                      const std::optional<Tensor>& w_bias = std::nullopt) {
   int4::PackedWeight pw{};
-  const char* why = et::projection(w, w_scales, w_sums, &pw);
-  if (why == nullptr) why = et::block_offsets(w_offsets, &pw);
+  const char* why = projection_with_bias(w, w_scales, w_sums, w_bias, w_offsets, &pw);
   ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "%s: w: %s", op, why);
-  ET_KERNEL_CHECK_MSG(ctx, optional_vector(w_bias, pw.n, &pw.bias), InvalidArgument, ,
-                      "%s: w_bias must be a contiguous float32 vector of w's rows", op);
   if (norm_weight != nullptr) {
     why = float_vector(*norm_weight, pw.n);
     ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "%s: %s", op, why);
@@ -408,14 +412,8 @@ Tensor& int4_linear_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor
                         const Tensor& w_sums, const std::optional<Tensor>& w_bias,
                         const std::optional<Tensor>& w_offsets, Tensor& out) {
   int4::PackedWeight pw{};
-  const char* why = et::projection(w, w_scales, w_sums, &pw);
-  if (why == nullptr) why = et::block_offsets(w_offsets, &pw);
+  const char* why = projection_with_bias(w, w_scales, w_sums, w_bias, w_offsets, &pw);
   ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, out, "llmcore::int4_linear: w: %s", why);
-  if (w_bias.has_value()) {
-    ET_KERNEL_CHECK_MSG(ctx, rows_of(*w_bias, pw.n) && w_bias->dim() == 1, InvalidArgument, out,
-                        "llmcore::int4_linear: w_bias must be a contiguous float32 vector of w's rows");
-    pw.bias = w_bias->const_data_ptr<float>();
-  }
   ET_KERNEL_CHECK_MSG(ctx, rows_of(x, pw.k), InvalidArgument, out,
                       "llmcore::int4_linear: x must be contiguous float32 rows of w's in-features (%lld)",
                       (long long)pw.k);
@@ -478,17 +476,6 @@ Tensor& int4_linear_bias_add_out(KernelRuntimeContext& ctx, const Tensor& x, con
 }
 
 namespace {
-
-// One projection's tensors (et::projection's), its block offsets and bias into *pw, or why not.
-const char* projection_with_bias(const Tensor& w, const Tensor& scales, const Tensor& sums,
-                                 const std::optional<Tensor>& bias, const std::optional<Tensor>& offsets,
-                                 int4::PackedWeight* pw) {
-  const char* why = et::projection(w, scales, sums, pw);
-  if (why == nullptr) why = et::block_offsets(offsets, pw);
-  if (why == nullptr && !optional_vector(bias, pw->n, &pw->bias))
-    why = "its bias must be a contiguous float32 vector of its rows";
-  return why;
-}
 
 // A LayerNorm's weight, optional bias and eps into *norm, or why not.
 const char* layer_norm_of(const Tensor& weight, const std::optional<Tensor>& bias, double eps, int64_t dim,

@@ -141,6 +141,12 @@ void activate(GluActivation activation, float* y, int64_t count) {
   for (; j < count; ++j) y[j] = act1(activation, y[j]);
 }
 
+void add_residual_columns(const float* residual, const float* y, int64_t rows, int64_t width, int64_t n_begin,
+                          int64_t n_end, float* out) {
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t n = n_begin; n < n_end; ++n) out[t * width + n] = residual[t * width + n] + y[t * width + n];
+}
+
 int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, const ParallelFor& parallel,
                                        const int4::PackedWeight& w, const RangeWork& prepare) {
   const int64_t k = w.k;
@@ -227,9 +233,7 @@ void int4_mlp_forward(const float* x, int64_t rows, const Int4MlpWeights& w, flo
   down.resize(rows * dim);
   float* dv = down.data();
   gemm_all(qh, w.down, dv, parallel, [&](int64_t n_begin, int64_t n_end) {
-    // residual first, then the MLP's output: the order of `h + mlp(norm(h))` in the module
-    for (int64_t t = 0; t < rows; ++t)
-      for (int64_t n = n_begin; n < n_end; ++n) out[t * dim + n] = residual[t * dim + n] + dv[t * dim + n];
+    add_residual_columns(residual, dv, rows, dim, n_begin, n_end, out);  // h + mlp(norm(h))
   });
 }
 

@@ -36,6 +36,12 @@ LLMCORE_KERNELS_CXX_API const char* glu_activation(std::string_view name, GluAct
 // y[j] = act(y[j]) for j in [0, count): the activation of a plain (not gated) MLP, GPT-2's.
 LLMCORE_KERNELS_CXX_API void activate(GluActivation activation, float* y, int64_t count);
 
+// out[t, n] = residual[t, n] + y[t, n] for every row t of [rows, width] matrices and n in
+// [n_begin, n_end): a `finish` (gemm_all) that adds a layer's input back, residual first, the
+// order of `h + f(h)` in the modules. out may be residual.
+LLMCORE_KERNELS_CXX_API void add_residual_columns(const float* residual, const float* y, int64_t rows, int64_t width,
+                                                  int64_t n_begin, int64_t n_end, float* out);
+
 struct Int4MlpWeights {
   int4::PackedWeight gate_up;  // [2 * hidden, dim]: row 2j gate's row j, row 2j + 1 up's
   int4::PackedWeight down;     // [dim, hidden]

@@ -29,7 +29,7 @@ from torch import nn
 
 from llmcore.modules import CausalAttention, LayerNorm
 from llmcore_kernels import mlp
-from llmcore_kernels.layers import ACTIVATIONS, CHECK_TOLERANCE, stacked_offsets
+from llmcore_kernels.layers import ACTIVATIONS, CHECK_TOLERANCE, stacked_bias, stacked_offsets
 from llmcore_xnnpack.qlinear import relative_error
 
 PARTS = ("ln_1", "attn", "ln_2", "mlp")
@@ -47,13 +47,6 @@ def qkv_linears(attention: nn.Module) -> list[nn.Module]:
     fused = attention.c_attn
     parts = [getattr(fused, n, None) for n in ("q", "k", "v")]
     return parts if all(p is not None for p in parts) else [fused]
-
-
-def _bias(linears: list[nn.Module]) -> Optional[nn.Parameter]:
-    """The linears' biases stacked as their rows are, or None when they have none."""
-    if linears[0].bias is None:
-        return None
-    return nn.Parameter(torch.cat([p.bias.detach().float() for p in linears]).contiguous(), requires_grad=False)
 
 
 class KernelLayerNormBlock(nn.Module):
@@ -76,7 +69,7 @@ class KernelLayerNormBlock(nn.Module):
                               ("up", [block.mlp.c_fc]), ("down", [block.mlp.c_proj])):
             mlp.register_linears(self, name, linears)
             self.register_buffer(f"{name}_offsets", stacked_offsets(linears))
-            setattr(self, f"{name}_bias", _bias(linears))
+            setattr(self, f"{name}_bias", stacked_bias(linears))
         self.activation = ACTIVATIONS[block.mlp.activation]
 
     def _projection(self, name: str) -> tuple:

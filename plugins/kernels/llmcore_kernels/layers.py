@@ -77,9 +77,7 @@ class KernelLayer(nn.Module):
         self.register_buffer("ffn_norm", block.ffn_norm.weight.detach().float().contiguous())
         stacked = [attention.wq, attention.wk, attention.wv]  # q's rows, then k's, then v's
         mlp.register_linears(self, "qkv", stacked)
-        biases = [p.bias for p in stacked]
-        self.qkv_bias = None if biases[0] is None else nn.Parameter(
-            torch.cat([b.detach().float() for b in biases]).contiguous(), requires_grad=False)
+        self.qkv_bias = stacked_bias(stacked)
         mlp.register_linears(self, "wo", [attention.wo])
         gate, up, down = mlp.projections(block.feed_forward)
         mlp.register_mlp(self, gate, up, down)
@@ -179,8 +177,7 @@ class KernelLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         mlp.register_linears(self, "w", [linear])
         self.register_buffer("w_offsets", stacked_offsets([linear]))
-        self.w_bias = None if linear.bias is None else nn.Parameter(
-            linear.bias.detach().float().contiguous(), requires_grad=False)
+        self.w_bias = stacked_bias([linear])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.llmcore.int4_linear.default(
@@ -189,6 +186,14 @@ class KernelLinear(nn.Module):
     def extra_repr(self) -> str:
         kind = "int8 rows" if self.w.dtype == torch.int8 else f"int4 blocks of {mlp.BLOCK}"
         return f"{self.in_features}, {self.out_features}, {kind}"
+
+
+def stacked_bias(linears: list[nn.Module]) -> Optional[nn.Parameter]:
+    """The linears' biases one after another, as their rows are stacked, or None when they have
+    none (the callers' checks require all or none)."""
+    if linears[0].bias is None:
+        return None
+    return nn.Parameter(torch.cat([p.bias.detach().float() for p in linears]).contiguous(), requires_grad=False)
 
 
 def stacked_offsets(linears: list[nn.Module], interleave: bool = False) -> Optional[torch.Tensor]:
