@@ -320,64 +320,42 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
 
 namespace {
 
-// An offset as a float, from float32 or bfloat16 storage (PackedWeight::offsets_bf16).
-inline float offset_value(float o) { return o; }
-inline float offset_value(uint16_t o) {
-  const uint32_t bits = static_cast<uint32_t>(o) << 16;
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
-
-template <typename Offset>
-inline const Offset* offsets_of(const PackedWeight& w);
-template <>
-inline const float* offsets_of<float>(const PackedWeight& w) { return w.offsets; }
-template <>
-inline const uint16_t* offsets_of<uint16_t>(const PackedWeight& w) { return w.offsets_bf16; }
-
 // The offset term for rows [n_begin, n_end) of every token (int4_gemm.h, PackedWeight::offsets:
 // eight rows' offsets of a block side by side). Each output is summed over the blocks in
 // order from zero with one multiply-add a block (fused in the AVX2 build, a multiply and
 // an add in the portable one, the same on every path of a build), then added to y: the same
 // floats however the rows are split among threads. Whole chunks of eight rows go in tiles
 // of tokens and chunks (offset_tile).
-template <typename Offset, typename MulAdd>
+template <typename MulAdd>
 inline __attribute__((always_inline)) void offset_row(const QuantizedRows& x, const PackedWeight& w, int64_t n,
                                                       float* y, MulAdd mul_add) {
   const int64_t blocks = w.k / kBlock;
-  const Offset* o = offsets_of<Offset>(w) + (n / 8) * blocks * 8 + n % 8;
+  const float* o = w.offsets + (n / 8) * blocks * 8 + n % 8;
   for (int64_t t = 0; t < x.m; ++t) {
     const float* means = x.means + t * blocks;
     float sum = 0.0f;
-    for (int64_t g = 0; g < blocks; ++g) sum = mul_add(offset_value(o[g * 8]), means[g], sum);
+    for (int64_t g = 0; g < blocks; ++g) sum = mul_add(o[g * 8], means[g], sum);
     y[t * w.n + n] += sum;
   }
 }
 
 #if LLMCORE_HAVE_X86
-LLMCORE_AVX2 inline __m256 load_offsets(const float* o) { return _mm256_loadu_ps(o); }
-LLMCORE_AVX2 inline __m256 load_offsets(const uint16_t* o) {  // bfloat16: the float's upper half
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-
 // kTokens tokens by kChunks chunks of eight rows, from row n (n % 8 == 0): a running sum a
 // register, each block's offsets loaded once for the tokens and each mean once for the
 // chunks. Four tokens by two chunks keep eight sums going where four tokens by one chunk
 // kept four, each waiting on its last multiply-add: a 66-token prefill of SmolLM2's Q4_1
 // program 45.9-46.3 -> 44.3-45.1 ms (Xeon, Python, min of 30).
-template <typename Offset, int kTokens, int kChunks>
+template <int kTokens, int kChunks>
 LLMCORE_AVX2 inline __attribute__((always_inline)) void offset_tile(const QuantizedRows& x, const PackedWeight& w,
                                                                     int64_t t, int64_t n, float* y) {
   const int64_t blocks = w.k / kBlock;
-  const Offset* o = offsets_of<Offset>(w) + (n / 8) * blocks * 8;
+  const float* o = w.offsets + (n / 8) * blocks * 8;
   __m256 sum[kTokens][kChunks];
   for (int i = 0; i < kTokens; ++i)
     for (int c = 0; c < kChunks; ++c) sum[i][c] = _mm256_setzero_ps();
   for (int64_t g = 0; g < blocks; ++g) {
     __m256 ov[kChunks];
-    for (int c = 0; c < kChunks; ++c) ov[c] = load_offsets(o + c * blocks * 8 + g * 8);
+    for (int c = 0; c < kChunks; ++c) ov[c] = _mm256_loadu_ps(o + c * blocks * 8 + g * 8);
     for (int i = 0; i < kTokens; ++i) {
       const __m256 mean = _mm256_set1_ps(x.means[(t + i) * blocks + g]);
       for (int c = 0; c < kChunks; ++c) sum[i][c] = _mm256_fmadd_ps(ov[c], mean, sum[i][c]);
@@ -390,44 +368,38 @@ LLMCORE_AVX2 inline __attribute__((always_inline)) void offset_tile(const Quanti
     }
 }
 
-template <typename Offset, int kChunks>
+template <int kChunks>
 LLMCORE_AVX2 inline __attribute__((always_inline)) void offset_chunks(const QuantizedRows& x, const PackedWeight& w,
                                                                       int64_t n, float* y) {
   int64_t t = 0;
-  for (; t + 4 <= x.m; t += 4) offset_tile<Offset, 4, kChunks>(x, w, t, n, y);
-  for (; t < x.m; ++t) offset_tile<Offset, 1, kChunks>(x, w, t, n, y);
+  for (; t + 4 <= x.m; t += 4) offset_tile<4, kChunks>(x, w, t, n, y);
+  for (; t < x.m; ++t) offset_tile<1, kChunks>(x, w, t, n, y);
 }
 
-template <typename Offset>
 LLMCORE_AVX2 void add_block_offsets_avx2(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin,
                                          int64_t n_end, float* y) {
   const auto fused = [](float a, float b, float c) LLMCORE_AVX2 { return std::fma(a, b, c); };
   int64_t n = n_begin;
-  for (; n < n_end && n % 8 != 0; ++n) offset_row<Offset>(x, w, n, y, fused);
-  for (; n + 16 <= n_end; n += 16) offset_chunks<Offset, 2>(x, w, n, y);
-  for (; n + 8 <= n_end; n += 8) offset_chunks<Offset, 1>(x, w, n, y);
-  for (; n < n_end; ++n) offset_row<Offset>(x, w, n, y, fused);
+  for (; n < n_end && n % 8 != 0; ++n) offset_row(x, w, n, y, fused);
+  for (; n + 16 <= n_end; n += 16) offset_chunks<2>(x, w, n, y);
+  for (; n + 8 <= n_end; n += 8) offset_chunks<1>(x, w, n, y);
+  for (; n < n_end; ++n) offset_row(x, w, n, y, fused);
 }
 #endif
 
-template <typename Offset>
 void add_block_offsets_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end,
                                 float* y) {
   for (int64_t n = n_begin; n < n_end; ++n)
-    offset_row<Offset>(x, w, n, y, [](float a, float b, float c) { return a * b + c; });
+    offset_row(x, w, n, y, [](float a, float b, float c) { return a * b + c; });
 }
 
 }  // namespace
 
 void add_block_offsets(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y) {
-  const bool bf16 = w.offsets_bf16 != nullptr;
 #if LLMCORE_HAVE_X86
-  if (gemm_isa() != Isa::portable)
-    return bf16 ? add_block_offsets_avx2<uint16_t>(x, w, n_begin, n_end, y)
-                : add_block_offsets_avx2<float>(x, w, n_begin, n_end, y);
+  if (gemm_isa() != Isa::portable) return add_block_offsets_avx2(x, w, n_begin, n_end, y);
 #endif
-  bf16 ? add_block_offsets_portable<uint16_t>(x, w, n_begin, n_end, y)
-       : add_block_offsets_portable<float>(x, w, n_begin, n_end, y);
+  add_block_offsets_portable(x, w, n_begin, n_end, y);
 }
 
 void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y,

@@ -120,12 +120,6 @@ struct PackedWeight {
   const float* offsets = nullptr;
   Format format = Format::int4_blocks;
   const float* row_scales = nullptr;  // int8_rows: [n], float32
-  // The same offsets as bfloat16 bits, in place of `offsets`, where every one is a bfloat16
-  // value: a Q4_0 block with a negative scale d is held as |d| (~q) + |d| (XNNPACK takes
-  // positive scales), its offset |d| (times 32) as exact in bfloat16 as the scale. Half the
-  // bytes of float32, the same floats once widened.
-  const uint16_t* offsets_bf16 = nullptr;
-  bool has_offsets() const { return offsets != nullptr || offsets_bf16 != nullptr; }
 };
 
 // The largest k an int8_rows weight may have: its 32-bit sums stay exact below it.

@@ -150,7 +150,7 @@ void add_residual_columns(const float* residual, const float* y, int64_t rows, i
 int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, const ParallelFor& parallel,
                                        const int4::PackedWeight& w, const RangeWork& prepare) {
   const int64_t k = w.k;
-  const bool block_means = w.has_offsets(), arranged = w.format == int4::Format::int4_blocks;
+  const bool block_means = w.offsets != nullptr, arranged = w.format == int4::Format::int4_blocks;
   const int64_t blocks = k / int4::kBlock;
   a.resize(rows * k);
   scale.resize(rows);
@@ -185,7 +185,7 @@ int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, const Paral
 static void gemm_columns(const int4::QuantizedRows& x, const int4::PackedWeight& w, int64_t n_begin, int64_t n_end,
                          float* y) {
   int4::gemm_rows(x, w, n_begin, n_end, y);
-  if (w.has_offsets()) int4::add_block_offsets(x, w, n_begin, n_end, y);
+  if (w.offsets != nullptr) int4::add_block_offsets(x, w, n_begin, n_end, y);
 }
 
 // A prompt's columns of a weight with block offsets, in slices of this many: the offsets
@@ -202,7 +202,7 @@ void gemm_all(const int4::QuantizedRows& x, const int4::PackedWeight& w, float* 
               const RangeWork& finish) {
   parallel(0, (w.n + 1) / 2, [&](int64_t b, int64_t e) {
     const int64_t n_begin = 2 * b, n_end = std::min(2 * e, w.n);
-    const int64_t slice = x.m >= 2 && w.has_offsets() ? kPromptColumns : n_end - n_begin;
+    const int64_t slice = x.m >= 2 && w.offsets != nullptr ? kPromptColumns : n_end - n_begin;
     for (int64_t n = n_begin; n < n_end; n += slice) {
       const int64_t n_stop = std::min(n + slice, n_end);
       gemm_columns(x, w, n, n_stop, y);

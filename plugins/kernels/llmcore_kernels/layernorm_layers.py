@@ -29,7 +29,7 @@ from torch import nn
 
 from llmcore.modules import CausalAttention, LayerNorm
 from llmcore_kernels import mlp
-from llmcore_kernels.layers import ACTIVATIONS, CHECK_TOLERANCE, stacked_bias, stacked_offsets
+from llmcore_kernels.layers import ACTIVATIONS, CHECK_TOLERANCE, stacked_bias
 from llmcore_xnnpack.qlinear import relative_error
 
 PARTS = ("ln_1", "attn", "ln_2", "mlp")
@@ -68,7 +68,6 @@ class KernelLayerNormBlock(nn.Module):
         for name, linears in (("qkv", qkv_linears(attention)), ("wo", [attention.c_proj]),
                               ("up", [block.mlp.c_fc]), ("down", [block.mlp.c_proj])):
             mlp.register_linears(self, name, linears)
-            self.register_buffer(f"{name}_offsets", stacked_offsets(linears))
             setattr(self, f"{name}_bias", stacked_bias(linears))
         self.activation = ACTIVATIONS[block.mlp.activation]
 

@@ -81,13 +81,6 @@ class KernelLayer(nn.Module):
         mlp.register_linears(self, "wo", [attention.wo])
         gate, up, down = mlp.projections(block.feed_forward)
         mlp.register_mlp(self, gate, up, down)
-        # The blocks' offsets (a GGUF's Q4_1 and Q4_K minima; Q4_0's blocks with a negative
-        # scale), stacked as the rows are (csrc/int4_gemm.h's layout): None where no
-        # projection of a group has any.
-        self.register_buffer("qkv_offsets", stacked_offsets(stacked))
-        self.register_buffer("wo_offsets", stacked_offsets([attention.wo]))
-        self.register_buffer("gate_up_offsets", stacked_offsets([gate, up], interleave=True))
-        self.register_buffer("down_offsets", stacked_offsets([down]))
         # Qwen3's (and Gemma 3's) per-head norms of q and k, between the projection and RoPE:
         # int4_norm_qkv_rope places rotated columns as each thread finishes them, before a
         # head is whole, so these layers take the qkv GEMM (int4_linear) and norm and rotate
@@ -176,7 +169,6 @@ class KernelLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         mlp.register_linears(self, "w", [linear])
-        self.register_buffer("w_offsets", stacked_offsets([linear]))
         self.w_bias = stacked_bias([linear])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -194,27 +186,6 @@ def stacked_bias(linears: list[nn.Module]) -> Optional[nn.Parameter]:
     if linears[0].bias is None:
         return None
     return nn.Parameter(torch.cat([p.bias.detach().float() for p in linears]).contiguous(), requires_grad=False)
-
-
-def stacked_offsets(linears: list[nn.Module], interleave: bool = False) -> Optional[torch.Tensor]:
-    """The linears' ``offset_weight`` rows one after another (zeros for a linear without), or
-    the rows of two interleaved as ``gate_up``'s are, in the kernel's layout ``[ceil(rows/8),
-    in/32, 8]`` (csrc/int4_gemm.h: eight rows side by side, zeros past the last); None when
-    none has any. In bfloat16 where every offset is a bfloat16 value (a Q4_0 file's, which
-    are its negative scales: PackedWeight::offsets_bf16), which the kernels widen to the same
-    floats: a float32 offset a block was 4 bytes beside the block's 18, a real Q4_0 model's
-    program 1.22x its file (Llama-3.2-1B's shape, docs/performance.md)."""
-    if all(getattr(p, "offset_weight", None) is None for p in linears):
-        return None
-    rows = [p.offset_weight.detach().float() if p.offset_weight is not None
-            else torch.zeros(p.out_features, p.in_features // p.block) for p in linears]
-    stacked = mlp.interleave_rows(*rows) if interleave else torch.cat(rows)
-    n, blocks = stacked.shape
-    padded = torch.zeros((n + 7) // 8 * 8, blocks)
-    padded[:n] = stacked
-    offsets = padded.view(-1, 8, blocks).transpose(1, 2).contiguous()
-    bf16 = offsets.to(torch.bfloat16)
-    return bf16 if torch.equal(bf16.float(), offsets) else offsets
 
 
 def _is_block(module: nn.Module) -> bool:
@@ -295,7 +266,9 @@ def _swap_checked(model: nn.Module, match, why_not, build, same_function) -> tup
         # once it is built (llmcore.progress.heap_for_temporaries)
         with heap_for_temporaries(largest=WEIGHT_TEMPORARIES):
             built = None if reason else build(module)
-            reason = reason or same_function(module, built)
+            if reason is None:
+                with mlp.computing_as_the_kernels(module):
+                    reason = same_function(module, built)
         if reason is not None:
             kept.append(f"{names[id(module)]}: {reason}")
             return None

@@ -17,7 +17,8 @@ model with an MLP the kernel cannot take, rather than leave part of it to XNNPAC
 
 from __future__ import annotations
 
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
@@ -104,26 +105,105 @@ def register_int8(module: nn.Module, name: str, q: torch.Tensor, scales: torch.T
 
 def register_linears(module: nn.Module, name: str, linears: list[nn.Module], interleave: bool = False) -> None:
     """The linears' rows stacked (or, with ``interleave``, two linears' rows interleaved, as
-    ``gate_up``'s: :func:`interleave_rows`) into one projection's three buffers: int4 blocks
-    when they are :class:`BlockInt4Linear`, int8 rows when :class:`ChannelInt8Linear`."""
-
-    held_as_nibbles = all(isinstance(p, BlockInt4Linear) and p.q is None for p in linears)
-
-    def integers(p: nn.Module) -> torch.Tensor:
-        if held_as_nibbles:  # stacked and packed as they are, rows being rows either way
-            return p.q_nibbles
-        return p.integers() if isinstance(p, BlockInt4Linear) else p.q
-
-    def stacked(attr: str) -> torch.Tensor:
-        parts = [integers(p) if attr == "q" else getattr(p, attr) for p in linears]
-        if len(parts) == 1:  # the tensor itself, not a copy: a tied table's rows stay one tensor
-            return parts[0]
-        return interleave_rows(*parts) if interleave else torch.cat(parts)
+    ``gate_up``'s: :func:`interleave_rows`) into one projection's four buffers: int4 blocks
+    when they are :class:`BlockInt4Linear`, int8 rows when :class:`ChannelInt8Linear`, and
+    ``name_offsets`` (:func:`stacked_offsets`; None without any). An int4 linear's blocks are
+    taken in :func:`signed_form`: a Q4_0 file's negative scales are the kernels' again."""
 
     if all(isinstance(p, ChannelInt8Linear) for p in linears):
-        register_int8(module, name, stacked("q"), stacked("scales"))
+        parts = [(p.q, p.scales, None) for p in linears]
+    else:  # two to a byte where all are held so (rows are rows either way), else int8
+        held_as_nibbles = all(p.q is None for p in linears)
+        parts = [signed_form(p, held_as_nibbles) for p in linears]
+
+    def stacked(i: int) -> torch.Tensor:
+        tensors = [part[i] for part in parts]
+        if len(tensors) == 1:  # the tensor itself, not a copy: a tied table's rows stay one tensor
+            return tensors[0]
+        return interleave_rows(*tensors) if interleave else torch.cat(tensors)
+
+    if all(isinstance(p, ChannelInt8Linear) for p in linears):
+        register_int8(module, name, stacked(0), stacked(1))
     else:
-        register_packed(module, name, stacked("q"), stacked("scales"))
+        register_packed(module, name, stacked(0), stacked(1))
+    offsets = [part[2] for part in parts]
+    module.register_buffer(f"{name}_offsets", stacked_offsets(offsets, [p.out_features for p in linears],
+                                                             linears[0].in_features // BLOCK, interleave))
+
+
+def signed_form(p: BlockInt4Linear, nibbles: bool) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """``(integers, scales, offset_weight or None)`` of an int4 linear as the kernels take it.
+
+    XNNPACK takes positive scales only, so a :class:`BlockInt4Linear` made for it (int8
+    integers, or after ``unpack_()``) holds a Q4_0 block whose scale ``d`` is negative (about
+    half of a real model's: llama.cpp writes ``d = max / -8``) as ``|d| (~q) + |d|``, an
+    offset the size of its scale; held two to a byte it keeps ``d`` and ``q``. The kernels
+    multiply by a scale of either sign, so such a block (any block whose offset equals its
+    scale) goes back to ``d`` and ``q``: the same weights, without an offset to store (4
+    bytes a block beside its 18) and add (a prompt's pass over every block's mean: a sixth
+    of a real Q4_0's prefill, docs/performance.md, "Q4_0's negative scales"). The integers
+    are the module's (int8, or two to a byte with ``nibbles``: ``~`` of a byte is ``~`` of
+    both its nibbles); the offsets left, None when none is."""
+    q = p.q_nibbles if nibbles else p.integers()
+    offsets = p.offset_weight
+    if offsets is None:
+        return q, p.scales, None
+    offsets = offsets.detach()
+    flip = offsets == p.scales * p.block  # offset_weight is the offset times the block
+    if bool(flip.any()):
+        blocks = q.view(q.shape[0], flip.shape[1], -1)
+        q = torch.where(flip.unsqueeze(-1), torch.bitwise_not(blocks), blocks).view(q.shape)
+        scales = torch.where(flip, -p.scales, p.scales)
+        offsets = torch.where(flip, torch.zeros((), dtype=offsets.dtype), offsets)
+    else:
+        scales = p.scales
+    return q, scales, (offsets if bool(offsets.any()) else None)
+
+
+@contextmanager
+def computing_as_the_kernels(module: nn.Module) -> Iterator[None]:
+    """Every int4 linear under ``module`` in :func:`signed_form` while the block is open: the
+    eager reference a swap check compares the kernels with (``layers._swap_checked``).
+
+    Both forms hold the same weights, but a product differs by how the activations' int8
+    rounding meets them: a block's offset multiplies the fp32 activations, its integers the
+    rounded ones. On a real Q4_0 model's linears the two forms are equally far from the
+    fp32 product (0.7% on random inputs; the signed form a little nearer), 0.16% from each
+    other, which a layer's attention and gate amplify past the layer check's tolerance
+    (0.024-0.036 on SmolLM2's layers). Against its own form a kernel layer is a float
+    summation order away."""
+    kept = []
+    for p in module.modules():
+        if isinstance(p, BlockInt4Linear) and p.offset_weight is not None:
+            kept.append((p, p.q, p.q_nibbles, p.scales, p.offset_weight))
+            q, scales, offsets = signed_form(p, p.q is None)
+            if p.q is None:
+                p.q_nibbles = q
+            else:
+                p.q = q
+            p.scales = scales
+            p.offset_weight = None if offsets is None else nn.Parameter(offsets, requires_grad=False)
+    try:
+        yield
+    finally:
+        for p, q, q_nibbles, scales, offset_weight in kept:
+            p.q, p.q_nibbles, p.scales, p.offset_weight = q, q_nibbles, scales, offset_weight
+
+
+def stacked_offsets(offsets: list[Optional[torch.Tensor]], rows: list[int], blocks: int,
+                    interleave: bool = False) -> Optional[torch.Tensor]:
+    """Linears' ``offset_weight`` rows (``offsets``, None for a linear without; ``rows`` each
+    one's rows) one after another, or the rows of two interleaved as ``gate_up``'s are, in the
+    kernel's layout ``[ceil(rows/8), in/32, 8]`` (csrc/int4_gemm.h: eight rows side by side,
+    zeros past the last); None when none has any."""
+    if all(o is None for o in offsets):
+        return None
+    parts = [o.float() if o is not None else torch.zeros(n, blocks) for o, n in zip(offsets, rows)]
+    stacked = interleave_rows(*parts) if interleave else torch.cat(parts)
+    n = stacked.shape[0]
+    padded = torch.zeros((n + 7) // 8 * 8, blocks)
+    padded[:n] = stacked
+    return padded.view(-1, 8, blocks).transpose(1, 2).contiguous()
 
 
 def register_mlp(module: nn.Module, gate: nn.Module, up: nn.Module, down: nn.Module) -> None:
