@@ -257,7 +257,7 @@ def test_a_q4_0s_negative_scales_reach_the_kernels_as_the_file_holds_them(ops, n
     """A Q4_0 block with scale d < 0: held for XNNPACK (int8 integers) as |d| (~q) + |d|, held
     two to a byte as it is until unpack_() gives XNNPACK's form; the kernels take d and q
     (mlp.signed_form) from either: the same weights bit for bit, no offsets left. A Q4_1-like
-    weight keeps its offsets, but for a block whose offset equals its scale (the same identity)."""
+    weight keeps its form whole, even a block whose offset equals its scale."""
     from llmcore_kernels import mlp
     from llmcore_xnnpack import qlinear
 
@@ -283,12 +283,12 @@ def test_a_q4_0s_negative_scales_reach_the_kernels_as_the_file_holds_them(ops, n
     linear.unpack_()  # what the kernels leave goes to XNNPACK: positive scales, the same weights
     assert linear.offset_weight is not None and bool((linear.scales > 0).all()) and linear.scales.dtype == torch.float32
     assert linear.q is not None and torch.equal(linear.weight_values(), want)
-    # offsets of their own (Q4_1's minima), one block's equal to its scale
+    # offsets of their own (Q4_1's minima), one block's equal to its scale: the form stays whole
     q1, scales1, offsets1 = qlinear.int4_blocks_affine(torch.randn(96, 320, generator=g) * 0.1 + 0.05, 32)
     offsets1[0, 0] = scales1.to(torch.bfloat16).float()[0, 0]
     affine = qlinear.BlockInt4Linear(q1, scales1, offsets1, nibbles=nibbles)
     form = mlp.signed_form(affine, nibbles)
-    assert form[2] is not None and float(form[2][0, 0]) == 0.0 and float(form[1][0, 0]) < 0
+    assert torch.equal(form[2], affine.offset_weight) and torch.equal(form[1], affine.scales)
     assert torch.equal(weights(form), affine.weight_values())
 
 
