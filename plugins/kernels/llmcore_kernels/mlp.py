@@ -110,7 +110,8 @@ def register_linears(module: nn.Module, name: str, linears: list[nn.Module], int
     ``name_offsets`` (:func:`stacked_offsets`; None without any). An int4 linear's blocks are
     taken in :func:`signed_form`: a Q4_0 file's negative scales are the kernels' again."""
 
-    if all(isinstance(p, ChannelInt8Linear) for p in linears):
+    int8 = all(isinstance(p, ChannelInt8Linear) for p in linears)
+    if int8:
         parts = [(p.q, p.scales, None) for p in linears]
     else:  # two to a byte where all are held so (rows are rows either way), else int8
         held_as_nibbles = all(p.q is None for p in linears)
@@ -122,7 +123,7 @@ def register_linears(module: nn.Module, name: str, linears: list[nn.Module], int
             return tensors[0]
         return interleave_rows(*tensors) if interleave else torch.cat(tensors)
 
-    if all(isinstance(p, ChannelInt8Linear) for p in linears):
+    if int8:
         register_int8(module, name, stacked(0), stacked(1))
     else:
         register_packed(module, name, stacked(0), stacked(1))
@@ -171,18 +172,21 @@ def computing_as_the_kernels(module: nn.Module) -> Iterator[None]:
     fp32 product (0.7% on random inputs; the signed form a little nearer), 0.16% from each
     other, which a layer's attention and gate amplify past the layer check's tolerance
     (0.024-0.036 on SmolLM2's layers). Against its own form a kernel layer is a float
-    summation order away."""
+    summation order away. A linear whose form the kernels keep (its offsets its own) is left
+    as it is."""
     kept = []
     for p in module.modules():
-        if isinstance(p, BlockInt4Linear) and p.offset_weight is not None:
-            kept.append((p, p.q, p.q_nibbles, p.scales, p.offset_weight))
-            q, scales, offsets = signed_form(p, p.q is None)
-            if p.q is None:
-                p.q_nibbles = q
-            else:
-                p.q = q
-            p.scales = scales
-            p.offset_weight = None if offsets is None else nn.Parameter(offsets, requires_grad=False)
+        if not (isinstance(p, BlockInt4Linear) and p.offset_weight is not None):
+            continue
+        q, scales, offsets = signed_form(p, p.q is None)
+        if offsets is not None:
+            continue
+        kept.append((p, p.q, p.q_nibbles, p.scales, p.offset_weight))
+        if p.q is None:
+            p.q_nibbles = q
+        else:
+            p.q = q
+        p.scales, p.offset_weight = scales, None
     try:
         yield
     finally:

@@ -221,9 +221,7 @@ class BlockInt4Linear(nn.Module):
         self.register_buffer("scales", (scales.to(torch.bfloat16) if nibbles else scales).contiguous())
         # the zero points XNNPACK's pattern names (all 0: the integers are symmetric), made with q
         self.register_buffer("zeros", None if nibbles else torch.zeros(scales.shape, dtype=torch.int8))
-        # The offset term's weight, ``offsets * block``: it multiplies block means (see forward).
-        self.offset_weight = None if offsets is None else nn.Parameter(
-            (offsets.float() * self.block).contiguous(), requires_grad=False)
+        self.offset_weight = _offset_weight(offsets, self.block)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
     def weight_values(self, rows: slice = slice(None)) -> torch.Tensor:
@@ -246,8 +244,7 @@ class BlockInt4Linear(nn.Module):
             q, scales, offsets = _positive_scales(self.integers(), self.scales.float(), offsets, self.block)
             self.q, self.q_nibbles, self.scales = q.contiguous(), None, scales.contiguous()
             self.zeros = torch.zeros(scales.shape, dtype=torch.int8)
-            self.offset_weight = None if offsets is None else nn.Parameter(
-                (offsets.float() * self.block).contiguous(), requires_grad=False)
+            self.offset_weight = _offset_weight(offsets, self.block)
         return self
 
     def _int4_values(self, rows: slice = slice(None)) -> torch.Tensor:
@@ -291,6 +288,12 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     q[..., 0::2] = packed & 0x0F
     q[..., 1::2] = packed >> 4
     return q.view(torch.int8).sub_(8)
+
+
+def _offset_weight(offsets: Optional[torch.Tensor], block: int) -> Optional[nn.Parameter]:
+    """:class:`BlockInt4Linear`'s ``offset_weight``: ``offsets * block``, which multiplies the
+    activations' block means (see its forward); None without offsets."""
+    return None if offsets is None else nn.Parameter((offsets.float() * block).contiguous(), requires_grad=False)
 
 
 def _positive_scales(q: torch.Tensor, scales: torch.Tensor, offsets: Optional[torch.Tensor], block: int):
