@@ -179,6 +179,8 @@ int check() {
                         {64, 576, 576, false}, {19, 1536, 576, true}, {4, 2, 32, false},
                         {6, 10, 96, true},  // 96: an odd number of blocks
                         {5, 9, 480, false}, {2, 6, 224, true},  // groups of 8, 4, 2, 1; of 4, 2, 1
+                        // past the prompt tiles' rows: a tile of 3 tokens; row pairs and a last row
+                        {7, 23, 480, true},
                         // the largest sums a group's 16-bit lanes hold: 8 steps x 2 x 255 x -8 (or 7)
                         {4, 8, 512, false, -8}, {3, 5, 512, false, 7},
                         // the same extremes for a token or two (AVX2's int8 rows: the widened path)

@@ -230,10 +230,10 @@ void gemm_rows_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n
 
 #if LLMCORE_HAVE_X86
 // The tiles, once per instruction set (int4_gemm_tiles.inc). The prompt tiles' shapes are
-// the fastest of those benchmarks/int4_gemm_probe tried on SmolLM2's MLP (64 tokens, one
-// thread) over unpacked weight rows: AVX2 4 x 3, VNNI 3 x 4. int8 rows keep 3 x 3 on
-// AVX2, where 4 x 3 was slower, and 3 x 4 on VNNI (docs/performance.md, "Measurements
-// behind the code").
+// the fastest of those benchmarks/int4_gemm_probe tried on SmolLM2's linears (64 tokens,
+// one thread) over unpacked weight rows: AVX2 4 x 3; VNNI 4 x 6 in 512-bit registers (two
+// rows a register; 3 x 4 in 256-bit ones before). int8 rows keep 3 x 3 on AVX2, where
+// 4 x 3 was slower, and 3 x 4 on VNNI (docs/performance.md, "Measurements behind the code").
 namespace avx2 {
 #define INT4_TARGET LLMCORE_AVX2
 #define INT4_VNNI 0
@@ -247,8 +247,8 @@ namespace avx2 {
 namespace avx512_vnni {
 #define INT4_TARGET __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
 #define INT4_VNNI 1
-#define INT4_PROMPT_MR 3
-#define INT4_PROMPT_NR 4
+#define INT4_PROMPT_MR 4
+#define INT4_PROMPT_NR 6
 #define INT8_PROMPT_MR 3
 #define INT8_PROMPT_NR 4
 #include "int4_gemm_tiles.inc"  // undefines its parameters at its end

@@ -151,7 +151,7 @@ LLMCORE_INT4_API void pack_row(const int8_t* q, int64_t k, uint8_t* out);
 // loops), and int4_mlp its vectorised SiLU.
 bool uses_avx2();
 
-// Which code gemm_rows runs here: "AVX-512 VNNI" (vpdpbusd on 256-bit registers), "AVX2" or
+// Which code gemm_rows runs here: "AVX-512 VNNI" (vpdpbusd), "AVX2" or
 // "portable"; LLMCORE_KERNELS_MAX_ISA=avx2 or =portable caps it (llmcore/testing/isa_view.py).
 const char* gemm_isa_name();
 

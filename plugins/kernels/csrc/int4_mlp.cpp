@@ -194,7 +194,7 @@ static void gemm_columns(const int4::QuantizedRows& x, const int4::PackedWeight&
 // gate_up: 66 x 1536 columns, 396 KiB). A 66-token prefill of SmolLM2's Q4_1 program took
 // 43.5-43.7 ms against 44.3-45.1 in one pass (Xeon, Python, min of 30); without offsets the
 // slices cost 1-3% (37.9-38.5 against 36.9-37.3 ms), so such weights keep one pass. A
-// multiple of every tile's row count (3, 4) and of the offsets' 16, so that the tiles start
+// multiple of every tile's row count (3, 6) and of the offsets' 16, so that the tiles start
 // where they did without slices and compute the same floats.
 constexpr int64_t kPromptColumns = 48;
 
