@@ -4,7 +4,10 @@ For each model and variant it prints prefill tok/s, decode tok/s, time to first 
 peak RSS and file size, and the ratio of each speed to eager PyTorch (with the same KV
 cache). Every variant runs in its own process, so peak RSS is that variant's alone. It
 also measures memory bandwidth here and prints the bandwidth limit of each program:
-bandwidth / bytes of weights read per generated token.
+bandwidth / bytes of weights read per generated token. The bandwidth is measured at the
+start of every round, and a view's limit is the median of its rounds' figures: on a shared
+VM one measurement at the start was seen to read 35 or 64 GB/s from one run to the next
+(AVX-512 EPYC, 2026-12-04), which made "of limit" a figure of the moment of measuring.
 
     .venv/bin/python benchmarks/bench_decode.py --models gpt2,smollm2
     .venv/bin/python benchmarks/bench_decode.py --models gpt2 --variants eager,int8 --new-tokens 64
@@ -50,10 +53,12 @@ import argparse
 import functools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 from llmcore.testing import isa_view
 
@@ -436,15 +441,16 @@ def env_label(python: str) -> str:
     return f"et {out.stdout.strip()}"
 
 
-def measure(targets: list, rounds: int) -> list[dict]:
+def measure(targets: list, rounds: int, each_round: Optional[Callable[[], None]] = None) -> list[dict]:
     """Each (row, label, run) target ``rounds`` times, alternating, so that a change in machine
     load touches every target alike; per target its row with the medians, and the decode
-    speed of each round."""
-    import statistics
+    speed of each round. ``each_round`` is called at the start of every round."""
 
     runs: dict[int, list[dict]] = {}
     measured_in: dict[int, list[int]] = {}  # per target, the rounds it has a result from
     for round_index in range(rounds):
+        if each_round is not None:
+            each_round()
         for index, (base, label, run) in enumerate(targets):
             try:
                 stats = run()
@@ -480,7 +486,6 @@ def paired_ratio(row: dict, other: dict, key: str) -> float | None:
     other's in the same round. Rounds alternate the rows within seconds of each other, so a
     spell of the host slows both of a pair alike: on a VM whose speed moves by a third from
     one minute to the next, the ratio of a round's pair moves far less than either rate."""
-    import statistics
 
     theirs = dict(zip(other["rounds"], other[f"{key}_runs"]))
     ratios = [mine / theirs[i] for i, mine in zip(row["rounds"], row[f"{key}_runs"]) if i in theirs and theirs[i]]
@@ -639,6 +644,10 @@ def main() -> None:
             rows = model_rows(model, view, args, bandwidth, runners, other_pythons)
             results.extend(rows)
             print_table(model, view, rows, args)
+            measured = next((r["bandwidth_gbs_runs"] for r in rows if r.get("bandwidth_gbs_runs")), None)
+            if measured:
+                print(f"# memory read bandwidth at the start of each round: {' '.join(f'{b:.1f}' for b in measured)} "
+                      f"GB/s; the bw limits use their median, {statistics.median(measured):.1f}")
             print_targets(model, view, rows, cache)
         variants = args.variants.split(",")
         if "fp32-rmsnorm" in variants and "fp32" in variants and model in VARIANT_MODELS["fp32-rmsnorm"]:
@@ -655,7 +664,9 @@ def main() -> None:
 
 def model_rows(model: str, view: str, args, bandwidth: float, runners: list, other_pythons: list) -> list[dict]:
     """Every variant of ``model`` and its llama.cpp peers, on ISA view ``view``, measured in
-    alternating rounds; with their ratios to eager PyTorch and to llama.cpp's Q4_0."""
+    alternating rounds; with their ratios to eager PyTorch and to llama.cpp's Q4_0, and
+    their bandwidth limits from the median of the bandwidth measured at each round's start
+    (``bandwidth``, measured before the run, where no round ran)."""
     targets = []
     for variant in args.variants.split(","):
         if model not in VARIANT_MODELS.get(variant, (model,)):
@@ -669,7 +680,6 @@ def model_rows(model: str, view: str, args, bandwidth: float, runners: list, oth
             if view == "native":
                 targets.append((base, "python", lambda: run_worker("eager", model, args)))
             continue
-        base["bandwidth_limit_tok_s"] = bandwidth * 1e9 / weight_bytes_per_token(pte, model)
         base["pte"] = str(pte)  # for the runner rows' token check (refuse_wrong_rows)
         targets.append((base, "python", lambda pte=pte: run_worker(str(pte), model, args, view=view)))
         targets += [(base, f"python {label}", lambda pte=pte, py=py: run_worker(str(pte), model, args, py, view))
@@ -680,7 +690,13 @@ def model_rows(model: str, view: str, args, bandwidth: float, runners: list, oth
         targets += [(base, label, lambda pte=pte, r=runner: run_cpp_runner(r, pte, args, view))
                     for runner, label in runners]
     targets += llama_cpp_targets(model, view, args)
-    rows = measure(targets, args.repeat)
+    bandwidth_runs: list[float] = []  # GB/s at the start of each round
+    rows = measure(targets, args.repeat, each_round=lambda: bandwidth_runs.append(memory_bandwidth_gbs()))
+    bandwidth = statistics.median(bandwidth_runs) if bandwidth_runs else bandwidth
+    for r in rows:
+        if r.get("pte"):
+            r["bandwidth_limit_tok_s"] = bandwidth * 1e9 / weight_bytes_per_token(Path(r["pte"]), model)
+            r["bandwidth_gbs_runs"] = bandwidth_runs
     rows = refuse_wrong_rows(rows, lambda r: follow_runner(Path(r["pte"]), r, args, view,
                                                            label=f"{r['variant']} ({r['runner']})"))
     eager = next((r for r in rows if r["variant"] == "eager"), None)
@@ -828,7 +844,6 @@ def llama_cpp_targets(model: str, view: str, args) -> list:
 def fused_rmsnorm_ab(model: str, args) -> dict:
     """fp32 and fp32-rmsnorm run alternately (A B A B ...), Python and C++ runners: the
     median decode speed of each, measured under the same machine load."""
-    import statistics
 
     ptes = {v: export_program(model, v, Path(args.cache), args.max_seq_len) for v in ("fp32", "fp32-rmsnorm")}
     speeds: dict[tuple[str, str], list[float]] = {}

@@ -26,6 +26,22 @@ def scripted(rates: list[tuple[float, float] | None]):
     return run
 
 
+def test_each_round_starts_with_its_own_measurement_before_the_targets_run():
+    """The bandwidth is measured at the start of every round (bench_decode's bw limits take
+    the median of those), so a measurement and the round it stands for sit side by side."""
+    events = []
+
+    def target(name):
+        def run():
+            events.append(name)
+            return {"prefill_tok_s": 1.0, "decode_tok_s": 1.0}
+        return run
+
+    bench_decode.measure([({"variant": "a"}, "c++", target("a")), ({"variant": "b"}, "c++", target("b"))], 3,
+                         each_round=lambda: events.append("start"))
+    assert events == ["start", "a", "b"] * 3
+
+
 def test_a_failed_round_leaves_the_other_rounds_paired_with_their_own():
     ours = scripted([(100.0, 20.0), None, (90.0, 30.0), (120.0, 24.0)])
     peer = scripted([(50.0, 10.0), (80.0, 16.0), (60.0, 10.0), (40.0, 12.0)])
