@@ -233,7 +233,8 @@ void gemm_rows_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n
 // the fastest of those benchmarks/int4_gemm_probe tried on SmolLM2's linears (64 tokens,
 // one thread) over unpacked weight rows: AVX2 4 x 3; VNNI 4 x 6 in 512-bit registers (two
 // rows a register; 3 x 4 in 256-bit ones before). int8 rows keep 3 x 3 on AVX2, where
-// 4 x 3 was slower, and 3 x 4 on VNNI (docs/performance.md, "Measurements behind the code").
+// 4 x 3 was slower, and take 6 x 4 on VNNI, in 512-bit registers as well (3 x 4 in 256-bit
+// ones before; docs/performance.md, "Measurements behind the code").
 namespace avx2 {
 #define INT4_TARGET LLMCORE_AVX2
 #define INT4_VNNI 0
@@ -249,7 +250,7 @@ namespace avx512_vnni {
 #define INT4_VNNI 1
 #define INT4_PROMPT_MR 4
 #define INT4_PROMPT_NR 6
-#define INT8_PROMPT_MR 3
+#define INT8_PROMPT_MR 6
 #define INT8_PROMPT_NR 4
 #include "int4_gemm_tiles.inc"  // undefines its parameters at its end
 }  // namespace avx512_vnni
