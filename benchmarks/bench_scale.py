@@ -4,7 +4,8 @@ runtime and llama.cpp's llama-bench on the same file, one size after another in 
 
 Per size: export wall time and peak RSS (against the GGUF's size), the program's size, each
 runner's load time and peak RSS, prefill of a short and a long prompt, decode, and the
-decode bound memory bandwidth sets (the weights a step reads / the bandwidth measured here).
+decode bound memory bandwidth sets (the weights a step reads / the median of the bandwidth
+measured at the start of each round).
 Every runner's tokens are checked: the C++ runner's and the Python runtime's greedy ids must
 be Python's choices on the same program (``llmcore.runtime.agreement.follow``, up to a near
 tie), or the row is refused. Speed and memory depend on shapes, not values: random weights.
@@ -231,7 +232,6 @@ def measure_size(name: str, args, bandwidth_gbs: float) -> dict:
         return row
     bench_decode.EMBEDDINGS[name] = (shape.vocab, shape.dim)
     step_bytes = bench_decode.weight_bytes_per_token(pte, name)
-    row["bandwidth_limit_tok_s"] = bandwidth_gbs * 1e9 / step_bytes
     runner = Path(args.runner)
     runs = {"c++": lambda p: cpp_runner(runner, pte, p, args.new_tokens, args.isa_view),
             "python": lambda p: python_runtime(pte, p, args.new_tokens, args.isa_view)}
@@ -239,8 +239,12 @@ def measure_size(name: str, args, bandwidth_gbs: float) -> dict:
     # a round and the Python/C++ ratio is paired by round (as bench_decode's rows are).
     short = {label: [] for label in runs}
     long = {label: [] for label in runs}
+    # The bandwidth read at each round's start, the limit from their median (as bench_decode:
+    # one reading at the start of a run was not enough on a shared VM)
+    bandwidth_runs = []
     for round_ in range(args.repeat):
         print(f"# {name}: round {round_ + 1} of {args.repeat} ...", file=sys.stderr, flush=True)
+        bandwidth_runs.append(bench_decode.memory_bandwidth_gbs())
         for label, run in runs.items():
             short[label].append(checked(pte, run(args.prompt_tokens), args.prompt_tokens, f"{name} ({label})"))
             long[label].append(checked(pte, run(args.long_prompt), args.long_prompt, f"{name} ({label}, long prompt)"))
@@ -248,6 +252,8 @@ def measure_size(name: str, args, bandwidth_gbs: float) -> dict:
         long_run = median_runs(long[label])
         row[label] = median_runs(short[label]) | {"prefill_long_tok_s": long_run.get("prefill_tok_s"),
                                                   "refused_long": long_run.get("refused")}
+    row["bandwidth_gbs_runs"] = bandwidth_runs
+    row["bandwidth_limit_tok_s"] = statistics.median(bandwidth_runs or [bandwidth_gbs]) * 1e9 / step_bytes
     row["python_over_cpp"] = paired_ratios(short["python"], short["c++"], long["python"], long["c++"])
     if args.llama_cpp != "off":
         print(f"# {name}: llama.cpp ...", file=sys.stderr, flush=True)
@@ -382,6 +388,10 @@ def main() -> None:
     print(f"\n## cost by size ({args.prompt_tokens}- and {args.long_prompt}-token prompts, {args.new_tokens} new tokens, "
           f"greedy, median of {args.repeat} rounds alternating the runners; every runner's tokens checked against Python's)")
     print(table(rows, args))
+    for r in rows:
+        if r.get("bandwidth_gbs_runs"):
+            print(f"# {r['size']}: memory read bandwidth at each round's start "
+                  f"{' '.join(f'{b:.1f}' for b in r['bandwidth_gbs_runs'])} GB/s; its bw limit from their median")
     if args.plot:
         plot(rows, Path(args.plot))
 
