@@ -641,7 +641,7 @@ def main() -> None:
     results = []
     for model in args.models.split(","):
         for view in views:
-            rows = model_rows(model, view, args, bandwidth, runners, other_pythons)
+            rows = model_rows(model, view, args, runners, other_pythons)
             results.extend(rows)
             print_table(model, view, rows, args)
             measured = next((r["bandwidth_gbs_runs"] for r in rows if r.get("bandwidth_gbs_runs")), None)
@@ -662,11 +662,10 @@ def main() -> None:
         )
 
 
-def model_rows(model: str, view: str, args, bandwidth: float, runners: list, other_pythons: list) -> list[dict]:
+def model_rows(model: str, view: str, args, runners: list, other_pythons: list) -> list[dict]:
     """Every variant of ``model`` and its llama.cpp peers, on ISA view ``view``, measured in
     alternating rounds; with their ratios to eager PyTorch and to llama.cpp's Q4_0, and
-    their bandwidth limits from the median of the bandwidth measured at each round's start
-    (``bandwidth``, measured before the run, where no round ran)."""
+    their bandwidth limits from the median of the bandwidth measured at each round's start."""
     targets = []
     for variant in args.variants.split(","):
         if model not in VARIANT_MODELS.get(variant, (model,)):
@@ -692,10 +691,10 @@ def model_rows(model: str, view: str, args, bandwidth: float, runners: list, oth
     targets += llama_cpp_targets(model, view, args)
     bandwidth_runs: list[float] = []  # GB/s at the start of each round
     rows = measure(targets, args.repeat, each_round=lambda: bandwidth_runs.append(memory_bandwidth_gbs()))
-    bandwidth = statistics.median(bandwidth_runs) if bandwidth_runs else bandwidth
-    for r in rows:
+    for r in rows:  # (a row exists only where a round ran, so bandwidth_runs is not empty)
         if r.get("pte"):
-            r["bandwidth_limit_tok_s"] = bandwidth * 1e9 / weight_bytes_per_token(Path(r["pte"]), model)
+            r["bandwidth_limit_tok_s"] = statistics.median(bandwidth_runs) * 1e9 / weight_bytes_per_token(
+                Path(r["pte"]), model)
             r["bandwidth_gbs_runs"] = bandwidth_runs
     rows = refuse_wrong_rows(rows, lambda r: follow_runner(Path(r["pte"]), r, args, view,
                                                            label=f"{r['variant']} ({r['runner']})"))

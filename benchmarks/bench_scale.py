@@ -216,7 +216,7 @@ def llama_cpp(gguf: Path, prompt_tokens: int, long_prompt: int, new_tokens: int,
     return result
 
 
-def measure_size(name: str, args, bandwidth_gbs: float) -> dict:
+def measure_size(name: str, args) -> dict:
     shape = real_shapes.SHAPES[name]
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
@@ -253,7 +253,7 @@ def measure_size(name: str, args, bandwidth_gbs: float) -> dict:
         row[label] = median_runs(short[label]) | {"prefill_long_tok_s": long_run.get("prefill_tok_s"),
                                                   "refused_long": long_run.get("refused")}
     row["bandwidth_gbs_runs"] = bandwidth_runs
-    row["bandwidth_limit_tok_s"] = statistics.median(bandwidth_runs or [bandwidth_gbs]) * 1e9 / step_bytes
+    row["bandwidth_limit_tok_s"] = statistics.median(bandwidth_runs) * 1e9 / step_bytes
     row["python_over_cpp"] = paired_ratios(short["python"], short["c++"], long["python"], long["c++"])
     if args.llama_cpp != "off":
         print(f"# {name}: llama.cpp ...", file=sys.stderr, flush=True)
@@ -382,7 +382,7 @@ def main() -> None:
         llamacpp_peer.build_llama_bench()
     rows = []
     for name in sizes:
-        rows.append(measure_size(name, args, bandwidth))
+        rows.append(measure_size(name, args))
         if args.json:  # kept as the run goes: a later size killed for memory loses nothing
             Path(args.json).write_text(json.dumps({"bandwidth_gbs": bandwidth, "rows": rows}, indent=2))
     print(f"\n## cost by size ({args.prompt_tokens}- and {args.long_prompt}-token prompts, {args.new_tokens} new tokens, "
