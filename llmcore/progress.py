@@ -95,6 +95,7 @@ TEMPORARIES_THRESHOLD = 4 * 2**20
 # heap_for_temporaries(largest=...) for a scope around one weight's work (see there)
 WEIGHT_TEMPORARIES = 64 * 2**20
 _temporaries_depth = 0
+_temporaries_largest = 0  # the outermost open scope's ``largest``
 _heap_limited = False  # whether limit_heap_fragmentation set the threshold in this process
 
 
@@ -127,12 +128,13 @@ def heap_for_temporaries(give_back: bool = True, largest: int = TEMPORARIES_THRE
     file, a backend packing it), gives :data:`WEIGHT_TEMPORARIES`: its row slices are tens of
     MiB, and as fresh mappings their page faults took about as much time as the work itself
     (docs/performance.md, "Measurements behind the code")."""
-    global _temporaries_depth
+    global _temporaries_depth, _temporaries_largest
     libc = _libc()
     if libc is None or not _heap_limited:
         yield
         return
     if _temporaries_depth == 0:
+        _temporaries_largest = largest
         libc.mallopt(M_MMAP_THRESHOLD, largest)
         # and a temporary freed at the top of the heap stays there for the next one, where
         # free() would otherwise hand anything over 128 KiB back at once
@@ -147,6 +149,19 @@ def heap_for_temporaries(give_back: bool = True, largest: int = TEMPORARIES_THRE
             libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
             if give_back:
                 libc.malloc_trim(0)
+
+
+def before_own_mapping(nbytes: int) -> None:
+    """Call before allocating ``nbytes`` that a :func:`heap_for_temporaries` scope leaves to a
+    mapping of their own (``nbytes`` >= its ``largest``): the heap's free pages go back first.
+
+    Why: within a scope the heap keeps what its temporaries freed, for the next ones; a large
+    allocation cannot reuse those pages and would be resident beside them. A calibration pass
+    over a 1B model in the file reads each layer's weights as heap temporaries, then the output
+    layer's 1 GiB of floats: without this the export's peak rose by about 400 MiB
+    (docs/performance.md, "Measurements behind the code")."""
+    if _temporaries_depth and nbytes >= _temporaries_largest:
+        return_free_memory()
 
 
 def return_free_memory() -> None:

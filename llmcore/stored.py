@@ -35,6 +35,8 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from llmcore.progress import before_own_mapping
+
 _FORMS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
@@ -173,6 +175,16 @@ def any_in_file(module: torch.nn.Module) -> bool:
     return any(isinstance(_FORMS.get(p), FileWeight) for p in module.parameters())
 
 
+def layer_read_bytes(module: torch.nn.Module) -> int:
+    """The most bytes one read of a weight of ``module`` still in the file takes as floats,
+    the largest weight set aside: a pass over the model (:func:`read_while_running`) reads
+    each layer's weights, then drops them for the next layer's, and can serve them from the
+    heap's reused pages (:func:`llmcore.progress.heap_for_temporaries`); the largest weight
+    (a vocabulary's table, read once a pass) keeps a mapping of its own. 0 for none in the file."""
+    sizes = sorted({p.numel() * 4 for p in module.parameters() if isinstance(_FORMS.get(p), FileWeight)})
+    return sizes[-2] if len(sizes) > 1 else 0
+
+
 def float_rows(weight: torch.Tensor) -> "torch.Tensor | FloatRows":
     """``weight`` as something read by rows (``w[a:b]``, ``w.shape``): the tensor itself, or
     for a weight still in the file a :class:`FloatRows` that reads those rows only."""
@@ -218,13 +230,17 @@ def read_while_running(module: torch.nn.Module):
     a time instead of the model's. Outside the block such modules refuse to run as before."""
     handles = []
 
-    def read(owner: torch.nn.Module, _args) -> None:
+    def read(owner: torch.nn.Module, args) -> None:
         kept = owner.__dict__.setdefault("_llmcore_in_file", {})
         for name, param in list(owner.named_parameters(recurse=False)):
             form = _FORMS.get(param)
             if isinstance(form, FileWeight):
                 kept[name] = param
-                floats = form.read_floats(slice(None)).to(param.dtype)
+                if type(owner) is torch.nn.Embedding and name == "weight":
+                    floats = _rows_looked_up(form, args[0], param.dtype)
+                else:
+                    before_own_mapping(param.numel() * 4)  # read as fp32
+                    floats = form.read_floats(slice(None)).to(param.dtype)
                 setattr(owner, name, torch.nn.Parameter(floats, requires_grad=False))
 
     def release(owner: torch.nn.Module, _args, _output) -> None:
@@ -241,6 +257,24 @@ def read_while_running(module: torch.nn.Module):
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _rows_looked_up(form: FileWeight, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An embedding table of ``form``'s shape holding the rows ``ids`` look up, read from the
+    file; its other rows are left unwritten (their pages never touched), which the lookup of
+    ``ids`` never reads. A 1B's tied table is 1 GiB as floats, read whole for each calibration
+    pass before, where a pass of 461 tokens looks up at most 461 rows."""
+    table = torch.empty(form.shape, dtype=dtype)
+    wanted = torch.unique(ids.detach().reshape(-1)).tolist()
+    start = 0
+    while start < len(wanted):  # runs of consecutive ids in one read each
+        stop = start + 1
+        while stop < len(wanted) and wanted[stop] == wanted[stop - 1] + 1:
+            stop += 1
+        first, last = wanted[start], wanted[stop - 1] + 1
+        table[first:last] = form.read_floats(slice(first, last)).to(dtype)
+        start = stop
+    return table
 
 
 def materialize(module: torch.nn.Module) -> list[str]:

@@ -60,3 +60,37 @@ def test_temporaries_reuse_pages_only_inside_the_scope():
     # 1 MiB temporary freed below a small allocation made meanwhile leaves such a chunk
     # behind (CI saw one serve all 200 1 MiB temporaries after the scope: 511 faults).
     assert result["outside_again"] >= 200 * 600, result
+
+
+_BEFORE_OWN_MAPPING = r"""
+import json
+import torch
+from llmcore import progress
+
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+progress.limit_heap_fragmentation()
+result = {}
+with progress.heap_for_temporaries(largest=64 * 2**20):
+    layers = [torch.ones(8 * 2**18) for _ in range(12)]  # a pass's layer reads: 96 MiB on the heap
+    del layers  # freed, kept for the next layer's
+    result["held"] = rss_mib()
+    progress.before_own_mapping(16 * 2**20)  # small enough for the heap: nothing handed back
+    result["small"] = rss_mib()
+    progress.before_own_mapping(256 * 2**20)  # an output layer's floats: the free pages go first
+    result["large"] = rss_mib()
+progress.before_own_mapping(256 * 2**20)  # outside a scope: nothing to do
+print(json.dumps(result))
+"""
+
+
+def test_free_heap_pages_go_back_before_an_allocation_too_large_for_the_heap():
+    """Within a scope the heap keeps what a layer's reads freed; a read too large for it (its
+    own mapping) would be resident beside those pages, so they are handed back first."""
+    done = subprocess.run([sys.executable, "-c", _BEFORE_OWN_MAPPING], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["small"] > result["held"] - 8, result
+    assert result["large"] < result["held"] - 80, result

@@ -16,11 +16,11 @@ from llmcore.builtins.kv_cache import caches_in_fp32
 from llmcore.errors import LlmcoreError, read_text_file, stage_errors
 from llmcore.pipeline.parity import buffers_restored
 from llmcore.plugins import Provided, Registry
-from llmcore.progress import heap_for_temporaries
+from llmcore.progress import TEMPORARIES_THRESHOLD, heap_for_temporaries
 from llmcore.recipe import check_plugin_options, meant_for
 from llmcore.runtime import captured_stderr
 from llmcore.records import Calibration, QuantizerRecipe
-from llmcore.stored import any_in_file, read_while_running
+from llmcore.stored import any_in_file, layer_read_bytes, read_while_running
 
 
 def resolve_recipe(name: Optional[str], options: dict, backends: list[str], registry: Registry):
@@ -140,6 +140,10 @@ def calibration_for(
         # over the cache), and each call's logits, [tokens, vocab], stay small: hundreds of
         # tokens in one call held their logits at the quantize stage's peak.
         per_call = CALIBRATION_CALL_TOKENS_IN_FILE if any_in_file(module) else CALIBRATION_CALL_TOKENS
+        # a layer's weights read from the file, a call's largest temporaries, reuse the heap's
+        # pages from layer to layer: as fresh mappings their page faults were a third of a 1B
+        # folder's 8da4w export (docs/performance.md, "Measurements behind the code")
+        largest = max(TEMPORARIES_THRESHOLD, layer_read_bytes(module) + 2**20)
         step = min(call_len, per_call) if use_kv_cache else call_len
         # weights the loader left in the file are read by each module as it runs, then let go
         # the float model: a cache of another type (--kv-cache-dtype) keeps fp32 meanwhile
@@ -149,7 +153,7 @@ def calibration_for(
                 tokens = torch.tensor([ids[start:start + step]], dtype=torch.long)
                 # the hooks' and searches' temporaries reuse heap pages within a call, and
                 # what a call leaves free goes back before the next
-                with heap_for_temporaries():
+                with heap_for_temporaries(largest=largest):
                     if use_kv_cache:
                         module(tokens, torch.tensor([start], dtype=torch.long))
                     else:

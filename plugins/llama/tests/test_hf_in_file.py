@@ -119,3 +119,29 @@ def test_a_file_cut_short_fails_at_load_in_one_line(tmp_path):
     weights.write_bytes(data[: len(data) - 1000])
     with pytest.raises(LlmcoreError, match="could not read .*model.safetensors as safetensors: .*beyond the end"):
         loaders.load_hf(folder, LoadOptions(max_seq_len=64, weights_in_file=True))
+
+
+def test_an_embedding_in_the_file_reads_only_the_rows_it_looks_up(tmp_path):
+    """A calibration pass reads each module's weights as it runs; the token table's lookup
+    needs only the rows of the ids it is given (a 1B's tied table is 1 GiB as floats). The
+    logits stay those of the float model, and the table's other reads are the output
+    layer's (tied: the same weight), whole."""
+    import dataclasses
+
+    folder = write_folder(tmp_path / "hf", torch.bfloat16, tie=True)
+    tokens = torch.tensor([[7, 3, 4, 90, 7, 5, 200]])
+    expected = loaders.load_hf(folder, LoadOptions(max_seq_len=64)).module(tokens)
+    module = loaders.load_hf(folder, LoadOptions(max_seq_len=64, weights_in_file=True)).module
+    table = module.tok_embeddings.weight
+    form = stored.record(table)
+    reads = []
+
+    def counted(rows: slice) -> torch.Tensor:
+        reads.append(rows)
+        return form.read_floats(rows)
+
+    stored.remember(table, dataclasses.replace(form, read_floats=counted))
+    with torch.no_grad(), stored.read_while_running(module):
+        logits = module(tokens)
+    assert torch.equal(logits, expected)
+    assert reads == [slice(3, 6), slice(7, 8), slice(90, 91), slice(200, 201), slice(None)]
