@@ -61,7 +61,8 @@ LLMCORE_THREADS_API bool kernel_threads_own();
 // int4_norm_mlp_add and int4_norm_glu_add) each time they run: the own threads from then
 // on, whatever kernel_threads_use_own said for the program. A program made of those layers
 // spends its time in llmcore's operators even where XNNPACK delegates run pieces between
-// them (RoPE's elementwise ops of q/k-norm layers, Gemma 2's soft-capped attention), and
+// them (Gemma 2's soft-capped attention; RoPE's elementwise ops of q/k-norm layers before
+// int4_norm_qkv_norm_rope), and
 // measured on a 2-core Xeon its decode was 45-55% faster on the own threads (Qwen3 and
 // Gemma 3 at SmolLM2's shape; Gemma 2 within 3%), where a program of XNNPACK layers with
 // llmcore::int4_mlp between them stays ~9% faster on ExecuTorch's pool. Neither runner can

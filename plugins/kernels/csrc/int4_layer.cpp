@@ -1,5 +1,6 @@
 // llmcore::int4_norm_qkv_rope.out, llmcore::int4_linear_add.out, llmcore::int4_norm_mlp_add.out:
-// a Llama layer's int4 projections, norms and residual adds (int4_layer.h says why), and
+// a Llama layer's int4 projections, norms and residual adds (int4_layer.h says why;
+// llmcore::int4_norm_qkv_norm_rope.out with Qwen3's and Gemma 3's per-head q/k norms), and
 // llmcore::int4_linear.out, the output layer after them; llmcore::int4_linear_norm_add.out and
 // llmcore::int4_norm_glu_add.out for layers with sandwich norms or a GeGLU MLP.
 //
@@ -122,6 +123,9 @@ const char* int4_norm_qkv_rope_shape_error(const Int4NormQkvRope& a, int64_t* he
   if (a.qkv.n % heads != 0 || (a.qkv.n / heads) % 2 != 0)
     return "qkv's rows must be (n_heads + 2 n_kv_heads) heads of an even width";
   if (!(a.eps >= 0.0) || !std::isfinite(a.eps)) return "eps must be finite and >= 0";
+  if ((a.q_norm == nullptr) != (a.k_norm == nullptr)) return "q_norm and k_norm come together";
+  if (a.q_norm != nullptr && (!(a.qk_eps >= 0.0) || !std::isfinite(a.qk_eps)))
+    return "qk_eps must be finite and >= 0";
   *head_dim = a.qkv.n / heads;
   return nullptr;
 }
@@ -140,11 +144,31 @@ void int4_norm_qkv_rope_forward(const float* h, int64_t rows, const Int4NormQkvR
     rms_norm(h + b * dim, e - b, dim, a.norm_weight, a.eps, nv + b * dim);
   });
   const int64_t q_width = a.n_heads * head_dim, kv_width = a.n_kv_heads * head_dim;
-  gemm_all(x, a.qkv, yv, parallel, [&](int64_t n_begin, int64_t n_end) {
-    for (int64_t t = 0; t < rows; ++t)
-      place_columns(yv + t * n, n_begin, n_end, q_width, kv_width, head_dim, cos + t * head_dim, sin + t * head_dim,
-                    q + t * q_width, k + t * kv_width, v + t * kv_width);
-  });
+  if (a.q_norm == nullptr) {
+    gemm_all(x, a.qkv, yv, parallel, [&](int64_t n_begin, int64_t n_end) {
+      for (int64_t t = 0; t < rows; ++t)
+        place_columns(yv + t * n, n_begin, n_end, q_width, kv_width, head_dim, cos + t * head_dim,
+                      sin + t * head_dim, q + t * q_width, k + t * kv_width, v + t * kv_width);
+    });
+    return;
+  }
+  // A head's norm needs all its columns, which several threads compute: the GEMM first,
+  // then each token's q and k heads normed in place and its row placed, the tokens split
+  // among the threads.
+  gemm_all(x, a.qkv, yv, parallel);
+  auto norm_and_place = [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      float* yt = yv + t * n;
+      rms_norm(yt, a.n_heads, head_dim, a.q_norm, a.qk_eps, yt);  // reads each value before it writes it
+      rms_norm(yt + q_width, a.n_kv_heads, head_dim, a.k_norm, a.qk_eps, yt + q_width);
+      place_columns(yt, 0, n, q_width, kv_width, head_dim, cos + t * head_dim, sin + t * head_dim, q + t * q_width,
+                    k + t * kv_width, v + t * kv_width);
+    }
+  };
+  if (rows == 1)
+    norm_and_place(0, 1);  // one token: not worth waking the pool
+  else
+    parallel(0, rows, norm_and_place);
 }
 
 void int4_linear_forward(const float* x, int64_t rows, const int4::PackedWeight& w, float* out,
@@ -286,45 +310,83 @@ Error resize_last(Tensor& out, const Tensor& base, std::initializer_list<int64_t
 // llmcore::int4_norm_qkv_rope.out(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales,
 //     Tensor qkv_sums, Tensor? qkv_bias, Tensor? qkv_offsets, Tensor cos, Tensor sin, int n_heads, int n_kv_heads,
 //     *, Tensor(a!) q, Tensor(b!) k, Tensor(c!) v) -> (Tensor(a!), Tensor(b!), Tensor(c!))
-void int4_norm_qkv_rope_out(KernelRuntimeContext& ctx, const Tensor& h, const Tensor& norm_weight, double eps,
-                            const Tensor& qkv, const Tensor& qkv_scales, const Tensor& qkv_sums,
-                            const Tensor* qkv_bias, const std::optional<Tensor>& qkv_offsets, const Tensor& cos,
-                            const Tensor& sin, int64_t n_heads, int64_t n_kv_heads, Tensor& q, Tensor& k, Tensor& v) {
+namespace {
+
+// The work of int4_norm_qkv_rope (q_norm null) and int4_norm_qkv_norm_rope, its checks named after `op`.
+void norm_qkv_rope(KernelRuntimeContext& ctx, const char* op, const Tensor& h, const Tensor& norm_weight, double eps,
+                   const Tensor& qkv, const Tensor& qkv_scales, const Tensor& qkv_sums, const Tensor* qkv_bias,
+                   const std::optional<Tensor>& qkv_offsets, const Tensor* q_norm, const Tensor* k_norm,
+                   double qk_eps, const Tensor& cos, const Tensor& sin, int64_t n_heads, int64_t n_kv_heads,
+                   Tensor& q, Tensor& k, Tensor& v) {
   Int4NormQkvRope a{};
   const char* why = et::projection(qkv, qkv_scales, qkv_sums, &a.qkv);
   if (why == nullptr) why = et::block_offsets(qkv_offsets, &a.qkv);
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "llmcore::int4_norm_qkv_rope: qkv: %s", why);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "%s: qkv: %s", op, why);
   if (qkv_bias != nullptr) {
     ET_KERNEL_CHECK_MSG(ctx, rows_of(*qkv_bias, a.qkv.n) && qkv_bias->dim() == 1, InvalidArgument, ,
-                        "llmcore::int4_norm_qkv_rope: qkv_bias must be a contiguous float32 vector of qkv's rows");
+                        "%s: qkv_bias must be a contiguous float32 vector of qkv's rows", op);
     a.qkv.bias = qkv_bias->const_data_ptr<float>();
   }
   a.eps = eps;
   a.n_heads = n_heads;
   a.n_kv_heads = n_kv_heads;
+  if (q_norm != nullptr) {
+    a.q_norm = q_norm->const_data_ptr<float>();
+    a.k_norm = k_norm->const_data_ptr<float>();
+    a.qk_eps = qk_eps;
+  }
   int64_t head_dim = 0;
   why = int4_norm_qkv_rope_shape_error(a, &head_dim);
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "llmcore::int4_norm_qkv_rope: %s", why);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "%s: %s", op, why);
   why = float_vector(norm_weight, a.qkv.k);
-  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "llmcore::int4_norm_qkv_rope: %s", why);
+  ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "%s: %s", op, why);
+  if (q_norm != nullptr) {
+    why = float_vector(*q_norm, head_dim);
+    if (why == nullptr) why = float_vector(*k_norm, head_dim);
+    ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "%s: q_norm, k_norm: %s", op, why);
+  }
   a.norm_weight = norm_weight.const_data_ptr<float>();
   ET_KERNEL_CHECK_MSG(ctx, rows_of(h, a.qkv.k), InvalidArgument, ,
-                      "llmcore::int4_norm_qkv_rope: h must be contiguous float32 rows of the model dimension (%lld)",
+                      "%s: h must be contiguous float32 rows of the model dimension (%lld)", op,
                       (long long)a.qkv.k);
   const int64_t rows = h.numel() / a.qkv.k;
   ET_KERNEL_CHECK_MSG(ctx, rows_of(cos, head_dim) && rows_of(sin, head_dim) && cos.numel() == rows * head_dim &&
                                sin.numel() == rows * head_dim,
-                      InvalidArgument, , "llmcore::int4_norm_qkv_rope: cos and sin must hold one float32 row of "
-                      "head_dim (%lld) per token", (long long)head_dim);
+                      InvalidArgument, , "%s: cos and sin must hold one float32 row of head_dim (%lld) per token", op,
+                      (long long)head_dim);
   ET_KERNEL_CHECK(ctx, resize_last(q, h, {n_heads, head_dim}) == Error::Ok, InvalidArgument, );
   ET_KERNEL_CHECK(ctx, resize_last(k, h, {n_kv_heads, head_dim}) == Error::Ok, InvalidArgument, );
   ET_KERNEL_CHECK(ctx, resize_last(v, h, {n_kv_heads, head_dim}) == Error::Ok, InvalidArgument, );
   ET_KERNEL_CHECK_MSG(ctx, rows_of(q, head_dim) && rows_of(k, head_dim) && rows_of(v, head_dim), InvalidArgument, ,
-                      "llmcore::int4_norm_qkv_rope: q, k and v must be contiguous float32");
+                      "%s: q, k and v must be contiguous float32", op);
   if (rows == 0) return;
   int4_norm_qkv_rope_forward(h.const_data_ptr<float>(), rows, a, cos.const_data_ptr<float>(),
                              sin.const_data_ptr<float>(), q.mutable_data_ptr<float>(), k.mutable_data_ptr<float>(),
                              v.mutable_data_ptr<float>(), et::runtime_parallel);
+}
+
+}  // namespace
+
+void int4_norm_qkv_rope_out(KernelRuntimeContext& ctx, const Tensor& h, const Tensor& norm_weight, double eps,
+                            const Tensor& qkv, const Tensor& qkv_scales, const Tensor& qkv_sums,
+                            const Tensor* qkv_bias, const std::optional<Tensor>& qkv_offsets, const Tensor& cos,
+                            const Tensor& sin, int64_t n_heads, int64_t n_kv_heads, Tensor& q, Tensor& k, Tensor& v) {
+  norm_qkv_rope(ctx, "llmcore::int4_norm_qkv_rope", h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias,
+                qkv_offsets, nullptr, nullptr, 0.0, cos, sin, n_heads, n_kv_heads, q, k, v);
+}
+
+// llmcore::int4_norm_qkv_norm_rope.out(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales,
+//     Tensor qkv_sums, Tensor? qkv_bias, Tensor? qkv_offsets, Tensor q_norm, Tensor k_norm, float qk_eps,
+//     Tensor cos, Tensor sin, int n_heads, int n_kv_heads, *, Tensor(a!) q, Tensor(b!) k, Tensor(c!) v)
+//     -> (Tensor(a!), Tensor(b!), Tensor(c!))
+void int4_norm_qkv_norm_rope_out(KernelRuntimeContext& ctx, const Tensor& h, const Tensor& norm_weight, double eps,
+                                 const Tensor& qkv, const Tensor& qkv_scales, const Tensor& qkv_sums,
+                                 const Tensor* qkv_bias, const std::optional<Tensor>& qkv_offsets,
+                                 const Tensor& q_norm, const Tensor& k_norm, double qk_eps, const Tensor& cos,
+                                 const Tensor& sin, int64_t n_heads, int64_t n_kv_heads, Tensor& q, Tensor& k,
+                                 Tensor& v) {
+  norm_qkv_rope(ctx, "llmcore::int4_norm_qkv_norm_rope", h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias,
+                qkv_offsets, &q_norm, &k_norm, qk_eps, cos, sin, n_heads, n_kv_heads, q, k, v);
 }
 
 namespace {
@@ -587,6 +649,32 @@ void int4_norm_qkv_rope_boxed(KernelRuntimeContext& ctx, Span<EValue*> stack) {
 
 const auto registered_norm_qkv_rope = executorch::runtime::register_kernel(
     executorch::runtime::Kernel("llmcore::int4_norm_qkv_rope.out", int4_norm_qkv_rope_boxed));
+
+// int4_norm_qkv_norm_rope's arguments: int4_norm_qkv_rope's with q_norm, k_norm and qk_eps
+// after qkv_offsets
+constexpr size_t kNormQkvNormRopeArgs = 18;
+constexpr char kNormQkvNormRopeKinds[kNormQkvNormRopeArgs + 1] = "TTDTTTOOTTDTTIITTT";
+
+void int4_norm_qkv_norm_rope_boxed(KernelRuntimeContext& ctx, Span<EValue*> stack) {
+  executorch::runtime::internal::EventTracerProfileOpScope scope(ctx.internal_event_tracer(),
+                                                                 "llmcore::int4_norm_qkv_norm_rope.out");
+  bool fits = stack.size() >= kNormQkvNormRopeArgs;
+  for (size_t i = 0; fits && i < kNormQkvNormRopeArgs; ++i) fits = has_kind(*stack[i], kNormQkvNormRopeKinds[i]);
+  ET_KERNEL_CHECK_MSG(ctx, fits, InvalidProgram, ,
+                      "llmcore::int4_norm_qkv_norm_rope.out: called with other arguments than this runtime's "
+                      "(a program from another llmcore-kernels): export it again");
+  const Tensor* qkv_bias = stack[6]->isNone() ? nullptr : &stack[6]->toTensor();
+  const std::optional<Tensor> qkv_offsets =
+      stack[7]->isNone() ? std::nullopt : std::optional<Tensor>(stack[7]->toTensor());
+  int4_norm_qkv_norm_rope_out(ctx, stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toDouble(),
+                              stack[3]->toTensor(), stack[4]->toTensor(), stack[5]->toTensor(), qkv_bias, qkv_offsets,
+                              stack[8]->toTensor(), stack[9]->toTensor(), stack[10]->toDouble(), stack[11]->toTensor(),
+                              stack[12]->toTensor(), stack[13]->toInt(), stack[14]->toInt(), stack[15]->toTensor(),
+                              stack[16]->toTensor(), stack[17]->toTensor());
+}
+
+const auto registered_norm_qkv_norm_rope = executorch::runtime::register_kernel(
+    executorch::runtime::Kernel("llmcore::int4_norm_qkv_norm_rope.out", int4_norm_qkv_norm_rope_boxed));
 
 }  // namespace
 

@@ -55,13 +55,19 @@ struct Int4NormQkvRope {
   int4::PackedWeight qkv;  // [(n_heads + 2 n_kv_heads) head_dim, dim]
   int64_t n_heads;
   int64_t n_kv_heads;
+  // Qwen3's and Gemma 3's per-head norms of q and k between the GEMM and RoPE
+  // (llmcore::int4_norm_qkv_norm_rope), [head_dim] each; null for none.
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  double qk_eps = 0.0;
 };
 
 // Why the shapes cannot be run, or nullptr; *head_dim is set when they can.
 LLMCORE_KERNELS_CXX_API const char* int4_norm_qkv_rope_shape_error(const Int4NormQkvRope& a, int64_t* head_dim);
 
 // h [rows, dim], cos and sin [rows, head_dim] (each row its token's position) ->
-// q [rows, n_heads, head_dim], k and v [rows, n_kv_heads, head_dim].
+// q [rows, n_heads, head_dim], k and v [rows, n_kv_heads, head_dim]. With q_norm and k_norm,
+// each q and k head is normed (llmcore::rms_norm's kernel) before it is rotated.
 LLMCORE_KERNELS_CXX_API void int4_norm_qkv_rope_forward(const float* h, int64_t rows, const Int4NormQkvRope& a,
                                                         const float* cos, const float* sin, float* q, float* k,
                                                         float* v, const ParallelFor& parallel);

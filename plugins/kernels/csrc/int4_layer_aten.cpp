@@ -1,4 +1,4 @@
-// PyTorch registration of llmcore::int4_norm_qkv_rope, llmcore::int4_linear_add,
+// PyTorch registration of llmcore::int4_norm_qkv_rope (and int4_norm_qkv_norm_rope), llmcore::int4_linear_add,
 // llmcore::int4_norm_mlp_add, llmcore::int4_linear, llmcore::int4_linear_norm_add,
 // llmcore::int4_norm_glu_add and GPT-2's three (int4_linear_bias_add, int4_layer_norm_linear,
 // int4_layer_norm_ffn_add) (schemas, CPU kernels), so that eager
@@ -68,12 +68,13 @@ std::vector<int64_t> last_replaced(const at::Tensor& base, std::initializer_list
   return sizes;
 }
 
-std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> int4_norm_qkv_rope_out(
-    const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
+// The work of int4_norm_qkv_rope (no q_norm) and int4_norm_qkv_norm_rope, its checks named after `op`.
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> norm_qkv_rope(
+    const char* op, const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
     const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const std::optional<at::Tensor>& qkv_bias,
-    const std::optional<at::Tensor>& qkv_offsets, const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads,
-    int64_t n_kv_heads, at::Tensor& q, at::Tensor& k, at::Tensor& v) {
-  constexpr const char* op = "llmcore::int4_norm_qkv_rope";
+    const std::optional<at::Tensor>& qkv_offsets, const std::optional<at::Tensor>& q_norm,
+    const std::optional<at::Tensor>& k_norm, double qk_eps, const at::Tensor& cos, const at::Tensor& sin,
+    int64_t n_heads, int64_t n_kv_heads, at::Tensor& q, at::Tensor& k, at::Tensor& v) {
   llmcore_kernels::Int4NormQkvRope a{};
   a.qkv = projection(op, "qkv", qkv, qkv_scales, qkv_sums);
   const at::Tensor offsets = block_offsets(op, "qkv", qkv_offsets, &a.qkv);
@@ -87,8 +88,23 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> int4_norm_qkv_rope_out(
   a.n_heads = n_heads;
   a.n_kv_heads = n_kv_heads;
   int64_t head_dim = 0;
+  at::Tensor held_q_norm, held_k_norm;
+  if (q_norm.has_value()) {
+    // their length is checked once head_dim is known, below; the pointers first, for the shape check
+    held_q_norm = q_norm->contiguous().to(at::kFloat);
+    held_k_norm = k_norm->contiguous().to(at::kFloat);
+    a.q_norm = held_q_norm.const_data_ptr<float>();
+    a.k_norm = held_k_norm.const_data_ptr<float>();
+    a.qk_eps = qk_eps;
+  }
   const char* why = llmcore_kernels::int4_norm_qkv_rope_shape_error(a, &head_dim);
   TORCH_CHECK(why == nullptr, op, ": ", why ? why : "");
+  if (q_norm.has_value()) {
+    held_q_norm = norm_weight_of(op, *q_norm, head_dim);
+    held_k_norm = norm_weight_of(op, *k_norm, head_dim);
+    a.q_norm = held_q_norm.const_data_ptr<float>();
+    a.k_norm = held_k_norm.const_data_ptr<float>();
+  }
   const at::Tensor w = norm_weight_of(op, norm_weight, a.qkv.k);
   a.norm_weight = w.const_data_ptr<float>();
   const at::Tensor hc = float_rows(op, "h", h, a.qkv.k);
@@ -109,6 +125,15 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> int4_norm_qkv_rope_out(
   return {q, k, v};
 }
 
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> int4_norm_qkv_rope_out(
+    const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
+    const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const std::optional<at::Tensor>& qkv_bias,
+    const std::optional<at::Tensor>& qkv_offsets, const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads,
+    int64_t n_kv_heads, at::Tensor& q, at::Tensor& k, at::Tensor& v) {
+  return norm_qkv_rope("llmcore::int4_norm_qkv_rope", h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias,
+                       qkv_offsets, std::nullopt, std::nullopt, 0.0, cos, sin, n_heads, n_kv_heads, q, k, v);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_norm_qkv_rope(
     const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
     const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const std::optional<at::Tensor>& qkv_bias,
@@ -117,6 +142,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_norm_qkv_rope(
   at::Tensor q = at::empty({0}, h.options()), k = at::empty({0}, h.options()), v = at::empty({0}, h.options());
   int4_norm_qkv_rope_out(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, qkv_offsets, cos, sin, n_heads,
                          n_kv_heads, q, k, v);
+  return {q, k, v};
+}
+
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> int4_norm_qkv_norm_rope_out(
+    const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
+    const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const std::optional<at::Tensor>& qkv_bias,
+    const std::optional<at::Tensor>& qkv_offsets, const at::Tensor& q_norm, const at::Tensor& k_norm, double qk_eps,
+    const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads, int64_t n_kv_heads, at::Tensor& q, at::Tensor& k,
+    at::Tensor& v) {
+  return norm_qkv_rope("llmcore::int4_norm_qkv_norm_rope", h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias,
+                       qkv_offsets, q_norm, k_norm, qk_eps, cos, sin, n_heads, n_kv_heads, q, k, v);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_norm_qkv_norm_rope(
+    const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
+    const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const std::optional<at::Tensor>& qkv_bias,
+    const std::optional<at::Tensor>& qkv_offsets, const at::Tensor& q_norm, const at::Tensor& k_norm, double qk_eps,
+    const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads, int64_t n_kv_heads) {
+  at::Tensor q = at::empty({0}, h.options()), k = at::empty({0}, h.options()), v = at::empty({0}, h.options());
+  int4_norm_qkv_norm_rope_out(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, qkv_offsets, q_norm, k_norm,
+                              qk_eps, cos, sin, n_heads, n_kv_heads, q, k, v);
   return {q, k, v};
 }
 
@@ -380,6 +426,15 @@ TORCH_LIBRARY_FRAGMENT(llmcore, m) {
       "Tensor qkv_sums, Tensor? qkv_bias, Tensor? qkv_offsets, Tensor cos, Tensor sin, int n_heads, "
       "int n_kv_heads, *, Tensor(a!) q, Tensor(b!) k, Tensor(c!) v) -> (Tensor(a!), Tensor(b!), Tensor(c!))");
   m.def(
+      "int4_norm_qkv_norm_rope(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales, "
+      "Tensor qkv_sums, Tensor? qkv_bias, Tensor? qkv_offsets, Tensor q_norm, Tensor k_norm, float qk_eps, "
+      "Tensor cos, Tensor sin, int n_heads, int n_kv_heads) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "int4_norm_qkv_norm_rope.out(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales, "
+      "Tensor qkv_sums, Tensor? qkv_bias, Tensor? qkv_offsets, Tensor q_norm, Tensor k_norm, float qk_eps, "
+      "Tensor cos, Tensor sin, int n_heads, int n_kv_heads, *, Tensor(a!) q, Tensor(b!) k, Tensor(c!) v) "
+      "-> (Tensor(a!), Tensor(b!), Tensor(c!))");
+  m.def(
       "int4_linear_add(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_offsets, Tensor residual) "
       "-> Tensor");
   m.def(
@@ -448,6 +503,8 @@ TORCH_LIBRARY_IMPL(llmcore, CPU, m) {
   m.impl("int4_layer_norm_ffn_add.out", TORCH_FN(int4_layer_norm_ffn_add_out));
   m.impl("int4_norm_qkv_rope", TORCH_FN(int4_norm_qkv_rope));
   m.impl("int4_norm_qkv_rope.out", TORCH_FN(int4_norm_qkv_rope_out));
+  m.impl("int4_norm_qkv_norm_rope", TORCH_FN(int4_norm_qkv_norm_rope));
+  m.impl("int4_norm_qkv_norm_rope.out", TORCH_FN(int4_norm_qkv_norm_rope_out));
   m.impl("int4_linear_add", TORCH_FN(int4_linear_add));
   m.impl("int4_linear_add.out", TORCH_FN(int4_linear_add_out));
   m.impl("int4_linear", TORCH_FN(int4_linear));

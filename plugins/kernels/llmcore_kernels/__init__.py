@@ -39,6 +39,7 @@ __version__ = "0.1.0"
 # Runtime operator names the native library registers (kept here, not in .ops, so that
 # listing plugins does not load the library).
 OPS = ("llmcore::rms_norm.out", "llmcore::int4_mlp.out", "llmcore::int4_norm_qkv_rope.out",
+       "llmcore::int4_norm_qkv_norm_rope.out",
        "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out", "llmcore::int4_linear.out",
        "llmcore::int4_linear_norm_add.out", "llmcore::int4_norm_glu_add.out", "llmcore::int4_linear_bias_add.out",
        "llmcore::int4_layer_norm_linear.out", "llmcore::int4_layer_norm_ffn_add.out")

@@ -22,8 +22,8 @@ XNNPACK.
 A layer qualifies when it is a pre-norm Llama block (``attention_norm``, ``attention`` with
 ``wq wk wv wo`` and an ``attn`` submodule, ``ffn_norm``, ``feed_forward``), its norms RMSNorms
 (post-norms too, when it has them), its MLP's activation SiLU or the tanh GELU, q/k norms only
-as RMSNorms over each head (Qwen3's: those layers norm and rotate their heads after the qkv
-GEMM, :meth:`KernelLayer._qkv_with_head_norms`), its MLP one :mod:`.mlp` takes, every
+as RMSNorms over each head (Qwen3's and Gemma 3's: those layers' first step is
+``llmcore::int4_norm_qkv_norm_rope``, which norms each head before RoPE), its MLP one :mod:`.mlp` takes, every
 projection int4 with blocks of 32 (with or without per-block offsets) or int8 per channel (the
 operators' int8 rows; one kind for q, k and v, one for gate and up), no outlier split, no bias
 but on q, k and v (Qwen2's), and when on a random input (with a plain causal attention in place
@@ -82,9 +82,7 @@ class KernelLayer(nn.Module):
         gate, up, down = mlp.projections(block.feed_forward)
         mlp.register_mlp(self, gate, up, down)
         # Qwen3's (and Gemma 3's) per-head norms of q and k, between the projection and RoPE:
-        # int4_norm_qkv_rope places rotated columns as each thread finishes them, before a
-        # head is whole, so these layers take the qkv GEMM (int4_linear) and norm and rotate
-        # the heads after it (llmcore::rms_norm, then elementwise ops in the graph)
+        # int4_norm_qkv_norm_rope norms each head once the GEMM has all its columns
         self.head_dim = self.qkv.shape[0] // (self.n_heads + 2 * self.n_kv_heads)  # qkv's rows: whole heads
         q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
         self.qk_eps = None if q_norm is None else float(q_norm.eps)
@@ -105,7 +103,10 @@ class KernelLayer(nn.Module):
                 self.qkv_offsets, cos, sin, self.n_heads, self.n_kv_heads,
             )
         else:
-            q, k, v = self._qkv_with_head_norms(x, cos, sin)
+            q, k, v = torch.ops.llmcore.int4_norm_qkv_norm_rope.default(
+                x, self.attention_norm, self.attention_eps, self.qkv, self.qkv_scales, self.qkv_sums, self.qkv_bias,
+                self.qkv_offsets, self.q_norm, self.k_norm, self.qk_eps, cos, sin, self.n_heads, self.n_kv_heads,
+            )
         a = self.attn(q, k, v, input_pos)
         if self.attention_post_norm is None:
             h = torch.ops.llmcore.int4_linear_add.default(a, self.wo, self.wo_scales, self.wo_sums, self.wo_offsets, x)
@@ -121,18 +122,6 @@ class KernelLayer(nn.Module):
             h, self.ffn_norm, self.ffn_eps, *mlp_weights, self.activation, self.ffn_post_norm,
             self.ffn_post_norm_eps or 0.0)
 
-    def _qkv_with_head_norms(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """q, k, v ``[B, T, heads, head_dim]`` as the block computes them with q and k norms:
-        the attention norm, the stacked q/k/v GEMM, each q and k head normed, then RoPE."""
-        normed = torch.ops.llmcore.rms_norm.default(x, self.attention_norm, self.attention_eps)
-        y = torch.ops.llmcore.int4_linear.default(
-            normed, self.qkv, self.qkv_scales, self.qkv_sums, self.qkv_bias, self.qkv_offsets)
-        d, bsz = self.head_dim, x.shape[0]
-        q, k, v = y.split([self.n_heads * d, self.n_kv_heads * d, self.n_kv_heads * d], dim=-1)
-        q = torch.ops.llmcore.rms_norm.default(q.reshape(bsz, -1, self.n_heads, d), self.q_norm, self.qk_eps)
-        k = torch.ops.llmcore.rms_norm.default(k.reshape(bsz, -1, self.n_kv_heads, d), self.k_norm, self.qk_eps)
-        return rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin), v.reshape(bsz, -1, self.n_kv_heads, d)
-
     def extra_repr(self) -> str:
         kinds = sorted({"int8 rows" if w.dtype == torch.int8 else f"int4 blocks of {mlp.BLOCK}"
                         for w in (self.qkv, self.wo, self.gate_up, self.down)})
@@ -146,18 +135,6 @@ def mlp_activation(feed_forward: nn.Module) -> Optional[str]:
     module that does not say (Hugging Face's names) is taken as SiLU: the swap check then
     finds out if it is not."""
     return ACTIVATIONS.get(getattr(feed_forward, "activation", torch.nn.functional.silu))
-
-
-def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on Meta's interleaved pairs of ``x [B, T, H, D]`` with ``cos``/``sin`` ``[1, T, 1,
-    D]`` (each value repeated for its pair): ``(a cos - b sin, b cos + a sin)``, bit for bit
-    the Llama module's ``x * cos + swap(x) * sin`` (its swap is an exact +-1 matmul, so
-    ``a cos + (-b) sin`` is ``a cos - b sin``). Elementwise ops on strided views: without
-    an XNNPACK delegate around it, no op needs to be one XNNPACK lowers."""
-    pairs = x.unflatten(-1, (-1, 2))
-    a, b = pairs[..., 0], pairs[..., 1]
-    c, s = cos[..., 0::2], sin[..., 0::2]
-    return torch.stack((a * c - b * s, b * c + a * s), dim=-1).flatten(-2)
 
 
 class KernelLinear(nn.Module):

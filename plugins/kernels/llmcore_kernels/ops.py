@@ -19,7 +19,7 @@ Operators (schemas are defined in C++, ``csrc/rms_norm_aten.cpp`` and ``csrc/int
     int8 integers in [-8, 7], ``[rows, k]`` (or the same two to a byte, uint8 ``[rows, k/2]``),
     packed as ``int4_mlp`` reads them, ``[rows, k/32, 16]`` uint8 (:func:`llmcore_kernels.mlp.pack`;
     the export's, not a program's, operator).
-``llmcore::int4_norm_qkv_rope``, ``llmcore::int4_linear_add``, ``llmcore::int4_norm_mlp_add``, ``llmcore::int4_linear``
+``llmcore::int4_norm_qkv_rope`` (``llmcore::int4_norm_qkv_norm_rope``), ``llmcore::int4_linear_add``, ``llmcore::int4_norm_mlp_add``, ``llmcore::int4_linear``
     a Llama layer's work outside attention, and a linear on the same GEMM for the output layer
     after the layers (``csrc/int4_layer.h``; ``int4_linear(x, w, w_scales, w_sums, w_bias?,
     w_offsets?)``). Each projection is three tensors: int4 blocks packed (``[rows, in/32, 16]``
@@ -90,6 +90,13 @@ def _int4_norm_qkv_rope_fake(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv
     torch._check(head_dim * (n_heads + 2 * n_kv_heads) == qkv.shape[0])
     return (h.new_empty(_head_sizes(h, n_heads, head_dim)), h.new_empty(_head_sizes(h, n_kv_heads, head_dim)),
             h.new_empty(_head_sizes(h, n_kv_heads, head_dim)))
+
+
+@torch.library.register_fake("llmcore::int4_norm_qkv_norm_rope")
+def _int4_norm_qkv_norm_rope_fake(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, qkv_offsets, q_norm,
+                                   k_norm, qk_eps, cos, sin, n_heads, n_kv_heads):
+    return _int4_norm_qkv_rope_fake(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, qkv_offsets, cos, sin,
+                                    n_heads, n_kv_heads)
 
 
 @torch.library.register_fake("llmcore::int4_linear_add")

@@ -374,11 +374,78 @@ def halves_rope(block):
     return block
 
 
+def _qkv_normed_head_by_head(layer, x, cos, sin):
+    """q, k, v of a layer with q/k norms from the operators one at a time, as its programs
+    ran them before int4_norm_qkv_norm_rope: the attention norm (llmcore::rms_norm), the qkv
+    GEMM (llmcore::int4_linear), each q and k head normed by llmcore::rms_norm, then RoPE on
+    Meta's interleaved pairs in float ops (``a cos - b sin``, ``b cos + a sin``)."""
+    normed = torch.ops.llmcore.rms_norm.default(x, layer.attention_norm, layer.attention_eps)
+    y = torch.ops.llmcore.int4_linear.default(
+        normed, layer.qkv, layer.qkv_scales, layer.qkv_sums, layer.qkv_bias, layer.qkv_offsets)
+    d, bsz = layer.head_dim, x.shape[0]
+    q, k, v = y.split([layer.n_heads * d, layer.n_kv_heads * d, layer.n_kv_heads * d], dim=-1)
+    q = torch.ops.llmcore.rms_norm.default(q.reshape(bsz, -1, layer.n_heads, d), layer.q_norm, layer.qk_eps)
+    k = torch.ops.llmcore.rms_norm.default(k.reshape(bsz, -1, layer.n_kv_heads, d), layer.k_norm, layer.qk_eps)
+
+    def rotate(t):
+        pairs = t.unflatten(-1, (-1, 2))
+        a, b = pairs[..., 0], pairs[..., 1]
+        c, s = cos[..., 0::2], sin[..., 0::2]
+        return torch.stack((a * c - b * s, b * c + a * s), dim=-1).flatten(-2)
+
+    return rotate(q), rotate(k), v.reshape(bsz, -1, layer.n_kv_heads, d)
+
+
+@pytest.mark.parametrize("config", [{}, {"head_dim": 32, "qkv_bias": True}, {"offsets": True}, {"int8": True}])
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_qk_norm_heads_in_one_operator_are_the_operators_one_at_a_time(ops, rows, config):
+    """llmcore::int4_norm_qkv_norm_rope gives, bit for bit, what the attention norm, the qkv
+    GEMM, each head's norm and RoPE give one operator at a time (how such layers ran before
+    it): the same kernels in one call."""
+    from llmcore_kernels.layers import KernelLayer
+
+    block = int4_block(qk_norm=True, **config)
+    with torch.no_grad():
+        for norm in (block.attention.q_norm, block.attention.k_norm):
+            norm.weight.uniform_(0.5, 1.5)
+    layer = KernelLayer(block)
+    x = torch.randn(1, rows, block.attention.wq.in_features, generator=torch.Generator().manual_seed(rows))
+    cos, sin = rope_tables(rows, block.attention.head_dim)
+    got = torch.ops.llmcore.int4_norm_qkv_norm_rope.default(
+        x, layer.attention_norm, layer.attention_eps, layer.qkv, layer.qkv_scales, layer.qkv_sums, layer.qkv_bias,
+        layer.qkv_offsets, layer.q_norm, layer.k_norm, layer.qk_eps, cos, sin, layer.n_heads, layer.n_kv_heads)
+    want = _qkv_normed_head_by_head(layer, x, cos, sin)
+    for name, g, w in zip("qkv", got, want):
+        assert g.shape == w.shape and torch.equal(g, w), name
+
+
+def test_qk_norms_are_checked_by_the_operator(ops):
+    from llmcore_kernels.layers import KernelLayer
+
+    layer = KernelLayer(int4_block(qk_norm=True))
+    x = torch.randn(1, 3, layer.qkv_scales.shape[1] * 32)
+    cos, sin = rope_tables(3, layer.head_dim)
+    with pytest.raises(RuntimeError, match="int4_norm_qkv_norm_rope: the norm's weight"):
+        torch.ops.llmcore.int4_norm_qkv_norm_rope.default(
+            x, layer.attention_norm, layer.attention_eps, layer.qkv, layer.qkv_scales, layer.qkv_sums, layer.qkv_bias,
+            layer.qkv_offsets, layer.q_norm[:-2], layer.k_norm, layer.qk_eps, cos, sin, layer.n_heads,
+            layer.n_kv_heads)
+    with pytest.raises(RuntimeError, match="qk_eps must be finite"):
+        torch.ops.llmcore.int4_norm_qkv_norm_rope.default(
+            x, layer.attention_norm, layer.attention_eps, layer.qkv, layer.qkv_scales, layer.qkv_sums, layer.qkv_bias,
+            layer.qkv_offsets, layer.q_norm, layer.k_norm, -1.0, cos, sin, layer.n_heads, layer.n_kv_heads)
+
+
+@pytest.mark.parametrize("view", ["avx2", "sse4"])
+def test_qk_norm_heads_in_every_isa_view(kernel_library, passes_in_isa_view, view):
+    passes_in_isa_view(view, __file__, "qk_norm_heads_in_one_operator or q_and_k_norms_computes")
+
+
 @pytest.mark.parametrize("config", [{}, {"head_dim": 32, "qkv_bias": True}, {"offsets": True}, {"int8": True}])
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_a_layer_with_q_and_k_norms_computes_what_the_block_computes(ops, rows, config):
-    """Qwen3's per-head q and k norms (head_dim apart from dim / heads with 32): the qkv GEMM
-    on int4_linear, each head normed by llmcore::rms_norm and rotated in the graph."""
+    """Qwen3's per-head q and k norms (head_dim apart from dim / heads with 32): the attention
+    norm, the qkv GEMM, each head's norm and RoPE in llmcore::int4_norm_qkv_norm_rope."""
     from llmcore_kernels.layers import KernelLayer
 
     block = int4_block(qk_norm=True, **config)
@@ -570,7 +637,7 @@ def test_the_runner_puts_the_kernels_on_their_own_threads_without_delegates(laye
         ("mistral", "mistral-tiny"),  # a sliding window on every layer (the attention module's)
         ("phi", "phi3-tiny"),  # partial rotary: cos 1 and sin 0 past the rotated channels
         ("qwen", "qwen2-tiny"),  # q, k and v biases
-        ("qwen", "qwen3-tiny"),  # q and k norms over each head (int4_linear, llmcore::rms_norm, RoPE in the graph)
+        ("qwen", "qwen3-tiny"),  # q and k norms over each head (int4_norm_qkv_norm_rope)
         ("gemma", "gemma2-tiny"),  # sandwich norms, GeGLU, soft-capped attention in the attention module
         ("gemma", "gemma3-tiny"),  # and q and k norms, local and global RoPE bases
     ],
@@ -589,10 +656,12 @@ def test_the_families_built_on_llama_layers(kernel_library, tmp_path, family, co
     assert ({"llmcore::int4_linear_norm_add.out", "llmcore::int4_norm_glu_add.out"} if gemma else
             {"llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out"}) <= set(ops)
     assert not gemma or "llmcore::int4_norm_mlp_add.out" not in ops
-    # q and k norms: the qkv GEMM on int4_linear, the heads normed after it, and RoPE's
-    # elementwise ops, which XNNPACK (listed after the kernels) may take
+    # q and k norms: the heads normed before RoPE in the layer's first operator, no RoPE
+    # left to the graph (nor to XNNPACK, listed after the kernels)
     head_norms = config in ("qwen3-tiny", "gemma3-tiny")
     assert ("llmcore::int4_norm_qkv_rope.out" in ops) != head_norms
+    assert ("llmcore::int4_norm_qkv_norm_rope.out" in ops) == head_norms
+    assert not head_norms or "llmcore::rms_norm.out" in ops  # the final norm
     # and Gemma 2's soft-capped attention, which its attention module computes in the graph
     delegated = result.report["delegation"]["by_backend"].get("XnnpackBackend", {}).get("operators", {})
     soft_capped = {"aten_bmm_default", "aten__softmax_default", "aten_tanh_default", "aten_div_Tensor",

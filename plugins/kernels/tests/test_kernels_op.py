@@ -117,7 +117,7 @@ def test_hooks_declare_the_library_the_transform_and_the_recipe():
     record = provided.record
     assert provided.plugin.distribution == "llmcore-kernels"
     assert record.ops == ("llmcore::rms_norm.out", "llmcore::int4_mlp.out", "llmcore::int4_norm_qkv_rope.out",
-                          "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out", "llmcore::int4_linear.out",
+                          "llmcore::int4_norm_qkv_norm_rope.out", "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out", "llmcore::int4_linear.out",
                           "llmcore::int4_linear_norm_add.out", "llmcore::int4_norm_glu_add.out",
                           "llmcore::int4_linear_bias_add.out", "llmcore::int4_layer_norm_linear.out",
                           "llmcore::int4_layer_norm_ffn_add.out")
