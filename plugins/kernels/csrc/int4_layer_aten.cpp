@@ -88,22 +88,16 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> norm_qkv_rope(
   a.n_heads = n_heads;
   a.n_kv_heads = n_kv_heads;
   int64_t head_dim = 0;
-  at::Tensor held_q_norm, held_k_norm;
-  if (q_norm.has_value()) {
-    // their length is checked once head_dim is known, below; the pointers first, for the shape check
-    held_q_norm = q_norm->contiguous().to(at::kFloat);
-    held_k_norm = k_norm->contiguous().to(at::kFloat);
-    a.q_norm = held_q_norm.const_data_ptr<float>();
-    a.k_norm = held_k_norm.const_data_ptr<float>();
-    a.qk_eps = qk_eps;
-  }
-  const char* why = llmcore_kernels::int4_norm_qkv_rope_shape_error(a, &head_dim);
+  const char* why = llmcore_kernels::int4_norm_qkv_rope_shape_error(a, &head_dim);  // the q/k norms' apart
   TORCH_CHECK(why == nullptr, op, ": ", why ? why : "");
+  at::Tensor held_q_norm, held_k_norm;  // the q/k norms over head_dim values, once it is known
   if (q_norm.has_value()) {
+    TORCH_CHECK(std::isfinite(qk_eps) && qk_eps >= 0.0, op, ": qk_eps must be finite and >= 0");
     held_q_norm = norm_weight_of(op, *q_norm, head_dim);
     held_k_norm = norm_weight_of(op, *k_norm, head_dim);
     a.q_norm = held_q_norm.const_data_ptr<float>();
     a.k_norm = held_k_norm.const_data_ptr<float>();
+    a.qk_eps = qk_eps;
   }
   const at::Tensor w = norm_weight_of(op, norm_weight, a.qkv.k);
   a.norm_weight = w.const_data_ptr<float>();
