@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import resource
 import signal
 import sys
@@ -18,25 +19,39 @@ _interrupted = threading.Event()
 
 
 @contextmanager
-def remembered_interrupts() -> Iterator[None]:
-    """Ctrl-C raises KeyboardInterrupt as usual, and is remembered until the block ends.
+def interrupts_at_safe_points() -> Iterator[None]:
+    """Within the block, Ctrl-C stops the command at the next safe point, not where it lands.
+
+    A KeyboardInterrupt raised at whatever bytecode the signal finds can land in torch's own
+    Python callbacks under C++ frames (a dispatch mode's ``__torch_dispatch__`` while
+    exporting or lowering). Its C++ guards then unwind with the mode stack half restored, a
+    check in a destructor fails, and the process aborts (SIGABRT in
+    ``TorchDispatchModeTLS::set_mode``: CI saw ``ctrl-c-during-lower`` end with -6, output
+    half made). Library code also swallows it: ExecuTorch 1.5.1's lowering runs a bare
+    ``except:`` for every operator (``exir/program/_program.py``, ``keep``).
+
+    So the first Ctrl-C only records the request and says so; the command raises
+    KeyboardInterrupt itself, with nothing of torch's on the stack, at the next
+    :func:`stop_if_interrupted`: the end of each stage, each calibration call, each module's
+    read from the checkpoint file, each poll of a matrix. A second Ctrl-C raises at once,
+    for a user who will not wait (and who takes the risk above).
 
     The handler is installed even where SIGINT was inherited as ignored (a shell's ``cmd &``
     or a test runner started that way): a long command that can be resumed should stop
-    when it is told to, whatever started it.
-
-    Library code can swallow the exception: ExecuTorch 1.5.1's lowering has a bare
-    ``except:`` (``exir/program/_program.py``, ``keep``) run for every operator, so a
-    Ctrl-C early in ``lower`` could be lost and the export would finish. Each stage of a
-    :class:`StageLog` raises it again when it ends.
+    when it is told to, whatever started it. Outside the main thread the block changes
+    nothing (Python delivers signals to the main thread only).
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def on_sigint(signum, frame):
+        if _interrupted.is_set():
+            raise KeyboardInterrupt
         _interrupted.set()
-        raise KeyboardInterrupt
+        # os.write, not print: the handler may run while the main thread is inside a
+        # print to stderr, and the buffered stream refuses a reentrant call
+        os.write(2, b"[llmcore] Ctrl-C: stopping at the end of this step (Ctrl-C again stops at once)\n")
 
     _interrupted.clear()
     previous = signal.signal(signal.SIGINT, on_sigint)
@@ -47,10 +62,12 @@ def remembered_interrupts() -> Iterator[None]:
         _interrupted.clear()
 
 
-def interrupt_requested() -> bool:
-    """Whether Ctrl-C was pressed inside :func:`remembered_interrupts`, even if library code
-    swallowed the KeyboardInterrupt it raised."""
-    return _interrupted.is_set()
+def stop_if_interrupted() -> None:
+    """Raise KeyboardInterrupt if Ctrl-C was pressed inside :func:`interrupts_at_safe_points`
+    (or a library swallowed the one a second Ctrl-C raised). Call it only where no torch
+    operation or dispatch mode is on the stack: between steps, never inside one."""
+    if _interrupted.is_set():
+        raise KeyboardInterrupt
 
 
 def _libc():
@@ -260,8 +277,7 @@ class StageLog:
             done.set()
             if ticker is not None:
                 ticker.join()
-        if _interrupted.is_set():  # a Ctrl-C that library code swallowed: stop here
-            raise KeyboardInterrupt
+        stop_if_interrupted()  # a Ctrl-C pressed during the stage stops the command here
         wall = time.perf_counter() - start
         return_free_memory()  # what the stage freed, so that the next one starts lower
         cpu = time.process_time() - cpu_start

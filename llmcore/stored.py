@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from llmcore.progress import before_own_mapping
+from llmcore.progress import before_own_mapping, stop_if_interrupted
 
 _FORMS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
@@ -231,6 +231,7 @@ def read_while_running(module: torch.nn.Module):
     handles = []
 
     def read(owner: torch.nn.Module, args) -> None:
+        stop_if_interrupted()  # a module's read is a step of its own: a Ctrl-C waits no longer
         kept = owner.__dict__.setdefault("_llmcore_in_file", {})
         for name, param in list(owner.named_parameters(recurse=False)):
             form = _FORMS.get(param)

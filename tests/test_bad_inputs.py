@@ -495,6 +495,7 @@ def test_bad_input_gets_one_line_and_leaves_nothing(c: Case, inputs: Path, tmp_p
     if c.how == "sigint":
         assert result.returncode == -signal.SIGINT, context  # killed by SIGINT: 130 in a shell
         assert last.startswith("llmcore: interrupted"), context
+        assert any(line.startswith("[llmcore] Ctrl-C: stopping at the end of this step") for line in lines), context
     else:
         assert result.returncode == 2, context  # 1 would be an internal error: a bug
         assert last.startswith("llmcore: error: "), context

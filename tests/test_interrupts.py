@@ -1,9 +1,11 @@
-"""A Ctrl-C that library code swallows still stops the export at the end of the stage.
+"""Ctrl-C during an export stops it at the next safe point, and ends the process killed by SIGINT.
 
-ExecuTorch 1.5.1's lowering runs a bare ``except:`` per operator; a SIGINT landing there
-was lost and the export finished (seen once in CI as ``ctrl-c-during-lower`` exiting 0).
-And an interrupted command ends killed by SIGINT wherever the Ctrl-C landed (seen once in
-CI as ``ctrl-c-during-lower`` ending with -2 where 130 was expected).
+A KeyboardInterrupt raised wherever the signal landed could abort the process inside torch's
+C++ (seen once in CI as ``ctrl-c-during-lower`` ending with -6, SIGABRT), or be swallowed by
+ExecuTorch 1.5.1's lowering, whose bare ``except:`` runs for every operator (seen once as
+``ctrl-c-during-lower`` exiting 0). And an interrupted command ends killed by SIGINT wherever
+the Ctrl-C landed (seen once in CI as ``ctrl-c-during-lower`` ending with -2 where 130 was
+expected).
 """
 
 from __future__ import annotations
@@ -15,37 +17,81 @@ import sys
 import time
 
 import pytest
+import torch
 
-from llmcore.progress import StageLog, remembered_interrupts
-
-
-def _swallowing_library_call() -> None:
-    try:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.5)  # the handler runs here and raises KeyboardInterrupt ...
-    except:  # noqa: E722  ... which a bare except (as in the library) swallows
-        pass
+from llmcore.progress import StageLog, interrupts_at_safe_points, stop_if_interrupted
 
 
-def test_swallowed_interrupt_is_raised_at_the_end_of_the_stage():
+def _ctrl_c() -> None:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)  # the Python handler runs at the next bytecode, well within this
+
+
+def test_the_first_ctrl_c_lets_the_step_finish_and_stops_at_the_end_of_the_stage(capfd):
     log = StageLog(quiet=True)
     after = []
     with pytest.raises(KeyboardInterrupt):
-        with remembered_interrupts():
+        with interrupts_at_safe_points():
             with log.stage("lower"):
-                _swallowing_library_call()
+                _ctrl_c()
                 after.append("the stage went on")
             after.append("the next stage started")
     assert after == ["the stage went on"]
+    assert "[llmcore] Ctrl-C: stopping at the end of this step" in capfd.readouterr().err
+
+
+def test_a_second_ctrl_c_stops_at_once():
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_at_safe_points():
+            _ctrl_c()
+            reached.append("after the first")
+            _ctrl_c()
+            reached.append("after the second")
+    assert reached == ["after the first"]
+
+
+def test_a_second_ctrl_c_that_library_code_swallowed_still_stops_at_the_end_of_the_stage():
+    after = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_at_safe_points():
+            with StageLog(quiet=True).stage("lower"):
+                _ctrl_c()
+                try:
+                    _ctrl_c()
+                except:  # noqa: E722  (as ExecuTorch's lowering does for each operator)
+                    pass
+                after.append("the stage went on")
+    assert after == ["the stage went on"]
+
+
+def test_a_module_read_from_the_file_is_a_safe_point():
+    """During a calibration pass over weights still in the checkpoint, Ctrl-C stops the pass
+    before the next module's read, not after the whole model."""
+    from llmcore import stored
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    for index, layer in enumerate(model):
+        values = layer.weight.detach().clone()
+        stored.remember(layer.weight, stored.FileWeight("F32", f"{index}.weight", tuple(values.shape),
+                                                        lambda rows, values=values: values[rows].clone()))
+    ran = []
+    model[0].register_forward_hook(lambda *_: (ran.append(0), _ctrl_c()))
+    model[1].register_forward_hook(lambda *_: ran.append(1))
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_at_safe_points(), stored.read_while_running(model):
+            model(torch.ones(1, 4))
+    assert ran == [0]
 
 
 def test_handler_is_restored_and_nothing_is_remembered_afterwards():
     before = signal.getsignal(signal.SIGINT)
-    with remembered_interrupts():
+    with interrupts_at_safe_points():
         pass
     assert signal.getsignal(signal.SIGINT) is before
     with StageLog(quiet=True).stage("emit"):
         pass  # no stale interrupt
+    stop_if_interrupted()
 
 
 # A command interrupted where the KeyboardInterrupt reaches ``main`` directly, and one where
@@ -57,7 +103,7 @@ import os, signal, sys
 import llmcore.cli as cli
 
 # Ctrl-C raises KeyboardInterrupt even where SIGINT was inherited as ignored (a shell's
-# `cmd &`), as llmcore's own handler during an export does (progress.remembered_interrupts).
+# `cmd &`), as llmcore's own handler does for a second Ctrl-C (progress.interrupts_at_safe_points).
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def interrupted(argv=None):

@@ -630,11 +630,11 @@ def run_matrix(matrix: Matrix, *, address: Optional[str] = None, workers: Option
         return [results[c.name] for c in cells]
     say(progress.line())
 
-    from llmcore.progress import remembered_interrupts
+    from llmcore.progress import interrupts_at_safe_points
 
     ray = _start_ray(address, workers)
     try:
-        with remembered_interrupts():
+        with interrupts_at_safe_points():
             _wait_for_cells(ray, todo, results, progress, perplexity_text, digest, retries, say)
     except KeyboardInterrupt:  # cells written so far stay (a rerun resumes from them); the rest are 'interrupted'
         pass
@@ -649,9 +649,9 @@ def _wait_for_cells(ray, todo: list[Cell], results: dict[str, CellResult], progr
                     perplexity_text: Optional[str], digest: Optional[str], retries: int,
                     say: Callable[[str], None]) -> None:
     """Submit every cell to Ray and record each result as it arrives, until all are in or
-    Ctrl-C was pressed (checked on every poll as well: Ray's calls may swallow the
-    KeyboardInterrupt itself)."""
-    from llmcore.progress import interrupt_requested
+    Ctrl-C was pressed (the poll raises KeyboardInterrupt: see
+    :func:`llmcore.progress.interrupts_at_safe_points`)."""
+    from llmcore.progress import stop_if_interrupted
 
     tracker = _tracker_class(ray).remote()
     remote_export = ray.remote(num_cpus=1)(export_cell)
@@ -679,8 +679,7 @@ def _wait_for_cells(ray, todo: list[Cell], results: dict[str, CellResult], progr
         if counts != last_counts:  # a line when something changed, not every poll
             say(progress.line())
             last_counts = counts
-        if interrupt_requested():
-            raise KeyboardInterrupt
+        stop_if_interrupted()
 
 
 def _collect(ray, ref, cell: Cell, tracker, digest: Optional[str]) -> CellResult:

@@ -29,7 +29,7 @@ from llmcore.pipeline import capture, emit, lower, parity, quantize, report, tak
 from llmcore.pipeline.load import load_model
 from llmcore.pipeline.plan import ExportPlan, backend_recipe_defaults, plan_export
 from llmcore.plugins import PluginInfo, Provided, Registry, load_registry
-from llmcore.progress import StageLog, limit_heap_fragmentation, remembered_interrupts
+from llmcore.progress import StageLog, interrupts_at_safe_points, limit_heap_fragmentation
 from llmcore.recipe import ExportOptions
 from llmcore.records import CallingConvention, ModelMetadata, QuantizerRecipe, TransformContext
 from llmcore.runtime import libraries
@@ -63,7 +63,7 @@ def export(options: ExportOptions, registry: Optional[Registry] = None) -> Expor
 def _exporting(options: ExportOptions) -> Iterator[None]:
     """What an export (or one step of it) runs under: Ctrl-C remembered, the cycle collector
     tuned, and node stacks traced only for an ETRecord."""
-    with remembered_interrupts(), _collector_for_export(), capture.source_lines(bool(options.etrecord)):
+    with interrupts_at_safe_points(), _collector_for_export(), capture.source_lines(bool(options.etrecord)):
         yield
 
 

@@ -16,7 +16,7 @@ from llmcore.builtins.kv_cache import caches_in_fp32
 from llmcore.errors import LlmcoreError, read_text_file, stage_errors
 from llmcore.pipeline.parity import buffers_restored
 from llmcore.plugins import Provided, Registry
-from llmcore.progress import TEMPORARIES_THRESHOLD, heap_for_temporaries
+from llmcore.progress import TEMPORARIES_THRESHOLD, heap_for_temporaries, stop_if_interrupted
 from llmcore.recipe import check_plugin_options, meant_for
 from llmcore.runtime import captured_stderr
 from llmcore.records import Calibration, QuantizerRecipe
@@ -150,6 +150,7 @@ def calibration_for(
         with buffers_restored(module), torch.no_grad(), captured_stderr(), read_while_running(module), \
                 caches_in_fp32(module):
             for start in range(0, len(ids), step):
+                stop_if_interrupted()
                 tokens = torch.tensor([ids[start:start + step]], dtype=torch.long)
                 # the hooks' and searches' temporaries reuse heap pages within a call, and
                 # what a call leaves free goes back before the next
