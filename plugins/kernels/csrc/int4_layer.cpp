@@ -611,14 +611,15 @@ Tensor& int4_layer_norm_ffn_add_out(KernelRuntimeContext& ctx, const Tensor& h, 
 
 namespace {
 
-// EXECUTORCH_LIBRARY's wrapper takes operators with one output; this one has three, so it is
+// EXECUTORCH_LIBRARY's wrapper takes operators with one output; these have three, so they are
 // unboxed here. The stack holds the schema's arguments in order (the outputs q, k, v last of
 // them), then the returned values, which alias the outputs. Each argument's kind is checked
 // before it is read (EValue's accessors abort the process on a wrong one): a program whose
 // call has another form, from another version of the operator, fails with a message.
-constexpr size_t kNormQkvRopeArgs = 15;
-// 'T' a tensor, 'O' a tensor or None, 'D' a float, 'I' an int
-constexpr char kNormQkvRopeKinds[kNormQkvRopeArgs + 1] = "TTDTTTOOTTIITTT";
+// Kinds, one letter an argument: 'T' a tensor, 'O' a tensor or None, 'D' a float, 'I' an int.
+constexpr const char* kNormQkvRopeKinds = "TTDTTTOOTTIITTT";
+// int4_norm_qkv_norm_rope's: int4_norm_qkv_rope's with q_norm, k_norm and qk_eps after qkv_offsets
+constexpr const char* kNormQkvNormRopeKinds = "TTDTTTOOTTDTTIITTT";
 
 bool has_kind(const EValue& v, char kind) {
   switch (kind) {
@@ -630,45 +631,46 @@ bool has_kind(const EValue& v, char kind) {
   return false;
 }
 
+// Whether the stack's first arguments are of the kinds spelled by `kinds`, one letter each;
+// if not, the call fails with a message naming `op`.
+bool arguments_fit(KernelRuntimeContext& ctx, Span<EValue*> stack, std::string_view kinds, const char* op) {
+  bool fits = stack.size() >= kinds.size();
+  for (size_t i = 0; fits && i < kinds.size(); ++i) fits = has_kind(*stack[i], kinds[i]);
+  if (!fits) {
+    ET_LOG(Error, "%s: called with other arguments than this runtime's (a program from another llmcore-kernels): "
+           "export it again", op);
+    ctx.fail(Error::InvalidProgram);
+  }
+  return fits;
+}
+
+const Tensor* tensor_or_null(const EValue& v) { return v.isNone() ? nullptr : &v.toTensor(); }
+
+std::optional<Tensor> optional_tensor(const EValue& v) {
+  return v.isNone() ? std::nullopt : std::optional<Tensor>(v.toTensor());
+}
+
 void int4_norm_qkv_rope_boxed(KernelRuntimeContext& ctx, Span<EValue*> stack) {
-  executorch::runtime::internal::EventTracerProfileOpScope scope(ctx.internal_event_tracer(),
-                                                                 "llmcore::int4_norm_qkv_rope.out");
-  bool fits = stack.size() >= kNormQkvRopeArgs;
-  for (size_t i = 0; fits && i < kNormQkvRopeArgs; ++i) fits = has_kind(*stack[i], kNormQkvRopeKinds[i]);
-  ET_KERNEL_CHECK_MSG(ctx, fits, InvalidProgram, ,
-                      "llmcore::int4_norm_qkv_rope.out: called with other arguments than this runtime's "
-                      "(a program from another llmcore-kernels): export it again");
-  const Tensor* qkv_bias = stack[6]->isNone() ? nullptr : &stack[6]->toTensor();
-  const std::optional<Tensor> qkv_offsets =
-      stack[7]->isNone() ? std::nullopt : std::optional<Tensor>(stack[7]->toTensor());
+  constexpr const char* op = "llmcore::int4_norm_qkv_rope.out";
+  executorch::runtime::internal::EventTracerProfileOpScope scope(ctx.internal_event_tracer(), op);
+  if (!arguments_fit(ctx, stack, kNormQkvRopeKinds, op)) return;
   int4_norm_qkv_rope_out(ctx, stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toDouble(), stack[3]->toTensor(),
-                         stack[4]->toTensor(), stack[5]->toTensor(), qkv_bias, qkv_offsets, stack[8]->toTensor(),
-                         stack[9]->toTensor(), stack[10]->toInt(), stack[11]->toInt(), stack[12]->toTensor(),
-                         stack[13]->toTensor(), stack[14]->toTensor());
+                         stack[4]->toTensor(), stack[5]->toTensor(), tensor_or_null(*stack[6]),
+                         optional_tensor(*stack[7]), stack[8]->toTensor(), stack[9]->toTensor(), stack[10]->toInt(),
+                         stack[11]->toInt(), stack[12]->toTensor(), stack[13]->toTensor(), stack[14]->toTensor());
 }
 
 const auto registered_norm_qkv_rope = executorch::runtime::register_kernel(
     executorch::runtime::Kernel("llmcore::int4_norm_qkv_rope.out", int4_norm_qkv_rope_boxed));
 
-// int4_norm_qkv_norm_rope's arguments: int4_norm_qkv_rope's with q_norm, k_norm and qk_eps
-// after qkv_offsets
-constexpr size_t kNormQkvNormRopeArgs = 18;
-constexpr char kNormQkvNormRopeKinds[kNormQkvNormRopeArgs + 1] = "TTDTTTOOTTDTTIITTT";
-
 void int4_norm_qkv_norm_rope_boxed(KernelRuntimeContext& ctx, Span<EValue*> stack) {
-  executorch::runtime::internal::EventTracerProfileOpScope scope(ctx.internal_event_tracer(),
-                                                                 "llmcore::int4_norm_qkv_norm_rope.out");
-  bool fits = stack.size() >= kNormQkvNormRopeArgs;
-  for (size_t i = 0; fits && i < kNormQkvNormRopeArgs; ++i) fits = has_kind(*stack[i], kNormQkvNormRopeKinds[i]);
-  ET_KERNEL_CHECK_MSG(ctx, fits, InvalidProgram, ,
-                      "llmcore::int4_norm_qkv_norm_rope.out: called with other arguments than this runtime's "
-                      "(a program from another llmcore-kernels): export it again");
-  const Tensor* qkv_bias = stack[6]->isNone() ? nullptr : &stack[6]->toTensor();
-  const std::optional<Tensor> qkv_offsets =
-      stack[7]->isNone() ? std::nullopt : std::optional<Tensor>(stack[7]->toTensor());
+  constexpr const char* op = "llmcore::int4_norm_qkv_norm_rope.out";
+  executorch::runtime::internal::EventTracerProfileOpScope scope(ctx.internal_event_tracer(), op);
+  if (!arguments_fit(ctx, stack, kNormQkvNormRopeKinds, op)) return;
   int4_norm_qkv_norm_rope_out(ctx, stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toDouble(),
-                              stack[3]->toTensor(), stack[4]->toTensor(), stack[5]->toTensor(), qkv_bias, qkv_offsets,
-                              stack[8]->toTensor(), stack[9]->toTensor(), stack[10]->toDouble(), stack[11]->toTensor(),
+                              stack[3]->toTensor(), stack[4]->toTensor(), stack[5]->toTensor(),
+                              tensor_or_null(*stack[6]), optional_tensor(*stack[7]), stack[8]->toTensor(),
+                              stack[9]->toTensor(), stack[10]->toDouble(), stack[11]->toTensor(),
                               stack[12]->toTensor(), stack[13]->toInt(), stack[14]->toInt(), stack[15]->toTensor(),
                               stack[16]->toTensor(), stack[17]->toTensor());
 }
