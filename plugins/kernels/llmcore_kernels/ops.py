@@ -19,6 +19,11 @@ Operators (schemas are defined in C++, ``csrc/rms_norm_aten.cpp`` and ``csrc/int
     int8 integers in [-8, 7], ``[rows, k]`` (or the same two to a byte, uint8 ``[rows, k/2]``),
     packed as ``int4_mlp`` reads them, ``[rows, k/32, 16]`` uint8 (:func:`llmcore_kernels.mlp.pack`;
     the export's, not a program's, operator).
+``llmcore::block_scale_search(Tensor w, Tensor energy, Tensor candidates, int qmin, int qmax) -> Tensor``
+    for blocks ``w [rows, groups, block]`` (``block`` a multiple of 8), each block's candidate
+    scale (``candidates [rows, groups, count]``) of the least ``sum_j energy_j (w_j - d*q_j)^2``,
+    ``q`` being ``w/d`` rounded into ``[qmin, qmax]``: the 8da4w recipe's search
+    (:func:`llmcore_xnnpack.qlinear.native_block_search`; an export's operator, ``csrc/scale_search_aten.cpp``).
 ``llmcore::int4_norm_qkv_rope`` (``llmcore::int4_norm_qkv_norm_rope``), ``llmcore::int4_linear_add``, ``llmcore::int4_norm_mlp_add``, ``llmcore::int4_linear``
     a Llama layer's work outside attention, and a linear on the same GEMM for the output layer
     after the layers (``csrc/int4_layer.h``; ``int4_linear(x, w, w_scales, w_sums, w_bias?,

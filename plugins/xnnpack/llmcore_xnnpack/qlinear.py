@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmcore.errors import LlmcoreError
 from llmcore.modules import static_shape
 from llmcore.progress import heap_for_temporaries
 
@@ -382,6 +383,9 @@ def int4_blocks(weight: torch.Tensor, block: int, hqq: bool = False) -> tuple[to
 # On SmolLM2 26 steps from 0.7 to 1.2 beat HQQ's scale-only search by mean KL from fp32
 # (docs/quantization.md, "Activation-aware scales by default").
 _SCALE_FRACTIONS = torch.linspace(0.7, 1.2, 26).tolist()
+# the same as multipliers of amax, in float32: torch multiplies a float32 tensor by a Python
+# float in float32, so amax * (fraction / 7.5) is amax times these, bit for bit
+_SCALE_MULTIPLIERS = torch.tensor([fraction / 7.5 for fraction in _SCALE_FRACTIONS], dtype=torch.float32)
 
 
 def int4_blocks_activation_aware(
@@ -411,12 +415,17 @@ def int4_blocks_activation_aware(
     energy = _energy_weights(input_energy).reshape(blocks, block)
     q = torch.empty(w.shape, dtype=torch.int8)
     scales = torch.empty(out_features, blocks)
+    native = native_block_search() if block % 8 == 0 else None
     with heap_for_temporaries(give_back=False):
         for start in range(0, out_features, _SEARCH_ROWS):
             wb = w[start:start + _SEARCH_ROWS].reshape(-1, blocks, block)
             amax = wb.abs().amax(-1).clamp(min=1e-12)
-            candidates = ((amax * (fraction / 7.5)).to(torch.bfloat16).float() for fraction in _SCALE_FRACTIONS)
-            best_d = _least_output_error(wb, energy, candidates, -8, 7)
+            # [rows, groups, 26]: one product per candidate, as amax * (fraction / 7.5) each was
+            candidates = (amax.unsqueeze(-1) * _SCALE_MULTIPLIERS).to(torch.bfloat16).float()
+            if native is not None:
+                best_d = native(wb, energy, candidates, -8, 7)
+            else:
+                best_d = _least_output_error(wb, energy, candidates.unbind(-1), -8, 7)
             scaled = wb * best_d.reciprocal().unsqueeze(-1)
             rows = slice(start, start + wb.shape[0])
             rounded = torch.round(scaled).clamp_(-8, 7)
@@ -446,7 +455,8 @@ def _energy_weights(input_energy: torch.Tensor) -> torch.Tensor:
 def _least_output_error(wb: torch.Tensor, energy: torch.Tensor, candidates, qmin: int, qmax: int) -> torch.Tensor:
     """For the groups of weights ``wb`` ``[rows, groups, size]``, each group's scale among
     ``candidates`` (tensors ``[rows, groups]``) with the least ``sum_j energy_j (w_j - d*q_j)^2``,
-    ``q`` being ``w/d`` rounded into ``[qmin, qmax]`` (``energy``: ``[groups, size]``)."""
+    ``q`` being ``w/d`` rounded into ``[qmin, qmax]`` (``energy``: ``[groups, size]``); the
+    first of equal errors."""
     scaled, rounded = torch.empty_like(wb), torch.empty_like(wb)  # reused: no allocation per candidate
     best_err = best_d = None
     for d in candidates:
@@ -459,6 +469,37 @@ def _least_output_error(wb: torch.Tensor, energy: torch.Tensor, candidates, qmin
             better = err < best_err
             best_err, best_d = torch.where(better, err, best_err), torch.where(better, d, best_d)
     return best_d
+
+
+_NATIVE_SEARCH: list = []
+
+
+def native_block_search() -> Optional[Callable[..., torch.Tensor]]:
+    """llmcore-kernels' ``llmcore::block_scale_search`` where that plugin is installed and its
+    library built, else None (the search then runs in torch: :func:`_least_output_error`).
+
+    Why native: scoring 26 candidates a block in torch, seven passes over float temporaries
+    each, was 16 s of a 1B model's 39 s quantize stage; the native search keeps a block in
+    registers for all its candidates (docs/performance.md, "Measurements behind the code").
+    Why in a plugin this one does not depend on: the search is this recipe's and must run
+    wherever it does, but native code is what llmcore-kernels builds.
+
+    The two score each candidate with the same float operations but add a block's 32 terms
+    in different orders (torch picks its order by CPU; the native search has one, written in
+    its source), so they choose the same scale except where two candidates' errors tie to
+    the last bit: 1 block in 524,288 of a random 8192 x 2048 weight, as torch's own builds
+    differ from one another (its portable build against its AVX2 and AVX-512 ones: 2 blocks
+    of that weight). Looked up once per process."""
+    if not _NATIVE_SEARCH:
+        found = None
+        try:
+            import llmcore_kernels.ops  # noqa: F401  (loads the library: registers the op)
+
+            found = torch.ops.llmcore.block_scale_search.default
+        except (ImportError, LlmcoreError, AttributeError):  # not installed, not built, built before the op
+            found = None
+        _NATIVE_SEARCH.append(found)
+    return _NATIVE_SEARCH[0]
 
 
 # Rounds of "round to the grid, refit the grid" in int4_blocks_affine (the first is min/max's

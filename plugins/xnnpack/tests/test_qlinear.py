@@ -436,3 +436,15 @@ def test_int4_held_as_nibbles_computes_the_same_and_unpacks_to_the_same_integers
 def test_nibbles_round_trip_every_int4_value():
     q = torch.arange(-8, 8, dtype=torch.int8).repeat(3, 4)  # [3, 64]: each value at even and odd columns
     assert torch.equal(qlinear.unpack_nibbles(qlinear.pack_nibbles(q)), q)
+
+
+def test_the_int4_searchs_candidates_are_amax_times_each_fraction_bit_for_bit():
+    """The activation-aware int4 search makes its 26 candidate scales in one product with
+    float32 multipliers; they must be the scales ``amax * (fraction / 7.5)`` gave, rounded to
+    bf16, or the recipe's integers would change with the way they are computed."""
+    g = torch.Generator().manual_seed(0)
+    amax = (torch.randn(300, 64, generator=g).abs() * 0.05).clamp(min=1e-12)
+    amax[0, :6] = torch.tensor([1e-12, 3e-7, 1.0, 7.5, 123.456, 6.1e4])
+    one_by_one = torch.stack([(amax * (f / 7.5)).to(torch.bfloat16).float() for f in qlinear._SCALE_FRACTIONS], -1)
+    at_once = (amax.unsqueeze(-1) * qlinear._SCALE_MULTIPLIERS).to(torch.bfloat16).float()
+    assert torch.equal(at_once, one_by_one)
