@@ -32,18 +32,10 @@ def lane_sum(t: torch.Tensor) -> torch.Tensor:
 
 
 def lane_order_search(w, energy, candidates, qmin, qmax):
-    """qlinear._least_output_error's operations, one candidate at a time, summed by lane_sum."""
-    best_err = best_d = None
-    for d in candidates.unbind(-1):
-        scaled = w * d.reciprocal().unsqueeze(-1)
-        rounded = torch.round(scaled).clamp_(qmin, qmax)
-        err = lane_sum(scaled.sub_(rounded).square_().mul_(energy)) * d.square()
-        if best_err is None:
-            best_err, best_d = err, d
-        else:
-            better = err < best_err
-            best_err, best_d = torch.where(better, err, best_err), torch.where(better, d, best_d)
-    return best_d
+    """The recipe's torch search (qlinear._least_output_error), summed by lane_sum."""
+    from llmcore_xnnpack import qlinear
+
+    return qlinear._least_output_error(w, energy, candidates.unbind(-1), qmin, qmax, total=lane_sum)
 
 
 def weights(rows: int, groups: int, block: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

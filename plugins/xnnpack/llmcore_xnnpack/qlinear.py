@@ -452,17 +452,20 @@ def _energy_weights(input_energy: torch.Tensor) -> torch.Tensor:
     return energy + 0.01 * energy.mean() + torch.finfo(torch.float32).tiny
 
 
-def _least_output_error(wb: torch.Tensor, energy: torch.Tensor, candidates, qmin: int, qmax: int) -> torch.Tensor:
+def _least_output_error(wb: torch.Tensor, energy: torch.Tensor, candidates, qmin: int, qmax: int,
+                        total: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
     """For the groups of weights ``wb`` ``[rows, groups, size]``, each group's scale among
     ``candidates`` (tensors ``[rows, groups]``) with the least ``sum_j energy_j (w_j - d*q_j)^2``,
     ``q`` being ``w/d`` rounded into ``[qmin, qmax]`` (``energy``: ``[groups, size]``); the
-    first of equal errors."""
+    first of equal errors. ``total`` sums over the last dimension: torch's ``sum`` when None
+    (the tests pass the native search's order, to check it against this one)."""
     scaled, rounded = torch.empty_like(wb), torch.empty_like(wb)  # reused: no allocation per candidate
     best_err = best_d = None
     for d in candidates:
         torch.mul(wb, d.reciprocal().unsqueeze(-1), out=scaled)
         torch.round(scaled, out=rounded).clamp_(qmin, qmax)
-        err = scaled.sub_(rounded).square_().mul_(energy).sum(-1) * d.square()
+        weighted = scaled.sub_(rounded).square_().mul_(energy)
+        err = (weighted.sum(-1) if total is None else total(weighted)) * d.square()
         if best_err is None:
             best_err, best_d = err, d
         else:
