@@ -158,8 +158,9 @@ at::Tensor block_scale_search(const at::Tensor& w, const at::Tensor& energy, con
   // Each block is scored whole by one thread, so the choice does not depend on the split.
   // Threads of its own, as many as PyTorch's: this library is built without OpenMP, so
   // ATen's OpenMP parallel_for, inlined from its header, would run serially here; and
-  // ExecuTorch's pool (kernel_threads.h) sizes itself from cpuinfo, which can count one
-  // core on a VM. A call scores ~30k blocks (milliseconds): starting threads is noise.
+  // ExecuTorch's pool (kernel_threads.h), as fast here, writes cpuinfo's warnings to an
+  // export's stderr when it first starts. A call scores ~30k blocks (milliseconds):
+  // starting threads is noise.
   const int64_t blocks = rows * groups;
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), blocks / 4096));
   std::vector<std::thread> helpers;
