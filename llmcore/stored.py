@@ -185,6 +185,14 @@ def layer_read_bytes(module: torch.nn.Module) -> int:
     return sizes[-2] if len(sizes) > 1 else 0
 
 
+def pass_temporaries(module: torch.nn.Module, at_least: int) -> int:
+    """The ``largest`` for a :func:`llmcore.progress.heap_for_temporaries` scope over a pass
+    through ``module``'s layers: ``at_least``, or a layer's weight read from the file as
+    floats (:func:`layer_read_bytes`) and a MiB of room, so that each layer's read reuses the
+    heap's pages where the weight's exact size was its own mapping again."""
+    return max(at_least, layer_read_bytes(module) + 2**20)
+
+
 def float_rows(weight: torch.Tensor) -> "torch.Tensor | FloatRows":
     """``weight`` as something read by rows (``w[a:b]``, ``w.shape``): the tensor itself, or
     for a weight still in the file a :class:`FloatRows` that reads those rows only."""
@@ -222,13 +230,26 @@ def rescale(weight: torch.Tensor, rows: Optional[torch.Tensor] = None,
     return True
 
 
+ROWS_READ_BYTES = 16 * 2**20
+"""How much of a weight :func:`read_while_running` reads at a time (as fp32) for a linear it
+computes by rows (:func:`_linear_by_rows`)."""
+
+
 @contextmanager
 def read_while_running(module: torch.nn.Module):
     """Within the block, each submodule of ``module`` that has weights still in the file reads
     them (as floats, in the parameter's dtype) just before it runs and lets them go as soon as
     it returns, so that a forward pass (a recipe's calibration) holds one module's weights at
-    a time instead of the model's. Outside the block such modules refuse to run as before."""
+    a time instead of the model's. Outside the block such modules refuse to run as before.
+
+    A plain linear whose weight is larger than every layer's (:func:`layer_read_bytes`: a
+    vocabulary's output layer) is computed a few rows of its weight at a time instead
+    (:func:`_linear_by_rows`): read whole, a 1B's tied output layer was 1.5 GiB of fresh pages
+    (its bf16 bytes, then its floats) in each of an ``8da4w`` export's three passes, and its
+    peak (docs/performance.md, "Measurements behind the code")."""
     handles = []
+    largest = layer_read_bytes(module)
+    by_rows = [sub for sub in module.modules() if _computed_by_rows(sub, largest)]
 
     def read(owner: torch.nn.Module, args) -> None:
         stop_if_interrupted()  # a module's read is a step of its own: a Ctrl-C waits no longer
@@ -249,7 +270,11 @@ def read_while_running(module: torch.nn.Module):
             setattr(owner, name, param)
 
     for sub in module.modules():
-        if any(isinstance(_FORMS.get(p), FileWeight) for p in sub.parameters(recurse=False)):
+        if sub in by_rows:
+            sub.forward = _linear_by_rows.__get__(sub)  # this instance's forward, for the block
+            sub._llmcore_reads_rows = True
+            handles.append(sub.register_forward_pre_hook(lambda *_: stop_if_interrupted(), prepend=True))
+        elif any(isinstance(_FORMS.get(p), FileWeight) for p in sub.parameters(recurse=False)):
             # first of its pre-hooks: the guard that refuses weights in the file then sees floats
             handles.append(sub.register_forward_pre_hook(read, prepend=True))
             handles.append(sub.register_forward_hook(release, always_call=True))
@@ -258,6 +283,32 @@ def read_while_running(module: torch.nn.Module):
     finally:
         for handle in handles:
             handle.remove()
+        for sub in by_rows:
+            del sub.forward, sub._llmcore_reads_rows
+
+
+def _computed_by_rows(module: torch.nn.Module, largest: int) -> bool:
+    """Whether :func:`read_while_running` computes ``module`` by rows: a plain linear whose
+    weight is in the file and larger (as fp32) than ``largest``, its bias (if any) in memory."""
+    if type(module) is not torch.nn.Linear or not largest:
+        return False
+    weight = module.weight
+    return (isinstance(_FORMS.get(weight), FileWeight) and weight.numel() * 4 > largest
+            and not (module.bias is not None and isinstance(_FORMS.get(module.bias), FileWeight)))
+
+
+def _linear_by_rows(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``self(x)`` with its weight read from the file :data:`ROWS_READ_BYTES` at a time: each
+    output column is its own row's dot product, as in one call (the pieces' temporaries reuse
+    the heap's pages within a calibration call, where a whole read took fresh ones)."""
+    form = _FORMS[self.weight]
+    rows, cols = form.shape
+    step = max(1, ROWS_READ_BYTES // (4 * cols))
+    out = torch.empty(*x.shape[:-1], rows, dtype=x.dtype)
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        out[..., start:stop] = torch.nn.functional.linear(x, form.read_floats(slice(start, stop)).to(x.dtype))
+    return out if self.bias is None else out.add_(self.bias)
 
 
 def _rows_looked_up(form: FileWeight, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -321,6 +372,8 @@ def _guard(module: torch.nn.Module) -> None:
 
 
 def _refuse_weights_in_file(module: torch.nn.Module, args) -> None:
+    if module.__dict__.get("_llmcore_reads_rows"):  # read_while_running computes it by rows
+        return
     for param in module.parameters(recurse=False):
         form = _FORMS.get(param)
         if isinstance(form, FileWeight):

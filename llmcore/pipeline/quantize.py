@@ -20,7 +20,7 @@ from llmcore.progress import TEMPORARIES_THRESHOLD, heap_for_temporaries, stop_i
 from llmcore.recipe import check_plugin_options, meant_for
 from llmcore.runtime import captured_stderr
 from llmcore.records import Calibration, QuantizerRecipe
-from llmcore.stored import any_in_file, layer_read_bytes, read_while_running
+from llmcore.stored import any_in_file, pass_temporaries, read_while_running
 
 
 def resolve_recipe(name: Optional[str], options: dict, backends: list[str], registry: Registry):
@@ -143,7 +143,7 @@ def calibration_for(
         # a layer's weights read from the file, a call's largest temporaries, reuse the heap's
         # pages from layer to layer: as fresh mappings their page faults were a third of a 1B
         # folder's 8da4w export (docs/performance.md, "Measurements behind the code")
-        largest = max(TEMPORARIES_THRESHOLD, layer_read_bytes(module) + 2**20)
+        largest = pass_temporaries(module, TEMPORARIES_THRESHOLD)
         step = min(call_len, per_call) if use_kv_cache else call_len
         # weights the loader left in the file are read by each module as it runs, then let go
         # the float model: a cache of another type (--kv-cache-dtype) keeps fp32 meanwhile

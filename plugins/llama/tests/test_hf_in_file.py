@@ -121,27 +121,53 @@ def test_a_file_cut_short_fails_at_load_in_one_line(tmp_path):
         loaders.load_hf(folder, LoadOptions(max_seq_len=64, weights_in_file=True))
 
 
-def test_an_embedding_in_the_file_reads_only_the_rows_it_looks_up(tmp_path):
-    """A calibration pass reads each module's weights as it runs; the token table's lookup
-    needs only the rows of the ids it is given (a 1B's tied table is 1 GiB as floats). The
-    logits stay those of the float model, and the table's other reads are the output
-    layer's (tied: the same weight), whole."""
+def run_counting_reads(tmp_path, tie: bool, weight_of):
+    """The tiny folder's logits for a few tokens, as the float model gives them and run within
+    :func:`llmcore.stored.read_while_running` from the file; and the row slices read of the
+    weight ``weight_of(module)`` picks. Returns ``(expected, logits, reads, module)``."""
     import dataclasses
 
-    folder = write_folder(tmp_path / "hf", torch.bfloat16, tie=True)
+    folder = write_folder(tmp_path / "hf", torch.bfloat16, tie=tie)
     tokens = torch.tensor([[7, 3, 4, 90, 7, 5, 200]])
     expected = loaders.load_hf(folder, LoadOptions(max_seq_len=64)).module(tokens)
     module = loaders.load_hf(folder, LoadOptions(max_seq_len=64, weights_in_file=True)).module
-    table = module.tok_embeddings.weight
-    form = stored.record(table)
+    weight = weight_of(module)
+    form = stored.record(weight)
     reads = []
 
     def counted(rows: slice) -> torch.Tensor:
         reads.append(rows)
         return form.read_floats(rows)
 
-    stored.remember(table, dataclasses.replace(form, read_floats=counted))
+    stored.remember(weight, dataclasses.replace(form, read_floats=counted))
     with torch.no_grad(), stored.read_while_running(module):
         logits = module(tokens)
+    return expected, logits, reads, module
+
+
+def test_an_embedding_in_the_file_reads_only_the_rows_it_looks_up(tmp_path):
+    """A calibration pass reads each module's weights as it runs; the token table's lookup
+    needs only the rows of the ids it is given (a 1B's tied table is 1 GiB as floats). The
+    logits stay those of the float model, and the table's other reads are the output
+    layer's (tied: the same weight; larger than any layer's weight, so read by rows, here in
+    one piece)."""
+    expected, logits, reads, _ = run_counting_reads(tmp_path, True, lambda m: m.tok_embeddings.weight)
     assert torch.equal(logits, expected)
-    assert reads == [slice(3, 6), slice(7, 8), slice(90, 91), slice(200, 201), slice(None)]
+    assert reads == [slice(3, 6), slice(7, 8), slice(90, 91), slice(200, 201), slice(0, 320)]
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_the_output_layer_is_computed_a_few_rows_at_a_time(tmp_path, tie, monkeypatch):
+    """The weight larger than every layer's (the vocabulary's output layer) is never read
+    whole in a pass over the model: its logits are computed from a few rows at a time, and
+    are the float model's."""
+    monkeypatch.setattr(stored, "ROWS_READ_BYTES", 100 * TINY.dim * 4)  # 100 rows a read
+    expected, logits, reads, module = run_counting_reads(tmp_path, tie, lambda m: m.output.weight)
+    torch.testing.assert_close(logits, expected, rtol=1e-6, atol=1e-6)
+    # (a tied table's lookups come first: the rows of the ids)
+    assert reads[-4:] == [slice(0, 100), slice(100, 200), slice(200, 300), slice(300, 320)]
+    assert all(r.stop - r.start <= 100 for r in reads)
+    assert module.output.weight.device.type == "meta"
+    assert module.output.forward.__func__ is torch.nn.Linear.forward  # its own forward again
+    with pytest.raises(LlmcoreError, match="still in the checkpoint file"):  # outside the block, as before
+        module(torch.tensor([[1]]))

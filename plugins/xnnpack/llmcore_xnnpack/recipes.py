@@ -34,10 +34,11 @@ from torch import nn
 
 from llmcore import channel_scales
 from llmcore.errors import LlmcoreError
-from llmcore.progress import WEIGHT_TEMPORARIES, heap_for_temporaries
+from llmcore.progress import WEIGHT_TEMPORARIES, before_own_mapping, heap_for_temporaries
 from llmcore.records import Calibration
 from llmcore.runtime import torch_threads_after_custom_ops
-from llmcore.stored import IntegerWeight, float_rows, floats, has_integers, in_file, record, stored_form
+from llmcore.stored import (IntegerWeight, float_rows, floats, has_integers, in_file, pass_temporaries, record,
+                            stored_form)
 from llmcore_xnnpack import qlinear
 from llmcore_xnnpack.torchao_quant import (
     XNNPACK_GROUP_MULTIPLE,
@@ -255,24 +256,25 @@ def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calib
             summary.notes.append(_fold(module, search, energies, calibration, options))
         kept = []
         tied_int8 = {}  # id of an output layer's weight -> its int8 layer, for a table tied to it
-        for name in _linear_names(module):
-            linear = module.get_submodule(name)
-            if name in outputs and options["output_bits"] == 8:  # read a few rows at a time
-                rounding = qlinear.ErrorSum()
-                new = _int8_layer(linear, float_rows(linear.weight), options["outlier_split"], error=rounding)
-                tied_int8[id(linear.weight)] = new
-                summary.add("output layer int8 per channel", error=rounding.relative)
-                _replace(module, name, new)
-                continue
-            block = _int4_block(linear, options["group_size"])
-            if block is None:
-                kept.append(name)
-                continue
-            # one layer's floats at a time (read from the checkpoint file if the loader left it
-            # there), their temporaries on heap pages given back after each layer: kept for the
-            # next layer instead, the layers' integers made among them held the heap (a 1B
-            # export's peak 1.5x higher; docs/performance.md, "Measurements behind the code")
-            with heap_for_temporaries(largest=WEIGHT_TEMPORARIES):
+        # one layer's floats at a time (read from the checkpoint file if the loader left it
+        # there); their temporaries reuse the heap's pages from layer to layer, in one scope
+        # over the loop: a scope for each layer gave them back, and every layer faulted them
+        # in again (docs/performance.md, "Measurements behind the code")
+        with heap_for_temporaries(largest=pass_temporaries(module, WEIGHT_TEMPORARIES)):
+            for name in _linear_names(module):
+                linear = module.get_submodule(name)
+                if name in outputs and options["output_bits"] == 8:  # read a few rows at a time
+                    before_own_mapping(linear.weight.numel())  # its int8 table: the heap's free pages go first
+                    rounding = qlinear.ErrorSum()
+                    new = _int8_layer(linear, float_rows(linear.weight), options["outlier_split"], error=rounding)
+                    tied_int8[id(linear.weight)] = new
+                    summary.add("output layer int8 per channel", error=rounding.relative)
+                    _replace(module, name, new)
+                    continue
+                block = _int4_block(linear, options["group_size"])
+                if block is None:
+                    kept.append(name)
+                    continue
                 w = floats(linear.weight)
                 rounding = None
                 if options["asymmetric"]:
@@ -293,7 +295,7 @@ def quantize_8da4w(module: nn.Module, options: dict, calibration: Optional[Calib
                 else:
                     summary.add(f"linears {kind} (block {new.block})", new, w)
                 w = None
-            _replace(module, name, new)
+                _replace(module, name, new)
         if options["embedding_bits"]:  # last: its int8 copy is not held beside every float linear
             _, shared = quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"],
                                             "hqq_scale_only" if options["hqq"] else "affine",
@@ -323,14 +325,19 @@ def quantize_8da8w(module: nn.Module, options: dict, calibration: Optional[Calib
         summary.notes += [_fold(module, search, energies, calibration, options)] if options["awq"] else []
         if options["embedding_bits"]:
             quantize_embeddings(module, options["embedding_bits"], options["embedding_group_size"])
-        for name in _linear_names(module):
-            linear = module.get_submodule(name)
-            w = floats(linear.weight)  # one layer's floats (read from the file if the loader left it there)
-            energy = energies.pop(name, None)
-            new = _int8_layer(linear, w, options["outlier_split"], energy)
-            scales = f" (activation-aware scales{calibration_note})" if energy is not None else ""
-            summary.add(f"linears int8 per channel{scales}", new, w)
-            _replace(module, name, new)
+        # one layer's floats at a time (read from the file if the loader left them there), their
+        # temporaries on the heap's pages from layer to layer (as in quantize_8da4w's loop)
+        with heap_for_temporaries(largest=pass_temporaries(module, WEIGHT_TEMPORARIES)):
+            for name in _linear_names(module):
+                linear = module.get_submodule(name)
+                before_own_mapping(linear.weight.numel())  # an int8 output layer as large: free pages go first
+                w = floats(linear.weight)
+                energy = energies.pop(name, None)
+                new = _int8_layer(linear, w, options["outlier_split"], energy)
+                scales = f" (activation-aware scales{calibration_note})" if energy is not None else ""
+                summary.add(f"linears int8 per channel{scales}", new, w)
+                w = None
+                _replace(module, name, new)
     log.warning("%s", summary.line())
     return module
 
