@@ -137,6 +137,7 @@ class Program:
                 program, failure = cls(module, label, keep), None
                 if "forward" in program.method_names:
                     load_method(module, "forward")
+                _start_thread_pool(bindings)
             except Exception as exc:
                 failure = exc
         if failure is not None:
@@ -335,6 +336,17 @@ def map_program_files(enabled: bool = True) -> None:
     """Make :meth:`Program.load` map program files by default (``--mmap``)."""
     global _MAP_FILES
     _MAP_FILES = enabled
+
+
+def _start_thread_pool(bindings) -> None:
+    """Start the runtime's CPU thread pool now, if no call has yet. It starts on first use,
+    and cpuinfo then writes its probing to fd 2 (five lines on x86: "Failed to open midr
+    file", "CPU info and manual query on # of cpus dont match"); started inside a load's
+    :func:`captured_stderr` they are kept off the terminal, where the first forward call
+    printed them between an export's stage lines and before ``llmcore run``'s answer."""
+    count = getattr(bindings, "_threadpool_get_thread_count", None)
+    if count is not None:
+        count()
 
 
 def runtime_threads() -> int:

@@ -8,6 +8,8 @@ integers: the logits must agree) and against the eager module (the export's pari
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -40,6 +42,20 @@ def default_and_xnnpack(kernel_library, tmp_path_factory):
 
 FAMILIES = [("llama", "tiny"), ("qwen", "qwen2-tiny"), ("qwen", "qwen3-tiny"), ("phi", "phi4-mini-tiny"),
             ("mistral", "mistral-tiny"), ("gemma", "gemma2-tiny"), ("gemma", "gemma3-tiny")]
+
+
+def test_the_runtimes_thread_pool_starts_quietly(default_and_xnnpack):
+    """cpuinfo's probing as the runtime's thread pool starts ("Failed to open midr file", ...)
+    stays off stderr: the pool starts while a program loads, inside the load's capture
+    (llmcore.runtime.program), not at the kernels' first forward call, where it printed
+    between an export's stage lines (its parity check) and before ``llmcore run``'s answer.
+    In an interpreter of its own: the pool starts once a process."""
+    ours, _ = default_and_xnnpack["tiny"]
+    code = ("import sys; from llmcore.runtime.program import Program; "
+            "Program.load(sys.argv[1]).logits([1, 2, 3], 0); print('ran')")
+    done = subprocess.run([sys.executable, "-c", code, str(ours.pte)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ran", done.stderr
+    assert "cpuinfo" not in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("family", [config for _, config in FAMILIES])
