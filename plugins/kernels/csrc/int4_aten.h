@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "int4_mlp.h"
+#include "own_threads.h"
 
 namespace llmcore_kernels {
 namespace aten {

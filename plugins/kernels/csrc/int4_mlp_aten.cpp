@@ -68,7 +68,8 @@ at::Tensor int4_pack(const at::Tensor& q) {
   }
   at::Tensor packed = at::empty({rows, k / llmcore_kernels::int4::kBlock, 16}, q.options().dtype(at::kByte));
   uint8_t* out = packed.mutable_data_ptr<uint8_t>();
-  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+  // threads of its own (own_threads): ATen's parallel_for runs serially in this library
+  llmcore_kernels::aten::own_threads(rows, 64, [&](int64_t begin, int64_t end) {
     std::vector<int8_t> row(nibbles ? k : 0);
     for (int64_t r = begin; r < end; ++r) {
       const int8_t* integers = nullptr;

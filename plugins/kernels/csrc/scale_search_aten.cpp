@@ -24,10 +24,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <thread>
 #include <vector>
 
 #include "cpu_isa.h"
+#include "own_threads.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -155,18 +155,9 @@ at::Tensor block_scale_search(const at::Tensor& w, const at::Tensor& energy, con
     (void)avx2;
     search_portable(s, begin, end);
   };
-  // Each block is scored whole by one thread, so the choice does not depend on the split.
-  // Threads of its own, as many as PyTorch's: this library is built without OpenMP, so
-  // ATen's OpenMP parallel_for, inlined from its header, would run serially here; and
-  // ExecuTorch's pool (kernel_threads.h), as fast here, writes cpuinfo's warnings to an
-  // export's stderr when it first starts. A call scores ~30k blocks (milliseconds):
-  // starting threads is noise.
-  const int64_t blocks = rows * groups;
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), blocks / 4096));
-  std::vector<std::thread> helpers;
-  for (int64_t p = 1; p < parts; ++p) helpers.emplace_back(body, blocks * p / parts, blocks * (p + 1) / parts);
-  body(0, blocks / parts);
-  for (std::thread& t : helpers) t.join();
+  // Each block is scored whole by one thread, so the choice does not depend on the split;
+  // threads of its own (int4_aten.h's own_threads). A call scores ~30k blocks.
+  llmcore_kernels::aten::own_threads(rows * groups, 4096, body);
   return best;
 }
 
