@@ -10,7 +10,6 @@
 #include <optional>
 
 #include "int4_mlp.h"
-#include "own_threads.h"
 
 namespace llmcore_kernels {
 namespace aten {

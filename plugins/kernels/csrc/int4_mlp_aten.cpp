@@ -13,6 +13,7 @@
 
 #include "int4_aten.h"
 #include "int4_mlp.h"
+#include "own_threads.h"
 
 namespace {
 

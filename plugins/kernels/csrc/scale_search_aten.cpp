@@ -156,7 +156,7 @@ at::Tensor block_scale_search(const at::Tensor& w, const at::Tensor& energy, con
     search_portable(s, begin, end);
   };
   // Each block is scored whole by one thread, so the choice does not depend on the split;
-  // threads of its own (int4_aten.h's own_threads). A call scores ~30k blocks.
+  // threads of its own (own_threads.h). A call scores ~30k blocks.
   llmcore_kernels::aten::own_threads(rows * groups, 4096, body);
   return best;
 }
