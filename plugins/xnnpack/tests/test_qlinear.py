@@ -90,6 +90,19 @@ def test_q4_1_block_as_symmetric_int4_plus_offset():
     assert float((got - exact).abs().max()) <= 4 * torch.finfo(torch.float32).eps * float(exact.abs().max())
 
 
+def test_the_bf16_scale_error_is_the_largest_change_of_a_nonzero_scale():
+    """Zero scales (a block of zeros) change nothing and divide nothing; fp16's subnormal
+    scales count as any other; a weight of zero scales has no error."""
+    gen = torch.Generator().manual_seed(3)
+    scales = (torch.randn(64, 8, generator=gen) * 0.05).to(torch.float16)
+    scales[0, :4] = 0
+    scales[1, 0] = torch.finfo(torch.float16).smallest_normal / 8  # subnormal in fp16
+    exact = [abs(float(torch.tensor(v).to(torch.bfloat16)) - v) / abs(v) for v in scales.float().flatten().tolist() if v]
+    assert qlinear.bf16_scale_error(scales) == pytest.approx(max(exact), rel=1e-6)
+    assert qlinear.bf16_scale_error(torch.zeros(4, 2, dtype=torch.float16)) == 0.0
+    assert qlinear.bf16_scale_error(torch.zeros(0, 2)) == 0.0
+
+
 def test_rounds_scales_to_bf16_and_refuses_out_of_range_integers():
     scales = torch.full((OUT, IN // BLOCK), 0.0123456)
     lin = BlockInt4Linear(torch.zeros(OUT, IN, dtype=torch.int8), scales)
