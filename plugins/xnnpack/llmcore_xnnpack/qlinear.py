@@ -697,8 +697,9 @@ def rescaled_error(q: torch.Tensor, scales: torch.Tensor, rescaled: torch.Tensor
     return (diff ** 0.5) / max(norm ** 0.5, 1e-30)
 
 
-def bf16_scale_error(scales: torch.Tensor) -> float:
-    """Largest relative change of a scale rounded to bf16 (XNNPACK's blockwise scale type).
+def bf16_scale_error(scales: torch.Tensor, rounded: Optional[torch.Tensor] = None) -> float:
+    """Largest relative change of a scale rounded to bf16 (XNNPACK's blockwise scale type);
+    ``rounded``: those bf16 values as floats, when the caller has them already.
 
     A zero scale rounds to zero: its change, 0, over the smallest normal float is 0, so no
     mask picks the nonzero scales out (indexing by a mask copied every scale twice: an 8B
@@ -706,5 +707,7 @@ def bf16_scale_error(scales: torch.Tensor) -> float:
     s = scales.float()
     if s.numel() == 0:
         return 0.0
-    changes = (s.to(torch.bfloat16).float() - s).abs() / s.abs().clamp(min=torch.finfo(torch.float32).tiny)
+    if rounded is None:
+        rounded = s.to(torch.bfloat16).float()
+    changes = (rounded - s).abs() / s.abs().clamp(min=torch.finfo(torch.float32).tiny)
     return float(changes.max())

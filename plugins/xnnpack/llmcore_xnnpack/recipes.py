@@ -370,8 +370,8 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
             if isinstance(form, IntegerWeight) and form.bits == 4:
                 new = qlinear.BlockInt4Linear(form.q, form.scales, form.offsets, linear.bias, options["outlier_split"],
                                               nibbles=options["int4_nibbles"])
-                scale_rounding = max(scale_rounding, qlinear.bf16_scale_error(form.scales))
                 bf16 = form.scales.to(torch.bfloat16).float()
+                scale_rounding = max(scale_rounding, qlinear.bf16_scale_error(form.scales, bf16))
                 summary.add(f"{form.format} kept", error=qlinear.rescaled_error(form.q, form.scales, bf16, form.offsets))
             elif form is not None:
                 rounding = qlinear.ErrorSum()

@@ -99,6 +99,8 @@ def test_the_bf16_scale_error_is_the_largest_change_of_a_nonzero_scale():
     scales[1, 0] = torch.finfo(torch.float16).smallest_normal / 8  # subnormal in fp16
     exact = [abs(float(torch.tensor(v).to(torch.bfloat16)) - v) / abs(v) for v in scales.float().flatten().tolist() if v]
     assert qlinear.bf16_scale_error(scales) == pytest.approx(max(exact), rel=1e-6)
+    rounded = scales.float().to(torch.bfloat16).float()  # the caller's own rounding, given
+    assert qlinear.bf16_scale_error(scales, rounded) == qlinear.bf16_scale_error(scales)
     assert qlinear.bf16_scale_error(torch.zeros(4, 2, dtype=torch.float16)) == 0.0
     assert qlinear.bf16_scale_error(torch.zeros(0, 2)) == 0.0
 
