@@ -601,9 +601,10 @@ def main() -> None:
                         help="also run the Python loop without llmcore's specialized kernels (LLMCORE_SPECIALIZED_KERNELS=0: "
                         "ExecuTorch's own attention kernel, as before libllmcore_llm_ops.so)")
     parser.add_argument("--isa-views", default="native",
-                        help="comma-separated: run every row on each of these views of this CPU (native, avx2: "
-                        "AVX-512 and VNNI hidden from ExecuTorch's kernels and from llama.cpp's, sse4: AVX hidden "
-                        "too; llmcore/testing/isa_view.py)")
+                        help="comma-separated: run every row on each of these views of this CPU (native; avx512: "
+                        "AMX and AVX-512 FP16 hidden from ExecuTorch's kernels and from llama.cpp's; avxvnni: "
+                        "AVX-512 and AMX hidden; avx2: VNNI hidden too; sse4: AVX hidden too; "
+                        "llmcore/testing/isa_view.py)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--et-threads", type=int, default=0, help=argparse.SUPPRESS)

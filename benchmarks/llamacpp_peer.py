@@ -33,9 +33,14 @@ SDIST = "llama-cpp-python==0.3.36"
 
 TOOLS = ("llama-bench", "llama-quantize", "llama-perplexity")
 # ISA view -> the CPU backend's instruction sets (ggml's own options); see llmcore/testing/isa_view.py
+_X86_64_V3 = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+              "-DGGML_BMI2=ON"]
 VIEW_CPU_FLAGS = {
-    "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
-             "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF"],
+    "avx512": [*_X86_64_V3, "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON",
+               "-DGGML_AVX512_BF16=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
+               "-DGGML_AMX_BF16=OFF"],
+    "avxvnni": [*_X86_64_V3, "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=ON"],
+    "avx2": [*_X86_64_V3, "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF"],
 }
 
 

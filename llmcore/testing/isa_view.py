@@ -21,6 +21,12 @@ run, not with figures taken on a real AVX2-only CPU.
 The views:
 
 - ``native``: the machine as it is.
+- ``avx512``: AVX-512 with VNNI and BF16 but no AMX, no AVX-512 FP16 and no VEX-coded VNNI
+  (the AVX-512 EPYC, Zen 4; Ice Lake and Cooper Lake Xeons): on a Xeon with AMX, the
+  int8 GEMMs XNNPACK runs without its AMX tiles.
+- ``avxvnni``: AVX2 with the VEX-coded VNNI and no AVX-512 (Intel's laptop and desktop
+  cores since Alder Lake): XNNPACK's AVX-VNNI kernels; llmcore's kernels take their AVX2
+  code there (cpu_isa.h asks for AVX-512 VNNI).
 - ``avx2``: an x86-64-v3 CPU without AVX-512 or VNNI (the AVX2-only EPYC): XNNPACK's AVX2
   kernels, llmcore's AVX2 GEMMs and attention.
 - ``sse4``: an x86-64 without AVX (x86-64-v2): XNNPACK's SSE kernels, llmcore's portable
@@ -46,6 +52,12 @@ DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 # view -> cpuinfo features to hide (fnmatch patterns; None: the machine as it is)
 VIEWS: dict[str, tuple[str, ...] | None] = {
     "native": None,
+    # AVX-512 F/BW/VL/VNNI/BF16 as Zen 4 has them: AMX, AVX-512 FP16, AVX10 and the VEX-coded
+    # VNNI family hidden.
+    "avx512": ("amx*", "avx512fp16", "avx512vp2intersect", "avx10*", "avxvnni", "avx_vnni*", "avx_ne_convert"),
+    # AVX2 + FMA + F16C + AVX-VNNI: the AVX-512 family, AVX10, AMX and VNNI's later VEX
+    # extensions hidden.
+    "avxvnni": ("avx512*", "avx10*", "amx*", "avx_vnni_int*", "avx_ne_convert"),
     # AVX2 + FMA + F16C: every AVX-512 and AVX10 extension, AMX, and the VEX-coded VNNI
     # and its successors (which XNNPACK also uses for its int8 dot products).
     "avx2": ("avx512*", "avx10*", "amx*", "avxvnni", "avx_vnni*", "avx_ne_convert"),
@@ -55,16 +67,22 @@ VIEWS: dict[str, tuple[str, ...] | None] = {
 # The same narrowing for the libraries torch brings into a Python process (ExecuTorch's
 # custom ops reach ATen's vectorized code and MKL's BLAS), and for llmcore-kernels' int4
 # GEMM (which asks the CPU itself, not cpuinfo): their own switches.
-LIBRARY_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+LIBRARY_ENV = {"avx512": {"ATEN_CPU_CAPABILITY": "avx512", "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+                          "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
+               "avxvnni": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                           "ONEDNN_MAX_CPU_ISA": "AVX2_VNNI", "LLMCORE_KERNELS_MAX_ISA": "avx2"},
+               "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
                         "LLMCORE_KERNELS_MAX_ISA": "avx2"},
                "sse4": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
                         "ONEDNN_MAX_CPU_ISA": "SSE41", "LLMCORE_KERNELS_MAX_ISA": "portable"}}
 # cpuinfo's names -> the kernel's (/proc/cpuinfo), to check the table against what Linux
-# reports: a layout the shim misreads would show features the CPU lacks, or miss some.
+# reports: a layout the shim misreads would show features the CPU lacks, or miss some. (Not
+# AMX: a virtual machine may list it and not grant its tile state, which cpuinfo checks.)
 PROC_NAMES = {
     "avx": "avx", "avx2": "avx2", "fma3": "fma", "f16c": "f16c", "avx512f": "avx512f",
     "avx512bw": "avx512bw", "avx512vl": "avx512vl", "avx512vnni": "avx512_vnni", "avxvnni": "avx_vnni",
-    "avx512bf16": "avx512_bf16", "bmi2": "bmi2", "adx": "adx", "movbe": "movbe", "sha": "sha_ni",
+    "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16", "bmi2": "bmi2", "adx": "adx", "movbe": "movbe",
+    "sha": "sha_ni",
 }
 
 
@@ -78,7 +96,9 @@ def check_view(view: str) -> None:
 
 
 # view -> the features a CPU needs to present it (/proc/cpuinfo's names)
-NEEDS: dict[str, tuple[str, ...]] = {"native": (), "avx2": ("avx2", "fma", "f16c"), "sse4": ("sse4_2", "popcnt")}
+NEEDS: dict[str, tuple[str, ...]] = {
+    "native": (), "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+    "avxvnni": ("avx2", "fma", "f16c", "avx_vnni"), "avx2": ("avx2", "fma", "f16c"), "sse4": ("sse4_2", "popcnt")}
 
 
 def presentable_views() -> list[str]:

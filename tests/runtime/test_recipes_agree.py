@@ -17,10 +17,16 @@ far below its own (:func:`llmcore.runtime.agreement.follow` checks every token o
 On the loader before the fix this test fails for ``gguf``, ``8da4w``, ``8da8w`` and
 ``int8-dynamic`` in the default and trap loads, in every view (checked on the Zen 4 EPYC).
 
-Each view (``llmcore/testing/isa_view.py``: native, and where the CPU has more, avx2 and
-sse4) runs the Python runtime and the runner in one process tree with XNNPACK's and
-llmcore's kernels capped to that instruction set, so an AVX-512 machine also runs the code
-an AVX2-only or a pre-AVX x86 takes.
+Each view (``llmcore/testing/isa_view.py``: native, and where the CPU has more, avx512,
+avxvnni, avx2 and sse4) runs the Python runtime and the runner in one process tree with
+XNNPACK's and llmcore's kernels capped to that instruction set, so an AVX-512 machine also
+runs the code an AVX2-only or a pre-AVX x86 takes, and a Xeon with AMX the code of an
+AVX-512 EPYC and of an Intel laptop core (AVX-VNNI).
+
+The runner agreeing with Python proves the runner, not the kernels: both run the view's
+kernels, and a kernel wrong on one instruction set would be wrong in both. So each view's
+logits are also held to the native program's, which the export's parity check held to the
+eager model: within twice that check's error (:func:`test_every_view_computes_what_the_native_program_does`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -98,6 +105,49 @@ def test_runner_gives_pythons_answer_on_every_recipe_and_load(binaries, recipe_p
     wrong = [f"{recipe_of[r['program']]}: {r['line']}" for r in records if not r["agrees"]]
     assert not wrong, "\n".join(wrong)
     assert all(r["checked"] > 0 for r in records), records
+
+
+def view_logits(view: str, programs: dict[str, Path]) -> dict[str, "torch.Tensor"]:
+    """recipe -> the Python runtime's logits under ``view`` (program_logits.py's calls)."""
+    import torch
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "logits.pt"
+        done = isa_view.run_in_view(view, [sys.executable, str(Path(__file__).with_name("program_logits.py")), str(out),
+                                           *map(str, programs.values())], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        by_path = torch.load(out)
+    return {recipe: by_path[str(path)] for recipe, path in programs.items()}
+
+
+@pytest.fixture(scope="module")
+def native_logits(recipe_programs):
+    return view_logits("native", recipe_programs)
+
+
+@pytest.mark.parametrize("view", [v for v in isa_view.presentable_views() if v != "native"])
+def test_every_view_computes_what_the_native_program_does(recipe_programs, native_logits, view):
+    """Each recipe's logits under ``view`` pick the native program's tokens and lie within
+    twice the parity check's error of its logits (or a thousandth of their spread where the
+    check found none): the same integers summed in another order, not another computation.
+    On a Xeon with AMX (2026-12-05) every recipe but ``8da8w`` agreed to 2e-5 in every view;
+    ``8da8w``'s logits (its activations on two rows) moved by 1.07 of a spread of 13.8
+    between the AVX-512 code and the AVX2 and AVX-VNNI code, under its parity error of
+    1.34, and bit for bit between native and avx512. A broken kernel moves them by the
+    spread."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler for the ISA view's preload library")
+    got = view_logits(view, recipe_programs)
+    wrong = []
+    for recipe, native in native_logits.items():
+        parity = json.loads(recipe_programs[recipe].with_suffix(".report.json").read_text())["parity"]
+        bound = max(2 * parity["max_abs_diff"], 1e-3 * float(native.std()))
+        difference = float((got[recipe] - native).abs().max())
+        tokens = got[recipe].argmax(-1).tolist(), native.argmax(-1).tolist()
+        if difference > bound or tokens[0] != tokens[1]:
+            wrong.append(f"{recipe}: max |logit difference| {difference:.4g} (bound {bound:.4g}), tokens {tokens[0]} "
+                         f"against native {tokens[1]}")
+    assert not wrong, f"view {view}:\n" + "\n".join(wrong)
 
 
 def test_runner_gives_back_freed_weights_and_reads_them_again_when_reloaded(binaries, recipe_programs):  # noqa: F811
