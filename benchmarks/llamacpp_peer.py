@@ -43,6 +43,13 @@ VIEW_CPU_FLAGS = {
     "avx2": [*_X86_64_V3, "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF"],
 }
 
+# ISA view -> what its libggml-cpu.so must say it was compiled with (ggml_cpu_has_*)
+VIEW_COMPILED = {
+    "avx512": {"avx2": 1, "avx512": 1, "avx512_vnni": 1, "avx_vnni": 0},
+    "avxvnni": {"avx2": 1, "avx512": 0, "avx512_vnni": 0, "avx_vnni": 1},
+    "avx2": {"avx2": 1, "avx512": 0, "avx512_vnni": 0, "avx_vnni": 0},
+}
+
 
 def tool_path(name: str, cache: Path = DEFAULT_CACHE) -> Path:
     return cache / "build" / "bin" / name
@@ -97,7 +104,7 @@ def build_llama_bench(cache: Path = DEFAULT_CACHE, jobs: int | None = None) -> P
 def build_cpu_backend(view: str, cache: Path = DEFAULT_CACHE, jobs: int | None = None) -> Path:
     """The folder holding ``libggml-cpu.so`` built for ISA view ``view`` (the tools' own
     build must exist: it is configured from the same source). Checked: the library says
-    it was compiled with AVX2 and without AVX-512 or AVX-VNNI."""
+    it was compiled with the view's instruction sets (VIEW_COMPILED) and no others."""
     if view not in VIEW_CPU_FLAGS:
         raise SystemExit(f"llamacpp_peer: no CPU backend flags for view {view!r}; known: {', '.join(VIEW_CPU_FLAGS)}")
     build_llama_bench(cache, jobs)
@@ -114,7 +121,7 @@ def build_cpu_backend(view: str, cache: Path = DEFAULT_CACHE, jobs: int | None =
 
     cpu = ctypes.CDLL(str(library))
     compiled = {name: getattr(cpu, f"ggml_cpu_has_{name}")() for name in ("avx2", "avx512", "avx512_vnni", "avx_vnni")}
-    if compiled != {"avx2": 1, "avx512": 0, "avx512_vnni": 0, "avx_vnni": 0}:
+    if compiled != VIEW_COMPILED[view]:
         raise SystemExit(f"llamacpp_peer: {library} was not built for view {view}: {compiled}")
     return library.parent
 

@@ -5,7 +5,7 @@
 //       benchmarks/int4_gemm_probe/probe.cpp plugins/kernels/csrc/int4_gemm.cpp -o int4_probe
 //   (runtime/kernels: cpu_isa.h, the instruction-set choice int4_gemm.cpp shares with the runner)
 //   int4_probe check
-//       the best code this CPU runs (AVX-512 VNNI, AVX2; LLMCORE_KERNELS_MAX_ISA=avx2
+//       the best code this CPU runs (AVX-512 VNNI, AVX-VNNI, AVX2; LLMCORE_KERNELS_MAX_ISA=avx_vnni, =avx2
 //       or =portable caps it) against the portable loops and both against a double-precision
 //       sum over the same integers; the activation rounding against its definition; the
 //       offset term of blocks with offsets (add_block_offsets) against a double-precision sum;

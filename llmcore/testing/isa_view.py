@@ -25,8 +25,8 @@ The views:
   (the AVX-512 EPYC, Zen 4; Ice Lake and Cooper Lake Xeons): on a Xeon with AMX, the
   int8 GEMMs XNNPACK runs without its AMX tiles.
 - ``avxvnni``: AVX2 with the VEX-coded VNNI and no AVX-512 (Intel's laptop and desktop
-  cores since Alder Lake): XNNPACK's AVX-VNNI kernels; llmcore's kernels take their AVX2
-  code there (cpu_isa.h asks for AVX-512 VNNI).
+  cores since Alder Lake): XNNPACK's AVX-VNNI kernels, llmcore's int GEMMs on the
+  VEX-coded vpdpbusd (cpu_isa.h's ``avx_vnni``) and its AVX2 code for the rest.
 - ``avx2``: an x86-64-v3 CPU without AVX-512 or VNNI (the AVX2-only EPYC): XNNPACK's AVX2
   kernels, llmcore's AVX2 GEMMs and attention.
 - ``sse4``: an x86-64 without AVX (x86-64-v2): XNNPACK's SSE kernels, llmcore's portable
@@ -70,7 +70,7 @@ VIEWS: dict[str, tuple[str, ...] | None] = {
 LIBRARY_ENV = {"avx512": {"ATEN_CPU_CAPABILITY": "avx512", "MKL_ENABLE_INSTRUCTIONS": "AVX512",
                           "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
                "avxvnni": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-                           "ONEDNN_MAX_CPU_ISA": "AVX2_VNNI", "LLMCORE_KERNELS_MAX_ISA": "avx2"},
+                           "ONEDNN_MAX_CPU_ISA": "AVX2_VNNI", "LLMCORE_KERNELS_MAX_ISA": "avx_vnni"},
                "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
                         "LLMCORE_KERNELS_MAX_ISA": "avx2"},
                "sse4": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",

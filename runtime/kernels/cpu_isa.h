@@ -1,5 +1,5 @@
 // Which instruction set llmcore's own kernels run: the best this CPU has, capped by
-// LLMCORE_KERNELS_MAX_ISA ("portable" or "avx2"). One choice for every kernel that has
+// LLMCORE_KERNELS_MAX_ISA ("portable", "avx2" or "avx_vnni"). One choice for every kernel that has
 // per-ISA code (the runner's attention in llm_ops.cpp, the kernels plugin's int4/int8 GEMMs
 // in plugins/kernels/csrc/int4_gemm.cpp), made once per process from the CPU's own answer
 // (cpuid through __builtin_cpu_supports). Header only: a target gets it by linking the
@@ -9,6 +9,9 @@
 // tested wherever the tests run (tests/runtime/test_recipes_agree.py, through
 // llmcore/testing/isa_view.py's views, which set it beside hiding features from XNNPACK):
 //   avx512_vnni  AVX-512 VNNI CPUs (the int GEMMs' vpdpbusd; attention takes the avx2 code)
+//   avx_vnni     AVX2 with the VEX-coded VNNI and no AVX-512 VNNI: Intel's laptop and
+//                desktop cores since Alder Lake (the int GEMMs' vpdpbusd on 256-bit
+//                registers; everything else the avx2 code)
 //   avx2         x86-64-v3: AVX2 + FMA (+ F16C, BMI2), e.g. the AVX2-only EPYC
 //   portable     anything else: plain C++ loops, which the compiler vectorises for the
 //                baseline (SSE2 on x86-64)
@@ -20,12 +23,14 @@
 
 namespace llmcore_kernels {
 
-enum class Isa { portable = 0, avx2 = 1, avx512_vnni = 2 };
+enum class Isa { portable = 0, avx2 = 1, avx_vnni = 2, avx512_vnni = 3 };
 
 inline const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::avx512_vnni:
       return "AVX-512 VNNI";
+    case Isa::avx_vnni:
+      return "AVX-VNNI";
     case Isa::avx2:
       return "AVX2";
     default:
@@ -39,6 +44,7 @@ inline Isa cpu_isa() {
   if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return Isa::portable;
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
     return Isa::avx512_vnni;
+  if (__builtin_cpu_supports("avxvnni")) return Isa::avx_vnni;
   return Isa::avx2;
 #else
   return Isa::portable;
@@ -53,7 +59,14 @@ inline Isa kernels_isa() {
     if (cap == nullptr || *cap == '\0') return best;
     if (std::strcmp(cap, "portable") == 0) return Isa::portable;
     if (std::strcmp(cap, "avx2") == 0) return best < Isa::avx2 ? best : Isa::avx2;
-    std::fprintf(stderr, "llmcore-kernels: LLMCORE_KERNELS_MAX_ISA=%s is not one of portable, avx2; ignored\n", cap);
+    // (how a Xeon runs a laptop core's code): the VEX-coded VNNI itself is needed, which an
+    // AVX-512 VNNI CPU may lack (Zen 4 has only the EVEX form); without it, AVX2
+    if (std::strcmp(cap, "avx_vnni") == 0) {
+      if (best < Isa::avx_vnni) return best;
+      return __builtin_cpu_supports("avxvnni") ? Isa::avx_vnni : Isa::avx2;
+    }
+    std::fprintf(stderr, "llmcore-kernels: LLMCORE_KERNELS_MAX_ISA=%s is not one of portable, avx2, avx_vnni; ignored\n",
+                 cap);
     return best;
   }();
   return isa;

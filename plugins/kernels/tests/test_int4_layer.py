@@ -322,7 +322,7 @@ def test_negative_scales_on_the_kernel_are_as_near_the_float_product_as_the_modu
     assert linear.offset_weight is not None and bool((linear.scales > 0).all())  # restored
 
 
-@pytest.mark.parametrize("view", ["avx2", "sse4"])
+@pytest.mark.parametrize("view", ["avxvnni", "avx2", "sse4"])
 def test_negative_scales_in_every_isa_view(kernel_library, passes_in_isa_view, view):
     """A block's scale meets its integer sums as a float multiply on every path: the same tests
     again in a process whose kernels see only the view's instruction sets."""
@@ -436,7 +436,7 @@ def test_qk_norms_are_checked_by_the_operator(ops):
             layer.qkv_offsets, layer.q_norm, layer.k_norm, -1.0, cos, sin, layer.n_heads, layer.n_kv_heads)
 
 
-@pytest.mark.parametrize("view", ["avx2", "sse4"])
+@pytest.mark.parametrize("view", ["avxvnni", "avx2", "sse4"])
 def test_qk_norm_heads_in_every_isa_view(kernel_library, passes_in_isa_view, view):
     passes_in_isa_view(view, __file__, "qk_norm_heads_in_one_operator or q_and_k_norms_computes")
 
@@ -672,7 +672,7 @@ def test_the_families_built_on_llama_layers(kernel_library, tmp_path, family, co
     assert result.report["parity"]["top1_agreement"] == 1.0 and result.report["parity"]["max_abs_diff"] < 0.05
 
 
-@pytest.mark.parametrize("view", ["avx2", "sse4"])
+@pytest.mark.parametrize("view", ["avxvnni", "avx2", "sse4"])
 def test_a_gemma_layer_computes_its_block_in_every_isa_view(kernel_library, passes_in_isa_view, view):
     """The GeGLU activation and the post-norms have an AVX2 path and a portable one (int4_mlp.cpp's
     glu_times): the Gemma layer tests again, in a process whose kernels see only the view's

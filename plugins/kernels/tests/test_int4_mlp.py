@@ -213,8 +213,8 @@ def test_llmcore_run_and_llmcore_runner_agree(mlp_export, runner, llmcore_cli):
 
 
 def test_the_gemm_probe_checks_the_kernel(tmp_path):
-    """benchmarks/int4_gemm_probe: each code path this CPU can run (VNNI, AVX2, portable)
-    against a double-precision sum."""
+    """benchmarks/int4_gemm_probe: each code path this CPU can run (AVX-512 VNNI, AVX-VNNI,
+    AVX2, portable) against a double-precision sum."""
     root = Path(__file__).resolve().parents[3]
     compiler = shutil.which("c++") or shutil.which("g++")
     if compiler is None:
@@ -227,13 +227,25 @@ def test_the_gemm_probe_checks_the_kernel(tmp_path):
          str(root / "plugins/kernels/csrc/int4_gemm.cpp"), "-o", str(probe)],
         check=True, timeout=300,
     )
-    for cap in ("", "avx2", "portable"):  # the best code here, then capped (LLMCORE_KERNELS_MAX_ISA)
+    flags = _cpu_flags()
+    # the best code here, then capped (LLMCORE_KERNELS_MAX_ISA), and the code each cap runs
+    caps = {"": None, "avx_vnni": "AVX-VNNI" if "avx_vnni" in flags and "avx2" in flags else None,
+            "avx2": "AVX2" if {"avx2", "fma"} <= flags else None, "portable": "portable"}
+    for cap, code in caps.items():
         env = {**os.environ, "LLMCORE_KERNELS_MAX_ISA": cap}
         out = subprocess.run([str(probe), "check"], capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0, out.stdout + out.stderr
         assert out.stdout.startswith("ok"), out.stdout
-        if cap == "portable":
-            assert out.stdout.startswith("ok (the portable code checked)"), out.stdout
+        if code:
+            assert out.stdout.startswith(f"ok (the {code} "), out.stdout
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
 
 
 def test_gguf_layers_refuses_outlier_split():

@@ -144,7 +144,7 @@ def test_the_swap_check_catches_a_block_that_computes_something_else(ops):
     assert swapped == 0 and "differs from the kernels" in kept[0], kept
 
 
-@pytest.mark.parametrize("view", ["avx2", "sse4"])
+@pytest.mark.parametrize("view", ["avxvnni", "avx2", "sse4"])
 def test_a_gpt2_layer_computes_its_block_in_every_isa_view(kernel_library, passes_in_isa_view, view):
     """The GELU on up's columns has an AVX2 path and a portable one (int4_mlp.cpp's activate):
     the layer tests again in a process whose kernels see only the view's instruction sets."""

@@ -86,7 +86,7 @@ def test_equal_errors_choose_the_first_candidate(ops):
     assert torch.equal(got, lane_order_search(w, energy, candidates, -8, 7))
 
 
-@pytest.mark.parametrize("view", ["avx2", "sse4"])
+@pytest.mark.parametrize("view", ["avxvnni", "avx2", "sse4"])
 def test_the_native_search_in_every_isa_view(kernel_library, passes_in_isa_view, view):
     passes_in_isa_view(view, __file__, "chooses_what_the_torch_search or int8_ranges or equal_errors")
 
