@@ -361,7 +361,8 @@ def main() -> None:
                         "gets it; e.g. xnnpack for XNNPACK alone)")
     parser.add_argument("--isa-view", default="native",
                         help="run the runners and llama.cpp as on a CPU with fewer features (avx2: without AVX-512 "
-                        "and VNNI, the AVX2-only EPYC's kernels; llmcore/testing/isa_view.py); the export is the same")
+                        "and VNNI, the AVX2-only EPYC's kernels; avxvnni: an Intel laptop core's; avx512: without "
+                        "AMX; llmcore/testing/isa_view.py); the export is the same")
     parser.add_argument("--json")
     parser.add_argument("--plot")
     args = parser.parse_args()
