@@ -358,6 +358,10 @@ struct Attention {
   // buffer that has not wrapped yet holds its positions in rows [0, pos]: a decode step
   // then reads those, not the whole buffer (Gemma 3's sliding layers: 1023 rows).
   int64_t key_begin, key_end;
+  // With a mask, query row i's own range [row_begin[i], row_end[i]) (row_key_ranges): a
+  // sliding layer's prompt row sees its window, not the keys of every row of the call.
+  const int64_t* row_begin;
+  const int64_t* row_end;
   float scale;
   // Scores become softcap * tanh(score / softcap) before the mask is added (Gemma 2's
   // soft-capped attention, llmcore::softcap_sdpa); 0: not capped.
@@ -429,11 +433,12 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
   const int64_t d = a.head_dim, G = a.group;
   const int64_t rows = i1 - i0, nq = rows * G;
   const int64_t j0 = a.key_begin + chunk * a.chunk_keys, j1 = std::min(a.key_end, j0 + a.chunk_keys);
-  // Row r sees keys [j0, end[r]) in this item.
-  int64_t end[kRowBlock];
+  // Row r sees keys [begin[r], end[r]) in this item.
+  int64_t begin[kRowBlock], end[kRowBlock];
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t limit = a.mask == nullptr && a.causal ? a.start_pos + i0 + r + 1 : a.key_end;
+    const int64_t limit = a.mask == nullptr ? (a.causal ? a.start_pos + i0 + r + 1 : a.key_end) : a.row_end[i0 + r];
     end[r] = std::max(j0, std::min(j1, limit));
+    begin[r] = a.mask == nullptr ? j0 : std::min(end[r], std::max(j0, a.row_begin[i0 + r]));
   }
   const int64_t span = std::max<int64_t>(j1 - j0, 1);
   const int64_t blk = key_block(d);
@@ -464,7 +469,7 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
       const int64_t hi = std::min(je, end[qv / G]);
       const float* qr = query(qv);
       float* sr = scores + qv * span;
-      int64_t j = jb;
+      int64_t j = std::max(jb, begin[qv / G]);
       for (; j + 4 <= hi; j += 4) {
         float dots[4];
         dot4(qr, k, j - first, d, dots);
@@ -482,11 +487,11 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
     }
   }
   for (int64_t qv = 0; qv < nq; ++qv) {
-    const int64_t n = end[qv / G] - j0;
-    float* sr = scores + qv * span;
+    const int64_t first = begin[qv / G], n = end[qv / G] - first;
+    float* sr = scores + qv * span + (first - j0);  // the row's scores from its first key
     if (a.softcap > 0.0f) soft_cap_row(sr, n, a.softcap);
     if (a.mask != nullptr) {  // additive: -inf keys get exp(-87 - max) ~ 0 in softmax_row
-      const float* mr = a.mask + (i0 + qv / G) * a.kv_len + j0;
+      const float* mr = a.mask + (i0 + qv / G) * a.kv_len + first;
       for (int64_t j = 0; j < n; ++j) sr[j] += mr[j];
     }
     if (n > 0) {
@@ -504,20 +509,22 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
   // the block's rows from row `first` on.
   auto weigh_block = [&](const auto& v, int64_t first, int64_t jb, int64_t je) {
     for (int64_t qv = 0; qv < nq; ++qv) {
-      const int64_t n = std::min(je, end[qv / G]) - jb;
+      const int64_t lo = std::max(jb, begin[qv / G]);  // the row's first key in this block
+      const int64_t n = std::min(je, end[qv / G]) - lo;
       if (n <= 0) continue;
-      const float* p = scores + qv * span + (jb - j0);
+      const float* p = scores + qv * span + (lo - j0);
+      const int64_t row = first + (lo - jb);  // lo's row in v
       float* orow = output(qv);
       int64_t c = 0;
-      for (; c + 8 * kVec <= d; c += 8 * kVec) weighted_rows<8>(orow + c, v, first, c, p, n);
+      for (; c + 8 * kVec <= d; c += 8 * kVec) weighted_rows<8>(orow + c, v, row, c, p, n);
       if (c + 4 * kVec <= d) {
-        weighted_rows<4>(orow + c, v, first, c, p, n);
+        weighted_rows<4>(orow + c, v, row, c, p, n);
         c += 4 * kVec;
       }
-      for (; c + kVec <= d; c += kVec) weighted_rows<1>(orow + c, v, first, c, p, n);
+      for (; c + kVec <= d; c += kVec) weighted_rows<1>(orow + c, v, row, c, p, n);
       for (; c < d; ++c) {
         float acc = orow[c];
-        for (int64_t j = 0; j < n; ++j) acc += p[j] * v.at(first + j, c);
+        for (int64_t j = 0; j < n; ++j) acc += p[j] * v.at(row + j, c);
         orow[c] = acc;
       }
     }
@@ -738,19 +745,29 @@ bool check_attention(KernelRuntimeContext& ctx, const char* op, const Tensor& q,
   return true;
 }
 
-// [*begin, *end): the columns of mask [q_len, kv_len] between the first and the last entry
-// above -inf in any row (empty when every entry is -inf). A key outside them would get a
-// softmax weight of exp(-87 - max) at most, below a float's resolution of the sum it joins.
-void key_range(const float* mask, int64_t q_len, int64_t kv_len, int64_t* begin, int64_t* end) {
+// For each row i of mask [q_len, kv_len], [begins[i], ends[i]): its columns between its
+// first and its last entry above -inf (empty when every entry is -inf); and [*begin, *end)
+// those of all rows together. A key outside a row's range would get a softmax weight of
+// exp(-87 - max) at most, below a float's resolution of the sum it joins. Per row, a
+// sliding layer's prompt row reads its window: with one range for the whole call, each row
+// of a 512-token chunk at positions 512-1023 of Gemma 3's 256-key sliding layers read all
+// 1023 rows of their ring buffer, and that chunk's attention took 1.77 s over the 30 layers
+// (0.35 s with a range per row; docs/performance.md, "Measurements behind the code").
+void row_key_ranges(const float* mask, int64_t q_len, int64_t kv_len, int64_t* begins, int64_t* ends,
+                    int64_t* begin, int64_t* end) {
   int64_t lo = kv_len, hi = 0;
   for (int64_t i = 0; i < q_len; ++i) {
     const float* row = mask + i * kv_len;
     int64_t j = 0;
-    while (j < lo && !(row[j] > -INFINITY)) ++j;
-    lo = std::min(lo, j);
+    while (j < kv_len && !(row[j] > -INFINITY)) ++j;
     int64_t k = kv_len;
-    while (k > hi && !(row[k - 1] > -INFINITY)) --k;
-    hi = std::max(hi, k);
+    while (k > j && !(row[k - 1] > -INFINITY)) --k;
+    begins[i] = j < k ? j : 0;
+    ends[i] = j < k ? k : 0;
+    if (j < k) {
+      lo = std::min(lo, j);
+      hi = std::max(hi, k);
+    }
   }
   *begin = lo < hi ? lo : 0;
   *end = lo < hi ? hi : 0;
@@ -783,7 +800,15 @@ void attend_checked(const Tensor& q_shape, const float* q, const Tensor& k, cons
   a.mask = attn_mask.has_value() ? attn_mask->const_data_ptr<float>() : nullptr;
   a.key_begin = 0;
   a.key_end = a.start_pos + a.q_len;
-  if (a.mask != nullptr) key_range(a.mask, a.q_len, a.kv_len, &a.key_begin, &a.key_end);
+  thread_local std::vector<int64_t> row_ranges;  // [begins | ends], q_len each
+  a.row_begin = a.row_end = nullptr;
+  if (a.mask != nullptr) {
+    row_ranges.resize(2 * a.q_len);
+    a.row_begin = row_ranges.data();
+    a.row_end = row_ranges.data() + a.q_len;
+    row_key_ranges(a.mask, a.q_len, a.kv_len, row_ranges.data(), row_ranges.data() + a.q_len, &a.key_begin,
+                   &a.key_end);
+  }
   a.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(a.head_dim)));
   a.softcap = softcap;
   a.group = a.n_heads / a.n_kv_heads;

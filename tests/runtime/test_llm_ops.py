@@ -219,26 +219,31 @@ def test_custom_sdpa_reads_only_the_keys_its_mask_can_show(ops_check, tmp_path, 
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
 
 
-def test_custom_sdpa_with_a_mask_matches_torch(ops_check, tmp_path):
-    """A sliding layer's call: a ring buffer of 11 rows holding positions 9..19 out of
-    order, a 4-token chunk at positions 16..19, a window of 6, a mask saying which row each
+@pytest.mark.parametrize("q_len,rows,window,start", [(4, 11, 6, 16), (40, 72, 16, 64), (24, 48, 24, 0)],
+                         ids=["small", "chunk-past-the-ring", "first-chunk"])
+def test_custom_sdpa_with_a_mask_matches_torch(ops_check, tmp_path, q_len, rows, window, start):
+    """A sliding layer's call: a ring buffer holding positions out of order (small: 11 rows
+    holding 9..19, a 4-token chunk at 16..19, a window of 6), a mask saying which row each
     query sees. The mask decides alone: start_pos is not read, and rows it hides (one never
-    written, holding garbage) play no part."""
+    written, holding garbage) play no part. Each query row reads its own window
+    (row_key_ranges), in row blocks and key blocks where the windows start and end at other
+    keys: a 40-token chunk at 64..103 whose windows wrap the 72-row ring for some rows and
+    not for others, and a first chunk whose rows see 1 to 24 keys."""
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
 
     from llmcore.builtins.kv_cache import window_mask
 
-    q_len, heads, kv_heads, head_dim, rows, window = 4, 6, 2, 16, 11, 6
+    heads, kv_heads, head_dim = 6, 2, 16
     g = torch.Generator().manual_seed(3)
     q = torch.randn(1, q_len, heads, head_dim, generator=g) * 2
     k = torch.randn(1, rows, kv_heads, head_dim, generator=g)
     v = torch.randn(1, rows, kv_heads, head_dim, generator=g)
-    mask = window_mask(torch.tensor([16]), q_len, 64, window, rows)
+    mask = window_mask(torch.tensor([start]), q_len, 128, window, rows)
     assert mask.shape == (q_len, rows) and torch.isinf(mask).any() and (mask == 0).any()
     for name, t in (("q", q), ("k", k), ("v", v), ("mask", mask)):
         (tmp_path / f"{name}.bin").write_bytes(t.contiguous().numpy().tobytes())
     r = run_check(ops_check, tmp_path, "sdpa", batch=1, q_len=q_len, heads=heads, head_dim=head_dim, kv_len=rows,
-                  kv_heads=kv_heads, start=16, causal=False, mask=1)
+                  kv_heads=kv_heads, start=start, causal=False, mask=1)
     assert r.returncode == 0, r.stderr
     got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).view(q.shape)
     keys = k.double().repeat_interleave(heads // kv_heads, dim=2).transpose(1, 2)
@@ -246,7 +251,7 @@ def test_custom_sdpa_with_a_mask_matches_torch(ops_check, tmp_path):
     scores = q.double().transpose(1, 2) @ keys.transpose(-1, -2) / math.sqrt(head_dim) + mask.double()
     want = (scores.softmax(-1) @ values).transpose(1, 2).float()
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
-    theirs = torch.ops.llama.custom_sdpa(q, k, v, 16, mask, 0.0, False)  # ExecuTorch's kernel
+    theirs = torch.ops.llama.custom_sdpa(q, k, v, start, mask, 0.0, False)  # ExecuTorch's kernel
     torch.testing.assert_close(got, theirs, rtol=2e-5, atol=2e-6)
 
 
