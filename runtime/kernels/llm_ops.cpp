@@ -354,7 +354,7 @@ struct Attention {
   bool causal;
   const float* mask;  // [q_len, kv_len] added to the scores; then every key is seen (nullptr: none)
   // The keys any query row may see: [0, start_pos + q_len) without a mask; with one, the
-  // rows between its first and last entry above -inf in any query row (key_range). A ring
+  // rows between its first and last entry above -inf in any query row (row_key_ranges). A ring
   // buffer that has not wrapped yet holds its positions in rows [0, pos]: a decode step
   // then reads those, not the whole buffer (Gemma 3's sliding layers: 1023 rows).
   int64_t key_begin, key_end;
