@@ -127,9 +127,11 @@ def native_logits(recipe_programs):
 
 @pytest.mark.parametrize("view", [v for v in isa_view.presentable_views() if v != "native"])
 def test_every_view_computes_what_the_native_program_does(recipe_programs, native_logits, view):
-    """Each recipe's logits under ``view`` pick the native program's tokens and lie within
-    twice the parity check's error of its logits (or a thousandth of their spread where the
-    check found none): the same integers summed in another order, not another computation.
+    """Each recipe's logits under ``view`` lie within twice the parity check's error of the
+    native program's (or a thousandth of their spread where the check found none): the same
+    integers summed in another order, not another computation. A top token may differ only
+    where the native logits hold the two within twice that bound (a near tie, which the
+    bound on every logit already implies).
     On a Xeon with AMX (2026-12-05) every recipe but ``8da8w`` agreed to 2e-5 in every view;
     ``8da8w``'s logits (its activations on two rows) moved by 1.07 of a spread of 13.8
     between the AVX-512 code and the AVX2 and AVX-VNNI code, under its parity error of
@@ -143,8 +145,8 @@ def test_every_view_computes_what_the_native_program_does(recipe_programs, nativ
         parity = json.loads(recipe_programs[recipe].with_suffix(".report.json").read_text())["parity"]
         bound = max(2 * parity["max_abs_diff"], 1e-3 * float(native.std()))
         difference = float((got[recipe] - native).abs().max())
-        tokens = got[recipe].argmax(-1).tolist(), native.argmax(-1).tolist()
-        if difference > bound or tokens[0] != tokens[1]:
+        if difference > bound:
+            tokens = got[recipe].argmax(-1).tolist(), native.argmax(-1).tolist()
             wrong.append(f"{recipe}: max |logit difference| {difference:.4g} (bound {bound:.4g}), tokens {tokens[0]} "
                          f"against native {tokens[1]}")
     assert not wrong, f"view {view}:\n" + "\n".join(wrong)
