@@ -59,8 +59,8 @@ inline Isa kernels_isa() {
     if (cap == nullptr || *cap == '\0') return best;
     if (std::strcmp(cap, "portable") == 0) return Isa::portable;
     if (std::strcmp(cap, "avx2") == 0) return best < Isa::avx2 ? best : Isa::avx2;
-    // (how a Xeon runs a laptop core's code): the VEX-coded VNNI itself is needed, which an
-    // AVX-512 VNNI CPU may lack (Zen 4 has only the EVEX form); without it, AVX2
+    // How a Xeon runs a laptop core's code. It needs the VEX-coded VNNI itself, which an
+    // AVX-512 VNNI CPU may lack (Zen 4 has only the EVEX form): without it, AVX2.
     if (std::strcmp(cap, "avx_vnni") == 0) {
       if (best < Isa::avx_vnni) return best;
       return __builtin_cpu_supports("avxvnni") ? Isa::avx_vnni : Isa::avx2;

@@ -132,6 +132,7 @@ def test_every_view_computes_what_the_native_program_does(recipe_programs, nativ
     integers summed in another order, not another computation. A top token may differ only
     where the native logits hold the two within twice that bound (a near tie, which the
     bound on every logit already implies).
+
     On a Xeon with AMX (2026-12-05) every recipe but ``8da8w`` agreed to 2e-5 in every view;
     ``8da8w``'s logits (its activations on two rows) moved by 1.07 of a spread of 13.8
     between the AVX-512 code and the AVX2 and AVX-VNNI code, under its parity error of

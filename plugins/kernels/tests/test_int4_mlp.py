@@ -227,7 +227,9 @@ def test_the_gemm_probe_checks_the_kernel(tmp_path):
          str(root / "plugins/kernels/csrc/int4_gemm.cpp"), "-o", str(probe)],
         check=True, timeout=300,
     )
-    flags = _cpu_flags()
+    from llmcore.testing.isa_view import proc_flags
+
+    flags = proc_flags()
     # the best code here, then capped (LLMCORE_KERNELS_MAX_ISA), and the code each cap runs
     caps = {"": None, "avx_vnni": "AVX-VNNI" if "avx_vnni" in flags and "avx2" in flags else None,
             "avx2": "AVX2" if {"avx2", "fma"} <= flags else None, "portable": "portable"}
@@ -238,14 +240,6 @@ def test_the_gemm_probe_checks_the_kernel(tmp_path):
         assert out.stdout.startswith("ok"), out.stdout
         if code:
             assert out.stdout.startswith(f"ok (the {code} "), out.stdout
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()
 
 
 def test_gguf_layers_refuses_outlier_split():
