@@ -14,9 +14,12 @@
 // slice of the keys). It holds every query head that reads that kv head (grouped-query
 // attention), so each key and value row is read from memory once per item, not once per
 // query head. Keys and values go in blocks of 8 KiB that stay in L1 while each of the
-// item's query rows uses them. Per query row: the scaled scores (four keys at a time),
-// a numerically stable softmax (max subtracted, a vectorised exp), then the weighted sum
-// of value rows, the output row held in registers over a whole block. Items run on
+// item's query rows uses them. A prompt's item (8 or more query vectors) puts its query
+// vectors side by side in a register's lanes (attend_block_lanes): scores, softmax and
+// weighted sums are register tiles of several queries by several keys or channels. A decode
+// step's few vectors go one at a time: the scaled scores (four keys at a time), a
+// numerically stable softmax (max subtracted, a vectorised exp), then the weighted sum of
+// value rows, the output row held in registers over a whole block. Items run on
 // kernel_parallel_for (kernel_threads.h: the kernels' own threads or ExecuTorch's pool). A
 // decode step has one item per kv head; when that does not divide among the threads
 // (SmolLM2's 3 kv heads on 2 threads), the keys are cut into slices whose softmax parts
@@ -86,6 +89,22 @@ LLMCORE_INLINE void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
 // broadcast; the lane-by-lane initialiser became eight inserts, rebuilt inside loops.
 // (x + 0 is x for every x but -0, and a -0 here only ever multiplies.)
 LLMCORE_INLINE v8f splat(float x) { return v8f{} + x; }
+// A float from memory in every lane. In the AVX2 compilation one vbroadcastss from memory,
+// which only a load port runs; splat() of a loaded float is a load, an add of zero
+// (on an FMA port) and a register broadcast (on the one shuffle port): in the lanes'
+// inner loops, where each broadcast feeds one or two FMAs, those ports are the limit.
+// kV3: inlined into the x86-64-v3 compilation (attend_block_v3), where AVX is there.
+template <bool kV3>
+LLMCORE_INLINE v8f splat_load(const float* p) {
+#if LLMCORE_X86_64_V3
+  if constexpr (kV3) {  // asm: an intrinsic would not inline into this untargeted helper
+    v8f v;
+    asm("vbroadcastss %1, %0" : "=x"(v) : "m"(*p));
+    return v;
+  }
+#endif
+  return splat(*p);
+}
 LLMCORE_INLINE float hsum(v8f v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 
 // [hsum(a), hsum(b), hsum(c), hsum(d)] (each in another order of its adds), by shuffles
@@ -427,7 +446,290 @@ LLMCORE_INLINE F32Rows widened_rows(const Rows& rows, int64_t jb, int64_t je, in
 // before, 890-907 after; fp32's 1097-1135).
 constexpr int64_t kWidenedFor = 2;
 
-template <class Rows>
+// ---- A prompt's rows: the item's query vectors side by side in a register's lanes ----
+//
+// A prefill item holds rows x group query vectors (24 for SmolLM2's 8 rows of 3 heads) that
+// all read the same keys and values. Computing them one vector at a time (the code below
+// this path) reads a key once per query vector and ends each dot product in a horizontal
+// sum; here the queries are transposed once per item into lanes, `qt` [d][lanes], and a
+// score tile is an outer product: each key element broadcast once, multiplied into 8 or 16
+// query lanes at a time, the sums staying in lanes (no horizontal adds). The scores are
+// kept transposed, `st` [keys][lanes], so the softmax runs down the keys for 8 queries at
+// once, and the weighted sum takes each probability as a broadcast from it.
+//
+// A lane group's keys are the union of its query rows' ranges (rows next to each other:
+// at most a few keys past a row's own); a score outside a row's own range is replaced by
+// -inf and its probability by exactly 0 (selects, not products, so whatever such a key
+// holds cannot reach the row), which leaves each row the softmax over its own keys.
+
+// st[t][l * 8 ..] = sum over c of k_{row + t}[c] * qt[c][l * 8 ..], for T keys and L
+// groups of 8 query lanes: T * L accumulators, each key element loaded as a broadcast.
+template <bool kV3, int T, int L>
+LLMCORE_INLINE void lane_scores(const float* qt, int64_t lanes, const F32Rows& k, int64_t row, int64_t d, float* st) {
+  v8f acc[T][L];
+  for (int t = 0; t < T; ++t)
+    for (int l = 0; l < L; ++l) acc[t][l] = splat(0.0f);
+  for (int64_t c = 0; c < d; ++c) {
+    v8f qv[L];
+    for (int l = 0; l < L; ++l) qv[l] = load8(qt + c * lanes + l * kVec);
+    for (int t = 0; t < T; ++t) {
+      const v8f kb = splat_load<kV3>(k.p + (row + t) * k.stride + c);
+      for (int l = 0; l < L; ++l) acc[t][l] += kb * qv[l];
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int l = 0; l < L; ++l) store8(st + t * lanes + l * kVec, acc[t][l]);
+}
+
+// Keys [lo, hi) of the L lane groups from lane `group_lane` on: tiles of T keys, then the
+// rest one key at a time. st_j0 holds key j0's scores.
+template <bool kV3, int T, int L>
+LLMCORE_INLINE void lane_scores_range(const float* qt, int64_t lanes, const F32Rows& k, int64_t k_first, int64_t lo,
+                                      int64_t hi, int64_t d, float* st_j0, int64_t j0, int64_t group_lane) {
+  const float* q = qt + group_lane;
+  float* st = st_j0 + group_lane;
+  int64_t j = lo;
+  for (; j + T <= hi; j += T) lane_scores<kV3, T, L>(q, lanes, k, j - k_first, d, st + (j - j0) * lanes);
+  for (; j < hi; ++j) lane_scores<kV3, 1, L>(q, lanes, k, j - k_first, d, st + (j - j0) * lanes);
+}
+
+// out[t][c .. c + C*8) += sum over j < n of p[j][t] * v_{row + j}[c ..], T query vectors
+// (T lanes of the transposed probabilities, `lanes` floats apart) and C*8 channels held in
+// registers over the n keys.
+template <bool kV3, int T, int C>
+LLMCORE_INLINE void lane_weights(float* const* out, const float* p, int64_t lanes, const F32Rows& v, int64_t row,
+                                 int64_t c, int64_t n) {
+  v8f acc[T][C];
+  for (int t = 0; t < T; ++t)
+    for (int x = 0; x < C; ++x) acc[t][x] = load8(out[t] + c + x * kVec);
+  for (int64_t j = 0; j < n; ++j) {
+    v8f vv[C];
+    for (int x = 0; x < C; ++x) vv[x] = v.load(row + j, c + x * kVec);
+    for (int t = 0; t < T; ++t) {
+      const v8f w = splat_load<kV3>(p + j * lanes + t);
+      for (int x = 0; x < C; ++x) acc[t][x] += w * vv[x];
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int x = 0; x < C; ++x) store8(out[t] + c + x * kVec, acc[t][x]);
+}
+
+// All of a tile's channels: 24 at a time, then 16, 8, and one by one.
+template <bool kV3, int T>
+LLMCORE_INLINE void lane_weights_all(float* const* out, const float* p, int64_t lanes, const F32Rows& v, int64_t row,
+                                     int64_t d, int64_t n) {
+  int64_t c = 0;
+  for (; c + 3 * kVec <= d; c += 3 * kVec) lane_weights<kV3, T, 3>(out, p, lanes, v, row, c, n);
+  if (c + 2 * kVec <= d) {
+    lane_weights<kV3, T, 2>(out, p, lanes, v, row, c, n);
+    c += 2 * kVec;
+  }
+  if (c + kVec <= d) {
+    lane_weights<kV3, T, 1>(out, p, lanes, v, row, c, n);
+    c += kVec;
+  }
+  for (; c < d; ++c) {
+    for (int t = 0; t < T; ++t) {
+      float acc = out[t][c];
+      for (int64_t j = 0; j < n; ++j) acc += p[j * lanes + t] * v.at(row + j, c);
+      out[t][c] = acc;
+    }
+  }
+}
+
+// Lanes [first, first + 8) of a lane group: each one's key range [begin, end) as int32
+// vectors (lanes past the item's query vectors: empty), and the group's union [lo, hi).
+struct LaneRanges {
+  v8i begin, end;
+  int64_t lo, hi;
+};
+LLMCORE_INLINE LaneRanges lane_ranges(const int64_t* begin, const int64_t* end, int64_t G, int64_t nq, int64_t first) {
+  LaneRanges r{v8i{}, v8i{}, std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()};
+  for (int l = 0; l < kVec; ++l) {
+    const int64_t qv = first + l;
+    const bool live = qv < nq && begin[qv / G] < end[qv / G];
+    r.begin[l] = live ? static_cast<int32_t>(begin[qv / G]) : 0;
+    r.end[l] = live ? static_cast<int32_t>(end[qv / G]) : 0;
+    if (live) {
+      r.lo = std::min(r.lo, begin[qv / G]);
+      r.hi = std::max(r.hi, end[qv / G]);
+    }
+  }
+  if (r.lo >= r.hi) r.lo = r.hi = 0;
+  return r;
+}
+
+// Query vector qv of an item (batch b, kv head g, rows from i0): row i0 + qv / group of
+// query head g * group + qv % group, as a row of q and out.
+LLMCORE_INLINE int64_t query_row(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t qv) {
+  return (b * a.q_len + i0 + qv / a.group) * a.n_heads + g * a.group + qv % a.group;
+}
+// Where that row's output goes: out itself, or its key slice's partial row.
+LLMCORE_INLINE float* output_row(const Attention& a, int64_t row, int64_t chunk) {
+  return a.key_chunks == 1 ? a.out + row * a.head_dim
+                           : a.partial + (chunk * a.batch * a.q_len * a.n_heads + row) * (a.head_dim + 2);
+}
+// An output row's last step: divided by its softmax sum, or, in a key slice, followed by
+// the slice's max and sum for merge_key_chunks.
+LLMCORE_INLINE void finish_row(const Attention& a, float* o, float max, float sum) {
+  const int64_t d = a.head_dim;
+  if (a.key_chunks == 1) {
+    const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int64_t c = 0; c < d; ++c) o[c] *= inv_sum;
+  } else {
+    o[d] = max;
+    o[d + 1] = sum;
+  }
+}
+
+// One item on the lanes (above): rows [i0, i0 + rows), keys [j0, j1), row r's own keys
+// [begin[r], end[r]).
+template <class Rows, bool kV3>
+LLMCORE_INLINE void attend_block_lanes(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t rows,
+                                       int64_t chunk, int64_t j0, int64_t j1, const int64_t* begin,
+                                       const int64_t* end, std::vector<float>& scratch) {
+  constexpr bool narrow = !std::is_same<Rows, F32Rows>::value;
+  const int64_t d = a.head_dim, G = a.group, nq = rows * G;
+  const int64_t groups = (nq + kVec - 1) / kVec, lanes = groups * kVec;
+  const int64_t span = std::max<int64_t>(j1 - j0, 1);
+  const int64_t blk = key_block(d);
+  const int64_t needed = lanes * (d + span + 2) + (narrow ? blk * d : 0);
+  if (static_cast<int64_t>(scratch.size()) < needed) scratch.resize(needed);
+  float* qt = scratch.data();            // [d][lanes]: the queries, scaled
+  float* st = qt + d * lanes;            // [span][lanes]: scores, then probabilities; key j at j - j0
+  float* maxes = st + span * lanes;      // [lanes]
+  float* sums = maxes + lanes;           // [lanes]
+  float* block_rows = sums + lanes;      // [blk][d]: a narrow cache's block widened
+
+  for (int64_t qv = 0; qv < lanes; ++qv) {
+    const float* q = qv < nq ? a.q + query_row(a, b, g, i0, qv) * d : nullptr;
+    for (int64_t c = 0; c < d; ++c) qt[c * lanes + qv] = q != nullptr ? q[c] * a.scale : 0.0f;
+  }
+  const Rows keys = rows_of<Rows>(a, a.k, a.k_scales, a.k_zero_points, b, g);
+  const Rows values = rows_of<Rows>(a, a.v, a.v_scales, a.v_zero_points, b, g);
+  // A block of keys or values as float32 rows, and the row in it that holds key jb.
+  auto block = [&](const Rows& rows_in, int64_t jb, int64_t je, int64_t* first_row) {
+    if constexpr (narrow) {
+      *first_row = 0;
+      return widened_rows(rows_in, jb, je, d, block_rows);
+    } else {
+      *first_row = jb;
+      return rows_in;
+    }
+  };
+
+  // Scores: lane groups two at a time (6 keys x 16 lanes in registers), three where three
+  // are left (4 x 24), one alone only where one is (8 x 8: a broadcast for each FMA).
+  for (int64_t jb = j0; jb < j1; jb += blk) {
+    const int64_t je = std::min(j1, jb + blk);
+    int64_t first_row;
+    const F32Rows k = block(keys, jb, je, &first_row);
+    const int64_t k_first = jb - first_row;  // key j is row j - k_first of k
+    for (int64_t gi = 0; gi < groups;) {
+      const int64_t left = groups - gi, take = left == 1 ? 1 : left == 3 ? 3 : 2;
+      int64_t lo = je, hi = jb;  // the union of the groups' ranges in this block
+      for (int64_t t = 0; t < take; ++t) {
+        const LaneRanges r = lane_ranges(begin, end, G, nq, (gi + t) * kVec);
+        if (r.lo < r.hi) {
+          lo = std::min(lo, std::max(jb, r.lo));
+          hi = std::max(hi, std::min(je, r.hi));
+        }
+      }
+      if (take == 3) {
+        lane_scores_range<kV3, 4, 3>(qt, lanes, k, k_first, lo, hi, d, st, j0, gi * kVec);
+      } else if (take == 2) {
+        lane_scores_range<kV3, 6, 2>(qt, lanes, k, k_first, lo, hi, d, st, j0, gi * kVec);
+      } else {
+        lane_scores_range<kV3, 8, 1>(qt, lanes, k, k_first, lo, hi, d, st, j0, gi * kVec);
+      }
+      gi += take;
+    }
+  }
+  if (a.softcap > 0.0f) {  // before the mask, as in the code below
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      const LaneRanges r = lane_ranges(begin, end, G, nq, gi * kVec);
+      for (int64_t j = r.lo; j < r.hi; ++j) soft_cap_row(st + (j - j0) * lanes + gi * kVec, kVec, a.softcap);
+    }
+  }
+  if (a.mask != nullptr) {
+    for (int64_t qv = 0; qv < nq; ++qv) {
+      const int64_t r = qv / G, n = end[r] - begin[r];
+      float* s = st + (begin[r] - j0) * lanes + qv;
+      const float* m = a.mask + (i0 + r) * a.kv_len + begin[r];
+      for (int64_t j = 0; j < n; ++j) s[j * lanes] += m[j];
+    }
+  }
+
+  // Softmax down the keys, 8 query lanes at a time; a key outside a lane's range plays no
+  // part in its max and gets exactly 0 as its probability.
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    const LaneRanges r = lane_ranges(begin, end, G, nq, gi * kVec);
+    v8f mx = splat(-INFINITY);
+    for (int64_t j = r.lo; j < r.hi; ++j) {
+      const v8i jj = v8i{} + static_cast<int32_t>(j);
+      const v8f x = (jj >= r.begin) & (jj < r.end) ? load8(st + (j - j0) * lanes + gi * kVec) : splat(-INFINITY);
+      mx = x > mx ? x : mx;
+    }
+    const v8i live = mx > splat(-INFINITY);  // lanes with a key: a row with none sums to 0
+    const v8f base = live ? mx : splat(0.0f);
+    v8f sum = splat(0.0f);
+    for (int64_t j = r.lo; j < r.hi; ++j) {
+      float* s = st + (j - j0) * lanes + gi * kVec;
+      const v8i jj = v8i{} + static_cast<int32_t>(j);
+      const v8f e = live & (jj >= r.begin) & (jj < r.end) ? exp_nonpositive(load8(s) - base) : splat(0.0f);
+      store8(s, e);
+      sum += e;
+    }
+    store8(maxes + gi * kVec, mx);
+    store8(sums + gi * kVec, sum);
+  }
+
+  // Weighted sums: tiles of 4 query vectors by 24 channels (12 registers), in key blocks
+  // as the scores were.
+  for (int64_t qv = 0; qv < nq; ++qv) {
+    float* o = output_row(a, query_row(a, b, g, i0, qv), chunk);
+    for (int64_t c = 0; c < d; ++c) o[c] = 0.0f;
+  }
+  constexpr int64_t kTile = 4;
+  for (int64_t jb = j0; jb < j1; jb += blk) {
+    const int64_t je = std::min(j1, jb + blk);
+    int64_t first_row;
+    const F32Rows v = block(values, jb, je, &first_row);
+    for (int64_t t0 = 0; t0 < nq;) {
+      const int64_t count = std::min({kTile, nq - t0, kVec - t0 % kVec});  // within t0's lane group
+      int64_t lo = je, hi = jb;
+      float* out[kTile];
+      for (int64_t t = 0; t < count; ++t) {
+        const int64_t r = (t0 + t) / G;
+        lo = std::min(lo, std::max(jb, begin[r]));
+        hi = std::max(hi, std::min(je, end[r]));
+        out[t] = output_row(a, query_row(a, b, g, i0, t0 + t), chunk);
+      }
+      if (lo < hi) {
+        const float* p = st + (lo - j0) * lanes + t0;
+        const int64_t row = lo - jb + first_row;
+        if (count == 4) {
+          lane_weights_all<kV3, 4>(out, p, lanes, v, row, d, hi - lo);
+        } else if (count == 3) {
+          lane_weights_all<kV3, 3>(out, p, lanes, v, row, d, hi - lo);
+        } else if (count == 2) {
+          lane_weights_all<kV3, 2>(out, p, lanes, v, row, d, hi - lo);
+        } else {
+          lane_weights_all<kV3, 1>(out, p, lanes, v, row, d, hi - lo);
+        }
+      }
+      t0 += count;
+    }
+  }
+  for (int64_t qv = 0; qv < nq; ++qv)
+    finish_row(a, output_row(a, query_row(a, b, g, i0, qv), chunk), maxes[qv], sums[qv]);
+}
+
+// Query vectors per item from which the lanes are used: fewer (a decode step's heads)
+// would leave most of each register empty.
+constexpr int64_t kLanesFrom = kVec;
+
+template <class Rows, bool kV3>
 LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t i1,
                                       int64_t chunk, std::vector<float>& scratch) {
   const int64_t d = a.head_dim, G = a.group;
@@ -440,6 +742,7 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
     end[r] = std::max(j0, std::min(j1, limit));
     begin[r] = a.mask == nullptr ? j0 : std::min(end[r], std::max(j0, a.row_begin[i0 + r]));
   }
+  if (nq >= kLanesFrom) return attend_block_lanes<Rows, kV3>(a, b, g, i0, rows, chunk, j0, j1, begin, end, scratch);
   const int64_t span = std::max<int64_t>(j1 - j0, 1);
   const int64_t blk = key_block(d);
   const bool widen = !std::is_same<Rows, F32Rows>::value && nq >= kWidenedFor;
@@ -452,14 +755,8 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
 
   const Rows keys = rows_of<Rows>(a, a.k, a.k_scales, a.k_zero_points, b, g);
   const Rows values = rows_of<Rows>(a, a.v, a.v_scales, a.v_zero_points, b, g);
-  auto query = [&](int64_t qv) { return a.q + ((b * a.q_len + i0 + qv / G) * a.n_heads + g * G + qv % G) * d; };
-  // Where query vector qv's output goes: out itself, or its slice's partial row.
-  const int64_t partial_row = d + 2;
-  auto output = [&](int64_t qv) {
-    const int64_t row = (b * a.q_len + i0 + qv / G) * a.n_heads + g * G + qv % G;
-    return a.key_chunks == 1 ? a.out + row * d
-                             : a.partial + (chunk * a.batch * a.q_len * a.n_heads + row) * partial_row;
-  };
+  auto query = [&](int64_t qv) { return a.q + query_row(a, b, g, i0, qv) * d; };
+  auto output = [&](int64_t qv) { return output_row(a, query_row(a, b, g, i0, qv), chunk); };
 
   // Scores, scaled. Keys in blocks, each block read by every query vector while in L1
   // (grouped-query heads share their keys); within a block four keys at a time. `k` holds
@@ -538,16 +835,7 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
     }
   }
 
-  for (int64_t qv = 0; qv < nq; ++qv) {
-    float* o = output(qv);
-    if (a.key_chunks == 1) {
-      const float inv_sum = sums[qv] > 0.0f ? 1.0f / sums[qv] : 0.0f;
-      for (int64_t c = 0; c < d; ++c) o[c] *= inv_sum;
-    } else {
-      o[d] = maxes[qv];
-      o[d + 1] = sums[qv];
-    }
-  }
+  for (int64_t qv = 0; qv < nq; ++qv) finish_row(a, output(qv), maxes[qv], sums[qv]);
 }
 
 // attend_block's two compilations per element type, and the ones this process runs (cpu_isa.h).
@@ -556,14 +844,14 @@ using AttendBlock = void (*)(const Attention&, int64_t, int64_t, int64_t, int64_
 template <class Rows>
 void attend_block_baseline(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t i1, int64_t chunk,
                            std::vector<float>& scratch) {
-  attend_block_body<Rows>(a, b, g, i0, i1, chunk, scratch);
+  attend_block_body<Rows, false>(a, b, g, i0, i1, chunk, scratch);
 }
 
 #if LLMCORE_X86_64_V3
 template <class Rows>
 __attribute__((target("arch=x86-64-v3"))) void attend_block_v3(const Attention& a, int64_t b, int64_t g, int64_t i0,
                                                                int64_t i1, int64_t chunk, std::vector<float>& scratch) {
-  attend_block_body<Rows>(a, b, g, i0, i1, chunk, scratch);
+  attend_block_body<Rows, true>(a, b, g, i0, i1, chunk, scratch);
 }
 #endif
 

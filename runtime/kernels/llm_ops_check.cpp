@@ -8,14 +8,15 @@
 //       llama::custom_quantized_sdpa.out llmcore::softcap_sdpa.out llmcore::quantize_rows.out"
 //   llmcore_llm_ops_check sdpa DIR key=value...
 //       keys: batch q_len heads head_dim kv_len kv_heads start causal (0/1) scale (a number
-//       or "none") dtype (float/double/half) mask (0/1) dropout (a number) repeat (N calls)
+//       or "none") dtype (float/half/bfloat16: q, k, v and out; double: refused) mask (0/1)
+//       dropout (a number) repeat (N calls)
 //       skew (bytes past a 64-byte boundary for q, k, v and out: 16 is where the Python
 //       bindings put planned memory) cold (0/1: 64 MiB read before each call, so that k
 //       and v come from memory as in a decode step) softcap (a number: calls
 //       llmcore::softcap_sdpa.out instead, which takes no causal or dropout)
 //       reads DIR/q.bin [batch,q_len,heads,head_dim], DIR/k.bin and DIR/v.bin
-//       [batch,kv_len,kv_heads,head_dim] (float32, when dtype=float), with mask=1 DIR/mask.bin
-//       [q_len,kv_len] (float32: 0 or -inf), writes DIR/out.bin;
+//       [batch,kv_len,kv_heads,head_dim] (of dtype), with mask=1 DIR/mask.bin [q_len,kv_len]
+//       (float32: 0 or -inf; mask_dtype=half: refused), writes DIR/out.bin (of dtype);
 //       prints "us_per_call=..." (the median of `repeat` calls); pool=1 runs the kernel on
 //       the kernels' own threads (kernel_threads_use_own), woken by empty regions before
 //       each call (else on ExecuTorch's pool; the line says "kernel_threads_awake=0|1",
@@ -157,6 +158,7 @@ ScalarType dtype_of(const std::string& name) {
   if (name == "float") return ScalarType::Float;
   if (name == "double") return ScalarType::Double;
   if (name == "half") return ScalarType::Half;
+  if (name == "bfloat16") return ScalarType::BFloat16;
   usage("unknown dtype " + name);
 }
 
@@ -179,21 +181,23 @@ int run_sdpa(const Args& a) {
   const int64_t batch = a.num("batch", 1), q_len = a.num("q_len", 1), heads = a.num("heads", 1);
   const int64_t head_dim = a.num("head_dim", 8), kv_len = a.num("kv_len", 8), kv_heads = a.num("kv_heads", heads);
   const ScalarType type = dtype_of(a.get("dtype", "float"));
-  const bool from_files = type == ScalarType::Float;
+  const bool from_files = type != ScalarType::Double;  // double: only to be refused
   const size_t skew = static_cast<size_t>(a.num("skew", 0));
   auto load = [&](const char* name, std::vector<int64_t> shape) {
     size_t n = 1;
     for (int64_t s : shape) n *= static_cast<size_t>(s);
-    return Buffer(type, shape, from_files ? read_file(a.dir + "/" + name, n * sizeof(float)) : std::vector<char>(),
-                  skew);
+    const size_t bytes = n * executorch::runtime::elementSize(type);
+    return Buffer(type, shape, from_files ? read_file(a.dir + "/" + name, bytes) : std::vector<char>(), skew);
   };
   Buffer q = load("q.bin", {batch, q_len, heads, head_dim});
   Buffer k = load("k.bin", {batch, kv_len, kv_heads, head_dim});
   Buffer v = load("v.bin", {batch, kv_len, kv_heads, head_dim});
   Buffer out(type, {batch, q_len, heads, head_dim}, {}, skew);
   const bool masked = a.num("mask", 0) != 0;
-  Buffer mask(type, {q_len, kv_len},
-              masked && from_files ? read_file(a.dir + "/mask.bin", q_len * kv_len * sizeof(float)) : std::vector<char>());
+  const ScalarType mask_type = dtype_of(a.get("mask_dtype", "float"));  // not float: only to be refused
+  Buffer mask(mask_type, {q_len, kv_len},
+              masked ? read_file(a.dir + "/mask.bin", q_len * kv_len * executorch::runtime::elementSize(mask_type))
+                     : std::vector<char>());
   const std::string scale = a.get("scale", "none");
 
   et::EValue ev_q(q.tensor()), ev_k(k.tensor()), ev_v(v.tensor()), ev_start(a.num("start", 0));

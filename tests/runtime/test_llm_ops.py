@@ -255,6 +255,54 @@ def test_custom_sdpa_with_a_mask_matches_torch(ops_check, tmp_path, q_len, rows,
     torch.testing.assert_close(got, theirs, rtol=2e-5, atol=2e-6)
 
 
+NARROW_CASES = [
+    # q_len, heads, head_dim, kv_len, kv_heads, start, window (a sliding layer's mask; None: causal)
+    pytest.param(1, 9, 64, 256, 3, 200, None, id="decode-smollm2-shape"),
+    pytest.param(64, 9, 64, 128, 3, 20, None, id="prompt-smollm2-shape"),
+    pytest.param(37, 8, 32, 128, 2, 20, None, id="prompt-gqa-odd-rows"),
+    pytest.param(40, 6, 16, 72, 2, 64, 16, id="prompt-window-past-the-ring"),
+]
+
+
+@pytest.mark.parametrize("isa", [None, "portable"], ids=["best", "portable"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("q_len,heads,head_dim,kv_len,kv_heads,start,window", NARROW_CASES)
+def test_custom_sdpa_on_a_16_bit_cache_matches_torch(ops_check, tmp_path, q_len, heads, head_dim, kv_len, kv_heads,
+                                                     start, window, dtype, isa):
+    """A 16-bit cache (--kv-cache-dtype fp16/bf16): the kernel widens its keys and values to
+    float32 (a prompt's a block at a time) and narrows the output once. Against attention in
+    float64 on the same 16-bit values, to the output type's rounding; decode steps and prompt
+    rows, causal and under a sliding window's mask, in both compilations."""
+    from llmcore.builtins.kv_cache import window_mask
+
+    g = torch.Generator().manual_seed(q_len + heads)
+    q = (torch.randn(1, q_len, heads, head_dim, generator=g) * 2).to(dtype)
+    k = torch.randn(1, kv_len, kv_heads, head_dim, generator=g).to(dtype)
+    v = torch.randn(1, kv_len, kv_heads, head_dim, generator=g).to(dtype)
+    params = dict(causal=True)
+    if window is None:
+        visible = torch.arange(kv_len)[None, :] <= torch.arange(start, start + q_len)[:, None]
+        mask = torch.zeros(q_len, kv_len).masked_fill(~visible, float("-inf"))
+    else:
+        mask = window_mask(torch.tensor([start]), q_len, 128, window, kv_len)
+        (tmp_path / "mask.bin").write_bytes(mask.contiguous().numpy().tobytes())
+        params = dict(causal=False, mask=1)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        (tmp_path / f"{name}.bin").write_bytes(t.contiguous().view(torch.int16).numpy().tobytes())
+    env = None if isa is None else os.environ | {"LLMCORE_KERNELS_MAX_ISA": isa}
+    r = run_check(ops_check, tmp_path, "sdpa", env=env, batch=1, q_len=q_len, heads=heads, head_dim=head_dim,
+                  kv_len=kv_len, kv_heads=kv_heads, start=start, dtype="half" if dtype == torch.float16 else "bfloat16",
+                  **params)
+    assert r.returncode == 0, r.stderr
+    got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.int16).view(dtype).view(q.shape)
+    n_rep = heads // kv_heads
+    keys = k.double().repeat_interleave(n_rep, dim=2).transpose(1, 2)
+    values = v.double().repeat_interleave(n_rep, dim=2).transpose(1, 2)
+    scores = q.double().transpose(1, 2) @ keys.transpose(-1, -2) / math.sqrt(head_dim) + mask.double()
+    want = (scores.softmax(-1) @ values).transpose(1, 2)
+    torch.testing.assert_close(got, want.to(dtype))
+
+
 def capped_reference(q, k, v, start, mask, scale, softcap):
     """llmcore::softcap_sdpa in float64: causal from ``start`` without a mask, the additive
     ``mask`` alone with one; scores capped before the mask."""
@@ -277,6 +325,7 @@ CAPPED_CASES = [
     # q_len, heads, head_dim, kv_len, kv_heads, start, scale, softcap, masked
     pytest.param(1, 9, 64, 1024, 3, 700, None, 50.0, False, id="decode-gqa-smollm2-shape"),
     pytest.param(37, 8, 32, 128, 2, 20, 0.4, 5.0, False, id="prefill-chunk-scores-past-the-cap"),
+    pytest.param(64, 9, 64, 1024, 3, 500, None, 50.0, False, id="prompt-gqa-smollm2-shape"),
     pytest.param(3, 4, 13, 20, 2, 4, 0.5, 0.7, False, id="odd-head-dim-tight-cap"),
     pytest.param(4, 6, 16, 11, 2, 16, None, 3.0, True, id="ring-buffer-mask"),
 ]
@@ -491,7 +540,7 @@ def test_the_ops_are_registered(ops_check):
         ("sdpa", dict(mask=1, causal=0, dtype="double"), "float32, float16 or bfloat16"),
         ("sdpa", dict(dropout=0.1), "dropout_p must be 0"),
         ("sdpa", dict(dtype="double"), "float32, float16 or bfloat16"),
-        ("sdpa", dict(dtype="half", mask=1, causal=0), "attn_mask must be a contiguous float32"),
+        ("sdpa", dict(mask_dtype="half", mask=1, causal=0), "attn_mask must be a contiguous float32"),
         ("sdpa", dict(heads=3, kv_heads=2), "not a multiple"),
         ("sdpa", dict(start=6, q_len=4, kv_len=8), "outside the cache"),
         ("update_cache", dict(start=7, seq=2, capacity=8), "outside the cache"),
