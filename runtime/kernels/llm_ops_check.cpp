@@ -8,7 +8,9 @@
 //       llama::custom_quantized_sdpa.out llmcore::softcap_sdpa.out llmcore::quantize_rows.out"
 //   llmcore_llm_ops_check sdpa DIR key=value...
 //       keys: batch q_len heads head_dim kv_len kv_heads start causal (0/1) scale (a number
-//       or "none") dtype (float/half/bfloat16: q, k, v and out; double: refused) mask (0/1)
+//       or "none") dtype (float/half/bfloat16: q, k, v and out; int8: q, k and v, each with
+//       DIR/NAME_scales.bin (float32) and DIR/NAME_zero_points.bin (int8) [batch, rows, heads,
+//       1], llama::custom_quantized_sdpa.out, out float32; double: refused) mask (0/1)
 //       dropout (a number) repeat (N calls)
 //       skew (bytes past a 64-byte boundary for q, k, v and out: 16 is where the Python
 //       bindings put planned memory) cold (0/1: 64 MiB read before each call, so that k
@@ -159,6 +161,7 @@ ScalarType dtype_of(const std::string& name) {
   if (name == "double") return ScalarType::Double;
   if (name == "half") return ScalarType::Half;
   if (name == "bfloat16") return ScalarType::BFloat16;
+  if (name == "int8") return ScalarType::Char;
   usage("unknown dtype " + name);
 }
 
@@ -183,16 +186,27 @@ int run_sdpa(const Args& a) {
   const ScalarType type = dtype_of(a.get("dtype", "float"));
   const bool from_files = type != ScalarType::Double;  // double: only to be refused
   const size_t skew = static_cast<size_t>(a.num("skew", 0));
-  auto load = [&](const char* name, std::vector<int64_t> shape) {
+  auto load_as = [&](ScalarType as, const std::string& name, std::vector<int64_t> shape) {
     size_t n = 1;
     for (int64_t s : shape) n *= static_cast<size_t>(s);
-    const size_t bytes = n * executorch::runtime::elementSize(type);
-    return Buffer(type, shape, from_files ? read_file(a.dir + "/" + name, bytes) : std::vector<char>(), skew);
+    const size_t bytes = n * executorch::runtime::elementSize(as);
+    return Buffer(as, shape, from_files ? read_file(a.dir + "/" + name, bytes) : std::vector<char>(), skew);
   };
+  auto load = [&](const char* name, std::vector<int64_t> shape) { return load_as(type, name, shape); };
   Buffer q = load("q.bin", {batch, q_len, heads, head_dim});
   Buffer k = load("k.bin", {batch, kv_len, kv_heads, head_dim});
   Buffer v = load("v.bin", {batch, kv_len, kv_heads, head_dim});
-  Buffer out(type, {batch, q_len, heads, head_dim}, {}, skew);
+  // int8: llama::custom_quantized_sdpa, with a float32 scale and an int8 zero point per row of
+  // q, k and v (DIR/q_scales.bin, DIR/q_zero_points.bin, ... [batch, rows, heads, 1]); out float32
+  const bool quantized = type == ScalarType::Char;
+  Buffer out(quantized ? ScalarType::Float : type, {batch, q_len, heads, head_dim}, {}, skew);
+  std::vector<Buffer> row_params;  // q, k, v: scales then zero points
+  for (const char* name : {"q", "k", "v"}) {
+    if (!quantized) break;
+    const int64_t rows = name[0] == 'q' ? q_len : kv_len, h = name[0] == 'q' ? heads : kv_heads;
+    row_params.push_back(load_as(ScalarType::Float, std::string(name) + "_scales.bin", {batch, rows, h, 1}));
+    row_params.push_back(load_as(ScalarType::Char, std::string(name) + "_zero_points.bin", {batch, rows, h, 1}));
+  }
   const bool masked = a.num("mask", 0) != 0;
   const ScalarType mask_type = dtype_of(a.get("mask_dtype", "float"));  // not float: only to be refused
   Buffer mask(mask_type, {q_len, kv_len},
@@ -212,11 +226,24 @@ int run_sdpa(const Args& a) {
   et::EValue ev_softcap(softcap == "none" ? 0.0 : std::stod(softcap));
   et::EValue* capped_stack[] = {&ev_q, &ev_k, &ev_v, &ev_start, &ev_mask, &ev_scale, &ev_softcap, &ev_out};
   const bool capped = softcap != "none";
-  et::EValue** args = capped ? capped_stack : stack;
-  const size_t n_args = capped ? 8 : 9;
+  std::vector<et::EValue> ev_params;
+  for (Buffer& b : row_params) ev_params.emplace_back(b.tensor());
+  et::EValue ev_seq_at_dim_2(false);
+  std::vector<et::EValue*> quantized_stack = {&ev_q, &ev_k, &ev_v, &ev_start, &ev_mask, &ev_dropout, &ev_causal,
+                                              &ev_scale};
+  for (size_t i = 0; quantized && i < 3; ++i) {  // the op takes zero points before scales
+    quantized_stack.push_back(&ev_params[2 * i + 1]);
+    quantized_stack.push_back(&ev_params[2 * i]);
+  }
+  quantized_stack.push_back(&ev_seq_at_dim_2);
+  quantized_stack.push_back(&ev_out);
+  et::EValue** args = quantized ? quantized_stack.data() : capped ? capped_stack : stack;
+  const size_t n_args = quantized ? quantized_stack.size() : capped ? 8 : 9;
 
   size_pool(a);
-  et::OpFunction op = lookup(capped ? "llmcore::softcap_sdpa.out" : "llama::custom_sdpa.out");
+  et::OpFunction op = lookup(quantized ? "llama::custom_quantized_sdpa.out"
+                             : capped  ? "llmcore::softcap_sdpa.out"
+                                       : "llama::custom_sdpa.out");
   const int64_t repeat = std::max<int64_t>(1, a.num("repeat", 1));
   std::vector<double> us;
   const bool own = a.num("pool", 0) != 0;

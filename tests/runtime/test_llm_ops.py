@@ -303,6 +303,52 @@ def test_custom_sdpa_on_a_16_bit_cache_matches_torch(ops_check, tmp_path, q_len,
     torch.testing.assert_close(got, want.to(dtype))
 
 
+@pytest.mark.parametrize("isa", [None, "portable"], ids=["best", "portable"])
+@pytest.mark.parametrize("q_len,heads,head_dim,kv_len,kv_heads,start,window", NARROW_CASES)
+def test_custom_quantized_sdpa_on_an_int8_cache_matches_torch(ops_check, tmp_path, q_len, heads, head_dim, kv_len,
+                                                              kv_heads, start, window, isa):
+    """An int8 cache (--kv-cache-dtype int8): llama::custom_quantized_sdpa reads each row as
+    (q - zero point) * scale, the prompt's blocks widened to float32 once. Against attention
+    in float64 on the same rows read back, decode steps and prompt rows, causal and under a
+    sliding window's mask, in both compilations."""
+    from llmcore.builtins.kv_cache import window_mask
+
+    g = torch.Generator().manual_seed(q_len + heads + 1)
+
+    def int8_rows(rows, h):
+        x = torch.randint(-128, 128, (1, rows, h, head_dim), generator=g, dtype=torch.int8)
+        zero_points = torch.randint(-20, 21, (1, rows, h, 1), generator=g, dtype=torch.int8)
+        scales = torch.rand(1, rows, h, 1, generator=g) * 0.02 + 0.005
+        return x, scales, zero_points, (x.double() - zero_points.double()) * scales.double()
+
+    tensors, read_back = {}, {}
+    for name, rows, h in (("q", q_len, heads), ("k", kv_len, kv_heads), ("v", kv_len, kv_heads)):
+        x, scales, zero_points, read_back[name] = int8_rows(rows, h)
+        tensors.update({name: x, f"{name}_scales": scales, f"{name}_zero_points": zero_points})
+    params = dict(causal=True)
+    if window is None:
+        visible = torch.arange(kv_len)[None, :] <= torch.arange(start, start + q_len)[:, None]
+        mask = torch.zeros(q_len, kv_len).masked_fill(~visible, float("-inf"))
+    else:
+        mask = window_mask(torch.tensor([start]), q_len, 128, window, kv_len)
+        tensors["mask"] = mask
+        params = dict(causal=False, mask=1)
+    for name, t in tensors.items():
+        (tmp_path / f"{name}.bin").write_bytes(t.contiguous().numpy().tobytes())
+    env = None if isa is None else os.environ | {"LLMCORE_KERNELS_MAX_ISA": isa}
+    r = run_check(ops_check, tmp_path, "sdpa", env=env, batch=1, q_len=q_len, heads=heads, head_dim=head_dim,
+                  kv_len=kv_len, kv_heads=kv_heads, start=start, dtype="int8", **params)
+    assert r.returncode == 0, r.stderr
+    got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32)
+    got = got.view(1, q_len, heads, head_dim)
+    n_rep = heads // kv_heads
+    keys = read_back["k"].repeat_interleave(n_rep, dim=2).transpose(1, 2)
+    values = read_back["v"].repeat_interleave(n_rep, dim=2).transpose(1, 2)
+    scores = read_back["q"].transpose(1, 2) @ keys.transpose(-1, -2) / math.sqrt(head_dim) + mask.double()
+    want = (scores.softmax(-1) @ values).transpose(1, 2).float()
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
+
+
 def capped_reference(q, k, v, start, mask, scale, softcap):
     """llmcore::softcap_sdpa in float64: causal from ``start`` without a mask, the additive
     ``mask`` alone with one; scores capped before the mask."""
