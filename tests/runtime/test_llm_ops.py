@@ -219,6 +219,28 @@ def test_custom_sdpa_reads_only_the_keys_its_mask_can_show(ops_check, tmp_path, 
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
 
 
+def causal_or_window_mask(q_len, kv_len, start, window):
+    """A NARROW_CASES call's additive mask and the check tool's parameters for it: causal
+    from ``start`` (the kernel's own, not passed), or a sliding window over a ring buffer
+    (passed as DIR/mask.bin)."""
+    from llmcore.builtins.kv_cache import window_mask
+
+    if window is None:
+        visible = torch.arange(kv_len)[None, :] <= torch.arange(start, start + q_len)[:, None]
+        return torch.zeros(q_len, kv_len).masked_fill(~visible, float("-inf")), dict(causal=True)
+    return window_mask(torch.tensor([start]), q_len, 128, window, kv_len), dict(causal=False, mask=1)
+
+
+def masked_reference(q, k, v, mask):
+    """Attention in float64 of [B, S, H, D] queries over [B, kv_len, H_kv, D] keys and
+    values, with an additive [S, kv_len] mask."""
+    n_rep = q.shape[2] // k.shape[2]
+    keys = k.double().repeat_interleave(n_rep, dim=2).transpose(1, 2)
+    values = v.double().repeat_interleave(n_rep, dim=2).transpose(1, 2)
+    scores = q.double().transpose(1, 2) @ keys.transpose(-1, -2) / math.sqrt(q.shape[3]) + mask.double()
+    return (scores.softmax(-1) @ values).transpose(1, 2)
+
+
 @pytest.mark.parametrize("q_len,rows,window,start", [(4, 11, 6, 16), (40, 72, 16, 64), (24, 48, 24, 0)],
                          ids=["small", "chunk-past-the-ring", "first-chunk"])
 def test_custom_sdpa_with_a_mask_matches_torch(ops_check, tmp_path, q_len, rows, window, start):
@@ -246,11 +268,7 @@ def test_custom_sdpa_with_a_mask_matches_torch(ops_check, tmp_path, q_len, rows,
                   kv_heads=kv_heads, start=start, causal=False, mask=1)
     assert r.returncode == 0, r.stderr
     got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).view(q.shape)
-    keys = k.double().repeat_interleave(heads // kv_heads, dim=2).transpose(1, 2)
-    values = v.double().repeat_interleave(heads // kv_heads, dim=2).transpose(1, 2)
-    scores = q.double().transpose(1, 2) @ keys.transpose(-1, -2) / math.sqrt(head_dim) + mask.double()
-    want = (scores.softmax(-1) @ values).transpose(1, 2).float()
-    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
+    torch.testing.assert_close(got, masked_reference(q, k, v, mask).float(), rtol=2e-5, atol=2e-6)
     theirs = torch.ops.llama.custom_sdpa(q, k, v, start, mask, 0.0, False)  # ExecuTorch's kernel
     torch.testing.assert_close(got, theirs, rtol=2e-5, atol=2e-6)
 
@@ -273,20 +291,12 @@ def test_custom_sdpa_on_a_16_bit_cache_matches_torch(ops_check, tmp_path, q_len,
     float32 (a prompt's a block at a time) and narrows the output once. Against attention in
     float64 on the same 16-bit values, to the output type's rounding; decode steps and prompt
     rows, causal and under a sliding window's mask, in both compilations."""
-    from llmcore.builtins.kv_cache import window_mask
-
     g = torch.Generator().manual_seed(q_len + heads)
     q = (torch.randn(1, q_len, heads, head_dim, generator=g) * 2).to(dtype)
     k = torch.randn(1, kv_len, kv_heads, head_dim, generator=g).to(dtype)
     v = torch.randn(1, kv_len, kv_heads, head_dim, generator=g).to(dtype)
-    params = dict(causal=True)
-    if window is None:
-        visible = torch.arange(kv_len)[None, :] <= torch.arange(start, start + q_len)[:, None]
-        mask = torch.zeros(q_len, kv_len).masked_fill(~visible, float("-inf"))
-    else:
-        mask = window_mask(torch.tensor([start]), q_len, 128, window, kv_len)
-        (tmp_path / "mask.bin").write_bytes(mask.contiguous().numpy().tobytes())
-        params = dict(causal=False, mask=1)
+    mask, params = causal_or_window_mask(q_len, kv_len, start, window)
+    (tmp_path / "mask.bin").write_bytes(mask.contiguous().numpy().tobytes())
     for name, t in (("q", q), ("k", k), ("v", v)):
         (tmp_path / f"{name}.bin").write_bytes(t.contiguous().view(torch.int16).numpy().tobytes())
     env = None if isa is None else os.environ | {"LLMCORE_KERNELS_MAX_ISA": isa}
@@ -295,11 +305,7 @@ def test_custom_sdpa_on_a_16_bit_cache_matches_torch(ops_check, tmp_path, q_len,
                   **params)
     assert r.returncode == 0, r.stderr
     got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.int16).view(dtype).view(q.shape)
-    n_rep = heads // kv_heads
-    keys = k.double().repeat_interleave(n_rep, dim=2).transpose(1, 2)
-    values = v.double().repeat_interleave(n_rep, dim=2).transpose(1, 2)
-    scores = q.double().transpose(1, 2) @ keys.transpose(-1, -2) / math.sqrt(head_dim) + mask.double()
-    want = (scores.softmax(-1) @ values).transpose(1, 2)
+    want = masked_reference(q, k, v, mask)
     torch.testing.assert_close(got, want.to(dtype))
 
 
@@ -311,8 +317,6 @@ def test_custom_quantized_sdpa_on_an_int8_cache_matches_torch(ops_check, tmp_pat
     (q - zero point) * scale, the prompt's blocks widened to float32 once. Against attention
     in float64 on the same rows read back, decode steps and prompt rows, causal and under a
     sliding window's mask, in both compilations."""
-    from llmcore.builtins.kv_cache import window_mask
-
     g = torch.Generator().manual_seed(q_len + heads + 1)
 
     def int8_rows(rows, h):
@@ -321,18 +325,11 @@ def test_custom_quantized_sdpa_on_an_int8_cache_matches_torch(ops_check, tmp_pat
         scales = torch.rand(1, rows, h, 1, generator=g) * 0.02 + 0.005
         return x, scales, zero_points, (x.double() - zero_points.double()) * scales.double()
 
-    tensors, read_back = {}, {}
+    mask, params = causal_or_window_mask(q_len, kv_len, start, window)
+    tensors, read_back = {"mask": mask}, {}
     for name, rows, h in (("q", q_len, heads), ("k", kv_len, kv_heads), ("v", kv_len, kv_heads)):
         x, scales, zero_points, read_back[name] = int8_rows(rows, h)
         tensors.update({name: x, f"{name}_scales": scales, f"{name}_zero_points": zero_points})
-    params = dict(causal=True)
-    if window is None:
-        visible = torch.arange(kv_len)[None, :] <= torch.arange(start, start + q_len)[:, None]
-        mask = torch.zeros(q_len, kv_len).masked_fill(~visible, float("-inf"))
-    else:
-        mask = window_mask(torch.tensor([start]), q_len, 128, window, kv_len)
-        tensors["mask"] = mask
-        params = dict(causal=False, mask=1)
     for name, t in tensors.items():
         (tmp_path / f"{name}.bin").write_bytes(t.contiguous().numpy().tobytes())
     env = None if isa is None else os.environ | {"LLMCORE_KERNELS_MAX_ISA": isa}
@@ -341,11 +338,7 @@ def test_custom_quantized_sdpa_on_an_int8_cache_matches_torch(ops_check, tmp_pat
     assert r.returncode == 0, r.stderr
     got = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32)
     got = got.view(1, q_len, heads, head_dim)
-    n_rep = heads // kv_heads
-    keys = read_back["k"].repeat_interleave(n_rep, dim=2).transpose(1, 2)
-    values = read_back["v"].repeat_interleave(n_rep, dim=2).transpose(1, 2)
-    scores = read_back["q"].transpose(1, 2) @ keys.transpose(-1, -2) / math.sqrt(head_dim) + mask.double()
-    want = (scores.softmax(-1) @ values).transpose(1, 2).float()
+    want = masked_reference(read_back["q"], read_back["k"], read_back["v"], mask).float()
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
 
 
