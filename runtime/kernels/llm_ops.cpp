@@ -459,8 +459,12 @@ constexpr int64_t kWidenedFor = 2;
 //
 // A lane group's keys are the union of its query rows' ranges (rows next to each other:
 // at most a few keys past a row's own); a score outside a row's own range is replaced by
-// -inf and its probability by exactly 0 (selects, not products, so whatever such a key
-// holds cannot reach the row), which leaves each row the softmax over its own keys.
+// -inf and its probability by exactly 0 (by selects: whatever such a key's score, it
+// cannot reach the row), which leaves each row the softmax over its own keys. A weighted
+// sum's tile reads the value rows of its members' union, each times 0 for a member that
+// does not see it: rows another query of the call sees (a causal prompt's next rows, the
+// next window), so values the model wrote, which the 0 cancels (an infinity or NaN would
+// not be, but one there reaches that other query's output anyway).
 
 // st[t][l * 8 ..] = sum over c of k_{row + t}[c] * qt[c][l * 8 ..], for T keys and L
 // groups of 8 query lanes: T * L accumulators, each key element loaded as a broadcast.
@@ -699,10 +703,12 @@ LLMCORE_INLINE void attend_block_lanes(const Attention& a, int64_t b, int64_t g,
       const int64_t count = std::min({kTile, nq - t0, kVec - t0 % kVec});  // within t0's lane group
       int64_t lo = je, hi = jb;
       float* out[kTile];
-      for (int64_t t = 0; t < count; ++t) {
-        const int64_t r = (t0 + t) / G;
-        lo = std::min(lo, std::max(jb, begin[r]));
-        hi = std::max(hi, std::min(je, end[r]));
+      for (int64_t t = 0; t < count; ++t) {  // the union of the members' keys in this block
+        const int64_t r = (t0 + t) / G, first = std::max(jb, begin[r]), last = std::min(je, end[r]);
+        if (first < last) {
+          lo = std::min(lo, first);
+          hi = std::max(hi, last);
+        }
         out[t] = output_row(a, query_row(a, b, g, i0, t0 + t), chunk);
       }
       if (lo < hi) {
