@@ -152,5 +152,10 @@ def test_parity_names_a_disagreement_on_a_near_tie(exports, monkeypatch, tie_mar
     assert result.top1_agreement == 0.0
     assert result.near_ties == int(counted)
     assert (result.near_tie_gap == pytest.approx(gap, abs=1e-5)) if counted else result.near_tie_gap is None
+    # how sure the reference was: it holds its top-1 1.0 above the program's, and the call's
+    # largest difference is the runner-up's, gap + 1
+    assert result.disagreements == [{"length": len(ids), "reference_margin": pytest.approx(1.0, abs=1e-5),
+                                     "max_abs_diff": pytest.approx(gap + 1.0, abs=1e-5)}]
     line = format_summary({"parity": result.as_dict(), "outputs": {"pte": "x.pte", "pte_bytes": 1}, "stages": []})
     assert ("near tie" in line) == counted, line
+    assert "ranks the program's top-1 at most 1 below its own" in line, line

@@ -159,8 +159,18 @@ def test_kernel_recipes_answer_as_their_xnnpack_recipe_does(smollm2, smollm2_ggu
     # The export's parity reference attends in plain PyTorch (kv_cache.plain_attention):
     # with ExecuTorch's eager custom_sdpa it moved between processes (eight exports of one
     # gguf-layers program, the same bytes: max |logit diff| 1.37-2.51, and one run of five
-    # saw its top-1 disagree on one call); now three exports read 2.23 each.
-    assert report["quantization"]["recipe"] == recipe and report["parity"]["top1_agreement"] == 1.0
+    # saw its top-1 disagree on one call). The program's own attention kernel moves it too:
+    # the GGUF recipes' int8 activations carry a last-bit difference up to a logit or two.
+    # gguf-layers' decode call, where the reference holds 761 over 4161 by 0.60, picked 761
+    # with the runtime's attention kernel of 773feaf and with ExecuTorch's, 4161 with the
+    # one of 58d14af (that call's max |logit diff| 1.90, 1.69 and 1.18); over 142 prompt
+    # prefixes of benchmarks/data/alice-chapter1.txt the three kept the same top token as
+    # the fp32 model 127, 132 and 128 times (Xeon, 2026-12-05). So a disagreement is allowed
+    # where the reference holds its top-1 less far above the program's than the call's own
+    # largest difference, and not where it is surer.
+    parity = report["parity"]
+    assert report["quantization"]["recipe"] == recipe
+    assert all(d["reference_margin"] < d["max_abs_diff"] for d in parity["disagreements"]), parity
     assert set(ops) <= set(libraries.program_operators(pte.read_bytes()))
     result = cli("run", str(pte), "--chat", "--prompt", QUESTION, "--max-new-tokens", "32", "--json")
     assert result.returncode == 0, result.stderr

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import mmap
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import torch
@@ -39,6 +39,12 @@ class ParityResult:
     # and the smallest such gap (None when there is none)
     near_ties: int = 0
     near_tie_gap: Optional[float] = None
+    # each call whose top-1 tokens differ: its length, how far the reference ranks the
+    # program's top-1 below its own (``reference_margin``), and the call's own largest
+    # |logit difference|. A program whose int8 activations move its logits by ~2 (the GGUF
+    # recipes on the kernels) picks the other token of a pair the reference holds 0.6 apart
+    # as often as not; one that is wrong disagrees where the reference is sure.
+    disagreements: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -188,18 +194,23 @@ def check_parity(
         return ParitySkipped(reason, missing, reference)
     # mapped, not read into huge pages: a few calls, in the process that holds the model too
     program = Program.load(program_source, map_file=True)
-    worst, agree, gaps = 0.0, 0, []
+    worst, agree, gaps, disagreements = 0.0, 0, [], []
     for call in expected:
         got = program.logits(call.ids, call.pos).float()
-        worst = max(worst, float((got - call.logits).abs().max()))
+        call_worst = float((got - call.logits).abs().max())
+        worst = max(worst, call_worst)
         ours, theirs = int(torch.argmax(got)), int(torch.argmax(call.logits))
         agree += int(ours == theirs)
         gap = float(got[ours] - got[theirs])  # the program's preference for its own top-1
         if ours != theirs and gap <= NEAR_TIE_LOGITS:
             gaps.append(gap)
+        if ours != theirs:
+            margin = float(call.logits[theirs] - call.logits[ours])
+            disagreements.append({"length": len(call.ids), "reference_margin": round(margin, 6),
+                                  "max_abs_diff": round(call_worst, 6)})
     return ParityResult(
         round(worst, 6), agree / len(expected), [len(c.ids) for c in expected], reference,
-        near_ties=len(gaps), near_tie_gap=round(min(gaps), 6) if gaps else None,
+        near_ties=len(gaps), near_tie_gap=round(min(gaps), 6) if gaps else None, disagreements=disagreements,
     )
 
 

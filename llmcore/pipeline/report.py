@@ -98,6 +98,11 @@ def format_summary(report: dict[str, Any]) -> str:
         f"; {ties} of the disagreeing calls a near tie, the program's top two {parity['near_tie_gap']:.3g} apart"
         if ties else ""
     )
+    widest = max(parity.get("disagreements") or [], key=lambda d: d["reference_margin"], default=None)
+    if widest is not None:  # how sure the reference was where the program chose otherwise
+        tie_note += (f"; where they differ the reference ranks the program's top-1 at most "
+                     f"{widest['reference_margin']:.3g} below its own (that call's max |logit diff| "
+                     f"{widest['max_abs_diff']:.3g})")
     return wrote + (
         f"parity vs {parity['reference']}: max |logit diff| {parity['max_abs_diff']:.3g}, "
         f"top-1 agreement {parity['top1_agreement']:.0%} (lengths {parity['lengths']}{tie_note})"
