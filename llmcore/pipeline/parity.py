@@ -201,10 +201,10 @@ def check_parity(
         worst = max(worst, call_worst)
         ours, theirs = int(torch.argmax(got)), int(torch.argmax(call.logits))
         agree += int(ours == theirs)
-        gap = float(got[ours] - got[theirs])  # the program's preference for its own top-1
-        if ours != theirs and gap <= NEAR_TIE_LOGITS:
-            gaps.append(gap)
         if ours != theirs:
+            gap = float(got[ours] - got[theirs])  # the program's preference for its own top-1
+            if gap <= NEAR_TIE_LOGITS:
+                gaps.append(gap)
             margin = float(call.logits[theirs] - call.logits[ours])
             disagreements.append({"length": len(call.ids), "reference_margin": round(margin, 6),
                                   "max_abs_diff": round(call_worst, 6)})

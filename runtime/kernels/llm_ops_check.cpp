@@ -201,11 +201,13 @@ int run_sdpa(const Args& a) {
   const bool quantized = type == ScalarType::Char;
   Buffer out(quantized ? ScalarType::Float : type, {batch, q_len, heads, head_dim}, {}, skew);
   std::vector<Buffer> row_params;  // q, k, v: scales then zero points
-  for (const char* name : {"q", "k", "v"}) {
-    if (!quantized) break;
-    const int64_t rows = name[0] == 'q' ? q_len : kv_len, h = name[0] == 'q' ? heads : kv_heads;
-    row_params.push_back(load_as(ScalarType::Float, std::string(name) + "_scales.bin", {batch, rows, h, 1}));
-    row_params.push_back(load_as(ScalarType::Char, std::string(name) + "_zero_points.bin", {batch, rows, h, 1}));
+  if (quantized) {
+    for (const char* name : {"q", "k", "v"}) {
+      const bool query = name[0] == 'q';
+      const std::vector<int64_t> shape = {batch, query ? q_len : kv_len, query ? heads : kv_heads, 1};
+      row_params.push_back(load_as(ScalarType::Float, std::string(name) + "_scales.bin", shape));
+      row_params.push_back(load_as(ScalarType::Char, std::string(name) + "_zero_points.bin", shape));
+    }
   }
   const bool masked = a.num("mask", 0) != 0;
   const ScalarType mask_type = dtype_of(a.get("mask_dtype", "float"));  // not float: only to be refused
