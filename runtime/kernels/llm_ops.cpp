@@ -21,10 +21,12 @@
 // numerically stable softmax (max subtracted, a vectorised exp), then the weighted sum of
 // value rows, the output row held in registers over a whole block. Items run on
 // kernel_parallel_for (kernel_threads.h: the kernels' own threads or ExecuTorch's pool). A
-// decode step has one item per kv head; when that does not divide among the threads
-// (SmolLM2's 3 kv heads on 2 threads), the keys are cut into slices whose softmax parts
-// are merged after (choose_key_chunks). The hot loops are compiled twice, for x86-64-v3
-// (AVX2 + FMA) and the baseline, and one is picked once per process by cpu_isa.h's
+// decode step over fewer than 512 keys has one item per kv head; when that does not
+// divide among the threads (SmolLM2's 3 kv heads on 2 threads), the keys are cut into
+// slices whose softmax parts are merged after (choose_key_chunks). Over more, each item
+// takes every kv head and one slice of the keys per thread, so that it reads whole
+// positions of the cache, not one head's row of each (attend). The hot loops are compiled
+// twice, for x86-64-v3 (AVX2 + FMA) and the baseline, and one is picked once per process by cpu_isa.h's
 // kernels_isa() (LLMCORE_KERNELS_MAX_ISA=portable forces the baseline code on any CPU, so
 // both are tested wherever the tests run).
 #include "llm_ops.h"
@@ -736,10 +738,10 @@ LLMCORE_INLINE void attend_block_lanes(const Attention& a, int64_t b, int64_t g,
 constexpr int64_t kLanesFrom = kVec;
 
 template <class Rows, bool kV3>
-LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t i1,
+LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g0, int64_t g1, int64_t i0, int64_t i1,
                                       int64_t chunk, std::vector<float>& scratch) {
   const int64_t d = a.head_dim, G = a.group;
-  const int64_t rows = i1 - i0, nq = rows * G;
+  const int64_t rows = i1 - i0, per_head = rows * G, nq = (g1 - g0) * per_head;
   const int64_t j0 = a.key_begin + chunk * a.chunk_keys, j1 = std::min(a.key_end, j0 + a.chunk_keys);
   // Row r sees keys [begin[r], end[r]) in this item.
   int64_t begin[kRowBlock], end[kRowBlock];
@@ -748,10 +750,14 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
     end[r] = std::max(j0, std::min(j1, limit));
     begin[r] = a.mask == nullptr ? j0 : std::min(end[r], std::max(j0, a.row_begin[i0 + r]));
   }
-  if (nq >= kLanesFrom) return attend_block_lanes<Rows, kV3>(a, b, g, i0, rows, chunk, j0, j1, begin, end, scratch);
+  if (per_head >= kLanesFrom) {
+    for (int64_t g = g0; g < g1; ++g)
+      attend_block_lanes<Rows, kV3>(a, b, g, i0, rows, chunk, j0, j1, begin, end, scratch);
+    return;
+  }
   const int64_t span = std::max<int64_t>(j1 - j0, 1);
   const int64_t blk = key_block(d);
-  const bool widen = !std::is_same<Rows, F32Rows>::value && nq >= kWidenedFor;
+  const bool widen = !std::is_same<Rows, F32Rows>::value && per_head >= kWidenedFor;
   const int64_t needed = nq * (span + 2) + (widen ? blk * d : 0);
   if (static_cast<int64_t>(scratch.size()) < needed) scratch.resize(needed);
   float* scores = scratch.data();  // [nq][span], key j at column j - j0
@@ -759,20 +765,38 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
   float* sums = maxes + nq;
   float* block_rows = sums + nq;  // [blk][d]: a block of keys or values widened (widen)
 
-  const Rows keys = rows_of<Rows>(a, a.k, a.k_scales, a.k_zero_points, b, g);
-  const Rows values = rows_of<Rows>(a, a.v, a.v_scales, a.v_zero_points, b, g);
-  auto query = [&](int64_t qv) { return a.q + query_row(a, b, g, i0, qv) * d; };
-  auto output = [&](int64_t qv) { return output_row(a, query_row(a, b, g, i0, qv), chunk); };
+  // Query vector qv is vector qv % per_head of kv head g0 + qv / per_head (query_row's
+  // numbering within a head). Its row in the block, its query and its output, worked out
+  // once for the item: not divided out again in each block's loops.
+  struct QueryVector {
+    int64_t row;
+    const float* q;
+    float* out;
+  };
+  thread_local std::vector<QueryVector> vectors;
+  vectors.resize(nq);
+  for (int64_t qv = 0; qv < nq; ++qv) {
+    const int64_t at = query_row(a, b, g0 + qv / per_head, i0, qv % per_head);
+    vectors[qv] = {(qv % per_head) / G, a.q + at * d, output_row(a, at, chunk)};
+  }
+  auto query = [&](int64_t qv) { return vectors[qv].q; };
+  auto output = [&](int64_t qv) { return vectors[qv].out; };
+  auto row_of = [&](int64_t qv) { return vectors[qv].row; };
 
-  // Scores, scaled. Keys in blocks, each block read by every query vector while in L1
-  // (grouped-query heads share their keys); within a block four keys at a time. `k` holds
-  // key j as row j - first (a widened block's rows start at its first key).
-  auto score_block = [&](const auto& k, int64_t first, int64_t jb, int64_t je) {
-    for (int64_t qv = 0; qv < nq; ++qv) {
-      const int64_t hi = std::min(je, end[qv / G]);
+  // Scores, scaled. Keys in blocks, each block read by its head's query vectors while in
+  // L1 (grouped-query heads share their keys); within a block four keys at a time. `k`
+  // holds key j as row j - first (a widened block's rows start at its first key). The
+  // heads of an item go block by block together: a block's positions are then read whole,
+  // every head's row of each, one stream for the hardware's prefetcher. Head by head, a
+  // pass read one row in eight (a bf16 cache of 8 kv heads of 64: 128 bytes of each 1 KiB),
+  // and a long context's decode step waited on it (docs/performance.md, "The KV cache's
+  // element type").
+  auto score_block = [&](const auto& k, int64_t first, int64_t jb, int64_t je, int64_t g) {
+    for (int64_t qv = (g - g0) * per_head; qv < (g - g0 + 1) * per_head; ++qv) {
+      const int64_t hi = std::min(je, end[row_of(qv)]);
       const float* qr = query(qv);
       float* sr = scores + qv * span;
-      int64_t j = std::max(jb, begin[qv / G]);
+      int64_t j = std::max(jb, begin[row_of(qv)]);
       for (; j + 4 <= hi; j += 4) {
         float dots[4];
         dot4(qr, k, j - first, d, dots);
@@ -783,18 +807,21 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
   };
   for (int64_t jb = j0; jb < j1; jb += blk) {
     const int64_t je = std::min(j1, jb + blk);
-    if (widen) {
-      score_block(widened_rows(keys, jb, je, d, block_rows), jb, jb, je);
-    } else {
-      score_block(keys, 0, jb, je);
+    for (int64_t g = g0; g < g1; ++g) {
+      const Rows keys = rows_of<Rows>(a, a.k, a.k_scales, a.k_zero_points, b, g);
+      if (widen) {
+        score_block(widened_rows(keys, jb, je, d, block_rows), jb, jb, je, g);
+      } else {
+        score_block(keys, 0, jb, je, g);
+      }
     }
   }
   for (int64_t qv = 0; qv < nq; ++qv) {
-    const int64_t first = begin[qv / G], n = end[qv / G] - first;
+    const int64_t first = begin[row_of(qv)], n = end[row_of(qv)] - first;
     float* sr = scores + qv * span + (first - j0);  // the row's scores from its first key
     if (a.softcap > 0.0f) soft_cap_row(sr, n, a.softcap);
     if (a.mask != nullptr) {  // additive: -inf keys get exp(-87 - max) ~ 0 in softmax_row
-      const float* mr = a.mask + (i0 + qv / G) * a.kv_len + first;
+      const float* mr = a.mask + (i0 + row_of(qv)) * a.kv_len + first;
       for (int64_t j = 0; j < n; ++j) sr[j] += mr[j];
     }
     if (n > 0) {
@@ -810,10 +837,10 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
   // Weighted sum of values, blocked over keys as the scores were. Each output row is
   // accumulated in registers, 64 channels at a time, over a whole block of keys; `v` holds
   // the block's rows from row `first` on.
-  auto weigh_block = [&](const auto& v, int64_t first, int64_t jb, int64_t je) {
-    for (int64_t qv = 0; qv < nq; ++qv) {
-      const int64_t lo = std::max(jb, begin[qv / G]);  // the row's first key in this block
-      const int64_t n = std::min(je, end[qv / G]) - lo;
+  auto weigh_block = [&](const auto& v, int64_t first, int64_t jb, int64_t je, int64_t g) {
+    for (int64_t qv = (g - g0) * per_head; qv < (g - g0 + 1) * per_head; ++qv) {
+      const int64_t lo = std::max(jb, begin[row_of(qv)]);  // the row's first key in this block
+      const int64_t n = std::min(je, end[row_of(qv)]) - lo;
       if (n <= 0) continue;
       const float* p = scores + qv * span + (lo - j0);
       const int64_t row = first + (lo - jb);  // lo's row in v
@@ -834,10 +861,13 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
   };
   for (int64_t jb = j0; jb < j1; jb += blk) {
     const int64_t je = std::min(j1, jb + blk);
-    if (widen) {
-      weigh_block(widened_rows(values, jb, je, d, block_rows), 0, jb, je);
-    } else {
-      weigh_block(values, jb, jb, je);
+    for (int64_t g = g0; g < g1; ++g) {
+      const Rows values = rows_of<Rows>(a, a.v, a.v_scales, a.v_zero_points, b, g);
+      if (widen) {
+        weigh_block(widened_rows(values, jb, je, d, block_rows), 0, jb, je, g);
+      } else {
+        weigh_block(values, jb, jb, je, g);
+      }
     }
   }
 
@@ -845,19 +875,21 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g, 
 }
 
 // attend_block's two compilations per element type, and the ones this process runs (cpu_isa.h).
-using AttendBlock = void (*)(const Attention&, int64_t, int64_t, int64_t, int64_t, int64_t, std::vector<float>&);
+using AttendBlock = void (*)(const Attention&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                             std::vector<float>&);
 
 template <class Rows>
-void attend_block_baseline(const Attention& a, int64_t b, int64_t g, int64_t i0, int64_t i1, int64_t chunk,
-                           std::vector<float>& scratch) {
-  attend_block_body<Rows, false>(a, b, g, i0, i1, chunk, scratch);
+void attend_block_baseline(const Attention& a, int64_t b, int64_t g0, int64_t g1, int64_t i0, int64_t i1,
+                           int64_t chunk, std::vector<float>& scratch) {
+  attend_block_body<Rows, false>(a, b, g0, g1, i0, i1, chunk, scratch);
 }
 
 #if LLMCORE_X86_64_V3
 template <class Rows>
-__attribute__((target("arch=x86-64-v3"))) void attend_block_v3(const Attention& a, int64_t b, int64_t g, int64_t i0,
-                                                               int64_t i1, int64_t chunk, std::vector<float>& scratch) {
-  attend_block_body<Rows, true>(a, b, g, i0, i1, chunk, scratch);
+__attribute__((target("arch=x86-64-v3"))) void attend_block_v3(const Attention& a, int64_t b, int64_t g0, int64_t g1,
+                                                               int64_t i0, int64_t i1, int64_t chunk,
+                                                               std::vector<float>& scratch) {
+  attend_block_body<Rows, true>(a, b, g0, g1, i0, i1, chunk, scratch);
 }
 #endif
 
@@ -880,19 +912,24 @@ AttendBlock attend_block_for(KvType type) {
   }
 }
 
-// How many slices to cut each item's keys into. A decode step has one item per (batch,
-// kv head): SmolLM2's 3 kv heads on 2 threads would leave one thread idle a third of the
-// time. Slicing the keys gives a count of items that divides evenly among the threads;
-// the slices' softmax parts are merged after (a few floats per output row). Prefill
-// chunks have enough row blocks, and short caches are not worth slicing.
-int64_t choose_key_chunks(int64_t items, int64_t keys, int64_t threads) {
+// How many slices to cut the keys into. A prompt's items (one per batch, kv head and row
+// block) keep them whole where the items already divide among the threads (or are many);
+// SmolLM2's 3 kv heads on 2 threads would leave one thread idle a third of the time, so
+// there each item's keys are cut into slices that make a count dividing evenly. A decode
+// step's one item per batch, every kv head in it (attend), is cut into one slice per thread.
+// The slices' softmax parts are merged after (a few floats per output row); short caches
+// are not worth slicing.
+int64_t choose_key_chunks(int64_t items, int64_t keys, int64_t threads, bool whole_heads) {
   constexpr int64_t kMinChunkKeys = 32;
-  if (threads <= 1 || items % threads == 0 || items >= 4 * threads) return 1;
+  if (threads <= 1) return 1;
   int64_t chunks = threads;
-  for (int64_t c = 2; c < threads; ++c) {
-    if ((items * c) % threads == 0) {
-      chunks = c;
-      break;
+  if (!whole_heads) {
+    if (items % threads == 0 || items >= 4 * threads) return 1;
+    for (int64_t c = 2; c < threads; ++c) {
+      if ((items * c) % threads == 0) {
+        chunks = c;
+        break;
+      }
     }
   }
   return std::max<int64_t>(1, std::min(chunks, keys / kMinChunkKeys));
@@ -922,17 +959,26 @@ void merge_key_chunks(const Attention& a) {
   }
 }
 
+constexpr int64_t kWholeHeadsFrom = 512;  // keys
+
 void attend(Attention& a) {
-  const int64_t base = a.batch * a.n_kv_heads * a.row_blocks;
+  // A decode step (fewer query vectors a kv head than a register's lanes: the
+  // vector-at-a-time path) over a cache too large for L2 takes all kv heads in each item,
+  // a slice of the keys each: the item then reads its positions whole (attend_block_body
+  // says why). Fewer keys stay one item per kv head, the keys whole where those divide
+  // among the threads.
+  const bool whole_heads = a.q_len * a.group < kLanesFrom && a.key_end - a.key_begin >= kWholeHeadsFrom;
+  const int64_t heads_per_item = whole_heads ? a.n_kv_heads : 1;
+  const int64_t base = a.batch * (a.n_kv_heads / heads_per_item) * a.row_blocks;
   const int64_t keys = a.key_end - a.key_begin;
-  a.key_chunks = choose_key_chunks(base, keys, kernel_thread_count());
+  a.key_chunks = choose_key_chunks(base, keys, kernel_thread_count(), whole_heads);
   a.chunk_keys = (keys + a.key_chunks - 1) / a.key_chunks;
   thread_local std::vector<float> partial;
   if (a.key_chunks > 1) {
     partial.resize(a.key_chunks * a.batch * a.q_len * a.n_heads * (a.head_dim + 2));
     a.partial = partial.data();
   }
-  const int64_t items = base * a.key_chunks;
+  const int64_t items = base * a.key_chunks, head_items = a.n_kv_heads / heads_per_item;
   // A causal prompt's later row blocks see more keys; the threads take items one at a time
   // in order, so the row blocks go last to first: the dearest items first, the cheapest
   // ones fill in at the end (docs/performance.md, "What was tried": a causal prompt's row
@@ -943,10 +989,10 @@ void attend(Attention& a) {
     for (int64_t it = begin; it < end; ++it) {
       const int64_t chunk = it % a.key_chunks;
       const int64_t blk = a.row_blocks - 1 - (it / a.key_chunks) % a.row_blocks;
-      const int64_t g = (it / (a.key_chunks * a.row_blocks)) % a.n_kv_heads;
-      const int64_t b = it / (a.key_chunks * a.row_blocks * a.n_kv_heads);
+      const int64_t g = (it / (a.key_chunks * a.row_blocks)) % head_items * heads_per_item;
+      const int64_t b = it / (a.key_chunks * a.row_blocks * head_items);
       const int64_t i0 = blk * kRowBlock;
-      attend_block(a, b, g, i0, std::min(a.q_len, i0 + kRowBlock), chunk, scratch);
+      attend_block(a, b, g, g + heads_per_item, i0, std::min(a.q_len, i0 + kRowBlock), chunk, scratch);
     }
   });
   if (a.key_chunks > 1) merge_key_chunks(a);

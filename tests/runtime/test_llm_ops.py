@@ -83,6 +83,10 @@ def sdpa_on_random_inputs(ops_check, tmp_path, seed, batch, q_len, heads, head_d
 SDPA_CASES = [
     # batch, q_len, heads, head_dim, kv_len, kv_heads, start, causal, scale
     pytest.param(1, 1, 9, 64, 1024, 3, 700, True, None, id="decode-gqa-smollm2-shape"),
+    # 512 keys and more: a decode step's item takes every kv head (attend's whole_heads)
+    pytest.param(1, 1, 32, 64, 1100, 8, 1000, True, None, id="decode-llama-1b-shape-every-head-an-item"),
+    pytest.param(2, 2, 6, 24, 700, 2, 600, True, None, id="two-rows-every-head-an-item-batch2"),
+    pytest.param(1, 3, 5, 16, 600, 5, 560, True, 0.5, id="three-rows-mha-every-head-an-item"),
     pytest.param(1, 1, 4, 16, 64, 4, 0, True, None, id="decode-first-position"),
     pytest.param(1, 37, 8, 32, 128, 2, 20, True, None, id="prefill-chunk-gqa-at-offset"),
     pytest.param(1, 16, 4, 16, 16, 1, 0, True, None, id="prefill-fills-cache-mqa"),
@@ -143,6 +147,8 @@ THREADED_CASES = [
     pytest.param(1, 1, 8, 16, 256, 1, 250, id="decode-mqa"),
     pytest.param(2, 3, 6, 24, 200, 3, 90, id="batch2-short-chunk"),
     pytest.param(1, 5, 4, 13, 160, 2, 100, id="odd-head-dim-causal-rows"),
+    pytest.param(1, 1, 32, 64, 1100, 8, 1000, id="decode-every-head-an-item"),
+    pytest.param(1, 2, 6, 24, 700, 2, 600, id="two-rows-every-head-an-item"),
 ]
 
 
@@ -276,6 +282,8 @@ def test_custom_sdpa_with_a_mask_matches_torch(ops_check, tmp_path, q_len, rows,
 NARROW_CASES = [
     # q_len, heads, head_dim, kv_len, kv_heads, start, window (a sliding layer's mask; None: causal)
     pytest.param(1, 9, 64, 256, 3, 200, None, id="decode-smollm2-shape"),
+    pytest.param(1, 32, 64, 640, 8, 600, None, id="decode-every-head-an-item"),
+    pytest.param(1, 8, 32, 640, 2, 600, 520, id="decode-window-every-head-an-item"),
     pytest.param(64, 9, 64, 128, 3, 20, None, id="prompt-smollm2-shape"),
     pytest.param(37, 8, 32, 128, 2, 20, None, id="prompt-gqa-odd-rows"),
     pytest.param(40, 6, 16, 72, 2, 64, 16, id="prompt-window-past-the-ring"),
