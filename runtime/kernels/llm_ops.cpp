@@ -26,9 +26,9 @@
 // slices whose softmax parts are merged after (choose_key_chunks). Over more, each item
 // takes every kv head and one slice of the keys per thread, so that it reads whole
 // positions of the cache, not one head's row of each (attend). The hot loops are compiled
-// twice, for x86-64-v3 (AVX2 + FMA) and the baseline, and one is picked once per process by cpu_isa.h's
-// kernels_isa() (LLMCORE_KERNELS_MAX_ISA=portable forces the baseline code on any CPU, so
-// both are tested wherever the tests run).
+// twice, for x86-64-v3 (AVX2 + FMA) and the baseline, and one is picked once per process by
+// cpu_isa.h's kernels_isa() (LLMCORE_KERNELS_MAX_ISA=portable forces the baseline code on
+// any CPU, so both are tested wherever the tests run).
 #include "llm_ops.h"
 
 #include <algorithm>
@@ -993,13 +993,14 @@ constexpr int64_t kWholeHeadsFrom = 512;  // keys
 
 void attend(Attention& a) {
   // A decode step (fewer query vectors a kv head than a register's lanes: the
-  // vector-at-a-time path) over a cache too large for L2 takes all kv heads in each item,
-  // a slice of the keys each: the item then reads its positions whole (attend_block_body
-  // says why). Fewer keys stay one item per kv head, the keys whole where those divide
-  // among the threads.
+  // vector-at-a-time path) over kWholeHeadsFrom keys or more takes all kv heads in each
+  // item, a slice of the keys each: the item then reads its positions whole
+  // (attend_block_body says why). Fewer keys stay one item per kv head, the keys whole
+  // where those divide among the threads.
   const bool whole_heads = a.q_len * a.group < kLanesFrom && a.key_end - a.key_begin >= kWholeHeadsFrom;
   const int64_t heads_per_item = whole_heads ? a.n_kv_heads : 1;
-  const int64_t base = a.batch * (a.n_kv_heads / heads_per_item) * a.row_blocks;
+  const int64_t head_items = a.n_kv_heads / heads_per_item;
+  const int64_t base = a.batch * head_items * a.row_blocks;
   const int64_t keys = a.key_end - a.key_begin;
   a.key_chunks = choose_key_chunks(base, keys, kernel_thread_count(), whole_heads);
   a.chunk_keys = (keys + a.key_chunks - 1) / a.key_chunks;
@@ -1008,7 +1009,7 @@ void attend(Attention& a) {
     partial.resize(a.key_chunks * a.batch * a.q_len * a.n_heads * (a.head_dim + 2));
     a.partial = partial.data();
   }
-  const int64_t items = base * a.key_chunks, head_items = a.n_kv_heads / heads_per_item;
+  const int64_t items = base * a.key_chunks;
   // A causal prompt's later row blocks see more keys; the threads take items one at a time
   // in order, so the row blocks go last to first: the dearest items first, the cheapest
   // ones fill in at the end (docs/performance.md, "What was tried": a causal prompt's row
