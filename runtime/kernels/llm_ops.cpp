@@ -256,6 +256,21 @@ struct Int8Rows {  // (q - zero_point) * scale, one scale and zero point per row
   }
 };
 
+#if LLMCORE_X86_64_V3
+// The same rows in the x86-64-v3 compilation: AVX2's vpmovsxbd sign-extends eight int8 to
+// int32 in one instruction from memory (asm, as in splat_load), and the zero point is
+// subtracted among the integers: the same floats as Int8Rows::load ((q - zero point) is
+// exact either way), in four instructions where GCC made about ten of 128-bit halves.
+struct Int8RowsAvx2 : Int8Rows {
+  LLMCORE_INLINE v8f load(int64_t j, int64_t c) const {
+    v8i x;
+    asm("vpmovsxbd %1, %0" : "=x"(x) : "m"(*reinterpret_cast<const v8i8*>(p + j * stride + c)));
+    const v8i shifted = x - static_cast<int32_t>(zero_points[j * meta_stride]);
+    return __builtin_convertvector(shifted, v8f) * splat(scales[j * meta_stride]);
+  }
+};
+#endif
+
 // Four dot products q . k_j (j = j0..j0+3) of length d, in independent accumulators.
 template <class Rows>
 LLMCORE_INLINE void dot4(const float* q, const Rows& k, int64_t j0, int64_t d, float out[4]) {
@@ -448,6 +463,13 @@ LLMCORE_INLINE Int8Rows rows_of(const Attention& a, const void* base, const floa
   return {static_cast<const int8_t*>(base) + row0 * a.head_dim, a.n_kv_heads * a.head_dim, scales + row0,
           zero_points + row0, a.n_kv_heads};
 }
+#if LLMCORE_X86_64_V3
+template <>
+LLMCORE_INLINE Int8RowsAvx2 rows_of(const Attention& a, const void* base, const float* scales,
+                                    const int8_t* zero_points, int64_t b, int64_t g) {
+  return {rows_of<Int8Rows>(a, base, scales, zero_points, b, g)};
+}
+#endif
 
 // Rows [jb, je) of a narrow cache widened to float32 into `buffer` ([je - jb, d]), the row
 // reader's own values: the same arithmetic as reading them one query vector at a time.
@@ -905,7 +927,8 @@ void attend_block_baseline(const Attention& a, int64_t b, int64_t g0, int64_t g1
 }
 
 #if LLMCORE_X86_64_V3
-// The row reader of the x86-64-v3 compilation: a half cache's widens with F16C.
+// The row readers of the x86-64-v3 compilation: a half cache's widens with F16C, an int8
+// one's with vpmovsxbd.
 template <class Rows>
 struct V3Rows {
   using type = Rows;
@@ -913,6 +936,10 @@ struct V3Rows {
 template <>
 struct V3Rows<F16Rows> {
   using type = F16RowsF16c;
+};
+template <>
+struct V3Rows<Int8Rows> {
+  using type = Int8RowsAvx2;
 };
 
 template <class Rows>
