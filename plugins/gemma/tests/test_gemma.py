@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from llmcore.records import LoadOptions
-from llmcore_llama.testing import (check_eager_against, check_one_delegate_per_layer, check_program_against,
-                                   check_refused_by_name, edit_config, export_cli, max_diff, reference, save_random_hf,
-                                   tokens)
+from llmcore_llama.testing import (LONG_POSITIONS, LONG_SEQ_LEN, check_eager_against, check_long_prompt_against,
+                                   check_one_delegate_per_layer, check_program_against, check_refused_by_name,
+                                   edit_config, export_cli, max_diff, reference, save_random_hf, tokens)
 
 transformers = pytest.importorskip("transformers")
 
@@ -93,17 +93,20 @@ def test_each_switch_matters(tmp_path, switch, off):
 @pytest.mark.parametrize("name", ["gemma2", "gemma3"])
 def test_exported_program_matches_transformers(tmp_path, name):
     """No --model; fp32 XNNPACK with the KV cache: prefill at three lengths and 16 greedy
-    tokens past the window."""
+    tokens past the window; then a 600-token prompt and 15 decode steps, the global layers
+    reading 600 keys and more."""
     from llmcore.runtime import libraries
 
-    folder = checkpoint(tmp_path / name, name)
+    folder = checkpoint(tmp_path / name, name, max_position_embeddings=LONG_POSITIONS)
     out = tmp_path / "out" / f"{name}.pte"
-    report = export_cli(folder, out)
+    report = export_cli(folder, out, "--max-seq-len", str(LONG_SEQ_LEN))
     assert report["model"]["family"] == "gemma"
-    # Gemma 2's soft-capped attention on the runtime's kernel (where it is built, as make test builds it)
-    capped = "llmcore::softcap_sdpa.out" in libraries.program_operators(out.read_bytes())
-    assert capped == (name == "gemma2" and libraries.llm_ops_built())
-    check_program_against(out, reference(folder), ATOL)
+    # the attention on the runtime's kernel (where it is built, as make test builds it), Gemma 2's soft-capped
+    calls = libraries.program_operators(out.read_bytes())
+    assert ("llmcore::softcap_sdpa.out" in calls) == (name == "gemma2" and libraries.llm_ops_built())
+    ref = reference(folder)
+    check_program_against(out, ref, ATOL)
+    check_long_prompt_against(out, ref, ATOL)
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gemma3"])

@@ -180,6 +180,32 @@ def check_program_against(program_path: Path, ref, atol: float) -> float:
     return worst
 
 
+LONG_POSITIONS = 1024
+"""max_position_embeddings of a checkpoint for :func:`check_long_prompt_against`, whose
+program is exported with ``--max-seq-len`` :data:`LONG_SEQ_LEN`."""
+LONG_SEQ_LEN = 640
+
+
+def check_long_prompt_against(program_path: Path, ref, atol: float, prompt_len: int = 600, steps: int = 15) -> float:
+    """A long context: the ``.pte``'s logits after a ``prompt_len``-token prompt and for
+    ``steps`` decode steps, each within ``atol`` of transformers' ``ref`` on the same tokens.
+    From 512 keys on, the runtime's attention kernel (runtime/kernels/llm_ops.cpp) takes a
+    decode step's kv heads in one item (``kWholeHeadsFrom``); the tiny programs of
+    :func:`check_program_against` never reach it. Each call's logits are compared, not
+    greedy tokens: a random model may pick one token over and over. Returns the largest
+    difference."""
+    from llmcore.runtime import Program
+
+    program, seq = Program.load(program_path), tokens(prompt_len + steps + 1, seed=5)[0].tolist()
+    got = [program.logits(seq[:prompt_len], 0)]
+    got += [program.logits([t], i) for i, t in enumerate(seq[prompt_len:prompt_len + steps], start=prompt_len)]
+    with torch.no_grad():
+        want = ref(torch.tensor([seq])).logits[0, prompt_len - 1:prompt_len + steps]
+    diff = max_diff(torch.stack([torch.as_tensor(row).reshape(-1) for row in got]), want)
+    assert diff <= atol, f"{program_path.name}, a {prompt_len}-token prompt and {steps} decode steps: max |diff| {diff}"
+    return diff
+
+
 # Ops that must not be left outside XNNPACK in a decoder layer (norms, RoPE, projections).
 LAYER_OPS = ("aten_mean_dim", "aten_mul_tensor", "aten_mm_default", "aten_linear_default", "aten_add_tensor")
 

@@ -14,9 +14,9 @@ import torch
 
 from llmcore.errors import LlmcoreError
 from llmcore.records import LoadOptions
-from llmcore_llama.testing import (check_eager_against, check_one_delegate_per_layer, check_program_against,
-                                   check_refused_by_name, edit_config, export_cli, llmcore_cli, max_diff, reference,
-                                   tokens)
+from llmcore_llama.testing import (LONG_POSITIONS, LONG_SEQ_LEN, check_eager_against, check_long_prompt_against,
+                                   check_one_delegate_per_layer, check_program_against, check_refused_by_name,
+                                   edit_config, export_cli, llmcore_cli, max_diff, reference, tokens)
 from qwen_testutils import hf_checkpoint
 
 transformers = pytest.importorskip("transformers")
@@ -65,13 +65,16 @@ def test_the_layout_matters(tmp_path):
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_exported_program_matches_transformers(tmp_path, family):
     """``llmcore export --checkpoint DIR`` (no --model): fp32 XNNPACK program with the KV
-    cache; prefill logits at three lengths and 16 greedy tokens equal transformers'."""
-    folder = hf_checkpoint(tmp_path / family, family)
+    cache; prefill logits at three lengths and 16 greedy tokens equal transformers', and
+    the logits of a 600-token prompt and 15 decode steps after it."""
+    folder = hf_checkpoint(tmp_path / family, family, max_position_embeddings=LONG_POSITIONS)
     out = tmp_path / "out" / f"{family}.pte"
-    report = export_cli(folder, out)
+    report = export_cli(folder, out, "--max-seq-len", str(LONG_SEQ_LEN))
     assert report["model"]["family"] == "qwen" and report["model"]["metadata"]["chat_template"]
     assert (out.parent / "tokenizer.json").is_file()
-    check_program_against(out, reference(folder), ATOL)
+    ref = reference(folder)
+    check_program_against(out, ref, ATOL)
+    check_long_prompt_against(out, ref, ATOL)
 
 
 def test_8da4w_export_lowers_one_delegate_per_layer(tmp_path):
