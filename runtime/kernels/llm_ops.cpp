@@ -17,9 +17,10 @@
 // item's query rows uses them. A prompt's item (8 or more query vectors) puts its query
 // vectors side by side in a register's lanes (attend_block_lanes): scores, softmax and
 // weighted sums are register tiles of several queries by several keys or channels. A decode
-// step's few vectors go one at a time: the scaled scores (four keys at a time), a
-// numerically stable softmax (max subtracted, a vectorised exp), then the weighted sum of
-// value rows, the output row held in registers over a whole block. Items run on
+// step's few vectors go one at a time through the scaled scores (four keys at a time) and
+// a numerically stable softmax (max subtracted, a vectorised exp); the weighted sums of
+// value rows take the vectors of a query row and kv head together, up to four outputs
+// held in registers over a whole block (the prompt's lane_weights). Items run on
 // kernel_parallel_for (kernel_threads.h: the kernels' own threads or ExecuTorch's pool). A
 // decode step over fewer than 512 keys has one item per kv head; when that does not
 // divide among the threads (SmolLM2's 3 kv heads on 2 threads), the keys are cut into
@@ -52,6 +53,9 @@
 // The helpers are inlined into each compilation of attend_block, so they are compiled for
 // its target too.
 #define LLMCORE_INLINE inline __attribute__((always_inline))
+// The same for a lambda in those bodies: one GCC does not inline is compiled for the
+// baseline, where the helpers' AVX asm cannot be.
+#define LLMCORE_LAMBDA_INLINE __attribute__((always_inline))
 
 namespace llmcore_kernels {
 
@@ -307,19 +311,6 @@ LLMCORE_INLINE float dot1(const float* q, const Rows& k, int64_t j, int64_t d) {
   return s;
 }
 
-// o[0 .. T*8) += sum_j p[j] * v_{j0+j}[c .. c + T*8) over n value rows, the output held in
-// T registers for all n rows: stored once, not once per row.
-template <int T, class Rows>
-LLMCORE_INLINE void weighted_rows(float* o, const Rows& v, int64_t j0, int64_t c, const float* p, int64_t n) {
-  v8f acc[T];
-  for (int t = 0; t < T; ++t) acc[t] = load8(o + t * kVec);
-  for (int64_t j = 0; j < n; ++j) {
-    const v8f w = splat(p[j]);
-    for (int t = 0; t < T; ++t) acc[t] += w * v.load(j0 + j, c + t * kVec);
-  }
-  for (int t = 0; t < T; ++t) store8(o + t * kVec, acc[t]);
-}
-
 // Softmax numerator of one row in place: s[j] <- exp(s[j] - max); returns the sum and
 // stores the max. A row whose scores are all -inf (every key masked) becomes zeros and
 // sums to 0: that happens to a slice of the keys (below), never to a whole row the
@@ -541,12 +532,25 @@ LLMCORE_INLINE void lane_scores_range(const float* qt, int64_t lanes, const F32R
   for (; j < hi; ++j) lane_scores<kV3, 1, L>(q, lanes, k, j - k_first, d, st + (j - j0) * lanes);
 }
 
-// out[t][c .. c + C*8) += sum over j < n of p[j][t] * v_{row + j}[c ..], T query vectors
-// (T lanes of the transposed probabilities, `lanes` floats apart) and C*8 channels held in
-// registers over the n keys.
-template <bool kV3, int T, int C>
-LLMCORE_INLINE void lane_weights(float* const* out, const float* p, int64_t lanes, const F32Rows& v, int64_t row,
-                                 int64_t c, int64_t n) {
+// Where a weighted sum's probabilities lie: a prompt's transposed scores, [key][lanes]
+// (LaneProbs), or a decode step's rows of scores, one per query vector (RowProbs).
+struct LaneProbs {
+  const float* p;
+  int64_t lanes;
+  LLMCORE_INLINE const float* at(int64_t j, int t) const { return p + j * lanes + t; }
+};
+template <int T>
+struct RowProbs {
+  const float* rows[T];
+  LLMCORE_INLINE const float* at(int64_t j, int t) const { return rows[t] + j; }
+};
+
+// out[t][c .. c + C*8) += sum over j < n of p(j, t) * v_{row + j}[c ..], T query vectors
+// and C*8 channels held in registers over the n keys: each value row loaded once for the
+// T vectors, each probability as a broadcast.
+template <bool kV3, int T, int C, class Probs, class Rows>
+LLMCORE_INLINE void lane_weights(float* const* out, const Probs& p, const Rows& v, int64_t row, int64_t c,
+                                 int64_t n) {
   v8f acc[T][C];
   for (int t = 0; t < T; ++t)
     for (int x = 0; x < C; ++x) acc[t][x] = load8(out[t] + c + x * kVec);
@@ -554,7 +558,7 @@ LLMCORE_INLINE void lane_weights(float* const* out, const float* p, int64_t lane
     v8f vv[C];
     for (int x = 0; x < C; ++x) vv[x] = v.load(row + j, c + x * kVec);
     for (int t = 0; t < T; ++t) {
-      const v8f w = splat_load<kV3>(p + j * lanes + t);
+      const v8f w = splat_load<kV3>(p.at(j, t));
       for (int x = 0; x < C; ++x) acc[t][x] += w * vv[x];
     }
   }
@@ -563,23 +567,23 @@ LLMCORE_INLINE void lane_weights(float* const* out, const float* p, int64_t lane
 }
 
 // All of a tile's channels: 24 at a time, then 16, 8, and one by one.
-template <bool kV3, int T>
-LLMCORE_INLINE void lane_weights_all(float* const* out, const float* p, int64_t lanes, const F32Rows& v, int64_t row,
-                                     int64_t d, int64_t n) {
+template <bool kV3, int T, class Probs, class Rows>
+LLMCORE_INLINE void lane_weights_all(float* const* out, const Probs& p, const Rows& v, int64_t row, int64_t d,
+                                     int64_t n) {
   int64_t c = 0;
-  for (; c + 3 * kVec <= d; c += 3 * kVec) lane_weights<kV3, T, 3>(out, p, lanes, v, row, c, n);
+  for (; c + 3 * kVec <= d; c += 3 * kVec) lane_weights<kV3, T, 3>(out, p, v, row, c, n);
   if (c + 2 * kVec <= d) {
-    lane_weights<kV3, T, 2>(out, p, lanes, v, row, c, n);
+    lane_weights<kV3, T, 2>(out, p, v, row, c, n);
     c += 2 * kVec;
   }
   if (c + kVec <= d) {
-    lane_weights<kV3, T, 1>(out, p, lanes, v, row, c, n);
+    lane_weights<kV3, T, 1>(out, p, v, row, c, n);
     c += kVec;
   }
   for (; c < d; ++c) {
     for (int t = 0; t < T; ++t) {
       float acc = out[t][c];
-      for (int64_t j = 0; j < n; ++j) acc += p[j * lanes + t] * v.at(row + j, c);
+      for (int64_t j = 0; j < n; ++j) acc += *p.at(j, t) * v.at(row + j, c);
       out[t][c] = acc;
     }
   }
@@ -656,7 +660,7 @@ LLMCORE_INLINE void attend_block_lanes(const Attention& a, int64_t b, int64_t g,
   const Rows keys = rows_of<Rows>(a, a.k, a.k_scales, a.k_zero_points, b, g);
   const Rows values = rows_of<Rows>(a, a.v, a.v_scales, a.v_zero_points, b, g);
   // A block of keys or values as float32 rows, and the row in it that holds key jb.
-  auto block = [&](const Rows& rows_in, int64_t jb, int64_t je, int64_t* first_row) {
+  auto block = [&](const Rows& rows_in, int64_t jb, int64_t je, int64_t* first_row) LLMCORE_LAMBDA_INLINE {
     if constexpr (narrow) {
       *first_row = 0;
       return widened_rows(rows_in, jb, je, d, block_rows);
@@ -756,16 +760,16 @@ LLMCORE_INLINE void attend_block_lanes(const Attention& a, int64_t b, int64_t g,
         out[t] = output_row(a, query_row(a, b, g, i0, t0 + t), chunk);
       }
       if (lo < hi) {
-        const float* p = st + (lo - j0) * lanes + t0;
+        const LaneProbs p{st + (lo - j0) * lanes + t0, lanes};
         const int64_t row = lo - jb + first_row;
         if (count == 4) {
-          lane_weights_all<kV3, 4>(out, p, lanes, v, row, d, hi - lo);
+          lane_weights_all<kV3, 4>(out, p, v, row, d, hi - lo);
         } else if (count == 3) {
-          lane_weights_all<kV3, 3>(out, p, lanes, v, row, d, hi - lo);
+          lane_weights_all<kV3, 3>(out, p, v, row, d, hi - lo);
         } else if (count == 2) {
-          lane_weights_all<kV3, 2>(out, p, lanes, v, row, d, hi - lo);
+          lane_weights_all<kV3, 2>(out, p, v, row, d, hi - lo);
         } else {
-          lane_weights_all<kV3, 1>(out, p, lanes, v, row, d, hi - lo);
+          lane_weights_all<kV3, 1>(out, p, v, row, d, hi - lo);
         }
       }
       t0 += count;
@@ -833,7 +837,7 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g0,
   // pass read one row in eight (a bf16 cache of 8 kv heads of 64: 128 bytes of each 1 KiB),
   // and a long context's decode step waited on it (docs/performance.md, "The KV cache's
   // element type").
-  auto score_block = [&](const auto& k, int64_t first, int64_t jb, int64_t je, int64_t g) {
+  auto score_block = [&](const auto& k, int64_t first, int64_t jb, int64_t je, int64_t g) LLMCORE_LAMBDA_INLINE {
     for (int64_t qv = (g - g0) * per_head; qv < (g - g0 + 1) * per_head; ++qv) {
       const int64_t hi = std::min(je, end[row_of(qv)]);
       const float* qr = query(qv);
@@ -876,28 +880,35 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g0,
     for (int64_t c = 0; c < d; ++c) o[c] = 0.0f;
   }
 
-  // Weighted sum of values, blocked over keys as the scores were. Each output row is
-  // accumulated in registers, 64 channels at a time, over a whole block of keys; `v` holds
-  // the block's rows from row `first` on.
-  auto weigh_block = [&](const auto& v, int64_t first, int64_t jb, int64_t je, int64_t g) {
-    for (int64_t qv = (g - g0) * per_head; qv < (g - g0 + 1) * per_head; ++qv) {
-      const int64_t lo = std::max(jb, begin[row_of(qv)]);  // the row's first key in this block
-      const int64_t n = std::min(je, end[row_of(qv)]) - lo;
+  // Weighted sum of values, blocked over keys as the scores were. The query vectors of one
+  // row of a kv head see the same keys and read the same value rows: up to four of them go
+  // together through lane_weights (a tile of 4 vectors x 24 channels in registers over a
+  // block of keys, each value row loaded once for the four); `v` holds the block's rows from
+  // row `first` on.
+  auto weigh_block = [&](const auto& v, int64_t first, int64_t jb, int64_t je, int64_t g) LLMCORE_LAMBDA_INLINE {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t lo = std::max(jb, begin[r]);  // the row's first key in this block
+      const int64_t n = std::min(je, end[r]) - lo;
       if (n <= 0) continue;
-      const float* p = scores + qv * span + (lo - j0);
       const int64_t row = first + (lo - jb);  // lo's row in v
-      float* orow = output(qv);
-      int64_t c = 0;
-      for (; c + 8 * kVec <= d; c += 8 * kVec) weighted_rows<8>(orow + c, v, row, c, p, n);
-      if (c + 4 * kVec <= d) {
-        weighted_rows<4>(orow + c, v, row, c, p, n);
-        c += 4 * kVec;
-      }
-      for (; c + kVec <= d; c += kVec) weighted_rows<1>(orow + c, v, row, c, p, n);
-      for (; c < d; ++c) {
-        float acc = orow[c];
-        for (int64_t j = 0; j < n; ++j) acc += p[j] * v.at(row + j, c);
-        orow[c] = acc;
+      const int64_t qv0 = (g - g0) * per_head + r * G;
+      for (int64_t t0 = 0; t0 < G; t0 += 4) {
+        float* out[4];
+        const float* probs[4];
+        const int64_t count = std::min<int64_t>(4, G - t0);
+        for (int64_t t = 0; t < count; ++t) {
+          out[t] = output(qv0 + t0 + t);
+          probs[t] = scores + (qv0 + t0 + t) * span + (lo - j0);
+        }
+        if (count == 4) {
+          lane_weights_all<kV3, 4>(out, RowProbs<4>{probs[0], probs[1], probs[2], probs[3]}, v, row, d, n);
+        } else if (count == 3) {
+          lane_weights_all<kV3, 3>(out, RowProbs<3>{probs[0], probs[1], probs[2]}, v, row, d, n);
+        } else if (count == 2) {
+          lane_weights_all<kV3, 2>(out, RowProbs<2>{probs[0], probs[1]}, v, row, d, n);
+        } else {
+          lane_weights_all<kV3, 1>(out, RowProbs<1>{probs[0]}, v, row, d, n);
+        }
       }
     }
   };
