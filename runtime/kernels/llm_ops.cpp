@@ -566,20 +566,15 @@ LLMCORE_INLINE void lane_weights(float* const* out, const Probs& p, const Rows& 
     for (int x = 0; x < C; ++x) store8(out[t] + c + x * kVec, acc[t][x]);
 }
 
-// All of a tile's channels: 24 at a time, then 16, 8, and one by one.
-template <bool kV3, int T, class Probs, class Rows>
+// All of a tile's channels: kWide x 8 at a time, then kMid x 8, 8, and one by one (24, 16,
+// 8 for the lanes' tiles of 12 registers).
+template <bool kV3, int T, int kWide, int kMid, class Probs, class Rows>
 LLMCORE_INLINE void lane_weights_all(float* const* out, const Probs& p, const Rows& v, int64_t row, int64_t d,
                                      int64_t n) {
   int64_t c = 0;
-  for (; c + 3 * kVec <= d; c += 3 * kVec) lane_weights<kV3, T, 3>(out, p, v, row, c, n);
-  if (c + 2 * kVec <= d) {
-    lane_weights<kV3, T, 2>(out, p, v, row, c, n);
-    c += 2 * kVec;
-  }
-  if (c + kVec <= d) {
-    lane_weights<kV3, T, 1>(out, p, v, row, c, n);
-    c += kVec;
-  }
+  for (; c + kWide * kVec <= d; c += kWide * kVec) lane_weights<kV3, T, kWide>(out, p, v, row, c, n);
+  for (; c + kMid * kVec <= d; c += kMid * kVec) lane_weights<kV3, T, kMid>(out, p, v, row, c, n);
+  for (; c + kVec <= d; c += kVec) lane_weights<kV3, T, 1>(out, p, v, row, c, n);
   for (; c < d; ++c) {
     for (int t = 0; t < T; ++t) {
       float acc = out[t][c];
@@ -763,13 +758,13 @@ LLMCORE_INLINE void attend_block_lanes(const Attention& a, int64_t b, int64_t g,
         const LaneProbs p{st + (lo - j0) * lanes + t0, lanes};
         const int64_t row = lo - jb + first_row;
         if (count == 4) {
-          lane_weights_all<kV3, 4>(out, p, v, row, d, hi - lo);
+          lane_weights_all<kV3, 4, 3, 2>(out, p, v, row, d, hi - lo);
         } else if (count == 3) {
-          lane_weights_all<kV3, 3>(out, p, v, row, d, hi - lo);
+          lane_weights_all<kV3, 3, 3, 2>(out, p, v, row, d, hi - lo);
         } else if (count == 2) {
-          lane_weights_all<kV3, 2>(out, p, v, row, d, hi - lo);
+          lane_weights_all<kV3, 2, 3, 2>(out, p, v, row, d, hi - lo);
         } else {
-          lane_weights_all<kV3, 1>(out, p, v, row, d, hi - lo);
+          lane_weights_all<kV3, 1, 3, 2>(out, p, v, row, d, hi - lo);
         }
       }
       t0 += count;
@@ -884,7 +879,9 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g0,
   // row of a kv head see the same keys and read the same value rows: up to four of them go
   // together through lane_weights (a tile of 4 vectors x 24 channels in registers over a
   // block of keys, each value row loaded once for the four); `v` holds the block's rows from
-  // row `first` on.
+  // row `first` on. The baseline compilation keeps one vector by 64 channels a tile: on
+  // SSE's 16 registers (a v8f in two) the 4 x 24 tiles made it 1.4-1.6x slower.
+  constexpr int64_t kDecodeTile = kV3 ? 4 : 1;
   auto weigh_block = [&](const auto& v, int64_t first, int64_t jb, int64_t je, int64_t g) LLMCORE_LAMBDA_INLINE {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t lo = std::max(jb, begin[r]);  // the row's first key in this block
@@ -892,22 +889,24 @@ LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g0,
       if (n <= 0) continue;
       const int64_t row = first + (lo - jb);  // lo's row in v
       const int64_t qv0 = (g - g0) * per_head + r * G;
-      for (int64_t t0 = 0; t0 < G; t0 += 4) {
+      for (int64_t t0 = 0; t0 < G; t0 += kDecodeTile) {
         float* out[4];
         const float* probs[4];
-        const int64_t count = std::min<int64_t>(4, G - t0);
+        const int64_t count = std::min<int64_t>(kDecodeTile, G - t0);
         for (int64_t t = 0; t < count; ++t) {
           out[t] = output(qv0 + t0 + t);
           probs[t] = scores + (qv0 + t0 + t) * span + (lo - j0);
         }
-        if (count == 4) {
-          lane_weights_all<kV3, 4>(out, RowProbs<4>{probs[0], probs[1], probs[2], probs[3]}, v, row, d, n);
+        if constexpr (!kV3) {
+          lane_weights_all<kV3, 1, 8, 4>(out, RowProbs<1>{probs[0]}, v, row, d, n);
+        } else if (count == 4) {
+          lane_weights_all<kV3, 4, 3, 2>(out, RowProbs<4>{probs[0], probs[1], probs[2], probs[3]}, v, row, d, n);
         } else if (count == 3) {
-          lane_weights_all<kV3, 3>(out, RowProbs<3>{probs[0], probs[1], probs[2]}, v, row, d, n);
+          lane_weights_all<kV3, 3, 3, 2>(out, RowProbs<3>{probs[0], probs[1], probs[2]}, v, row, d, n);
         } else if (count == 2) {
-          lane_weights_all<kV3, 2>(out, RowProbs<2>{probs[0], probs[1]}, v, row, d, n);
+          lane_weights_all<kV3, 2, 3, 2>(out, RowProbs<2>{probs[0], probs[1]}, v, row, d, n);
         } else {
-          lane_weights_all<kV3, 1>(out, RowProbs<1>{probs[0]}, v, row, d, n);
+          lane_weights_all<kV3, 1, 3, 2>(out, RowProbs<1>{probs[0]}, v, row, d, n);
         }
       }
     }
