@@ -224,6 +224,7 @@ struct F16Rows {  // IEEE half
 // instruction, where widen_halves takes about ten (asm, as in splat_load: an intrinsic would
 // not compile in this untargeted helper). Every x86-64-v3 CPU has F16C.
 struct F16RowsF16c : F16Rows {
+  using Base = F16Rows;
   LLMCORE_INLINE v8f load(int64_t j, int64_t c) const {
     v8f v;
     asm("vcvtph2ps %1, %0" : "=x"(v) : "m"(*reinterpret_cast<const v8u16*>(p + j * stride + c)));
@@ -266,6 +267,7 @@ struct Int8Rows {  // (q - zero_point) * scale, one scale and zero point per row
 // subtracted among the integers: the same floats as Int8Rows::load ((q - zero point) is
 // exact either way), in four instructions where GCC made about ten of 128-bit halves.
 struct Int8RowsAvx2 : Int8Rows {
+  using Base = Int8Rows;
   LLMCORE_INLINE v8f load(int64_t j, int64_t c) const {
     v8i x;
     asm("vpmovsxbd %1, %0" : "=x"(x) : "m"(*reinterpret_cast<const v8i8*>(p + j * stride + c)));
@@ -422,9 +424,14 @@ LLMCORE_INLINE int64_t key_block(int64_t d) { return std::max<int64_t>(4, (2048 
 // One work item: batch b, kv head g with the `group` query heads that read it, query rows
 // [i0, i1), keys [chunk * chunk_keys, +chunk_keys). Query vector qv = r * group + hh is
 // row i0 + r of head g * group + hh.
+// rows_of<Rows>: kv head g of batch b of a cache as a Rows reader. The base readers' are
+// specialised below; one derived from a base (the x86-64-v3 compilation's, another load
+// over the same rows) is built as its Base is.
 template <class Rows>
-Rows rows_of(const Attention& a, const void* base, const float* scales, const int8_t* zero_points, int64_t b,
-             int64_t g);
+LLMCORE_INLINE Rows rows_of(const Attention& a, const void* base, const float* scales, const int8_t* zero_points,
+                            int64_t b, int64_t g) {
+  return {rows_of<typename Rows::Base>(a, base, scales, zero_points, b, g)};
+}
 template <>
 LLMCORE_INLINE F32Rows rows_of(const Attention& a, const void* base, const float*, const int8_t*, int64_t b, int64_t g) {
   return {static_cast<const float*>(base) + (b * a.kv_len * a.n_kv_heads + g) * a.head_dim, a.n_kv_heads * a.head_dim};
@@ -440,13 +447,6 @@ LLMCORE_INLINE F16Rows rows_of(const Attention& a, const void* base, const float
   return {static_cast<const _Float16*>(base) + (b * a.kv_len * a.n_kv_heads + g) * a.head_dim,
           a.n_kv_heads * a.head_dim};
 }
-#if LLMCORE_X86_64_V3
-template <>
-LLMCORE_INLINE F16RowsF16c rows_of(const Attention& a, const void* base, const float* scales,
-                                   const int8_t* zero_points, int64_t b, int64_t g) {
-  return {rows_of<F16Rows>(a, base, scales, zero_points, b, g)};
-}
-#endif
 template <>
 LLMCORE_INLINE Int8Rows rows_of(const Attention& a, const void* base, const float* scales, const int8_t* zero_points,
                                 int64_t b, int64_t g) {
@@ -454,13 +454,6 @@ LLMCORE_INLINE Int8Rows rows_of(const Attention& a, const void* base, const floa
   return {static_cast<const int8_t*>(base) + row0 * a.head_dim, a.n_kv_heads * a.head_dim, scales + row0,
           zero_points + row0, a.n_kv_heads};
 }
-#if LLMCORE_X86_64_V3
-template <>
-LLMCORE_INLINE Int8RowsAvx2 rows_of(const Attention& a, const void* base, const float* scales,
-                                    const int8_t* zero_points, int64_t b, int64_t g) {
-  return {rows_of<Int8Rows>(a, base, scales, zero_points, b, g)};
-}
-#endif
 
 // Rows [jb, je) of a narrow cache widened to float32 into `buffer` ([je - jb, d]), the row
 // reader's own values: the same arithmetic as reading them one query vector at a time.
