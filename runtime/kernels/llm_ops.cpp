@@ -421,9 +421,6 @@ struct Attention {
 // each of the item's query rows reads them.
 LLMCORE_INLINE int64_t key_block(int64_t d) { return std::max<int64_t>(4, (2048 / std::max<int64_t>(d, 1)) & ~int64_t{3}); }
 
-// One work item: batch b, kv head g with the `group` query heads that read it, query rows
-// [i0, i1), keys [chunk * chunk_keys, +chunk_keys). Query vector qv = r * group + hh is
-// row i0 + r of head g * group + hh.
 // rows_of<Rows>: kv head g of batch b of a cache as a Rows reader. The base readers' are
 // specialised below; one derived from a base (the x86-64-v3 compilation's, another load
 // over the same rows) is built as its Base is.
@@ -771,6 +768,9 @@ LLMCORE_INLINE void attend_block_lanes(const Attention& a, int64_t b, int64_t g,
 // would leave most of each register empty.
 constexpr int64_t kLanesFrom = kVec;
 
+// One work item: batch b, kv heads [g0, g1), each with the `group` query heads that read it,
+// query rows [i0, i1), keys [chunk * chunk_keys, +chunk_keys). A kv head's query vectors
+// are numbered as query_row numbers them, the heads' one after another.
 template <class Rows, bool kV3>
 LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g0, int64_t g1, int64_t i0, int64_t i1,
                                       int64_t chunk, std::vector<float>& scratch) {
