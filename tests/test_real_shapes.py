@@ -282,6 +282,34 @@ def test_a_tied_q6_k_table_is_stored_once(tmp_path, monkeypatch):
     assert bench_decode.weight_bytes_per_token(pte, "tied-llama") == pte.stat().st_size
 
 
+def test_a_tied_q8_0_table_is_stored_once(tmp_path, monkeypatch):
+    """A tied table llama-quantize writes as Q8_0 (a width no multiple of Q6_K's 256:
+    SmolLM2's 576, Gemma-3-1B's 1152): on the kernels the output layer reads the file's blocks
+    as they are (int8 blocks) and the lookups the same tensors, so the program holds the table
+    once; ``tied_table=false`` rounds it to int8 per channel for the output layer beside the
+    lookups' Q8_0, a second table. Both programs answer as their eager models."""
+    import json
+    import subprocess
+
+    shape = dataclasses.replace(real_shapes.SHAPES["smollm2-llama"], layers=2, dim=320, heads=5, kv_heads=1, ffn=512)
+    assert real_shapes.six_bit_type(shape) == "Q8_0"
+    monkeypatch.setitem(real_shapes.SHAPES, "tied-q8", shape)
+    path = real_shapes.write("tied-q8", tmp_path / "tied-q8.gguf")
+    table_mib = shape.vocab * shape.dim / 2**20  # its integers
+    sizes = {}
+    for options in ([], ["--quantize-option", "tied_table=false"]):
+        pte = tmp_path / f"tied-{len(options)}.pte"
+        done = subprocess.run([sys.executable, "-m", "llmcore", "export", "--checkpoint", str(path), "--max-seq-len",
+                               "64", "--quiet", *options, "-o", str(pte)], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert ("Q8_0 kept (tied: one table)" in done.stderr) == (not options), done.stderr[-2000:]
+        report = json.loads(pte.with_suffix(".report.json").read_text())
+        assert report["parity"]["top1_agreement"] == 1.0, report["parity"]
+        sizes[bool(options)] = report["outputs"]["pte_bytes"] / 2**20
+    assert sizes[False] < path.stat().st_size / 2**20 + 0.1 * table_mib, sizes
+    assert sizes[True] - sizes[False] > 0.9 * table_mib, sizes
+
+
 def test_eval_reads_a_gguf_programs_reference_as_floats(tmp_path, monkeypatch):
     """``llmcore eval`` on a program from a quantized GGUF (the gguf recipe, which leaves the
     file's weights in the file at load): its fp32 reference reads them as floats and scores

@@ -20,19 +20,29 @@ inline int4::PackedWeight projection(const char* op, const char* name, const at:
                                      const at::Tensor& scales, const at::Tensor& sums) {
   TORCH_CHECK(packed.device().is_cpu() && scales.device().is_cpu() && sums.device().is_cpu(), op,
               ": CPU tensors only");
-  if (packed.scalar_type() == at::kChar && packed.dim() == 2) {  // int8 rows
+  if (packed.scalar_type() == at::kChar && packed.dim() == 2) {  // int8 rows, or int8 blocks
     const int64_t n = packed.size(0), k = packed.size(1);
     TORCH_CHECK(packed.is_contiguous() && k % int4::kBlock == 0 && k < int4::kInt8MaxK, op, ": ", name,
                 ": int8 weights must be a contiguous [rows, in] tensor, in a multiple of 32 below 65536, got ",
                 packed.sizes());
-    for (const at::Tensor* t : {&scales, &sums})
-      TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 1 && t->size(0) == n && t->is_contiguous(), op,
-                  ": ", name, ": an int8 weight's scales and row sums must be contiguous float32 [", n,
-                  "] tensors, got ", t->scalar_type(), " ", t->sizes());
+    TORCH_CHECK(sums.scalar_type() == at::kFloat && sums.dim() == 1 && sums.size(0) == n && sums.is_contiguous(), op,
+                ": ", name, ": an int8 weight's row sums must be a contiguous float32 [", n, "] tensor, got ",
+                sums.scalar_type(), " ", sums.sizes());
+    const bool blocks = scales.dim() == 2;
+    TORCH_CHECK(scales.scalar_type() == (blocks ? at::kHalf : at::kFloat) && scales.size(0) == n &&
+                    scales.is_contiguous() && (blocks ? scales.size(1) * int4::kBlock == k : scales.dim() == 1),
+                op, ": ", name, ": an int8 weight's scales must be a contiguous float32 [", n, "] (one a row) or "
+                "float16 [", n, ", ", k / int4::kBlock, "] (one a block of 32) tensor, got ", scales.scalar_type(), " ",
+                scales.sizes());
     int4::PackedWeight w{static_cast<const uint8_t*>(packed.const_data_ptr()), nullptr, sums.const_data_ptr<float>(),
                          nullptr, n, k};
-    w.format = int4::Format::int8_rows;
-    w.row_scales = scales.const_data_ptr<float>();
+    if (blocks) {
+      w.format = int4::Format::int8_blocks;
+      w.block_scales = static_cast<const uint16_t*>(scales.const_data_ptr());
+    } else {
+      w.format = int4::Format::int8_rows;
+      w.row_scales = scales.const_data_ptr<float>();
+    }
     return w;
   }
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.size(2) == 16 && packed.is_contiguous(),

@@ -19,19 +19,28 @@ inline bool dense(const executorch::aten::Tensor& t) {
   return executorch::runtime::tensor_is_default_dim_order(t) && executorch::runtime::tensor_is_contiguous(t);
 }
 
-// An int8_rows projection (int4_gemm.h): q int8 [rows, in], scales and sums float32 [rows].
+// An int8 projection (int4_gemm.h): q int8 [rows, in], sums float32 [rows], and scales
+// float32 [rows] (int8_rows) or float16 [rows, in/32] (int8_blocks).
 inline const char* int8_projection(const executorch::aten::Tensor& q, const executorch::aten::Tensor& scales,
                                    const executorch::aten::Tensor& sums, int4::PackedWeight* out) {
   using executorch::aten::ScalarType;
   const int64_t n = q.size(0), k = q.size(1);
   if (!dense(q) || k % int4::kBlock != 0 || k >= int4::kInt8MaxK)
     return "int8 weights must be a contiguous [rows, in] tensor, in a multiple of 32 below 65536";
-  for (const executorch::aten::Tensor* t : {&scales, &sums})
-    if (t->scalar_type() != ScalarType::Float || t->dim() != 1 || t->size(0) != n || !dense(*t))
-      return "an int8 weight's scales and row sums must be contiguous float32 [rows] tensors";
+  if (sums.scalar_type() != ScalarType::Float || sums.dim() != 1 || sums.size(0) != n || !dense(sums))
+    return "an int8 weight's row sums must be a contiguous float32 [rows] tensor";
+  const bool blocks = scales.dim() == 2;
+  if (scales.scalar_type() != (blocks ? ScalarType::Half : ScalarType::Float) || scales.size(0) != n ||
+      !dense(scales) || (blocks ? scales.size(1) * int4::kBlock != k : scales.dim() != 1))
+    return "an int8 weight's scales must be a contiguous float32 [rows] (one a row) or float16 [rows, in/32] tensor";
   *out = {static_cast<const uint8_t*>(q.const_data_ptr()), nullptr, sums.const_data_ptr<float>(), nullptr, n, k};
-  out->format = int4::Format::int8_rows;
-  out->row_scales = scales.const_data_ptr<float>();
+  if (blocks) {
+    out->format = int4::Format::int8_blocks;
+    out->block_scales = static_cast<const uint16_t*>(scales.const_data_ptr());
+  } else {
+    out->format = int4::Format::int8_rows;
+    out->row_scales = scales.const_data_ptr<float>();
+  }
   return nullptr;
 }
 

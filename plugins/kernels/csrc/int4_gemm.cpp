@@ -21,7 +21,8 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define LLMCORE_HAVE_X86 1
-#define LLMCORE_AVX2 __attribute__((target("avx2,fma")))
+// x86-64-v3 (cpu_isa.h): F16C with AVX2 and FMA, for int8 blocks' float16 scales
+#define LLMCORE_AVX2 __attribute__((target("avx2,fma,f16c")))
 #else
 #define LLMCORE_HAVE_X86 0
 #endif
@@ -184,6 +185,39 @@ void gemm_int8_rows_portable(const QuantizedRows& x, const PackedWeight& w, int6
   }
 }
 
+// IEEE half bits -> float (int8 blocks' scales, a GGUF's Q8_0 ones), exact: the portable
+// loops' conversion; the x86 code takes F16C's.
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24
+    const float v = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign != 0 ? -v : v;
+  }
+  const uint32_t bits = sign | (exponent == 31 ? 0x7f800000u : (exponent + 112) << 23) | (mantissa << 13);
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// int8 blocks: each block's integer dot product times its scale, added in block order.
+void gemm_int8_blocks_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end,
+                               float* y) {
+  const int64_t blocks = w.k / kBlock;
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const int8_t* q = reinterpret_cast<const int8_t*>(w.packed) + n * w.k;
+    for (int64_t t = 0; t < x.m; ++t) {
+      const uint8_t* a = x.a + t * x.k;
+      float dot = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        int32_t block_dot = 0;
+        for (int64_t i = b * kBlock; i < (b + 1) * kBlock; ++i) block_dot += static_cast<int32_t>(a[i]) * q[i];
+        dot += half_to_float(w.block_scales[n * blocks + b]) * static_cast<float>(block_dot);
+      }
+      finish(x, t, w, n, dot, y);
+    }
+  }
+}
+
 // Calls visit(byte, low, high) for each byte of a packed row of k values: the arranged
 // values at `low` and `high` are its low and high nibbles (int4_gemm.h: a group of one
 // block packs 32 values in 16 bytes, larger groups each two steps, 64 values, in 32).
@@ -251,7 +285,7 @@ namespace avx2 {
 // 3 x 4 71.9-73.3, 3 x 3 77.4-87.0 and AVX2's 4 x 3 79.0; int8 rows 3 x 3 75.9-76.3,
 // 2 x 4 75.4-76.1, 3 x 4 and 4 x 3 slower (2026-12-05). AVX2's int4 path took 88.0 ms.
 namespace avx_vnni {
-#define INT4_TARGET __attribute__((target("avx2,fma,avxvnni")))
+#define INT4_TARGET __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define INT4_VNNI 1
 #define INT4_WIDE 0
 #define INT4_PROMPT_MR 2
@@ -262,7 +296,7 @@ namespace avx_vnni {
 }  // namespace avx_vnni
 
 namespace avx512_vnni {
-#define INT4_TARGET __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
+#define INT4_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 #define INT4_VNNI 1
 #define INT4_WIDE 1
 #define INT4_PROMPT_MR 4
@@ -423,6 +457,14 @@ void add_block_offsets(const QuantizedRows& x, const PackedWeight& w, int64_t n_
 void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y,
                bool portable) {
   const Isa isa = portable ? Isa::portable : gemm_isa();
+  if (w.format == Format::int8_blocks) {
+#if LLMCORE_HAVE_X86
+    if (isa == Isa::avx512_vnni) return avx512_vnni::gemm_int8_blocks(x, w, n_begin, n_end, y);
+    if (isa == Isa::avx_vnni) return avx_vnni::gemm_int8_blocks(x, w, n_begin, n_end, y);
+    if (isa == Isa::avx2) return avx2::gemm_int8_blocks(x, w, n_begin, n_end, y);
+#endif
+    return gemm_int8_blocks_portable(x, w, n_begin, n_end, y);
+  }
   const bool int8 = w.format == Format::int8_rows;
 #if LLMCORE_HAVE_X86
   if (isa == Isa::avx512_vnni)

@@ -102,7 +102,14 @@ struct QuantizedRows {
 //       not arranged). A row's products add in 32 bits over the whole row (AVX2: vpmaddwd on
 //       values widened to 16 bits, as vpmaddubsw's 16-bit pair sums would saturate at
 //       255 * 127 * 2; VNNI: vpdpbusd), then meet the row's scale once. Exact for k < 65536.
-enum class Format { int4_blocks, int8_rows };
+//   int8_blocks: int8 per block of 32 inputs with a float16 scale each (a GGUF's Q8_0 as the
+//       file holds it, 34 bytes a block): w[n, k] = block_scales[n, k / 32] * q[n, k],
+//       `packed` q's bytes as they are, [n, k] in x's order, so that one table serves
+//       the output layer and the embedding's lookups (quantized_decomposed::embedding_byte
+//       reads the same two tensors). Each block's products add in 32 bits (as int8_rows'),
+//       eight blocks' sums cross their lanes together and meet their eight scales in one
+//       multiply-add.
+enum class Format { int4_blocks, int8_rows, int8_blocks };
 
 struct PackedWeight {
   const uint8_t* packed;     // int4_blocks: [n, k/2]; int8_rows: [n, k] int8 bytes
@@ -120,6 +127,7 @@ struct PackedWeight {
   const float* offsets = nullptr;
   Format format = Format::int4_blocks;
   const float* row_scales = nullptr;  // int8_rows: [n], float32
+  const uint16_t* block_scales = nullptr;  // int8_blocks: [n, k/32], IEEE float16 bits
 };
 
 // The largest k an int8_rows weight may have: its 32-bit sums stay exact below it.
@@ -135,7 +143,7 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
 void arrange(const uint8_t* in, int64_t k, uint8_t* out);
 
 // y[:, n_begin:n_end] for every row of x. y is [m, n] row-major. x's rows must be in the
-// arranged order for int4_blocks weights and in their own order for int8_rows ones.
+// arranged order for int4_blocks weights and in their own order for int8 ones (rows, blocks).
 void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y,
                bool portable = false);
 

@@ -138,9 +138,9 @@ def mlp_activation(feed_forward: nn.Module) -> Optional[str]:
 
 
 class KernelLinear(nn.Module):
-    """``y = x W^T (+ bias)`` through ``llmcore::int4_linear``, from a ``BlockInt4Linear`` or
-    ``ChannelInt8Linear`` (the output layer): the layer operators' GEMM and int8 rounding of
-    the activations per token, the integers unchanged."""
+    """``y = x W^T (+ bias)`` through ``llmcore::int4_linear``, from a ``BlockInt4Linear``,
+    ``ChannelInt8Linear`` or ``BlockInt8Linear`` (the output layer): the layer operators' GEMM
+    and int8 rounding of the activations per token, the integers unchanged."""
 
     def __init__(self, linear: nn.Module):
         super().__init__()
@@ -153,7 +153,8 @@ class KernelLinear(nn.Module):
             x, self.w, self.w_scales, self.w_sums, self.w_bias, self.w_offsets)
 
     def extra_repr(self) -> str:
-        kind = "int8 rows" if self.w.dtype == torch.int8 else f"int4 blocks of {mlp.BLOCK}"
+        kind = (f"int4 blocks of {mlp.BLOCK}" if self.w.dtype != torch.int8 else
+                f"int8 blocks of {mlp.BLOCK}" if self.w_scales.dim() == 2 else "int8 rows")
         return f"{self.in_features}, {self.out_features}, {kind}"
 
 
@@ -290,7 +291,8 @@ def swap_outside_layers(model: nn.Module) -> list[str]:
 
     inside_kept = {id(m) for block in model.modules() if is_layer(block) for m in block.modules()}
     _, kept = _swap_checked(model, lambda m: isinstance(m, mlp.QUANTIZED_LINEARS) and id(m) not in inside_kept,
-                            lambda linear: mlp.why_not_linear("linear", linear, offsets=True, int8=True),
+                            lambda linear: mlp.why_not_linear("linear", linear, offsets=True, int8=True,
+                                                              int8_blocks=True),
                             KernelLinear, _same_linear)
     rmsnorm.swap_rms_norms(model, leave=inside_kept)
     return kept

@@ -25,7 +25,7 @@ from torch import nn
 
 from llmcore.errors import LlmcoreError
 from llmcore.modules import replace_modules
-from llmcore_xnnpack.qlinear import BlockInt4Linear, ChannelInt8Linear, relative_error
+from llmcore_xnnpack.qlinear import BlockInt4Linear, BlockInt8Linear, ChannelInt8Linear, relative_error
 
 RECIPE = "8da4w-mlp"
 BLOCK = 32  # the kernel's int4 block (csrc/int4_gemm.h)
@@ -35,7 +35,7 @@ NAMES = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"))  # gate, up,
 # ||kernel - module|| / ||module|| allowed in the swap check: both round their activations to
 # int8, and a value within float error of a rounding boundary may land on either side.
 CHECK_TOLERANCE = 2e-3
-QUANTIZED_LINEARS = (BlockInt4Linear, ChannelInt8Linear)
+QUANTIZED_LINEARS = (BlockInt4Linear, ChannelInt8Linear, BlockInt8Linear)
 # rows of an int4 weight whose block sums (pack) are taken at once: their temporaries are a few
 # MiB, which the heap reuses from one slice to the next (16384 rows of nibbles as 4096-row
 # slices took 48 MiB of fresh pages, as 1024-row ones 11 MiB)
@@ -103,6 +103,19 @@ def register_int8(module: nn.Module, name: str, q: torch.Tensor, scales: torch.T
     module.register_buffer(f"{name}_sums", sums.float().contiguous())
 
 
+def register_int8_blocks(module: nn.Module, name: str, q: torch.Tensor, scales: torch.Tensor) -> None:
+    """An int8 weight ``scales[o, i // 32] * q[o, i]`` (a Q8_0 table) into ``module``'s buffers
+    ``name`` and ``name_scales`` (the tensors themselves: a tied table's lookups read them too,
+    one constant in the program; the kernel's int8 blocks, csrc/int4_gemm.h) and ``name_sums``
+    (each row's sum of weights), summed a slice of rows at a time (a whole int32 copy of
+    Gemma-3-1B's table would be 1.2 GB on the export's peak)."""
+    sums = torch.cat([part.view(len(part), -1, BLOCK).sum(-1, dtype=torch.int32).double().mul_(s.double()).sum(1)
+                      for part, s in zip(q.split(_SUM_ROWS), scales.split(_SUM_ROWS))])
+    module.register_buffer(name, q)
+    module.register_buffer(f"{name}_scales", scales)
+    module.register_buffer(f"{name}_sums", sums.float().contiguous())
+
+
 def register_linears(module: nn.Module, name: str, linears: list[nn.Module], interleave: bool = False) -> None:
     """The linears' rows stacked (or, with ``interleave``, two linears' rows interleaved, as
     ``gate_up``'s: :func:`interleave_rows`) into one projection's four buffers: int4 blocks
@@ -110,6 +123,10 @@ def register_linears(module: nn.Module, name: str, linears: list[nn.Module], int
     ``name_offsets`` (:func:`stacked_offsets`; None without any). An int4 linear's blocks are
     taken in :func:`signed_form`: a Q4_0 file's negative scales are the kernels' again."""
 
+    if len(linears) == 1 and isinstance(linears[0], BlockInt8Linear):  # the output layer (why_not_linear)
+        register_int8_blocks(module, name, linears[0].q, linears[0].scales)
+        module.register_buffer(f"{name}_offsets", None)
+        return
     int8 = all(isinstance(p, ChannelInt8Linear) for p in linears)
     if int8:
         parts = [(p.q, p.scales, None) for p in linears]
@@ -248,11 +265,19 @@ def projections(module: nn.Module) -> Optional[tuple[nn.Module, nn.Module, nn.Mo
     return None
 
 
-def why_not_linear(role: str, p: nn.Module, offsets: bool = False, int8: bool = False) -> Optional[str]:
+def why_not_linear(role: str, p: nn.Module, offsets: bool = False, int8: bool = False,
+                   int8_blocks: bool = False) -> Optional[str]:
     """Why the kernels cannot take linear ``p`` (its ``role`` named in the reason), or None:
     int4 blocks of 32, with offsets only when ``offsets``; int8 per channel only when ``int8``
-    (the layer operators take both, ``llmcore::int4_mlp`` neither); no outlier split."""
-    kinds = QUANTIZED_LINEARS if int8 else (BlockInt4Linear,)
+    (the layer operators take both, ``llmcore::int4_mlp`` neither); int8 blocks of 32 (a Q8_0
+    table's) only when ``int8_blocks`` (``llmcore::int4_linear`` alone: no prompt tiles); no
+    outlier split."""
+    if isinstance(p, BlockInt8Linear):
+        if not int8_blocks:
+            return f"its {role} holds int8 blocks of {p.block} (only the output layer's operator takes them)"
+        return None if p.in_features < INT8_MAX_IN else (
+            f"its {role} takes {p.in_features} inputs (the int8 kernel: below {INT8_MAX_IN})")
+    kinds = (BlockInt4Linear, ChannelInt8Linear) if int8 else (BlockInt4Linear,)
     if not isinstance(p, kinds):
         return f"its {role} is a {type(p).__name__}, not an int4{' or int8' if int8 else ''} linear"
     if p.outlier_split:

@@ -103,9 +103,10 @@ _TIED_TABLE_OPTION = (
     bool,
     False,
     "an embedding tied to the output layer, which the recipe rounds to int8 per channel, looks its rows "
-    "up in that layer's integers (one scale a row): the program holds the table once, as the checkpoint "
-    "does, where the output layer runs on those integers in place (llmcore-kernels asks for it); XNNPACK "
-    "packs a copy of its own, so with XNNPACK alone the embedding keeps a table of its own (false)",
+    "up in that layer's integers (one scale a row), and a GGUF's tied Q8_0 table stays as the file holds it "
+    "for both (gguf; only llmcore-kernels computes that layer): the program holds the table once, as the "
+    "checkpoint does, where the output layer runs on those integers in place (llmcore-kernels asks for it); "
+    "XNNPACK packs a copy of its own, so with XNNPACK alone the embedding keeps a table of its own (false)",
 )
 
 _INT4_NIBBLES_OPTION = (

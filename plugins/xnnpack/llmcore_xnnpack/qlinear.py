@@ -350,6 +350,50 @@ class ChannelInt8Linear(nn.Module):
         return f"{self.in_features}, {self.out_features}, int8 per channel{split}"
 
 
+class BlockInt8Linear(nn.Module):
+    """``y = x @ W.T (+ bias)``, ``W[o, i] = scales[o, i // 32] * q[o, i]``: a GGUF's Q8_0 as
+    the file holds it (int8, one float16 scale a block of 32 inputs), for an output layer whose table
+    the embedding shares (the ``gguf`` recipe with ``tied_table``): the program then holds the
+    table once, its integers unchanged. llmcore-kernels computes it (``llmcore::int4_linear``
+    on int8 blocks); XNNPACK's int8 GEMM takes one scale a channel, so a layer of these that
+    reaches ``torch.export`` untaken is refused by name rather than left to ExecuTorch's
+    portable operators (a full fp32 copy of the table a call)."""
+
+    block = 32
+    outlier_split = False
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor] = None):
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        if self.in_features % self.block or scales.shape != (self.out_features, self.in_features // self.block):
+            raise ValueError(f"int8 blocks of {self.block}: a {tuple(q.shape)} weight needs "
+                             f"[{self.out_features}, {self.in_features // self.block}] scales, got {tuple(scales.shape)}")
+        if not torch.equal(scales.half().float(), scales.float()):
+            raise ValueError("int8 blocks' scales must be float16 values (Q8_0's)")
+        # the tensors as given when they already are int8 and float16 (a tied table's, shared
+        # with its lookups: one constant in the program)
+        self.register_buffer("q", q.to(torch.int8).contiguous())
+        self.register_buffer("scales", scales.half().contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    def weight_values(self, rows: slice = slice(None)) -> torch.Tensor:
+        q = self.q[rows]
+        return (q.float().unflatten(-1, (-1, self.block)) * self.scales[rows].float().unsqueeze(-1)).flatten(-2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_exporting():
+            raise LlmcoreError(
+                f"gguf: a {self.out_features} x {self.in_features} linear keeps its table's Q8_0 blocks (tied_table), "
+                "which only llmcore-kernels computes, and no backend took it.",
+                fix="install llmcore-kernels and list it first (--plugins kernels,xnnpack), or pass "
+                    "--quantize-option tied_table=false (the output layer then rounds the table to int8 per channel).",
+            )
+        return gemm_by_rows(x, self, self.bias, False)  # the eager reference: activations rounded per token
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, int8 per block of {self.block}"
+
+
 # ---- choosing integers for float weights ------------------------------------------------------
 
 

@@ -17,7 +17,9 @@ per-block offset term. A matrix whose format no kernel here takes unchanged (Q8_
 scales are per 32 where XNNPACK's int8 GEMM wants one per channel; Q5/Q6 types) is rounded to
 int8 per channel from its exact values, and the export says so with the weight error it
 measured. Nothing is changed silently. An embedding table stored as Q8_0 keeps its integers
-too (:class:`.torchao_quant.StoredByteEmbedding`), a quarter of its fp32 size.
+too (:class:`.torchao_quant.StoredByteEmbedding`), a quarter of its fp32 size; tied to the
+output layer and with ``tied_table`` (llmcore-kernels asks for it), that layer keeps them as
+well (:class:`.qlinear.BlockInt8Linear`, the kernels' int8 blocks) and both read one table.
 
 Both print one line per recipe run: what each group of layers became and the weight error
 (``||W_program - W_source|| / ||W_source||``) it cost.
@@ -360,6 +362,8 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
     summary = _Summary("gguf", options)
     scale_rounding = 0.0
     rounded_int8 = {}  # id of a weight rounded to int8 per channel -> its layer (a tied table's)
+    kept_int8_blocks = {}  # id of a tied table's weight kept as Q8_0 blocks -> the output layer holding them
+    tables = {id(m.weight) for m in module.modules() if type(m) is nn.Embedding}
     rounded_again = {}  # format -> [(weight, its error)] of the weights rounded to int8 per channel
     for name in names:
         # one weight's reads and roundings: their temporaries reuse heap pages, which go back
@@ -373,6 +377,16 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
                 bf16 = form.scales.to(torch.bfloat16).float()
                 scale_rounding = max(scale_rounding, qlinear.bf16_scale_error(form.scales, bf16))
                 summary.add(f"{form.format} kept", error=qlinear.rescaled_error(form.q, form.scales, bf16, form.offsets))
+            elif (isinstance(form, IntegerWeight) and form.bits == 8 and form.offsets is None
+                  and form.block == qlinear.BlockInt8Linear.block and options["tied_table"]
+                  and id(linear.weight) in tables and torch.equal(form.scales.half().float(), form.scales)):
+                # a tied Q8_0 table (SmolLM2's, Gemma-3-1B's: widths no multiple of Q6_K's 256):
+                # the output layer reads its blocks as they are, and the lookups the same
+                # tensors below. Rounded to int8 per channel, it was a second table (Gemma-3-1B's
+                # program 1.45x its file) and 1.17% weight error (SmolLM2's)
+                new = qlinear.BlockInt8Linear(form.q, form.scales.half(), linear.bias)  # Q8_0's own fp16
+                kept_int8_blocks[id(linear.weight)] = new
+                summary.add(f"{form.format} kept (tied: one table)")
             elif form is not None:
                 rounding = qlinear.ErrorSum()
                 new = _int8_layer(linear, float_rows(linear.weight), options["outlier_split"], error=rounding)
@@ -389,6 +403,11 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
         if table.max_norm is not None or recorded is None:
             continue
         with heap_for_temporaries(largest=WEIGHT_TEMPORARIES):
+            if id(table.weight) in kept_int8_blocks:  # the output layer's Q8_0 blocks, the same tensors
+                kept = kept_int8_blocks[id(table.weight)]
+                _replace(module, name, StoredByteEmbedding(kept.q, kept.scales, table.padding_idx))
+                summary.add("embedding Q8_0 -> the output layer's int8 blocks (tied: one table)")
+                continue
             form = stored_form(table.weight) if has_integers(recorded) else recorded
             if isinstance(form, IntegerWeight) and form.offsets is None:  # Q8_0, Q4_0: its integers, as int8 rows
                 # kept even when tied to an int8 output layer (tied_table): that layer rounded the

@@ -227,12 +227,14 @@ class StoredByteEmbedding(nn.Module):
         self.block = self.embedding_dim // scales.shape[1]
         self.padding_idx = padding_idx
         self.register_buffer("q", q.contiguous())
-        self.register_buffer("scales", scales.float().contiguous())
+        # float16 scales stay so (a Q8_0 table shared with an output layer on int8 blocks:
+        # embedding_byte widens them, exactly); any other kind as float32
+        self.register_buffer("scales", (scales if scales.dtype == torch.float16 else scales.float()).contiguous())
 
     def weight_values(self, rows: slice = slice(None)) -> torch.Tensor:
         """The fp32 table the lookups give (for measuring it); ``rows`` of it."""
         q = self.q[rows]
-        return (q.float().unflatten(-1, (-1, self.block)) * self.scales[rows].unsqueeze(-1)).flatten(-2)
+        return (q.float().unflatten(-1, (-1, self.block)) * self.scales[rows].float().unsqueeze(-1)).flatten(-2)
 
     def forward(self, indices: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_exporting():
@@ -240,7 +242,7 @@ class StoredByteEmbedding(nn.Module):
 
             return torch.ops.quantized_decomposed.embedding_byte.dtype(
                 self.q, self.scales, None, -128, 127, indices, dtype=torch.float32)
-        rows = self.q[indices].float().unflatten(-1, (-1, self.block)) * self.scales[indices].unsqueeze(-1)
+        rows = self.q[indices].float().unflatten(-1, (-1, self.block)) * self.scales[indices].float().unsqueeze(-1)
         return rows.flatten(-2)
 
     def extra_repr(self) -> str:
