@@ -207,8 +207,13 @@ def test_the_operators_check_their_inputs(ops):
     assert int8.qkv.dtype == torch.int8 and int8.qkv.shape == (128, 64) and int8.qkv_scales.shape == (128,)
     with pytest.raises(RuntimeError, match="int8 weights take no block offsets"):
         torch.ops.llmcore.int4_linear_add(x, int8.wo, int8.wo_scales, int8.wo_sums, torch.zeros(8, 2, 8), x)
-    with pytest.raises(RuntimeError, match=r"an int8 weight's scales and row sums must be contiguous float32 \[64\]"):
+    with pytest.raises(RuntimeError, match=r"an int8 weight's scales must be a contiguous float32 \[64\] \(one a row\) "
+                                           r"or float16 \[64, 2\] \(one a block of 32\)"):
         torch.ops.llmcore.int4_linear_add(x, int8.wo, int8.wo_scales[:32], int8.wo_sums, None, x)
+    with pytest.raises(RuntimeError, match=r"an int8 weight's row sums must be a contiguous float32 \[64\] tensor"):
+        torch.ops.llmcore.int4_linear_add(x, int8.wo, int8.wo_scales, int8.wo_sums[:32], None, x)
+    with pytest.raises(RuntimeError, match=r"or float16 \[64, 2\]"):  # int8 blocks' scales are float16
+        torch.ops.llmcore.int4_linear_add(x, int8.wo, torch.ones(64, 2), int8.wo_sums, None, x)
     with pytest.raises(RuntimeError, match="int8 weights must be a contiguous .* multiple of 32"):
         torch.ops.llmcore.int4_linear_add(x[..., :48], int8.wo[:, :48], int8.wo_scales, int8.wo_sums, None, x)
 
