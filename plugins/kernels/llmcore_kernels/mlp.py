@@ -119,16 +119,14 @@ def register_int8_blocks(module: nn.Module, name: str, q: torch.Tensor, scales: 
 def register_linears(module: nn.Module, name: str, linears: list[nn.Module], interleave: bool = False) -> None:
     """The linears' rows stacked (or, with ``interleave``, two linears' rows interleaved, as
     ``gate_up``'s: :func:`interleave_rows`) into one projection's four buffers: int4 blocks
-    when they are :class:`BlockInt4Linear`, int8 rows when :class:`ChannelInt8Linear`, and
+    when they are :class:`BlockInt4Linear`, int8 rows when :class:`ChannelInt8Linear`, int8
+    blocks when :class:`BlockInt8Linear` (a tied Q8_0 table: its tensors themselves), and
     ``name_offsets`` (:func:`stacked_offsets`; None without any). An int4 linear's blocks are
     taken in :func:`signed_form`: a Q4_0 file's negative scales are the kernels' again."""
 
-    if len(linears) == 1 and isinstance(linears[0], BlockInt8Linear):  # the output layer (why_not_linear)
-        register_int8_blocks(module, name, linears[0].q, linears[0].scales)
-        module.register_buffer(f"{name}_offsets", None)
-        return
+    int8_blocks = all(isinstance(p, BlockInt8Linear) for p in linears)
     int8 = all(isinstance(p, ChannelInt8Linear) for p in linears)
-    if int8:
+    if int8 or int8_blocks:
         parts = [(p.q, p.scales, None) for p in linears]
     else:  # two to a byte where all are held so (rows are rows either way), else int8
         held_as_nibbles = all(p.q is None for p in linears)
@@ -140,7 +138,9 @@ def register_linears(module: nn.Module, name: str, linears: list[nn.Module], int
             return tensors[0]
         return interleave_rows(*tensors) if interleave else torch.cat(tensors)
 
-    if int8:
+    if int8_blocks:
+        register_int8_blocks(module, name, stacked(0), stacked(1))
+    elif int8:
         register_int8(module, name, stacked(0), stacked(1))
     else:
         register_packed(module, name, stacked(0), stacked(1))

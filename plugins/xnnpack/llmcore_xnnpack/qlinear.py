@@ -350,6 +350,12 @@ class ChannelInt8Linear(nn.Module):
         return f"{self.in_features}, {self.out_features}, int8 per channel{split}"
 
 
+def int8_block_values(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``scales[..., i // block] * q[..., i]`` in fp32, the block read off the shapes: the
+    values of int8 rows with a scale per block of columns (a Q8_0 table, its lookups' rows)."""
+    return (q.float().unflatten(-1, (scales.shape[-1], -1)) * scales.float().unsqueeze(-1)).flatten(-2)
+
+
 class BlockInt8Linear(nn.Module):
     """``y = x @ W.T (+ bias)``, ``W[o, i] = scales[o, i // 32] * q[o, i]``: a GGUF's Q8_0 as
     the file holds it (int8, one float16 scale a block of 32 inputs), for an output layer whose table
@@ -377,8 +383,7 @@ class BlockInt8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
     def weight_values(self, rows: slice = slice(None)) -> torch.Tensor:
-        q = self.q[rows]
-        return (q.float().unflatten(-1, (-1, self.block)) * self.scales[rows].float().unsqueeze(-1)).flatten(-2)
+        return int8_block_values(self.q[rows], self.scales[rows])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_exporting():

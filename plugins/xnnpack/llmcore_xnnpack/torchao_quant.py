@@ -31,6 +31,7 @@ from torch import nn
 
 from llmcore.errors import LlmcoreError
 from llmcore.stored import float_rows, in_file, materialize
+from llmcore_xnnpack.qlinear import int8_block_values
 
 log = logging.getLogger(__name__)
 
@@ -233,8 +234,7 @@ class StoredByteEmbedding(nn.Module):
 
     def weight_values(self, rows: slice = slice(None)) -> torch.Tensor:
         """The fp32 table the lookups give (for measuring it); ``rows`` of it."""
-        q = self.q[rows]
-        return (q.float().unflatten(-1, (-1, self.block)) * self.scales[rows].float().unsqueeze(-1)).flatten(-2)
+        return int8_block_values(self.q[rows], self.scales[rows])
 
     def forward(self, indices: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_exporting():
@@ -242,8 +242,7 @@ class StoredByteEmbedding(nn.Module):
 
             return torch.ops.quantized_decomposed.embedding_byte.dtype(
                 self.q, self.scales, None, -128, 127, indices, dtype=torch.float32)
-        rows = self.q[indices].float().unflatten(-1, (-1, self.block)) * self.scales[indices].float().unsqueeze(-1)
-        return rows.flatten(-2)
+        return int8_block_values(self.q[indices], self.scales[indices])
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, int8 per {self.block} columns"
