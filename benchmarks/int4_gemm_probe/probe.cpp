@@ -9,7 +9,8 @@
 //       or =portable caps it) against the portable loops and both against a double-precision
 //       sum over the same integers; the activation rounding against its definition; the
 //       offset term of blocks with offsets (add_block_offsets) against a double-precision sum;
-//       int8 rows (Format::int8_rows) the same way. Prints "ok" and exits 0, or names the first mismatch and exits 1.
+//       int8 rows (Format::int8_rows) and int8 blocks (Format::int8_blocks) the same way.
+//       Prints "ok" and exits 0, or names the first mismatch and exits 1.
 //   int4_probe time TOKENS THREADS [REPEAT] [mlp] [int8]
 //       every linear layer of SmolLM2-135M's 30 blocks (q, k, v, o, gate, up, down; with
 //       "mlp" gate, up and down only), random weights (int4 blocks; with "int8" int8 rows),
@@ -17,6 +18,11 @@
 //       milliseconds one forward pass spends in them, min and median over REPEAT passes.
 //       The rows of each layer's weight are split between THREADS threads, which wait
 //       for each layer at a spinning barrier (as a thread pool's workers do).
+//   int4_probe output THREADS [REPEAT] [rows|blocks] [COPIES]
+//       SmolLM2-135M's output layer (576 -> 49152, its tied table) for one token as int8 rows
+//       or int8 blocks (Format::int8_blocks, the GGUF's Q8_0), COPIES copies (default 12,
+//       ~350 MiB: more than a last-level cache) a pass each in turn: milliseconds a pass, min
+//       and median, and the weight bytes read a second at the median.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -43,6 +49,7 @@ struct Layer {
   std::vector<float> bias;
   std::vector<int8_t> q;  // the integers, u - 8 (int8 rows: q), kept for the reference
   std::vector<float> row_scales;  // int8 rows only
+  std::vector<uint16_t> block_scales;  // int8 blocks only: [n, k/32], float16 bits
 };
 
 float bf16_bits_to_float(uint16_t h) {
@@ -99,6 +106,29 @@ Layer random_int8_layer(int64_t n, int64_t k, bool with_bias, std::mt19937& rng,
   return l;
 }
 
+// A float16 number's value (the normal ones random_int8_blocks_layer writes).
+float f16_bits_to_float(uint16_t h) {
+  const float magnitude = std::ldexp(1.0f + (h & 0x3ff) / 1024.0f, ((h >> 10) & 0x1f) - 15);
+  return (h & 0x8000) != 0 ? -magnitude : magnitude;
+}
+
+// An int8_blocks weight (a GGUF's Q8_0): q in [-128, 127] (every one `fill` when not 0), a
+// float16 scale a block of 32 around 2^-7, some of them negative.
+Layer random_int8_blocks_layer(int64_t n, int64_t k, bool with_bias, std::mt19937& rng, int fill = 0) {
+  Layer l = random_int8_layer(n, k, with_bias, rng, fill);
+  l.row_scales.clear();
+  l.block_scales.resize(n * (k / kBlock));
+  std::uniform_int_distribution<int> mantissa(0, 1023), sign(0, 3);
+  for (auto& d : l.block_scales)
+    d = static_cast<uint16_t>((sign(rng) == 0 ? 0x8000 : 0) | (8 << 10) | mantissa(rng));  // +-2^-7 (1 + m/1024)
+  for (int64_t r = 0; r < n; ++r) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < k; ++i) sum += double(f16_bits_to_float(l.block_scales[r * (k / kBlock) + i / kBlock])) * l.q[r * k + i];
+    l.row_sums[r] = static_cast<float>(sum);
+  }
+  return l;
+}
+
 PackedWeight view(const Layer& l) {
   PackedWeight w{l.packed.data(), l.scales.empty() ? nullptr : l.scales.data(), l.row_sums.data(),
                  l.bias.empty() ? nullptr : l.bias.data(), l.n, l.k};
@@ -106,13 +136,18 @@ PackedWeight view(const Layer& l) {
     w.format = Format::int8_rows;
     w.row_scales = l.row_scales.data();
   }
+  if (!l.block_scales.empty()) {
+    w.format = Format::int8_blocks;
+    w.block_scales = l.block_scales.data();
+  }
   return w;
 }
 
 // The weight's value at [r, i] (for the double-precision references).
 double weight_value(const Layer& l, int64_t r, int64_t i) {
-  const double scale = l.row_scales.empty() ? bf16_bits_to_float(l.scales[r * (l.k / kBlock) + i / kBlock])
-                                            : l.row_scales[r];
+  const double scale = !l.row_scales.empty()   ? l.row_scales[r]
+                       : !l.block_scales.empty() ? f16_bits_to_float(l.block_scales[r * (l.k / kBlock) + i / kBlock])
+                                                 : bf16_bits_to_float(l.scales[r * (l.k / kBlock) + i / kBlock]);
   return scale * l.q[r * l.k + i];
 }
 
@@ -225,6 +260,8 @@ int check() {
     // int8 rows on the same activations in x's order; the fills' extremes: -128 and 127
     const int int8_fill = c.fill < 0 ? -128 : c.fill > 0 ? 127 : 0;
     if (check_gemm("int8", fast, fast, random_int8_layer(c.n, c.k, c.bias, rng, int8_fill), c.m, c.bias)) return 1;
+    if (check_gemm("int8 blocks", fast, fast, random_int8_blocks_layer(c.n, c.k, c.bias, rng, int8_fill), c.m, c.bias))
+      return 1;
     // the offset term (add_block_offsets) on offsets in its layout ([ceil(n/8), k/32, 8]) and
     // float block means, over a split of the rows that leaves odd pieces, against a
     // double-precision sum
@@ -264,20 +301,18 @@ int check() {
   return 0;
 }
 
-// SmolLM2-135M: 30 blocks of q, k, v, o (576 -> 576, 192, 192, 576), gate and up (576 -> 1536),
-// down (1536 -> 576).
-int time_layers(int64_t m, int threads, int repeat, bool mlp_only, bool int8) {
+// The milliseconds each of `repeat` passes over `passes` (each a list of layers, one pass
+// after another, cycling) spends in gemm_rows on m tokens, sorted. The rows of each layer
+// are split between `threads` threads, which wait for each layer at a spinning barrier (as
+// a thread pool's workers do). int8 weights take the activations in x's order.
+std::vector<double> time_passes(const std::vector<std::vector<Layer>>& passes, int64_t m, int threads, int repeat) {
   std::mt19937 rng(0);
-  std::vector<std::pair<int64_t, int64_t>> shapes;  // (n, k)
-  if (!mlp_only) shapes = {{576, 576}, {192, 576}, {192, 576}, {576, 576}};
-  shapes.insert(shapes.end(), {{1536, 576}, {1536, 576}, {576, 1536}});
-  std::vector<Layer> layers;
-  for (int block = 0; block < 30; ++block)
-    for (auto [n, k] : shapes)
-      layers.push_back(int8 ? random_int8_layer(n, k, false, rng) : random_layer(n, k, false, rng));
-  std::vector<float> x(m * 1536), y(m * 1536);
+  int64_t widest = 0;
+  for (const auto& pass : passes)
+    for (const Layer& l : pass) widest = std::max(widest, std::max(l.k, l.n));
+  std::vector<float> x(m * widest), y(m * widest);
   for (auto& v : x) v = std::normal_distribution<float>()(rng);
-  Activations q{std::vector<uint8_t>(m * 1536), std::vector<float>(m), std::vector<float>(m)};
+  Activations q{std::vector<uint8_t>(m * widest), std::vector<float>(m), std::vector<float>(m)};
 
   std::atomic<int> generation{0}, finished{0};
   std::atomic<bool> stop{false};
@@ -303,8 +338,9 @@ int time_layers(int64_t m, int threads, int repeat, bool mlp_only, bool int8) {
   std::vector<double> ms;
   for (int rep = 0; rep < repeat; ++rep) {
     const auto start = std::chrono::steady_clock::now();
-    for (const Layer& l : layers) {
-      quantize_rows(x.data(), l.k, 0, m, q.a.data(), q.scale.data(), q.zero.data(), !int8);
+    for (const Layer& l : passes[rep % passes.size()]) {
+      const bool arranged = l.row_scales.empty() && l.block_scales.empty();
+      quantize_rows(x.data(), l.k, 0, m, q.a.data(), q.scale.data(), q.zero.data(), arranged);
       current = &l;
       finished.store(0, std::memory_order_release);
       generation.fetch_add(1, std::memory_order_acq_rel);
@@ -317,10 +353,45 @@ int time_layers(int64_t m, int threads, int repeat, bool mlp_only, bool int8) {
   stop.store(true, std::memory_order_release);
   for (auto& t : workers) t.join();
   std::sort(ms.begin(), ms.end());
+  return ms;
+}
+
+// SmolLM2-135M: 30 blocks of q, k, v, o (576 -> 576, 192, 192, 576), gate and up (576 -> 1536),
+// down (1536 -> 576).
+int time_layers(int64_t m, int threads, int repeat, bool mlp_only, bool int8) {
+  std::mt19937 rng(0);
+  std::vector<std::pair<int64_t, int64_t>> shapes;  // (n, k)
+  if (!mlp_only) shapes = {{576, 576}, {192, 576}, {192, 576}, {576, 576}};
+  shapes.insert(shapes.end(), {{1536, 576}, {1536, 576}, {576, 1536}});
+  std::vector<std::vector<Layer>> pass(1);
+  for (int block = 0; block < 30; ++block)
+    for (auto [n, k] : shapes)
+      pass[0].push_back(int8 ? random_int8_layer(n, k, false, rng) : random_layer(n, k, false, rng));
+  const std::vector<double> ms = time_passes(pass, m, threads, repeat);
   std::printf("%zu %s linear layers (%s), %lld token(s), %d thread(s), %s: min %.3f ms, median %.3f ms per pass (%d passes)\n",
-              layers.size(), int8 ? "int8-row" : "int4-block", mlp_only ? "gate, up, down" : "all seven per block",
+              pass[0].size(), int8 ? "int8-row" : "int4-block", mlp_only ? "gate, up, down" : "all seven per block",
               (long long)m, threads,
               gemm_isa_name(), ms.front(), ms[ms.size() / 2], repeat);
+  return 0;
+}
+
+// SmolLM2-135M's output layer (576 -> 49152) for one token, as a decode step computes it:
+// int8 rows or int8 blocks (its GGUF's tied Q8_0 table). `copies` of it, a pass each in
+// turn, so that passes read the weights from memory, not from a last-level cache that holds
+// one copy (the Xeon's 300 MiB holds the whole program: docs/performance.md).
+int time_output(int threads, int repeat, bool blocks, int copies) {
+  std::mt19937 rng(0);
+  const int64_t n = 49152, k = 576;
+  std::vector<std::vector<Layer>> passes(copies);
+  for (auto& pass : passes)
+    pass.push_back(blocks ? random_int8_blocks_layer(n, k, false, rng) : random_int8_layer(n, k, false, rng));
+  const std::vector<double> ms = time_passes(passes, 1, threads, repeat);
+  const double bytes = n * k + n * (blocks ? k / kBlock * 2 : 4) + n * 4.0;  // values, scales, row sums
+  std::printf("output layer %lldx%lld as %s, %d copies (%.0f MiB), 1 token, %d thread(s), %s: min %.3f ms, "
+              "median %.3f ms per pass (%d passes), %.1f GB/s at the median\n",
+              (long long)n, (long long)k, blocks ? "int8 blocks" : "int8 rows", copies,
+              copies * bytes / (1 << 20), threads, gemm_isa_name(), ms.front(), ms[ms.size() / 2], repeat,
+              bytes / (ms[ms.size() / 2] * 1e6));
   return 0;
 }
 
@@ -344,6 +415,18 @@ int main(int argc, char** argv) {
     }
     return time_layers(m, threads, repeat, mlp, int8);
   }
-  std::fprintf(stderr, "usage: int4_probe check | int4_probe time TOKENS THREADS [REPEAT] [mlp] [int8]\n");
+  if (mode == "output" && argc >= 3) {
+    const int threads = std::atoi(argv[2]);
+    const int repeat = argc > 3 ? std::atoi(argv[3]) : 48;
+    const bool blocks = argc > 4 && std::string(argv[4]) == "blocks";
+    const int copies = argc > 5 ? std::atoi(argv[5]) : 12;
+    if (threads < 1 || repeat < 1 || copies < 1) {
+      std::fprintf(stderr, "int4_probe: THREADS, REPEAT and COPIES must be positive\n");
+      return 2;
+    }
+    return time_output(threads, repeat, blocks, copies);
+  }
+  std::fprintf(stderr, "usage: int4_probe check | int4_probe time TOKENS THREADS [REPEAT] [mlp] [int8] | "
+                       "int4_probe output THREADS [REPEAT] [rows|blocks] [COPIES]\n");
   return 2;
 }

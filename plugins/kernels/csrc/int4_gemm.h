@@ -107,8 +107,8 @@ struct QuantizedRows {
 //       `packed` q's bytes as they are, [n, k] in x's order, so that one table serves
 //       the output layer and the embedding's lookups (quantized_decomposed::embedding_byte
 //       reads the same two tensors). Each block's products add in 32 bits (as int8_rows'),
-//       eight blocks' sums cross their lanes together and meet their eight scales in one
-//       multiply-add.
+//       lane by lane; the lanes meet the block's scale in one multiply-add into float
+//       accumulators, which cross their lanes once a row.
 enum class Format { int4_blocks, int8_rows, int8_blocks };
 
 struct PackedWeight {
