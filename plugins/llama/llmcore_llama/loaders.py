@@ -860,17 +860,21 @@ class GGUFFile:
                 fix="download the file again, or convert the model with llama.cpp's convert_hf_to_gguf.py.",
             ) from None
 
-    def drop_pages(self, tensor) -> None:
-        """Let the kernel drop the file pages of a tensor already dequantized: they count in
-        the process's resident memory (the size of the file, on top of the float weights)."""
+    def drop_pages(self, tensor, rows: Optional[tuple[int, int]] = None) -> None:
+        """Let the kernel drop the file pages of a tensor already dequantized (``rows``: of
+        its rows [first, stop) only): they count in the process's resident memory (the size
+        of the file, on top of the float weights)."""
         import mmap
 
         mapping = getattr(self._memmap, "_mmap", None)
         if mapping is None or not hasattr(mapping, "madvise"):
             return
         page = mmap.PAGESIZE
-        start = int(tensor.data_offset) // page * page
-        end = int(tensor.data_offset) + int(tensor.n_bytes)
+        first, end = int(tensor.data_offset), int(tensor.data_offset) + int(tensor.n_bytes)
+        if rows is not None:
+            row_bytes = int(tensor.n_bytes) // int(tensor.data.shape[0])
+            first, end = first + rows[0] * row_bytes, min(end, first + rows[1] * row_bytes)
+        start = first // page * page
         try:
             mapping.madvise(mmap.MADV_DONTNEED, start, max(0, min(end, len(mapping)) - start))
         except (OSError, ValueError, AttributeError):
@@ -1155,8 +1159,9 @@ def file_weight(g: GGUFFile, t, qtype: int, name: str, cols: int, rows: int, ord
 
     def read_integers():
         data = raw(slice(None))
-        try:
-            form = quants.integer_weight(data, qtype, (rows, cols), name)
+        try:  # each slice's file pages dropped once decoded: a Q8_0 table is 321 MB at 1B
+            form = quants.integer_weight(data, qtype, (rows, cols), name,
+                                         decoded=(lambda a, b: g.drop_pages(t, (a, b))) if order is None else None)
         finally:
             g.drop_pages(t)
         return form if hasattr(form, "q") else None

@@ -26,7 +26,7 @@ Block sizes come from ``gguf.GGML_QUANT_SIZES``.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Optional
 
 import gguf
 import numpy as np
@@ -224,9 +224,11 @@ INTEGER_READERS: dict[int, tuple[int, Callable[[torch.Tensor], tuple]]] = {
 """type -> (bits, reader): the types whose integers a program can carry unchanged."""
 
 
-def integer_weight(raw, qtype: int, shape, source_name: str):
+def integer_weight(raw, qtype: int, shape, source_name: str, decoded: Optional[Callable[[int, int], None]] = None):
     """The stored form of a 2-D GGML tensor (:mod:`llmcore.stored`): its integers and
-    scales where :data:`INTEGER_READERS` reads the type, else only the type's name."""
+    scales where :data:`INTEGER_READERS` reads the type, else only the type's name.
+    ``decoded(first, stop)`` is called after each slice of a file's rows is decoded (the
+    loader drops those rows' file pages, which count in resident memory)."""
     from llmcore.stored import IntegerWeight, StoredFormat
 
     qtype = int(qtype)
@@ -250,6 +252,8 @@ def integer_weight(raw, qtype: int, shape, source_name: str):
             if part_offsets is not None:
                 offsets = torch.empty(rows, cols // 32) if offsets is None else offsets
                 offsets[start:start + n] = part_offsets.view(n, -1)
+            if decoded is not None:
+                decoded(start, start + n)
     return IntegerWeight(format=type_name(qtype), source_name=source_name, bits=bits, block=32,
                          q=q, scales=scales, offsets=offsets)
 
