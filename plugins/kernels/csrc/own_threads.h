@@ -1,5 +1,5 @@
 // llmcore-kernels: threads of the PyTorch library's own (llmcore_kernels_aot), for the export's
-// operators that take milliseconds or more (int4_pack, block_scale_search).
+// operators that take milliseconds or more (int4_pack, block_round_least_error).
 #pragma once
 
 #include <ATen/Parallel.h>

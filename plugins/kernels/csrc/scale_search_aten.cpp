@@ -1,12 +1,13 @@
-// llmcore::block_scale_search: the export's search for each block's scale among candidates,
-// the one whose rounding costs the least output error (llmcore_xnnpack.qlinear's
-// activation-aware int4 recipe; the export's, not a program's, operator: nothing here runs in
-// a runtime).
+// llmcore::block_round_least_error: the export's int4 (or int8) rounding of a weight by
+// blocks, each block's scale the candidate whose rounding costs the least output error
+// (llmcore_xnnpack.qlinear's activation-aware int4 recipe; the export's, not a program's,
+// operator: nothing here runs in a runtime).
 //
 // Why native: in Python each candidate is seven passes over the weight's float temporaries
 // (scale, round, clamp, subtract, square, weigh, sum), 26 candidates a block; that was 16 s of
 // a 1B model's 39 s quantize stage. Here a block's weights and energies are loaded once and
-// every candidate is scored in registers.
+// every candidate is scored in registers; the steps around the search (the block's largest
+// value, its candidates, its rounding, the error) are done on the same loads.
 //
 // Each candidate is scored with the float operations of the Python search
 // (qlinear._least_output_error): 1/d by division, w * (1/d), rounding half to even, the clamp,
@@ -14,8 +15,8 @@
 // fused multiply-add), the block's sum times d^2, the first candidate of the least error
 // winning. Only the sum's order is this file's own, where torch picks one by CPU: eight
 // lanes, the block's chunks of eight added into them in turn, then lanes 0-3 + 4-7, 0-1 + 2-3,
-// 0 + 1. plugins/kernels/tests/test_scale_search.py checks the choices bit for bit against
-// that order written in torch, in every ISA view, and against the Python search.
+// 0 + 1. plugins/kernels/tests/test_scale_search.py checks the choices and integers bit for
+// bit against that order written in torch, in every ISA view, and against the Python recipe.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -24,6 +25,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "cpu_isa.h"
@@ -36,17 +40,8 @@
 
 namespace {
 
-constexpr const char* kOp = "llmcore::block_scale_search";
+constexpr const char* kOp = "llmcore::block_round_least_error";
 constexpr int64_t kLanes = 8;
-
-struct Search {
-  const float* w;           // [blocks, block]: blocks = rows * groups
-  const float* energy;      // [groups, block]
-  const float* candidates;  // [blocks, count]
-  int64_t groups, block, count;
-  float qmin, qmax;
-  float* best;  // [blocks]
-};
 
 // The error of scale d on one block, in lane_sum's order (portable C++: any CPU).
 float block_error(const float* w, const float* e, int64_t block, float d, float qmin, float qmax) {
@@ -68,18 +63,15 @@ float block_error(const float* w, const float* e, int64_t block, float d, float 
   return (quarter[0] + quarter[1]) * (d * d);
 }
 
-void search_portable(const Search& s, int64_t begin, int64_t end) {
-  for (int64_t b = begin; b < end; ++b) {
-    const float* w = s.w + b * s.block;
-    const float* e = s.energy + (b % s.groups) * s.block;
-    const float* d = s.candidates + b * s.count;
-    float best_d = d[0], best_err = block_error(w, e, s.block, d[0], s.qmin, s.qmax);
-    for (int64_t c = 1; c < s.count; ++c) {
-      const float err = block_error(w, e, s.block, d[c], s.qmin, s.qmax);
-      if (err < best_err) best_err = err, best_d = d[c];
-    }
-    s.best[b] = best_d;
+// The block's candidate of the least error, the first of equal ones.
+float block_best_portable(const float* w, const float* e, int64_t block, const float* d, int64_t count, float qmin,
+                          float qmax) {
+  float best_d = d[0], best_err = block_error(w, e, block, d[0], qmin, qmax);
+  for (int64_t c = 1; c < count; ++c) {
+    const float err = block_error(w, e, block, d[c], qmin, qmax);
+    if (err < best_err) best_err = err, best_d = d[c];
   }
+  return best_d;
 }
 
 #ifdef LLMCORE_SEARCH_AVX2
@@ -87,84 +79,135 @@ void search_portable(const Search& s, int64_t begin, int64_t end) {
 // scored for all eight at once into accumulator j % 8, so that accumulator l holds, for each
 // candidate, what lane_sum's lane l holds; the lanes' tree is then added register to register.
 // Eight independent accumulators keep the pipes full, where one candidate a register waited
-// on its own chain of adds and its horizontal sum (1.5x the time).
-LLMCORE_SEARCH_AVX2 void search_avx2(const Search& s, int64_t begin, int64_t end) {
-  const __m256 lo = _mm256_set1_ps(s.qmin), hi = _mm256_set1_ps(s.qmax);
-  const int64_t padded = (s.count + kLanes - 1) / kLanes * kLanes;
-  std::vector<float> d(padded), errors(padded);
-  for (int64_t b = begin; b < end; ++b) {
-    const float* wb = s.w + b * s.block;
-    const float* eb = s.energy + (b % s.groups) * s.block;
-    const float* candidates = s.candidates + b * s.count;
-    // the last lanes repeat the last candidate: a later equal error never wins
-    for (int64_t c = 0; c < padded; ++c) d[c] = candidates[std::min(c, s.count - 1)];
-    for (int64_t c0 = 0; c0 < padded; c0 += kLanes) {
-      const __m256 dc = _mm256_loadu_ps(d.data() + c0);
-      const __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.0f), dc);
-      __m256 acc[kLanes];
-      for (int64_t j = 0; j < s.block; ++j) {
-        const __m256 x = _mm256_mul_ps(_mm256_broadcast_ss(wb + j), inv);
-        const __m256 r = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                                                     lo), hi);
-        __m256 t = _mm256_sub_ps(x, r);
-        t = _mm256_mul_ps(_mm256_mul_ps(t, t), _mm256_broadcast_ss(eb + j));
-        acc[j % kLanes] = j < kLanes ? t : _mm256_add_ps(acc[j % kLanes], t);
-      }
-      __m256 half[4], quarter[2];
-      for (int l = 0; l < 4; ++l) half[l] = _mm256_add_ps(acc[l], acc[l + 4]);
-      for (int l = 0; l < 2; ++l) quarter[l] = _mm256_add_ps(half[l], half[l + 2]);
-      const __m256 sum = _mm256_add_ps(quarter[0], quarter[1]);
-      _mm256_storeu_ps(errors.data() + c0, _mm256_mul_ps(sum, _mm256_mul_ps(dc, dc)));
+// on its own chain of adds and its horizontal sum (1.5x the time). `d` holds the block's
+// candidates padded to a multiple of eight (the last lanes repeat the last candidate: a later
+// equal error never wins); `errors` as many floats.
+LLMCORE_SEARCH_AVX2 float block_best_avx2(const float* wb, const float* eb, int64_t block, const float* d,
+                                          int64_t count, float qmin, float qmax, float* errors) {
+  const __m256 lo = _mm256_set1_ps(qmin), hi = _mm256_set1_ps(qmax);
+  const int64_t padded = (count + kLanes - 1) / kLanes * kLanes;
+  for (int64_t c0 = 0; c0 < padded; c0 += kLanes) {
+    const __m256 dc = _mm256_loadu_ps(d + c0);
+    const __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.0f), dc);
+    __m256 acc[kLanes];
+    for (int64_t j = 0; j < block; ++j) {
+      const __m256 x = _mm256_mul_ps(_mm256_broadcast_ss(wb + j), inv);
+      const __m256 r = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                                   lo), hi);
+      __m256 t = _mm256_sub_ps(x, r);
+      t = _mm256_mul_ps(_mm256_mul_ps(t, t), _mm256_broadcast_ss(eb + j));
+      acc[j % kLanes] = j < kLanes ? t : _mm256_add_ps(acc[j % kLanes], t);
     }
-    float best_d = d[0], best_err = errors[0];
-    for (int64_t c = 1; c < s.count; ++c) {
-      if (errors[c] < best_err) best_err = errors[c], best_d = d[c];
-    }
-    s.best[b] = best_d;
+    __m256 half[4], quarter[2];
+    for (int l = 0; l < 4; ++l) half[l] = _mm256_add_ps(acc[l], acc[l + 4]);
+    for (int l = 0; l < 2; ++l) quarter[l] = _mm256_add_ps(half[l], half[l + 2]);
+    const __m256 sum = _mm256_add_ps(quarter[0], quarter[1]);
+    _mm256_storeu_ps(errors + c0, _mm256_mul_ps(sum, _mm256_mul_ps(dc, dc)));
   }
+  float best_d = d[0], best_err = errors[0];
+  for (int64_t c = 1; c < count; ++c) {
+    if (errors[c] < best_err) best_err = errors[c], best_d = d[c];
+  }
+  return best_d;
 }
 #endif
 
-// w [rows, groups, block], energy [groups, block], candidates [rows, groups, count] (each
-// block's scales to try, in order), all float32 -> [rows, groups]: each block's candidate of
-// the least sum_j energy_j (w_j / d - q_j)^2 * d^2, q_j being w_j / d rounded into [qmin, qmax].
-at::Tensor block_scale_search(const at::Tensor& w, const at::Tensor& energy, const at::Tensor& candidates,
-                              int64_t qmin, int64_t qmax) {
-  for (const at::Tensor* t : {&w, &energy, &candidates})
+// float32 -> bfloat16 (rounding to nearest, ties to even, as torch's .to(torch.bfloat16))
+// -> float32: a scale as XNNPACK's int4 GEMM keeps it. Finite inputs only.
+float bf16_rounded(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// w [rows, in] float32, energy [in / block, block], multipliers [count] -> (q [rows, in] int8,
+// scales [rows, in / block] float32, float64 [2]: sum (d q - w)^2 and sum w^2): the 8da4w
+// recipe's activation-aware rounding (llmcore_xnnpack.qlinear.int4_blocks_activation_aware) in
+// one pass over the weight. Each block's candidates are amax * multipliers[c] (amax its
+// largest |w|, at least 1e-12), rounded to bfloat16, and the chosen one rounds the block:
+// q = w * (1 / d) rounded half to even into [qmin, qmax]. The same float operations as the
+// recipe's torch code, so the same integers and scales as that code with this file's order
+// of the sum (above); the error's sums are this file's (float a block, double across
+// blocks): the recipe reports them. In torch, with only the search native, the steps around
+// it were five of a 1B model's 12 seconds of int4 rounding, each a pass over the weight's
+// float temporaries.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> block_round_least_error(const at::Tensor& w, const at::Tensor& energy,
+                                                                       const at::Tensor& multipliers, int64_t block,
+                                                                       int64_t qmin, int64_t qmax) {
+  for (const at::Tensor* t : {&w, &energy, &multipliers})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu(), kOp, ": float32 CPU tensors only, got ",
                 t->scalar_type());
-  TORCH_CHECK(w.dim() == 3 && w.size(2) > 0 && w.size(2) % kLanes == 0, kOp,
-              ": w must be [rows, groups, block] with a block a multiple of 8, got ", w.sizes());
-  const int64_t rows = w.size(0), groups = w.size(1), block = w.size(2);
+  TORCH_CHECK(block > 0 && block % kLanes == 0, kOp, ": the block must be a multiple of 8, got ", block);
+  TORCH_CHECK(w.dim() == 2 && w.size(1) % block == 0, kOp, ": w must be [rows, in] with in a multiple of ",
+              block, ", got ", w.sizes());
+  const int64_t rows = w.size(0), groups = w.size(1) / block;
   TORCH_CHECK(energy.dim() == 2 && energy.size(0) == groups && energy.size(1) == block, kOp,
-              ": energy must be [groups, block] = [", groups, ", ", block, "], got ", energy.sizes());
-  TORCH_CHECK(candidates.dim() == 3 && candidates.size(0) == rows && candidates.size(1) == groups &&
-                  candidates.size(2) > 0,
-              kOp, ": candidates must be [rows, groups, count] = [", rows, ", ", groups, ", count], got ",
-              candidates.sizes());
-  TORCH_CHECK(qmin < qmax, kOp, ": qmin must be below qmax");
-  const at::Tensor wc = w.contiguous(), ec = energy.contiguous(), cc = candidates.contiguous();
-  at::Tensor best = at::empty({rows, groups}, w.options());
-  Search s{wc.const_data_ptr<float>(), ec.const_data_ptr<float>(), cc.const_data_ptr<float>(), groups, block,
-           candidates.size(2), static_cast<float>(qmin), static_cast<float>(qmax), best.mutable_data_ptr<float>()};
+              ": energy must be [in / block, block] = [", groups, ", ", block, "], got ", energy.sizes());
+  TORCH_CHECK(multipliers.dim() == 1 && multipliers.size(0) > 0, kOp, ": multipliers must be 1-D, got ",
+              multipliers.sizes());
+  TORCH_CHECK(qmin < qmax && qmin >= -128 && qmax <= 127, kOp, ": [qmin, qmax] must be an int8 range");
+  const at::Tensor wc = w.contiguous(), ec = energy.contiguous(), mc = multipliers.contiguous();
+  at::Tensor q = at::empty({rows, groups * block}, w.options().dtype(at::kChar));
+  at::Tensor scales = at::empty({rows, groups}, w.options());
+  const float *wp = wc.const_data_ptr<float>(), *ep = ec.const_data_ptr<float>(), *mp = mc.const_data_ptr<float>();
+  int8_t* qp = q.mutable_data_ptr<int8_t>();
+  float* sp = scales.mutable_data_ptr<float>();
+  const int64_t count = mc.size(0), padded = (count + kLanes - 1) / kLanes * kLanes;
+  const float lo = static_cast<float>(qmin), hi = static_cast<float>(qmax);
   const bool avx2 = llmcore_kernels::kernels_isa() >= llmcore_kernels::Isa::avx2;
+  std::mutex sums_lock;
+  double diff_sum = 0.0, norm_sum = 0.0;
   const auto body = [&](int64_t begin, int64_t end) {
+    std::vector<float> d(padded), errors(padded);
+    double diff = 0.0, norm = 0.0;
+    for (int64_t b = begin; b < end; ++b) {
+      const float* wb = wp + b * block;
+      const float* eb = ep + (b % groups) * block;
+      float amax = 0.0f;
+      for (int64_t j = 0; j < block; ++j) amax = std::fmax(amax, std::fabs(wb[j]));
+      amax = std::fmax(amax, 1e-12f);
+      for (int64_t c = 0; c < padded; ++c) d[c] = bf16_rounded(amax * mp[std::min(c, count - 1)]);
+      float best;
 #ifdef LLMCORE_SEARCH_AVX2
-    if (avx2) return search_avx2(s, begin, end);
+      if (avx2)
+        best = block_best_avx2(wb, eb, block, d.data(), count, lo, hi, errors.data());
+      else
 #endif
-    (void)avx2;
-    search_portable(s, begin, end);
+        best = block_best_portable(wb, eb, block, d.data(), count, lo, hi);
+      (void)avx2;
+      const float inv = 1.0f / best;
+      float block_diff = 0.0f, block_norm = 0.0f;
+      for (int64_t j = 0; j < block; ++j) {
+        const float r = std::fmin(std::fmax(std::nearbyint(wb[j] * inv), lo), hi);
+        qp[b * block + j] = static_cast<int8_t>(r);
+        const float e = r * best - wb[j];
+        block_diff += e * e;
+        block_norm += wb[j] * wb[j];
+      }
+      sp[b] = best;
+      diff += block_diff;
+      norm += block_norm;
+    }
+    std::lock_guard<std::mutex> hold(sums_lock);
+    diff_sum += diff;
+    norm_sum += norm;
   };
-  // Each block is scored whole by one thread, so the choice does not depend on the split;
-  // threads of its own (own_threads.h). A call scores ~30k blocks.
-  llmcore_kernels::aten::own_threads(rows * groups, 4096, body);
-  return best;
+  llmcore_kernels::aten::own_threads(rows * groups, 4096, body);  // each block whole on one thread
+  at::Tensor sums = at::empty({2}, w.options().dtype(at::kDouble));
+  sums.mutable_data_ptr<double>()[0] = diff_sum;
+  sums.mutable_data_ptr<double>()[1] = norm_sum;
+  return {q, scales, sums};
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(llmcore, m) {
-  m.def("block_scale_search(Tensor w, Tensor energy, Tensor candidates, int qmin, int qmax) -> Tensor");
+  m.def("block_round_least_error(Tensor w, Tensor energy, Tensor multipliers, int block, int qmin, int qmax) -> "
+        "(Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(llmcore, CPU, m) { m.impl("block_scale_search", TORCH_FN(block_scale_search)); }
+TORCH_LIBRARY_IMPL(llmcore, CPU, m) {
+  m.impl("block_round_least_error", TORCH_FN(block_round_least_error));
+}

@@ -19,11 +19,14 @@ Operators (schemas are defined in C++, ``csrc/rms_norm_aten.cpp`` and ``csrc/int
     int8 integers in [-8, 7], ``[rows, k]`` (or the same two to a byte, uint8 ``[rows, k/2]``),
     packed as ``int4_mlp`` reads them, ``[rows, k/32, 16]`` uint8 (:func:`llmcore_kernels.mlp.pack`;
     the export's, not a program's, operator).
-``llmcore::block_scale_search(Tensor w, Tensor energy, Tensor candidates, int qmin, int qmax) -> Tensor``
-    for blocks ``w [rows, groups, block]`` (``block`` a multiple of 8), each block's candidate
-    scale (``candidates [rows, groups, count]``) of the least ``sum_j energy_j (w_j - d*q_j)^2``,
-    ``q`` being ``w/d`` rounded into ``[qmin, qmax]``: the 8da4w recipe's search
-    (:func:`llmcore_xnnpack.qlinear.native_block_search`; an export's operator, ``csrc/scale_search_aten.cpp``).
+``llmcore::block_round_least_error(Tensor w, Tensor energy, Tensor multipliers, int block, int qmin, int qmax) -> (Tensor, Tensor, Tensor)``
+    ``w [rows, in]`` rounded by blocks of ``block`` (a multiple of 8): each block's scale the
+    candidate (its largest ``|w|`` times each of ``multipliers``, rounded to bfloat16) of the
+    least ``sum_j energy_j (w_j - d*q_j)^2`` (``energy [in/block, block]``), ``q`` being
+    ``w/d`` rounded into ``[qmin, qmax]``; returns ``q`` int8 ``[rows, in]``, the scales
+    ``[rows, in/block]`` and float64 ``[sum (d q - w)^2, sum w^2]``: the 8da4w recipe's
+    activation-aware rounding (:func:`llmcore_xnnpack.qlinear.int4_blocks_activation_aware`;
+    an export's operator, ``csrc/scale_search_aten.cpp``).
 ``llmcore::int4_norm_qkv_rope`` (``llmcore::int4_norm_qkv_norm_rope``), ``llmcore::int4_linear_add``, ``llmcore::int4_norm_mlp_add``, ``llmcore::int4_linear``
     a Llama layer's work outside attention, and a linear on the same GEMM for the output layer
     after the layers (``csrc/int4_layer.h``; ``int4_linear(x, w, w_scales, w_sums, w_bias?,

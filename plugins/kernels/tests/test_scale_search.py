@@ -1,10 +1,11 @@
-"""llmcore::block_scale_search, the native form of the 8da4w recipe's activation-aware scale
-search (llmcore_xnnpack.qlinear.int4_blocks_activation_aware).
+"""llmcore::block_round_least_error, the native form of the 8da4w recipe's activation-aware
+int4 rounding (llmcore_xnnpack.qlinear.int4_blocks_activation_aware).
 
 The authority is the search written in torch: with the native search's order of the sum
-(:func:`lane_order_search`) its choices must be equal bit for bit, in every ISA view the
-machine can present; against the recipe's own torch search (torch's sum order) they may differ
-only where two candidates' errors tie to the last bit."""
+(:func:`lane_order_search`) its choices must be equal bit for bit, and its integers those of
+torch's rounding with them, in every ISA view the machine can present; against the recipe's
+own torch search (torch's sum order) they may differ only where two candidates' errors tie to
+the last bit."""
 
 from __future__ import annotations
 
@@ -60,30 +61,44 @@ def candidates_for(w: torch.Tensor, fractions, levels: float) -> torch.Tensor:
 INT4_FRACTIONS = torch.linspace(0.7, 1.2, 26).tolist()
 
 
+def native_rounding(w, energy, fractions, levels, qmin, qmax):
+    """The operator on blocks ``w [rows, groups, block]``: (q, scales, error sums)."""
+    multipliers = torch.tensor([f / levels for f in fractions], dtype=torch.float32)
+    rows, groups, block = w.shape
+    q, scales, sums = torch.ops.llmcore.block_round_least_error(w.reshape(rows, -1), energy, multipliers, block,
+                                                                qmin, qmax)
+    return q.reshape(w.shape), scales, sums
+
+
+def check_against_torch(w, energy, fractions, levels, qmin, qmax):
+    """The operator's scales are lane_order_search's choice among the recipe's candidates,
+    its integers torch's rounding with them, its error sums torch's to float32 rounding."""
+    q, scales, sums = native_rounding(w, energy, fractions, levels, qmin, qmax)
+    want = lane_order_search(w, energy, candidates_for(w, fractions, levels), qmin, qmax)
+    assert torch.equal(scales, want)
+    rounded = torch.round(w * want.reciprocal().unsqueeze(-1)).clamp(qmin, qmax)
+    assert q.dtype == torch.int8 and torch.equal(q, rounded.to(torch.int8))
+    diff = float((rounded * want.unsqueeze(-1) - w).double().square().sum())
+    norm = float(w.double().square().sum())
+    assert float(sums[0]) == pytest.approx(diff, rel=1e-5, abs=1e-30) and float(sums[1]) == pytest.approx(norm, rel=1e-5)
+
+
 @pytest.mark.parametrize("block", [8, 32, 64, 256])
 @pytest.mark.parametrize("rows", [1, 3, 300])
 def test_the_native_search_chooses_what_the_torch_search_in_its_order_chooses(ops, rows, block):
     w, energy = weights(rows, 5, block, seed=rows * block)
-    candidates = candidates_for(w, INT4_FRACTIONS, 7.5)
-    got = torch.ops.llmcore.block_scale_search(w, energy, candidates, -8, 7)
-    assert torch.equal(got, lane_order_search(w, energy, candidates, -8, 7))
+    check_against_torch(w, energy, INT4_FRACTIONS, 7.5, -8, 7)
 
 
 def test_int8_ranges_and_a_candidate_count_not_a_multiple_of_eight(ops):
     w, energy = weights(40, 1, 96, seed=7)
-    candidates = candidates_for(w, torch.linspace(0.5, 1.0, 13).tolist(), 127.0)
-    got = torch.ops.llmcore.block_scale_search(w, energy, candidates, -127, 127)
-    assert torch.equal(got, lane_order_search(w, energy, candidates, -127, 127))
+    check_against_torch(w, energy, torch.linspace(0.5, 1.0, 13).tolist(), 127.0, -127, 127)
 
 
 def test_equal_errors_choose_the_first_candidate(ops):
+    """Candidates 1x, 2x and again 1x min/max's scale: the first wins its ties with the third."""
     w, energy = weights(4, 2, 32, seed=3)
-    one = candidates_for(w, [1.0], 7.5)
-    candidates = one.repeat(1, 1, 3)
-    candidates[..., 1:] *= 2.0  # later, larger candidates...
-    candidates[..., 2] = candidates[..., 0]  # ... and one equal to the first
-    got = torch.ops.llmcore.block_scale_search(w, energy, candidates, -8, 7)
-    assert torch.equal(got, lane_order_search(w, energy, candidates, -8, 7))
+    check_against_torch(w, energy, [1.0, 2.0, 1.0], 7.5, -8, 7)
 
 
 @pytest.mark.parametrize("view", ["avxvnni", "avx2", "sse4"])
@@ -92,23 +107,26 @@ def test_the_native_search_in_every_isa_view(kernel_library, passes_in_isa_view,
 
 
 def test_the_recipe_search_differs_from_torchs_only_where_errors_tie(ops):
-    """int4_blocks_activation_aware with the native search against the same recipe with its
-    torch search (torch's sum order): the same integers and scales but in blocks whose two
-    best candidates score equal errors but for the last bits."""
+    """int4_blocks_activation_aware with the native operator against the same recipe in torch
+    (torch's sum order): the same integers and scales but in blocks whose two best candidates
+    score equal errors but for the last bits; the same weight error to float32 rounding."""
     from llmcore_xnnpack import qlinear
 
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(512, 1024, generator=g) * 0.02
     weight[:, 5] *= 20
     energy = torch.rand(1024, generator=g) ** 4 * 10
-    assert qlinear.native_block_search() is not None
-    native = qlinear.int4_blocks_activation_aware(weight, 32, energy)
-    saved = list(qlinear._NATIVE_SEARCH)
-    qlinear._NATIVE_SEARCH[:] = [None]
+    assert qlinear.native_op("block_round_least_error") is not None
+    native_error, torch_error = qlinear.ErrorSum(), qlinear.ErrorSum()
+    native = qlinear.int4_blocks_activation_aware(weight, 32, energy, native_error)
+    saved = dict(qlinear._NATIVE_OPS)
+    qlinear._NATIVE_OPS["block_round_least_error"] = None
     try:
-        reference = qlinear.int4_blocks_activation_aware(weight, 32, energy)
+        reference = qlinear.int4_blocks_activation_aware(weight, 32, energy, torch_error)
     finally:
-        qlinear._NATIVE_SEARCH[:] = saved
+        qlinear._NATIVE_OPS.clear()
+        qlinear._NATIVE_OPS.update(saved)
+    assert native_error.relative == pytest.approx(torch_error.relative, rel=1e-4)
     differ = (native[1] != reference[1]).nonzero().tolist()
     assert len(differ) <= 2, differ
     blocks = weight.reshape(512, 32, 32)
@@ -126,12 +144,13 @@ def test_the_recipe_search_differs_from_torchs_only_where_errors_tie(ops):
 @pytest.mark.parametrize(
     "args, message",
     [
-        ((torch.zeros(2, 3, 12), torch.ones(3, 12), torch.ones(2, 3, 4)), "a block a multiple of 8"),
-        ((torch.zeros(2, 3, 8), torch.ones(3, 16), torch.ones(2, 3, 4)), "energy must be"),
-        ((torch.zeros(2, 3, 8), torch.ones(3, 8), torch.ones(2, 4, 4)), "candidates must be"),
-        ((torch.zeros(2, 3, 8, dtype=torch.float64), torch.ones(3, 8), torch.ones(2, 3, 4)), "float32"),
+        ((torch.zeros(2, 36), torch.ones(3, 12), torch.ones(4), 12), "the block must be a multiple of 8"),
+        ((torch.zeros(2, 24), torch.ones(3, 16), torch.ones(4), 8), "energy must be"),
+        ((torch.zeros(2, 20), torch.ones(3, 8), torch.ones(4), 8), "in a multiple of 8"),
+        ((torch.zeros(2, 24, dtype=torch.float64), torch.ones(3, 8), torch.ones(4), 8), "float32"),
+        ((torch.zeros(2, 24), torch.ones(3, 8), torch.ones(2, 2), 8), "multipliers must be 1-D"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(ops, args, message):
-    with pytest.raises(RuntimeError, match=f"llmcore::block_scale_search: .*{message}"):
-        torch.ops.llmcore.block_scale_search(*args, -8, 7)
+    with pytest.raises(RuntimeError, match=f"llmcore::block_round_least_error: .*{message}"):
+        torch.ops.llmcore.block_round_least_error(*args, -8, 7)

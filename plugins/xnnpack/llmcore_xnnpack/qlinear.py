@@ -40,7 +40,7 @@ like with like. :func:`bf16_scale_error` measures what that rounding costs.
 from __future__ import annotations
 
 import weakref
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -462,19 +462,21 @@ def int4_blocks_activation_aware(
     out_features, in_features = w.shape
     blocks = in_features // block
     energy = _energy_weights(input_energy).reshape(blocks, block)
+    native = native_op("block_round_least_error") if block % 8 == 0 else None
+    if native is not None:  # the loop below in one native pass (why: native_op)
+        q, scales, sums = native(w, energy, _SCALE_MULTIPLIERS, block, -8, 7)
+        if error is not None:
+            error.add_sums(float(sums[0]), float(sums[1]))
+        return q, scales
     q = torch.empty(w.shape, dtype=torch.int8)
     scales = torch.empty(out_features, blocks)
-    native = native_block_search() if block % 8 == 0 else None
     with heap_for_temporaries(give_back=False):
         for start in range(0, out_features, _SEARCH_ROWS):
             wb = w[start:start + _SEARCH_ROWS].reshape(-1, blocks, block)
             amax = wb.abs().amax(-1).clamp(min=1e-12)
             # [rows, groups, 26]: one product per candidate, as amax * (fraction / 7.5) each was
             candidates = (amax.unsqueeze(-1) * _SCALE_MULTIPLIERS).to(torch.bfloat16).float()
-            if native is not None:
-                best_d = native(wb, energy, candidates, -8, 7)
-            else:
-                best_d = _least_output_error(wb, energy, candidates.unbind(-1), -8, 7)
+            best_d = _least_output_error(wb, energy, candidates.unbind(-1), -8, 7)
             scaled = wb * best_d.reciprocal().unsqueeze(-1)
             rows = slice(start, start + wb.shape[0])
             rounded = torch.round(scaled).clamp_(-8, 7)
@@ -523,35 +525,38 @@ def _least_output_error(wb: torch.Tensor, energy: torch.Tensor, candidates, qmin
     return best_d
 
 
-_NATIVE_SEARCH: list = []
+_NATIVE_OPS: dict = {}
 
 
-def native_block_search() -> Optional[Callable[..., torch.Tensor]]:
-    """llmcore-kernels' ``llmcore::block_scale_search`` where that plugin is installed and its
-    library built, else None (the search then runs in torch: :func:`_least_output_error`).
+def native_op(name: str) -> Optional[Callable[..., Any]]:
+    """``torch.ops.llmcore.<name>`` where llmcore-kernels is installed and its library built
+    (with that operator), else None: the recipe's rounding then runs in torch. Looked up once
+    per process and name.
 
-    Why native: scoring 26 candidates a block in torch, seven passes over float temporaries
-    each, was 16 s of a 1B model's 39 s quantize stage; the native search keeps a block in
-    registers for all its candidates (docs/performance.md, "Measurements behind the code").
-    Why in a plugin this one does not depend on: the search is this recipe's and must run
-    wherever it does, but native code is what llmcore-kernels builds.
+    Why native: ``llmcore::block_round_least_error`` does :func:`int4_blocks_activation_aware`'s
+    work in one pass, a block's weights and energies loaded once and every candidate scored
+    in registers. In torch each candidate was seven passes over the weight's float
+    temporaries, 26 candidates a block: 16 s of a 1B model's 39 s quantize stage; with only
+    the search native, the steps around it (the largest values, the candidates, the rounding,
+    the error) were still 5 of its 12 s of int4 rounding (docs/performance.md, "Measurements
+    behind the code"). Why in a plugin this one does not depend on: the rounding is this
+    recipe's and must run wherever it does, but native code is what llmcore-kernels builds.
 
-    The two score each candidate with the same float operations but add a block's 32 terms
-    in different orders (torch picks its order by CPU; the native search has one, written in
-    its source), so they choose the same scale except where two candidates' errors tie to
-    the last bit: 1 block in 524,288 of a random 8192 x 2048 weight, as torch's own builds
-    differ from one another (its portable build against its AVX2 and AVX-512 ones: 2 blocks
-    of that weight). Looked up once per process."""
-    if not _NATIVE_SEARCH:
+    The native search scores each candidate with the torch search's float operations but
+    adds a block's terms in an order of its own (torch picks its order by CPU), so the two
+    choose the same scale except where two candidates' errors tie to the last bit: 1 block in
+    524,288 of a random 8192 x 2048 weight, as torch's own builds differ from one another
+    (its portable build against its AVX2 and AVX-512 ones: 2 blocks of that weight)."""
+    if name not in _NATIVE_OPS:
         found = None
         try:
-            import llmcore_kernels.ops  # noqa: F401  (loads the library: registers the op)
+            import llmcore_kernels.ops  # noqa: F401  (loads the library: registers the ops)
 
-            found = torch.ops.llmcore.block_scale_search.default
+            found = getattr(torch.ops.llmcore, name).default
         except (ImportError, LlmcoreError, AttributeError):  # not installed, not built, built before the op
             found = None
-        _NATIVE_SEARCH.append(found)
-    return _NATIVE_SEARCH[0]
+        _NATIVE_OPS[name] = found
+    return _NATIVE_OPS[name]
 
 
 # Rounds of "round to the grid, refit the grid" in int4_blocks_affine (the first is min/max's
@@ -717,6 +722,11 @@ class ErrorSum:
     def add(self, approx: torch.Tensor, exact: torch.Tensor) -> None:
         self.diff += float((approx - exact).square().sum())
         self.norm += float(exact.square().sum())
+
+    def add_sums(self, diff: float, norm: float) -> None:
+        """Sums a caller computed itself (``||approx - exact||^2``, ``||exact||^2``)."""
+        self.diff += diff
+        self.norm += norm
 
     @property
     def relative(self) -> float:
