@@ -57,7 +57,7 @@ float first_least(const float* d, const float* errors, int64_t count) {
 // The error of scale d on one block, in lane_sum's order (portable C++: any CPU).
 float block_error(const float* w, const float* e, int64_t block, float d, float qmin, float qmax) {
   const float inv = 1.0f / d;
-  float lanes[kLanes];
+  float lanes[kLanes] = {};  // (each written by the first chunk: block >= 8)
   for (int64_t chunk = 0; chunk < block; chunk += kLanes) {
     for (int64_t l = 0; l < kLanes; ++l) {
       const float s = w[chunk + l] * inv;
@@ -72,17 +72,6 @@ float block_error(const float* w, const float* e, int64_t block, float d, float 
   for (int l = 0; l < 4; ++l) half[l] = lanes[l] + lanes[l + 4];
   for (int l = 0; l < 2; ++l) quarter[l] = half[l] + half[l + 2];
   return (quarter[0] + quarter[1]) * (d * d);
-}
-
-// The block's candidate of the least error, the first of equal ones.
-float block_best_portable(const float* w, const float* e, int64_t block, const float* d, int64_t count, float qmin,
-                          float qmax) {
-  float best_d = d[0], best_err = block_error(w, e, block, d[0], qmin, qmax);
-  for (int64_t c = 1; c < count; ++c) {
-    const float err = block_error(w, e, block, d[c], qmin, qmax);
-    if (err < best_err) best_err = err, best_d = d[c];
-  }
-  return best_d;
 }
 
 #ifdef LLMCORE_SEARCH_AVX2
@@ -178,7 +167,8 @@ float round_block_portable(const BlockRounding& r, const float* w, const float* 
   for (int64_t j = 0; j < r.block; ++j) amax = std::fmax(amax, std::fabs(w[j]));
   amax = std::fmax(amax, 1e-12f);
   for (int64_t c = 0; c < r.padded; ++c) r.d[c] = bf16_rounded(amax * r.multipliers[c]);
-  const float best = block_best_portable(w, e, r.block, r.d, r.count, r.lo, r.hi);
+  for (int64_t c = 0; c < r.count; ++c) r.errors[c] = block_error(w, e, r.block, r.d[c], r.lo, r.hi);
+  const float best = first_least(r.d, r.errors, r.count);
   const float inv = 1.0f / best;
   float block_diff = 0.0f, block_norm = 0.0f;
   for (int64_t j = 0; j < r.block; ++j) {

@@ -720,8 +720,7 @@ class ErrorSum:
         self.diff = self.norm = 0.0
 
     def add(self, approx: torch.Tensor, exact: torch.Tensor) -> None:
-        self.diff += float((approx - exact).square().sum())
-        self.norm += float(exact.square().sum())
+        self.add_sums(float((approx - exact).square().sum()), float(exact.square().sum()))
 
     def add_sums(self, diff: float, norm: float) -> None:
         """Sums a caller computed itself (``||approx - exact||^2``, ``||exact||^2``)."""
