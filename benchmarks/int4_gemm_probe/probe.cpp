@@ -80,12 +80,13 @@ Layer random_layer(int64_t n, int64_t k, bool with_bias, std::mt19937& rng, int 
   return l;
 }
 
-// Rounded activations: per row for int8 weights (quantize_rows), per block for int4 ones
-// (quantize_blocks: with the lanes' scales and shifts).
+// Rounded activations: per row for int8 rows (quantize_rows), per block for int4 blocks
+// (quantize_blocks: with the lanes' scales and shifts) and int8 blocks (with block scales).
 struct Activations {
   std::vector<uint8_t> a;
   std::vector<float> scale, zero, lane_scales;
   std::vector<int32_t> lane_shifts;
+  std::vector<float> block_scales;
   QuantizedRows rows(int64_t m, int64_t k) const {
     QuantizedRows r{a.data(), scale.data(), zero.data(), m, k};
     if (!lane_scales.empty()) {
@@ -93,6 +94,7 @@ struct Activations {
       r.lane_shifts = lane_shifts.data();
       r.slots = group_count(k / kBlock);
     }
+    if (!block_scales.empty()) r.block_scales = block_scales.data();
     return r;
   }
 };
@@ -200,6 +202,7 @@ int check_gemm(const char* what, const Activations& input, const std::vector<dou
       one.lane_scales += t * one.slots * 8;
       one.lane_shifts += t * one.slots * 8;
     }
+    if (one.block_scales != nullptr) one.block_scales += t * (w.k / kBlock);
     std::vector<float> y_one(w.n);
     gemm_rows(one, view(w), 0, w.n, y_one.data(), false);
     if (std::memcmp(y_one.data(), y_fast.data() + t * w.n, w.n * sizeof(float)) != 0) {
@@ -217,12 +220,14 @@ Activations quantize(const std::vector<float>& x, int64_t m, int64_t k, bool arr
   return q;
 }
 
-Activations quantize_per_block(const std::vector<float>& x, int64_t m, int64_t k, bool portable) {
-  const int64_t lanes = m * group_count(k / kBlock) * 8;
-  Activations q{std::vector<uint8_t>(m * k), std::vector<float>(m), std::vector<float>(m), std::vector<float>(lanes),
-                std::vector<int32_t>(lanes)};
-  quantize_blocks(x.data(), k, 0, m, q.a.data(), q.lane_scales.data(), q.lane_shifts.data(), q.scale.data(),
-                  q.zero.data(), portable);
+// Per block: for int4 blocks (`lanes`: arranged, the lanes' scales and shifts) or int8 blocks.
+Activations quantize_per_block(const std::vector<float>& x, int64_t m, int64_t k, bool portable, bool lanes = true) {
+  const int64_t lane_count = lanes ? m * group_count(k / kBlock) * 8 : 0;
+  Activations q{std::vector<uint8_t>(m * k), std::vector<float>(m), std::vector<float>(m),
+                std::vector<float>(lane_count), std::vector<int32_t>(lane_count),
+                std::vector<float>(lanes ? 0 : m * (k / kBlock))};
+  const BlockRounding out{lanes, q.lane_scales.data(), q.lane_shifts.data(), q.block_scales.data()};
+  quantize_blocks(x.data(), k, 0, m, q.a.data(), out, q.scale.data(), q.zero.data(), portable);
   return q;
 }
 
@@ -360,8 +365,22 @@ int check() {
     const int int8_fill = c.fill < 0 ? -128 : c.fill > 0 ? 127 : 0;
     const std::vector<double> per_row = row_values(fast, c.m, c.k);
     if (check_gemm("int8", fast, per_row, random_int8_layer(c.n, c.k, c.bias, rng, int8_fill), c.m, c.bias)) return 1;
-    if (check_gemm("int8 blocks", fast, per_row, random_int8_blocks_layer(c.n, c.k, c.bias, rng, int8_fill), c.m,
-                   c.bias))
+    // int8 blocks: per block in x's order, the same integers and scales as int4's in the arranged one
+    const Activations plain_blocks = quantize_per_block(x, c.m, c.k, false, false),
+                      plain_blocks_portable = quantize_per_block(x, c.m, c.k, true, false);
+    if (plain_blocks.a != plain_blocks_portable.a || plain_blocks.block_scales != plain_blocks_portable.block_scales) {
+      std::printf("mismatch: the AVX2 and portable per-block rounding in x's order differ (k=%lld)\n", (long long)c.k);
+      return 1;
+    }
+    std::vector<double> plain_values(c.m * c.k);
+    for (int64_t i = 0; i < c.m * c.k; ++i)
+      plain_values[i] = double(plain_blocks.block_scales[i / kBlock]) * static_cast<int8_t>(plain_blocks.a[i]);
+    if (plain_values != per_block) {
+      std::printf("mismatch: per-block rounding in x's order is not the arranged one's (k=%lld)\n", (long long)c.k);
+      return 1;
+    }
+    if (check_gemm("int8 blocks", plain_blocks, plain_values,
+                   random_int8_blocks_layer(c.n, c.k, c.bias, rng, int8_fill), c.m, c.bias))
       return 1;
     // the offset term (add_block_offsets) on offsets in its layout ([ceil(n/8), k/32, 8]) and
     // float block means, over a split of the rows that leaves odd pieces, against a
@@ -415,7 +434,7 @@ std::vector<double> time_passes(const std::vector<std::vector<Layer>>& passes, i
   for (auto& v : x) v = std::normal_distribution<float>()(rng);
   const int64_t lanes = m * group_count(widest / kBlock) * 8;
   Activations q{std::vector<uint8_t>(m * widest), std::vector<float>(m), std::vector<float>(m), std::vector<float>(lanes),
-                std::vector<int32_t>(lanes)};
+                std::vector<int32_t>(lanes), std::vector<float>(m * (widest / kBlock))};
 
   std::atomic<int> generation{0}, finished{0};
   std::atomic<bool> stop{false};
@@ -442,9 +461,10 @@ std::vector<double> time_passes(const std::vector<std::vector<Layer>>& passes, i
   for (int rep = 0; rep < repeat; ++rep) {
     const auto start = std::chrono::steady_clock::now();
     for (const Layer& l : passes[rep % passes.size()]) {
-      if (l.row_scales.empty() && l.block_scales.empty())  // int4 blocks: per block (QuantizedRows)
-        quantize_blocks(x.data(), l.k, 0, m, q.a.data(), q.lane_scales.data(), q.lane_shifts.data(), q.scale.data(),
-                        q.zero.data());
+      if (l.row_scales.empty())  // int4 blocks, int8 blocks: per block (QuantizedRows)
+        quantize_blocks(x.data(), l.k, 0, m, q.a.data(),
+                        {l.block_scales.empty(), q.lane_scales.data(), q.lane_shifts.data(), q.block_scales.data()},
+                        q.scale.data(), q.zero.data());
       else
         quantize_rows(x.data(), l.k, 0, m, q.a.data(), q.scale.data(), q.zero.data(), false);
       current = &l;

@@ -252,19 +252,21 @@ inline float half_to_float(uint16_t h) {
   return f;
 }
 
-// int8 blocks: each block's integer dot product times its scale, added in block order.
+// int8 blocks: each block's integer dot product (both sides signed: the activations per
+// block) times the block's weight and activation scales, added in block order.
 void gemm_int8_blocks_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end,
                                float* y) {
   const int64_t blocks = w.k / kBlock;
   for (int64_t n = n_begin; n < n_end; ++n) {
     const int8_t* q = reinterpret_cast<const int8_t*>(w.packed) + n * w.k;
     for (int64_t t = 0; t < x.m; ++t) {
-      const uint8_t* a = x.a + t * x.k;
+      const int8_t* a = reinterpret_cast<const int8_t*>(x.a) + t * x.k;
       float dot = 0.0f;
       for (int64_t b = 0; b < blocks; ++b) {
         int32_t block_dot = 0;
         for (int64_t i = b * kBlock; i < (b + 1) * kBlock; ++i) block_dot += static_cast<int32_t>(a[i]) * q[i];
-        dot += half_to_float(w.block_scales[n * blocks + b]) * static_cast<float>(block_dot);
+        dot += half_to_float(w.block_scales[n * blocks + b]) * x.block_scales[t * blocks + b] *
+               static_cast<float>(block_dot);
       }
       finish(x, t, w, n, dot, y);
     }
@@ -433,8 +435,8 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
   }
 }
 
-void quantize_blocks(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a, float* lane_scales,
-                     int32_t* lane_shifts, float* scale, float* zero, bool portable) {
+void quantize_blocks(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a,
+                     const BlockRounding& out, float* scale, float* zero, bool portable) {
   const int64_t blocks = k / kBlock, slots = group_count(blocks);
   thread_local std::vector<int8_t> natural;  // a row before arrange()
   thread_local std::vector<float> block_scales;
@@ -444,19 +446,23 @@ void quantize_blocks(const float* x, int64_t k, int64_t row_begin, int64_t row_e
   block_sums.resize(blocks);
   [[maybe_unused]] const bool avx2 = rounds_with_avx2(portable);
   for (int64_t t = row_begin; t < row_end; ++t) {
+    scale[t] = 1.0f;  // finish() then leaves the dot as it is: 1 * (dot - 0 * row sums)
+    zero[t] = -128.0f;
+    int8_t* const q = out.lanes ? natural.data() : reinterpret_cast<int8_t*>(a + t * k);
+    float* const s = out.lanes ? block_scales.data() : out.block_scales + t * blocks;
     for (int64_t b = 0; b < blocks; ++b) {
       const float* xb = x + t * k + b * kBlock;
-      int8_t* qb = natural.data() + b * kBlock;
 #if LLMCORE_HAVE_X86
       if (avx2)
-        block_sums[b] = round_block_avx2(xb, qb, &block_scales[b]);
+        block_sums[b] = round_block_avx2(xb, q + b * kBlock, &s[b]);
       else
 #endif
-        block_sums[b] = round_block_portable(xb, qb, &block_scales[b]);
+        block_sums[b] = round_block_portable(xb, q + b * kBlock, &s[b]);
     }
+    if (!out.lanes) continue;
     arrange(reinterpret_cast<const uint8_t*>(natural.data()), k, a + t * k);
-    float* ls = lane_scales + t * slots * 8;
-    int32_t* lh = lane_shifts + t * slots * 8;
+    float* ls = out.lane_scales + t * slots * 8;
+    int32_t* lh = out.lane_shifts + t * slots * 8;
     int64_t slot = 0;
     for_each_group(blocks, [&](int64_t g, int size) {
       const int per_block = 8 / size;  // lanes of a step per block
@@ -467,8 +473,6 @@ void quantize_blocks(const float* x, int64_t k, int64_t row_begin, int64_t row_e
       }
       ++slot;
     });
-    scale[t] = 1.0f;  // finish() then leaves the dot as it is: 1 * (dot - 0 * row sums)
-    zero[t] = -128.0f;
   }
 }
 

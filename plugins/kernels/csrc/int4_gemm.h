@@ -80,9 +80,10 @@ template <typename T>
 using CacheLineVector = std::vector<T, CacheLineAllocator<T>>;
 
 // x rounded to int8, in one of two forms, chosen by the weight's format:
-//   for int8 weights (rows, blocks): per row, asymmetric, a [m, k] = q + 128 (q the int8
-//     value torch's quantize_per_token gives) in x's order; scale [m], zero [m] (whole
-//     numbers, as floats).
+//   for int8 rows: per row, asymmetric, a [m, k] = q + 128 (q the int8 value torch's
+//     quantize_per_token gives) in x's order; scale [m], zero [m] (whole numbers, as floats).
+//   for int8 blocks (quantize_blocks with arranged = false): per block of 32 as for int4
+//     blocks, below, in x's order, each block's scale in block_scales [m, k/32].
 //   for int4 blocks (quantize_blocks): per block of 32, symmetric, as llama.cpp rounds the
 //     activations of its Q4 dot products (Q8_0's form, scales kept in float32): a [m, k] the
 //     bytes of q = round(x * (1 / s_b)) in [-127, 127], s_b = max |x| over the block / 127, each row
@@ -105,6 +106,7 @@ struct QuantizedRows {
   const float* lane_scales = nullptr;   // int4 blocks: [m, slots, 8], s_b in each lane of block b
   const int32_t* lane_shifts = nullptr;  // int4 blocks: [m, slots, 8], -8 sum q of block b in its first lane
   int64_t slots = 0;                     // groups a row (group_count(k / 32))
+  const float* block_scales = nullptr;   // int8 blocks: [m, k/32], s_b
 };
 
 // The groups of a row of `blocks` blocks (eights, then one each of 4, 2 and 1 as needed).
@@ -157,11 +159,18 @@ constexpr int64_t kInt8MaxK = 65536;
 void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a, float* scale,
                    float* zero, bool arranged = true, bool portable = false);
 
-// Rows [row_begin, row_end) of x [m, k] (k a multiple of 32) rounded per block for int4 blocks
-// (QuantizedRows, above): a [m, k] arranged, lane_scales and lane_shifts [m, group_count(k/32),
-// 8], scale [m] = 1 and zero [m] = -128. `portable`: the plain loops even where AVX2 is there.
-void quantize_blocks(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a, float* lane_scales,
-                     int32_t* lane_shifts, float* scale, float* zero, bool portable = false);
+// Rows [row_begin, row_end) of x [m, k] (k a multiple of 32) rounded per block (QuantizedRows,
+// above), scale [m] = 1 and zero [m] = -128: for int4 blocks (`lanes`) a [m, k] arranged and
+// lane_scales and lane_shifts [m, group_count(k/32), 8]; for int8 blocks (`!lanes`) a in x's
+// order and block_scales [m, k/32]. `portable`: the plain loops even where AVX2 is there.
+struct BlockRounding {
+  bool lanes;
+  float* lane_scales = nullptr;
+  int32_t* lane_shifts = nullptr;
+  float* block_scales = nullptr;
+};
+void quantize_blocks(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a,
+                     const BlockRounding& out, float* scale, float* zero, bool portable = false);
 
 // One row of k bytes (k a multiple of 32), one per value, from x's order into the arranged one.
 void arrange(const uint8_t* in, int64_t k, uint8_t* out);

@@ -405,7 +405,9 @@ class BlockInt8Linear(nn.Module):
     table once, its integers unchanged. llmcore-kernels computes it (``llmcore::int4_linear``
     on int8 blocks); XNNPACK's int8 GEMM takes one scale a channel, so a layer of these that
     reaches ``torch.export`` untaken is refused by name rather than left to ExecuTorch's
-    portable operators (a full fp32 copy of the table a call)."""
+    portable operators (a full fp32 copy of the table a call). Its activations are rounded as
+    the kernels round them for it, per block of 32 (:func:`rounded_per_block`), always: nothing
+    else computes this layer."""
 
     block = 32
     outlier_split = False
@@ -435,7 +437,7 @@ class BlockInt8Linear(nn.Module):
                 fix="install llmcore-kernels and list it first (--plugins kernels,xnnpack), or pass "
                     "--quantize-option tied_table=false (the output layer then rounds the table to int8 per channel).",
             )
-        return gemm_by_rows(x, self, self.bias, False)  # the eager reference: activations rounded per token
+        return gemm_by_rows(x, self, self.bias, False, rounding=rounded_per_block)  # the eager reference
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, int8 per block of {self.block}"
