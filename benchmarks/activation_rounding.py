@@ -6,18 +6,21 @@ to int8 before the product, and prints each scheme's mean KL divergence from the
 model's next-token distribution and how often the top token stays the same. The weights are
 not touched, so the figures are the activations' share of what a quantized program loses:
 
-  per-token   one asymmetric scale a token (XNNPACK's qd8, and llmcore-kernels' int8 weights)
-  per-block   one symmetric scale a block of 32 (llmcore-kernels' int4 layers since 2026-12-06,
-              llama.cpp's Q8 activations)
+  per-token   one asymmetric scale a token (XNNPACK's qd8, and llmcore-kernels')
+  per-block   one symmetric scale a block of 32 (llama.cpp's Q8 activations; llmcore-kernels
+              on branch block-activations, docs/quantization.md)
 
     python benchmarks/activation_rounding.py --checkpoint SmolLM2-135M-Instruct.Q4_1.gguf
 
-``--per-token-for NAME`` adds a third scheme: per token for the linears whose name contains
+``--prompt-file FILE`` also prints, per scheme, the three likeliest next tokens after the
+file's text (tokenized as it is: a chat template already applied, as `make demo` writes
+out/smollm2/prompt.txt), with their logits: where the float model is near a tie, a rounding
+picks a side. ``--per-token-for NAME`` adds a third scheme: per token for the linears whose name contains
 NAME, per block for the others (``output``: what `make demo`'s program computes, its int4
 layers on the kernels and its output layer int8).
 
-(docs/quantization.md, "Activations rounded per block"). The schemes are written here with
-llmcore_xnnpack.qlinear's roundings, the ones the eager references of the programs use.
+(docs/quantization.md, "Activations rounded per block"). Per token is
+llmcore_xnnpack.qlinear's rounding, the one the eager references of the programs use.
 """
 
 from __future__ import annotations
@@ -30,11 +33,21 @@ import torch
 DEFAULT_TEXT = Path(__file__).parent / "data" / "alice-chapter1.txt"
 
 
+def rounded_per_block(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """``x`` rounded to int8 per block of ``block`` features, symmetric: ``q = round(x * (1 /
+    s))``, ``s = max |x| / 127`` over the block in float32, ties to even; returns ``q * s``."""
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127.0
+    inverse = torch.where(scale == 0, 0.0, 1.0 / torch.where(scale == 0, 1.0, scale))
+    return (torch.round(blocks * inverse).clamp_(-127, 127) * scale).reshape(x.shape)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="a checkpoint llmcore export reads (a GGUF)")
     parser.add_argument("--text", default=str(DEFAULT_TEXT), help="the text scored (its first --tokens tokens)")
     parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--prompt-file", help="also: the likeliest next tokens after this text, per scheme")
     parser.add_argument("--per-token-for", metavar="NAME",
                         help="also: per token for the linears named with NAME, per block for the others")
     args = parser.parse_args()
@@ -47,7 +60,7 @@ def main() -> None:
     steps = llmcore.export_steps(checkpoint=args.checkpoint, quantize="none", output="unused.pte", quiet=True)
     steps.load()
     model = steps.module.float().eval()
-    ids = Tokenizer.from_str(steps.loaded.tokenizer.json_text).encode(Path(args.text).read_text()).ids
+    ids = Tokenizer.from_str(steps.loaded.tokenizer.json_text).encode(Path(args.text).read_text()).ids  # (as eval)
     tokens = torch.tensor([ids[: args.tokens]])
     # The model returns the last position's logits: every position's come from the last
     # layer's output, normed and projected here.
@@ -56,11 +69,15 @@ def main() -> None:
     linear_forward = torch.nn.Linear.forward
     names = {module: name for name, module in model.named_modules()}
     schemes = {"float": None, "per-token": lambda layer: qlinear.rounded_per_token,
-               "per-block": lambda layer: qlinear.rounded_per_block}
+               "per-block": lambda layer: rounded_per_block}
     if args.per_token_for:
         schemes[f"per-block, {args.per_token_for} per token"] = lambda layer: (
-            qlinear.rounded_per_token if args.per_token_for in names[layer] else qlinear.rounded_per_block)
-    log_probs = {}
+            qlinear.rounded_per_token if args.per_token_for in names[layer] else rounded_per_block)
+    tokenizer = Tokenizer.from_str(steps.loaded.tokenizer.json_text)
+    prompt = None
+    if args.prompt_file:
+        prompt = torch.tensor([tokenizer.encode(Path(args.prompt_file).read_text(), add_special_tokens=False).ids])
+    log_probs, next_tokens = {}, {}
     try:
         for name, rounding in schemes.items():
             torch.nn.Linear.forward = (linear_forward if rounding is None else
@@ -68,6 +85,10 @@ def main() -> None:
             with torch.no_grad():
                 model(tokens)
                 log_probs[name] = torch.log_softmax(model.output(model.norm(last["h"]))[0].float(), -1)
+                if prompt is not None:
+                    top = torch.topk(model(prompt).reshape(-1), 3)
+                    next_tokens[name] = ", ".join(f"{tokenizer.decode([int(i)])!r} {float(v):.3f}"
+                                                  for v, i in zip(top.values, top.indices))
     finally:
         torch.nn.Linear.forward = linear_forward
     reference = log_probs["float"]
@@ -76,6 +97,8 @@ def main() -> None:
         kl = (reference.exp() * (reference - log_probs[name])).sum(-1)
         same = (log_probs[name].argmax(-1) == reference.argmax(-1)).float().mean()
         print(f"  {name:10s}  mean KL {float(kl.mean()):.5f}, p99 {float(kl.quantile(0.99)):.4f}, same top token {100 * float(same):.1f}%")
+    for name, line in next_tokens.items():
+        print(f"  next after the prompt, {name}: {line}")
 
 
 if __name__ == "__main__":

@@ -63,24 +63,6 @@ void quantize_row_portable(const float* x, int64_t k, double inv, double zero, u
   }
 }
 
-// One block of 32 values rounded symmetric (QuantizedRows, int4 blocks): q = round(x * (1 / s)),
-// s = max |x| / 127, in float32, ties to even (torch.round's); all zeros: s = 0, q = 0. A
-// multiply by the reciprocal, not a division: the activations of a 64-token prompt were
-// rounded 5% slower with vdivps. Returns sum q.
-int32_t round_block_portable(const float* x, int8_t* q, float* s) {
-  float amax = 0.0f;
-  for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(x[i]));
-  *s = amax / 127.0f;
-  const float inverse = *s == 0.0f ? 0.0f : 1.0f / *s;
-  int32_t sum = 0;
-  for (int i = 0; i < kBlock; ++i) {
-    const float v = std::nearbyint(x[i] * inverse);
-    q[i] = static_cast<int8_t>(std::min(std::max(v, -127.0f), 127.0f));
-    sum += q[i];
-  }
-  return sum;
-}
-
 void min_max_portable(const float* x, int64_t k, float* lo, float* hi) {
   float a = x[0], b = x[0];
   for (int64_t i = 1; i < k; ++i) {
@@ -159,41 +141,6 @@ LLMCORE_AVX2 inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// round_block_portable's integers and scale, eight values a register: the same float32
-// division and rounding, so the same q.
-LLMCORE_AVX2 int32_t round_block_avx2(const float* x, int8_t* q, float* s) {
-  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 v[4];
-  __m256 amax = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_loadu_ps(x + 8 * i);
-    amax = _mm256_max_ps(amax, _mm256_and_ps(v[i], magnitude));
-  }
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  *s = _mm_cvtss_f32(m) / 127.0f;
-  if (*s == 0.0f) {
-    std::memset(q, 0, kBlock);
-    return 0;
-  }
-  const __m256 inverse = _mm256_set1_ps(1.0f / *s), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
-  __m256i r[4];
-  for (int i = 0; i < 4; ++i) {
-    const __m256 rounded = _mm256_round_ps(_mm256_mul_ps(v[i], inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(rounded, lo), hi));
-  }
-  const __m256i sums = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
-  // packs interleave 128-bit lanes; this permutation puts the 32 bytes back in order
-  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
-                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm_cvtsi128_si32(t);
-}
-
 // How far ahead of the step being multiplied its row's weights are prefetched. A decode
 // step streams each row once, and the hardware prefetcher alone leaves the multiplies
 // waiting on memory. 2 KiB was among the fastest distances tried, nearer and much farther
@@ -252,21 +199,19 @@ inline float half_to_float(uint16_t h) {
   return f;
 }
 
-// int8 blocks: each block's integer dot product (both sides signed: the activations per
-// block) times the block's weight and activation scales, added in block order.
+// int8 blocks: each block's integer dot product times its scale, added in block order.
 void gemm_int8_blocks_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end,
                                float* y) {
   const int64_t blocks = w.k / kBlock;
   for (int64_t n = n_begin; n < n_end; ++n) {
     const int8_t* q = reinterpret_cast<const int8_t*>(w.packed) + n * w.k;
     for (int64_t t = 0; t < x.m; ++t) {
-      const int8_t* a = reinterpret_cast<const int8_t*>(x.a) + t * x.k;
+      const uint8_t* a = x.a + t * x.k;
       float dot = 0.0f;
       for (int64_t b = 0; b < blocks; ++b) {
         int32_t block_dot = 0;
         for (int64_t i = b * kBlock; i < (b + 1) * kBlock; ++i) block_dot += static_cast<int32_t>(a[i]) * q[i];
-        dot += half_to_float(w.block_scales[n * blocks + b]) * x.block_scales[t * blocks + b] *
-               static_cast<float>(block_dot);
+        dot += half_to_float(w.block_scales[n * blocks + b]) * static_cast<float>(block_dot);
       }
       finish(x, t, w, n, dot, y);
     }
@@ -302,22 +247,16 @@ void gemm_rows_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n
   for (int64_t n = n_begin; n < n_end; ++n) {
     unpack_row(w.packed + n * (w.k / 2), w.k, values.data());
     for (int64_t t = 0; t < x.m; ++t) {
-      const int8_t* q = reinterpret_cast<const int8_t*>(x.a) + t * x.k;  // signed, per block (QuantizedRows)
-      const float* lane_scales = x.lane_scales + t * x.slots * 8;
+      const uint8_t* a = x.a + t * x.k;
       std::fill(block_dots.begin(), block_dots.end(), 0);
       // in a group of G blocks, the 4-byte lane L of each step belongs to block L / (8 / G)
       for_each_group(blocks, [&](int64_t g, int size) {
         for (int64_t i = 0; i < size * kBlock; ++i)
-          block_dots[g + (i % kBlock) / 4 / (8 / size)] += q[g * kBlock + i] * values[g * kBlock + i];
+          block_dots[g + (i % kBlock) / 4 / (8 / size)] += a[g * kBlock + i] * values[g * kBlock + i];
       });
       float dot = 0.0f;
-      int64_t slot = 0;
-      for_each_group(blocks, [&](int64_t g, int size) {  // block g + j's scale: its first lane's
-        for (int j = 0; j < size; ++j)
-          dot += bf16_to_float(w.scales[n * blocks + g + j]) * lane_scales[slot * 8 + j * (8 / size)] *
-                 static_cast<float>(block_dots[g + j]);
-        ++slot;
-      });
+      for (int64_t b = 0; b < blocks; ++b)
+        dot += bf16_to_float(w.scales[n * blocks + b]) * static_cast<float>(block_dots[b]);
       finish(x, t, w, n, dot, y);
     }
   }
@@ -326,10 +265,7 @@ void gemm_rows_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n
 #if LLMCORE_HAVE_X86
 // The tiles, once per instruction set (int4_gemm_tiles.inc). The prompt tiles' shapes are
 // the fastest of those benchmarks/int4_gemm_probe tried on SmolLM2's linears (64 tokens,
-// one thread) over unpacked weight rows: AVX2 4 x 2 since the activations' scales went per
-// block (a group's end then multiplies each token's lane scales by each row's: two threads,
-// Xeon, 4 x 2 93 ms a pass, 4 x 3 108-114, 3 x 3 130, 3 x 4 170-185, 2 x 4 197-202; per row,
-// 4 x 3 had taken 100); VNNI 4 x 6 in 512-bit registers (two
+// one thread) over unpacked weight rows: AVX2 4 x 3; VNNI 4 x 6 in 512-bit registers (two
 // rows a register; 3 x 4 in 256-bit ones before). int8 rows keep 3 x 3 on AVX2, where
 // 4 x 3 was slower, and take 6 x 4 on VNNI, in 512-bit registers as well (3 x 4 in 256-bit
 // ones before; docs/performance.md, "Measurements behind the code").
@@ -338,7 +274,7 @@ namespace avx2 {
 #define INT4_VNNI 0
 #define INT4_WIDE 0
 #define INT4_PROMPT_MR 4
-#define INT4_PROMPT_NR 2
+#define INT4_PROMPT_NR 3
 #define INT8_PROMPT_MR 3
 #define INT8_PROMPT_NR 3
 #include "int4_gemm_tiles.inc"  // undefines its parameters at its end
@@ -402,16 +338,15 @@ bool uses_avx2() { return gemm_isa() != Isa::portable; }
 
 const char* gemm_isa_name() { return isa_name(gemm_isa()); }
 
-namespace {
-// Whether the activation rounding runs its AVX2 code (never when asked for the portable loops).
-bool rounds_with_avx2(bool portable) { return LLMCORE_HAVE_X86 && !portable && gemm_isa() != Isa::portable; }
-}  // namespace
-
 void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a, float* scale,
                    float* zero, bool arranged, bool portable) {
   thread_local std::vector<uint8_t> natural;  // a row before arrange()
   natural.resize(k);
-  [[maybe_unused]] const bool avx2 = rounds_with_avx2(portable);
+#if LLMCORE_HAVE_X86
+  const bool avx2 = !portable && gemm_isa() != Isa::portable;
+#else
+  (void)portable;
+#endif
   for (int64_t t = row_begin; t < row_end; ++t) {
     const float* xr = x + t * k;
     uint8_t* ar = arranged ? natural.data() : a + t * k;
@@ -432,47 +367,6 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
 #endif
       quantize_row_portable(xr, k, inv, zero[t], ar);
     if (arranged) arrange(ar, k, a + t * k);
-  }
-}
-
-void quantize_blocks(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a,
-                     const BlockRounding& out, float* scale, float* zero, bool portable) {
-  const int64_t blocks = k / kBlock, slots = group_count(blocks);
-  thread_local std::vector<int8_t> natural;  // a row before arrange()
-  thread_local std::vector<float> block_scales;
-  thread_local std::vector<int32_t> block_sums;
-  natural.resize(k);
-  block_scales.resize(blocks);
-  block_sums.resize(blocks);
-  [[maybe_unused]] const bool avx2 = rounds_with_avx2(portable);
-  for (int64_t t = row_begin; t < row_end; ++t) {
-    scale[t] = 1.0f;  // finish() then leaves the dot as it is: 1 * (dot - 0 * row sums)
-    zero[t] = -128.0f;
-    int8_t* const q = out.lanes ? natural.data() : reinterpret_cast<int8_t*>(a + t * k);
-    float* const s = out.lanes ? block_scales.data() : out.block_scales + t * blocks;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const float* xb = x + t * k + b * kBlock;
-#if LLMCORE_HAVE_X86
-      if (avx2)
-        block_sums[b] = round_block_avx2(xb, q + b * kBlock, &s[b]);
-      else
-#endif
-        block_sums[b] = round_block_portable(xb, q + b * kBlock, &s[b]);
-    }
-    if (!out.lanes) continue;
-    arrange(reinterpret_cast<const uint8_t*>(natural.data()), k, a + t * k);
-    float* ls = out.lane_scales + t * slots * 8;
-    int32_t* lh = out.lane_shifts + t * slots * 8;
-    int64_t slot = 0;
-    for_each_group(blocks, [&](int64_t g, int size) {
-      const int per_block = 8 / size;  // lanes of a step per block
-      for (int lane = 0; lane < 8; ++lane) {
-        const int64_t b = g + lane / per_block;
-        ls[slot * 8 + lane] = block_scales[b];
-        lh[slot * 8 + lane] = lane % per_block == 0 ? -8 * block_sums[b] : 0;
-      }
-      ++slot;
-    });
   }
 }
 

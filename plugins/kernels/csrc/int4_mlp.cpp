@@ -150,25 +150,17 @@ void add_residual_columns(const float* residual, const float* y, int64_t rows, i
 int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, const ParallelFor& parallel,
                                        const int4::PackedWeight& w, const RangeWork& prepare) {
   const int64_t k = w.k;
-  const bool block_means = w.offsets != nullptr, int4 = w.format == int4::Format::int4_blocks,
-             int8_blocks = w.format == int4::Format::int8_blocks;
-  const int64_t blocks = k / int4::kBlock, slots = int4 ? int4::group_count(blocks) : 0;
+  const bool block_means = w.offsets != nullptr, arranged = w.format == int4::Format::int4_blocks;
+  const int64_t blocks = k / int4::kBlock;
   a.resize(rows * k);
   scale.resize(rows);
   zero.resize(rows);
   means.resize(block_means ? rows * blocks : 0);
-  lane_scales.resize(rows * slots * 8);
-  lane_shifts.resize(rows * slots * 8);
-  block_scales.resize(int8_blocks ? rows * blocks : 0);
   uint8_t* pa = a.data();
   float *ps = scale.data(), *pz = zero.data(), *pm = means.data();
-  const int4::BlockRounding by_block{int4, lane_scales.data(), lane_shifts.data(), block_scales.data()};
   auto body = [&](int64_t b, int64_t e) {
     if (prepare) prepare(b, e);
-    if (int4 || int8_blocks)
-      int4::quantize_blocks(x, k, b, e, pa, by_block, ps, pz);
-    else
-      int4::quantize_rows(x, k, b, e, pa, ps, pz, /*arranged=*/false);
+    int4::quantize_rows(x, k, b, e, pa, ps, pz, arranged);
     if (!block_means) return;
     for (int64_t i = b * blocks; i < e * blocks; ++i) {  // sum, then / 32, as a mean over a [.., 32] view
       // eight running sums over the block's four eights (independent lanes, which the
@@ -186,16 +178,7 @@ int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, const Paral
     body(0, 1);  // one token: not worth waking the pool
   else
     parallel(0, rows, body);
-  return {pa,
-          ps,
-          pz,
-          rows,
-          k,
-          block_means ? pm : nullptr,
-          int4 ? lane_scales.data() : nullptr,
-          int4 ? lane_shifts.data() : nullptr,
-          slots,
-          int8_blocks ? block_scales.data() : nullptr};
+  return {pa, ps, pz, rows, k, block_means ? pm : nullptr};
 }
 
 // y's columns [n_begin, n_end) = x W^T for them, with W's block offsets when it has them.

@@ -25,7 +25,7 @@ from torch import nn
 
 from llmcore.errors import LlmcoreError
 from llmcore.modules import replace_modules
-from llmcore_xnnpack.qlinear import BlockInt4Linear, BlockInt8Linear, ChannelInt8Linear, kernels_rounding, relative_error
+from llmcore_xnnpack.qlinear import BlockInt4Linear, BlockInt8Linear, ChannelInt8Linear, relative_error
 
 RECIPE = "8da4w-mlp"
 BLOCK = 32  # the kernel's int4 block (csrc/int4_gemm.h)
@@ -180,10 +180,8 @@ def signed_form(p: BlockInt4Linear, nibbles: bool) -> tuple[torch.Tensor, torch.
 
 @contextmanager
 def computing_as_the_kernels(module: nn.Module) -> Iterator[None]:
-    """Every int4 linear under ``module`` in :func:`signed_form`, rounding its activations per
-    block as the kernels do (:func:`llmcore_xnnpack.qlinear.kernels_rounding`), while the block
-    is open: the eager reference a swap check compares the kernels with
-    (``layers._swap_checked``).
+    """Every int4 linear under ``module`` in :func:`signed_form` while the block is open: the
+    eager reference a swap check compares the kernels with (``layers._swap_checked``).
 
     Both forms hold the same weights, but a product differs by how the activations' int8
     rounding meets them: a block's offset multiplies the fp32 activations, its integers the
@@ -207,8 +205,7 @@ def computing_as_the_kernels(module: nn.Module) -> Iterator[None]:
             p.q = q
         p.scales, p.offset_weight = scales, None
     try:
-        with kernels_rounding():
-            yield
+        yield
     finally:
         for p, q, q_nibbles, scales, offset_weight in kept:
             p.q, p.q_nibbles, p.scales, p.offset_weight = q, q_nibbles, scales, offset_weight
@@ -319,7 +316,7 @@ def why_not(gate: nn.Module, up: nn.Module, down: nn.Module, offsets: bool = Fal
 def _same_function(module: nn.Module, fused: FusedInt4MLP) -> Optional[str]:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(3, fused.dim, generator=generator)
-    with torch.no_grad(), computing_as_the_kernels(module):
+    with torch.no_grad():
         expected = module(x)
         got = fused(x)
     error = relative_error(got, expected)
