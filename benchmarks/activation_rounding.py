@@ -15,12 +15,13 @@ not touched, so the figures are the activations' share of what a quantized progr
 ``--prompt-file FILE`` also prints, per scheme, the three likeliest next tokens after the
 file's text (tokenized as it is: a chat template already applied, as `make demo` writes
 out/smollm2/prompt.txt), with their logits: where the float model is near a tie, a rounding
-picks a side. ``--per-token-for NAME`` adds a third scheme: per token for the linears whose name contains
-NAME, per block for the others (``output``: what `make demo`'s program computes, its int4
-layers on the kernels and its output layer int8).
+picks a side. ``--per-token-for NAME`` adds a third scheme: per token for the linears whose
+name contains NAME, per block for the others (``output``: what `make demo`'s program on
+branch block-activations computes, its int4 layers on the kernels and its output layer int8).
 
-(docs/quantization.md, "Activations rounded per block"). Per token is
-llmcore_xnnpack.qlinear's rounding, the one the eager references of the programs use.
+Llama-family models (llmcore-llama's Transformer: its ``layers``, ``norm`` and ``output``).
+Per token is llmcore_xnnpack.qlinear's rounding, the one the eager references of the
+programs use (docs/quantization.md, "Activations rounded per block").
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def rounded_per_block(x: torch.Tensor, block: int = 32) -> torch.Tensor:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, help="a checkpoint llmcore export reads (a GGUF)")
+    parser.add_argument("--checkpoint", required=True, help="a Llama-family checkpoint llmcore export reads (a GGUF)")
     parser.add_argument("--text", default=str(DEFAULT_TEXT), help="the text scored (its first --tokens tokens)")
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--prompt-file", help="also: the likeliest next tokens after this text, per scheme")
@@ -60,8 +61,8 @@ def main() -> None:
     steps = llmcore.export_steps(checkpoint=args.checkpoint, quantize="none", output="unused.pte", quiet=True)
     steps.load()
     model = steps.module.float().eval()
-    ids = Tokenizer.from_str(steps.loaded.tokenizer.json_text).encode(Path(args.text).read_text()).ids  # (as eval)
-    tokens = torch.tensor([ids[: args.tokens]])
+    tokenizer = Tokenizer.from_str(steps.loaded.tokenizer.json_text)
+    tokens = torch.tensor([tokenizer.encode(Path(args.text).read_text()).ids[: args.tokens]])
     # The model returns the last position's logits: every position's come from the last
     # layer's output, normed and projected here.
     last = {}
@@ -73,7 +74,6 @@ def main() -> None:
     if args.per_token_for:
         schemes[f"per-block, {args.per_token_for} per token"] = lambda layer: (
             qlinear.rounded_per_token if args.per_token_for in names[layer] else rounded_per_block)
-    tokenizer = Tokenizer.from_str(steps.loaded.tokenizer.json_text)
     prompt = None
     if args.prompt_file:
         prompt = torch.tensor([tokenizer.encode(Path(args.prompt_file).read_text(), add_special_tokens=False).ids])
