@@ -106,9 +106,11 @@ Layer random_int8_layer(int64_t n, int64_t k, bool with_bias, std::mt19937& rng,
   return l;
 }
 
-// A float16 number's value (the normal ones random_int8_blocks_layer writes).
+// A finite float16 number's value, subnormals too (the offsets' check writes some).
 float f16_bits_to_float(uint16_t h) {
-  const float magnitude = std::ldexp(1.0f + (h & 0x3ff) / 1024.0f, ((h >> 10) & 0x1f) - 15);
+  const int exponent = (h >> 10) & 0x1f;
+  const float magnitude = exponent == 0 ? std::ldexp((h & 0x3ff) / 1024.0f, -14)
+                                        : std::ldexp(1.0f + (h & 0x3ff) / 1024.0f, exponent - 15);
   return (h & 0x8000) != 0 ? -magnitude : magnitude;
 }
 
@@ -262,12 +264,15 @@ int check() {
     if (check_gemm("int8", fast, fast, random_int8_layer(c.n, c.k, c.bias, rng, int8_fill), c.m, c.bias)) return 1;
     if (check_gemm("int8 blocks", fast, fast, random_int8_blocks_layer(c.n, c.k, c.bias, rng, int8_fill), c.m, c.bias))
       return 1;
-    // the offset term (add_block_offsets) on offsets in its layout ([ceil(n/8), k/32, 8]) and
-    // float block means, over a split of the rows that leaves odd pieces, against a
+    // the offset term (add_block_offsets) on float16 offsets in its layout ([ceil(n/8), k/32,
+    // 8]; exponents from 2^-14, the smallest normal, to 2^3, and subnormals, of both signs)
+    // and float block means, over a split of the rows that leaves odd pieces, against a
     // double-precision sum
     const int64_t blocks = c.k / kBlock;
-    std::vector<float> offsets((c.n + 7) / 8 * 8 * blocks), means(c.m * blocks), y_offsets(c.m * c.n, 1.0f);
-    for (auto& v : offsets) v = std::normal_distribution<float>()(rng);
+    std::vector<uint16_t> offsets((c.n + 7) / 8 * 8 * blocks);
+    std::vector<float> means(c.m * blocks), y_offsets(c.m * c.n, 1.0f);
+    for (auto& v : offsets)
+      v = static_cast<uint16_t>((rng() & 0x8000u) | ((rng() % 19) << 10) | (rng() & 0x3ffu));
     for (auto& v : means) v = std::normal_distribution<float>()(rng);
     QuantizedRows with_means = arranged.rows(c.m, c.k);
     with_means.means = means.data();
@@ -281,7 +286,7 @@ int check() {
       for (int64_t r = 0; r < c.n; ++r) {
         double ref = 1.0, magnitude = 1.0;
         for (int64_t g = 0; g < blocks; ++g) {
-          const double o = offsets[(r / 8) * blocks * 8 + g * 8 + r % 8];
+          const double o = f16_bits_to_float(offsets[(r / 8) * blocks * 8 + g * 8 + r % 8]);
           ref += o * means[t * blocks + g];
           magnitude += std::fabs(o * means[t * blocks + g]);
         }

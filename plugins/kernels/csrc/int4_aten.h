@@ -64,13 +64,13 @@ inline at::Tensor block_offsets(const char* op, const char* name, const std::opt
                                 int4::PackedWeight* w) {
   if (!offsets.has_value()) return at::Tensor();
   TORCH_CHECK(w->format == int4::Format::int4_blocks, op, ": ", name, ": int8 weights take no block offsets");
-  TORCH_CHECK(offsets->scalar_type() == at::kFloat && offsets->device().is_cpu() && offsets->dim() == 3 &&
+  TORCH_CHECK(offsets->scalar_type() == at::kHalf && offsets->device().is_cpu() && offsets->dim() == 3 &&
                   offsets->size(0) == (w->n + 7) / 8 && offsets->size(1) * int4::kBlock == w->k &&
                   offsets->size(2) == 8,
-              op, ": ", name, "'s offsets must be a float32 [", (w->n + 7) / 8, ", ", w->k / int4::kBlock,
+              op, ": ", name, "'s offsets must be a float16 [", (w->n + 7) / 8, ", ", w->k / int4::kBlock,
               ", 8] CPU tensor (ceil(rows/8), in/32, 8), got ", offsets->scalar_type(), " ", offsets->sizes());
   at::Tensor contiguous = offsets->contiguous();
-  w->offsets = contiguous.const_data_ptr<float>();
+  w->offsets = reinterpret_cast<const uint16_t*>(contiguous.const_data_ptr());
   return contiguous;
 }
 

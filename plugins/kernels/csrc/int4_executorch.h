@@ -68,10 +68,10 @@ inline const char* block_offsets(const std::optional<executorch::aten::Tensor>& 
   if (!offsets.has_value()) return nullptr;
   const executorch::aten::Tensor& t = *offsets;
   if (w->format != int4::Format::int4_blocks) return "int8 weights take no block offsets";
-  if (t.scalar_type() != executorch::aten::ScalarType::Float || t.dim() != 3 || t.size(0) != (w->n + 7) / 8 ||
+  if (t.scalar_type() != executorch::aten::ScalarType::Half || t.dim() != 3 || t.size(0) != (w->n + 7) / 8 ||
       t.size(1) * int4::kBlock != w->k || t.size(2) != 8 || !dense(t))
-    return "offsets must be a contiguous float32 [ceil(rows/8), in/32, 8] tensor";
-  w->offsets = t.const_data_ptr<float>();
+    return "offsets must be a contiguous float16 [ceil(rows/8), in/32, 8] tensor";
+  w->offsets = reinterpret_cast<const uint16_t*>(t.const_data_ptr());
   return nullptr;
 }
 

@@ -376,17 +376,18 @@ namespace {
 // eight rows' offsets of a block side by side). Each output is summed over the blocks in
 // order from zero with one multiply-add a block (fused in the AVX2 build, a multiply and
 // an add in the portable one, the same on every path of a build), then added to y: the same
-// floats however the rows are split among threads. Whole chunks of eight rows go in tiles
-// of tokens and chunks (offset_tile).
+// floats however the rows are split among threads. The float16 offsets widen exactly
+// (half_to_float here, F16C's vcvtph2ps in offset_tile: the same floats). Whole chunks of
+// eight rows go in tiles of tokens and chunks (offset_tile).
 template <typename MulAdd>
 inline __attribute__((always_inline)) void offset_row(const QuantizedRows& x, const PackedWeight& w, int64_t n,
                                                       float* y, MulAdd mul_add) {
   const int64_t blocks = w.k / kBlock;
-  const float* o = w.offsets + (n / 8) * blocks * 8 + n % 8;
+  const uint16_t* o = w.offsets + (n / 8) * blocks * 8 + n % 8;
   for (int64_t t = 0; t < x.m; ++t) {
     const float* means = x.means + t * blocks;
     float sum = 0.0f;
-    for (int64_t g = 0; g < blocks; ++g) sum = mul_add(o[g * 8], means[g], sum);
+    for (int64_t g = 0; g < blocks; ++g) sum = mul_add(half_to_float(o[g * 8]), means[g], sum);
     y[t * w.n + n] += sum;
   }
 }
@@ -401,13 +402,14 @@ template <int kTokens, int kChunks>
 LLMCORE_AVX2 inline __attribute__((always_inline)) void offset_tile(const QuantizedRows& x, const PackedWeight& w,
                                                                     int64_t t, int64_t n, float* y) {
   const int64_t blocks = w.k / kBlock;
-  const float* o = w.offsets + (n / 8) * blocks * 8;
+  const uint16_t* o = w.offsets + (n / 8) * blocks * 8;
   __m256 sum[kTokens][kChunks];
   for (int i = 0; i < kTokens; ++i)
     for (int c = 0; c < kChunks; ++c) sum[i][c] = _mm256_setzero_ps();
   for (int64_t g = 0; g < blocks; ++g) {
     __m256 ov[kChunks];
-    for (int c = 0; c < kChunks; ++c) ov[c] = _mm256_loadu_ps(o + c * blocks * 8 + g * 8);
+    for (int c = 0; c < kChunks; ++c)
+      ov[c] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + c * blocks * 8 + g * 8)));
     for (int i = 0; i < kTokens; ++i) {
       const __m256 mean = _mm256_set1_ps(x.means[(t + i) * blocks + g]);
       for (int c = 0; c < kChunks; ++c) sum[i][c] = _mm256_fmadd_ps(ov[c], mean, sum[i][c]);

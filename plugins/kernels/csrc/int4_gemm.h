@@ -122,9 +122,10 @@ struct PackedWeight {
   // w[n, k] = d (u - 8) + o / 32 (a GGUF's Q4_1 and Q4_K minima, llmcore-xnnpack's
   // BlockInt4Linear.offset_weight), eight rows side by side, block after block (one load
   // serves eight outputs; a decode step reads them in order): o[n, g] at
-  // [n / 8, g, n % 8], zeros past the last row. The GEMM adds sum_g o[n, g] means[t, g]
-  // (add_block_offsets).
-  const float* offsets = nullptr;
+  // [n / 8, g, n % 8], zeros past the last row; IEEE float16 bits, the module's own values
+  // (it rounds its offsets to float16: 2 bytes a block beside its 18, not 4). The GEMM adds
+  // sum_g o[n, g] means[t, g] (add_block_offsets), o widened exactly to float32.
+  const uint16_t* offsets = nullptr;
   Format format = Format::int4_blocks;
   const float* row_scales = nullptr;  // int8_rows: [n], float32
   const uint16_t* block_scales = nullptr;  // int8_blocks: [n, k/32], IEEE float16 bits

@@ -157,7 +157,7 @@ def signed_form(p: BlockInt4Linear, nibbles: bool) -> tuple[torch.Tensor, torch.
     half of a real model's: llama.cpp writes ``d = max / -8``) as ``|d| (~q) + |d|``, an
     offset the size of its scale; held two to a byte it keeps ``d`` and ``q``. The kernels
     multiply by a scale of either sign, so where every offset of a linear is such (or zero)
-    its blocks go back to ``d`` and ``q``: the same weights, without offsets to store (4
+    its blocks go back to ``d`` and ``q``: the same weights, without offsets to store (2
     bytes a block beside its 18) and add (a prompt's pass over every block's mean: a sixth
     of a real Q4_0's prefill, docs/performance.md, "Q4_0's negative scales"). A linear with
     offsets of its own (Q4_1's minima) keeps its form whole: the few of its blocks whose
@@ -216,14 +216,17 @@ def stacked_offsets(offsets: list[Optional[torch.Tensor]], rows: list[int], bloc
     """Linears' ``offset_weight`` rows (``offsets``, None for a linear without; ``rows`` each
     one's rows) one after another, or the rows of two interleaved as ``gate_up``'s are, in the
     kernel's layout ``[ceil(rows/8), in/32, 8]`` (csrc/int4_gemm.h: eight rows side by side,
-    zeros past the last); None when none has any."""
+    zeros past the last), in float16, the values the modules hold (``float16_offsets``; a
+    linear whose are not stays on XNNPACK: :func:`why_not_linear`); None when none has any."""
     if all(o is None for o in offsets):
         return None
     parts = [o.float() if o is not None else torch.zeros(n, blocks) for o, n in zip(offsets, rows)]
     stacked = interleave_rows(*parts) if interleave else torch.cat(parts)
     n = stacked.shape[0]
-    padded = torch.zeros((n + 7) // 8 * 8, blocks)
+    padded = torch.zeros((n + 7) // 8 * 8, blocks, dtype=torch.float16)
     padded[:n] = stacked
+    if not torch.equal(padded[:n].float(), stacked):
+        raise ValueError("block offsets that are not float16 values reached the kernels (why_not_linear refuses them)")
     return padded.view(-1, 8, blocks).transpose(1, 2).contiguous()
 
 
@@ -289,7 +292,15 @@ def why_not_linear(role: str, p: nn.Module, offsets: bool = False, int8: bool = 
         return f"its int4 blocks are {p.block} wide (the kernel's are {BLOCK}: group_size=32)"
     if p.offset_weight is not None and not offsets:
         return "its int4 blocks have offsets (asymmetric=true)"
+    if p.offset_weight is not None and not _float16_values(p.offset_weight):
+        # only a layer unpack_()ed for XNNPACK with offsets of its own and a negative scale
+        return "its int4 blocks' offsets are not float16 values (the kernels store them so)"
     return None
+
+
+def _float16_values(t: torch.Tensor) -> bool:
+    t = t.detach()
+    return torch.equal(t.to(torch.float16).float(), t)
 
 
 def why_not(gate: nn.Module, up: nn.Module, down: nn.Module, offsets: bool = False,

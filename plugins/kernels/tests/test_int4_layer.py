@@ -194,7 +194,7 @@ def test_the_operators_check_their_inputs(ops):
     with pytest.raises(RuntimeError, match="qkv_bias's last size must be 128"):
         torch.ops.llmcore.int4_norm_qkv_rope(x, layer.attention_norm, 1e-5, layer.qkv, layer.qkv_scales,
                                              layer.qkv_sums, torch.zeros(96), None, cos, sin, 4, 2)
-    with pytest.raises(RuntimeError, match=r"qkv's offsets must be a float32 \[16, 2, 8\]"):
+    with pytest.raises(RuntimeError, match=r"qkv's offsets must be a float16 \[16, 2, 8\]"):
         torch.ops.llmcore.int4_norm_qkv_rope(x, layer.attention_norm, 1e-5, layer.qkv, layer.qkv_scales,
                                              layer.qkv_sums, None, torch.zeros(2, 128), cos, sin, 4, 2)
     with pytest.raises(RuntimeError, match="residual must hold one row per row of x"):
@@ -295,6 +295,30 @@ def test_a_q4_0s_negative_scales_reach_the_kernels_as_the_file_holds_them(ops, n
     form = mlp.signed_form(affine, nibbles)
     assert torch.equal(form[2], affine.offset_weight) and torch.equal(form[1], affine.scales)
     assert torch.equal(weights(form), affine.weight_values())
+
+
+def test_offsets_reach_the_kernels_in_float16_and_others_stay_on_xnnpack(ops):
+    """The kernels store a weight's block offsets in float16, the values the module holds
+    (qlinear.float16_offsets): a KernelLinear computes the module's product. A layer whose
+    offsets are not float16 values (offsets of its own plus XNNPACK's |d| for a negative
+    scale, after unpack_()) is refused by name, not rounded again."""
+    from llmcore_kernels import mlp
+    from llmcore_kernels.layers import KernelLinear
+    from llmcore_xnnpack import qlinear
+
+    g = torch.Generator().manual_seed(11)
+    q, scales, offsets = qlinear.int4_blocks_affine(torch.randn(40, 96, generator=g) * 0.1 + 0.05, 32)
+    linear = qlinear.BlockInt4Linear(q, scales, offsets, nibbles=True)
+    kernel = KernelLinear(linear)
+    assert kernel.w_offsets.dtype == torch.float16
+    assert torch.equal(kernel.w_offsets.float()[:5, :, :].transpose(1, 2).reshape(40, 3), linear.offset_weight)
+    x = torch.randn(3, 96, generator=g)
+    with torch.no_grad(), mlp.computing_as_the_kernels(linear):
+        assert qlinear.relative_error(kernel(x), linear(x)) < 1e-5
+    signed = scales.clone()
+    signed[0, 0] = -signed[0, 0] * 1.001  # becomes |d| (~q) + |d| beside its own offset: not a float16
+    mixed = qlinear.BlockInt4Linear(q, signed, offsets)
+    assert "offsets are not float16 values" in mlp.why_not_linear("linear", mixed, offsets=True)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 64])

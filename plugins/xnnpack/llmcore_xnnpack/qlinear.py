@@ -186,9 +186,10 @@ class BlockInt4Linear(nn.Module):
     """``y = x @ W.T (+ bias)`` with ``W[o, i] = scales[o, i//block] * q[o, i] (+ offsets[o, i//block])``.
 
     ``q``: int8 ``[out, in]`` in [-8, 7]; ``scales``: ``[out, in/block]`` (rounded to bf16
-    here); ``offsets``: ``[out, in/block]`` fp32 or None. The int4 part runs on int8
-    activations; the offset term on the fp32 activations (it is a sum, not a product with
-    4-bit values, and costs 1/block of the GEMM).
+    here); ``offsets``: ``[out, in/block]`` or None (rounded here so that ``offsets * block``
+    is a float16: :func:`float16_offsets`). The int4 part runs on int8 activations; the
+    offset term on the fp32 activations (it is a sum, not a product with 4-bit values, and
+    costs 1/block of the GEMM).
 
     ``nibbles``: hold the integers two to a byte (``q_nibbles``, ``q`` None) until a backend
     that runs int4 itself takes the layer: half their memory while a large model waits
@@ -213,6 +214,7 @@ class BlockInt4Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.block = in_features // scales.shape[1]
         scales = scales.to(torch.bfloat16).float()
+        offsets = float16_offsets(offsets, self.block)
         if not nibbles:
             q, scales, offsets = _positive_scales(q, scales, offsets, self.block)
         if nibbles and in_features % 2:
@@ -289,6 +291,26 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     q[..., 0::2] = packed & 0x0F
     q[..., 1::2] = packed >> 4
     return q.view(torch.int8).sub_(8)
+
+
+def float16_offsets(offsets: Optional[torch.Tensor], block: int) -> Optional[torch.Tensor]:
+    """``offsets`` (fp32) rounded so that ``offsets * block``, the offset weight, is a float16.
+
+    llmcore-kernels stores a layer's offset weight in float16, 2 bytes a block of 32 beside
+    its 16 bytes of integers and 2 of scale, not 4 (a Q4_1 program's weights read 10% fewer
+    bytes a token); rounded here, every backend and the eager model compute with the same
+    weights, and what the export measures is what runs. The rounding moves an offset by at
+    most 2^-11 of itself (a Q4_1 block's ``m + 8d`` is its midpoint, small beside ``d``),
+    far below the bf16 rounding of the scales. Offsets beyond float16's range (65504 / block)
+    are refused: no real weight is near it."""
+    if offsets is None:
+        return None
+    weight = offsets.float() * block
+    largest = float(weight.abs().max()) if weight.numel() else 0.0
+    if not largest <= torch.finfo(torch.float16).max:
+        raise ValueError(f"int4 block offsets reach {largest / block:.6g}: beyond what the float16 offset weight "
+                         f"holds (|offset| * {block} <= {torch.finfo(torch.float16).max:.0f})")
+    return weight.to(torch.float16).float().div_(block)
 
 
 def _offset_weight(offsets: Optional[torch.Tensor], block: int) -> Optional[nn.Parameter]:
@@ -573,7 +595,8 @@ def int4_blocks_affine(weight: torch.Tensor, block: int) -> tuple[torch.Tensor, 
     least-squares refit of ``d`` and ``m`` to those integers, keeping the best grid seen (the
     error never grows). Weights that already sit on such a grid (a dequantized Q4_1 file) get
     their integers back exactly. ``d`` is rounded to bf16 (XNNPACK's scale type) before the
-    last rounding, and ``m`` refitted after it, so the program's weights are the ones measured.
+    last rounding, ``m`` refitted after it and the offset ``m + 8d`` rounded as the layer holds
+    it (:func:`float16_offsets`), so the program's weights are the ones measured.
     Done a few thousand rows at a time: the float temporaries stay small.
     """
     out_features, in_features = weight.shape
@@ -585,7 +608,7 @@ def int4_blocks_affine(weight: torch.Tensor, block: int) -> tuple[torch.Tensor, 
         u, d, m = _affine_fit(w)
         rows = slice(start, start + w.shape[0])
         q[rows] = (u - 8).to(torch.int8).reshape(w.shape[0], in_features)
-        scales[rows], offsets[rows] = d, m + 8 * d
+        scales[rows], offsets[rows] = d, float16_offsets(m + 8 * d, block)
     return q, scales, offsets
 
 
@@ -615,7 +638,7 @@ def _affine_fit(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     d = best_d.to(torch.bfloat16).float()
     m = best_m
     u = _affine_round(w, d, m)
-    m = (w - d.unsqueeze(-1) * u).mean(-1)  # the minimum is fp32 in the program: refit it
+    m = (w - d.unsqueeze(-1) * u).mean(-1)  # refit to the integers (the offset is rounded after)
     return u, d, m
 
 
@@ -733,24 +756,31 @@ class ErrorSum:
 
 
 def rescaled_error(q: torch.Tensor, scales: torch.Tensor, rescaled: torch.Tensor,
-                   offsets: Optional[torch.Tensor] = None) -> float:
-    """:func:`relative_error` of the block weights ``scales * q + offsets`` when only their
-    scales change, to ``rescaled`` (what keeping a GGUF's integers with bf16 scales does):
-    the difference is ``(rescaled - scales) * q`` per block, so both norms follow from each
-    block's sums of ``q`` and ``q^2``, without decoding either weight."""
+                   offsets: Optional[torch.Tensor] = None, kept_offsets: Optional[torch.Tensor] = None) -> float:
+    """:func:`relative_error` of the block weights ``scales * q + offsets`` when their scales
+    change to ``rescaled`` and their offsets to ``kept_offsets`` (what keeping a GGUF's
+    integers does: bf16 scales, :func:`float16_offsets`): the difference is ``(rescaled -
+    scales) * q + (kept_offsets - offsets)`` per block, so both norms follow from each block's
+    sums of ``q`` and ``q^2``, without decoding either weight."""
     rows, cols = q.shape
     blocks = scales.shape[1]
+    width = cols // blocks
     diff = norm = 0.0
     with heap_for_temporaries(give_back=False):
         for start in range(0, rows, _SEARCH_ROWS):
-            part = q[start:start + _SEARCH_ROWS].view(-1, blocks, cols // blocks).float()
+            part = q[start:start + _SEARCH_ROWS].view(-1, blocks, width).float()
             sums, squares = part.sum(-1), part.square().sum(-1)
             s = scales[start:start + _SEARCH_ROWS].float()
-            diff += float(((rescaled[start:start + _SEARCH_ROWS].float() - s).square() * squares).sum())
+            change = rescaled[start:start + _SEARCH_ROWS].float() - s
+            moved = change.square() * squares
+            if kept_offsets is not None:  # sum over the block of (change q + shift)^2
+                shift = kept_offsets[start:start + _SEARCH_ROWS].float() - offsets[start:start + _SEARCH_ROWS].float()
+                moved += 2 * change * shift * sums + width * shift.square()
+            diff += float(moved.sum())
             exact = s.square() * squares
             if offsets is not None:  # sum over the block of (s q + o)^2
                 o = offsets[start:start + _SEARCH_ROWS].float()
-                exact += 2 * s * o * sums + (cols // blocks) * o.square()
+                exact += 2 * s * o * sums + width * o.square()
             norm += float(exact.sum())
     return (diff ** 0.5) / max(norm ** 0.5, 1e-30)
 

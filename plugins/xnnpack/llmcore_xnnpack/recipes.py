@@ -376,7 +376,9 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
                                               nibbles=options["int4_nibbles"])
                 bf16 = form.scales.to(torch.bfloat16).float()
                 scale_rounding = max(scale_rounding, qlinear.bf16_scale_error(form.scales, bf16))
-                summary.add(f"{form.format} kept", error=qlinear.rescaled_error(form.q, form.scales, bf16, form.offsets))
+                kept_offsets = qlinear.float16_offsets(form.offsets, form.block)
+                summary.add(f"{form.format} kept", error=qlinear.rescaled_error(form.q, form.scales, bf16, form.offsets,
+                                                                                kept_offsets))
             elif (isinstance(form, IntegerWeight) and form.bits == 8 and form.offsets is None
                   and form.block == qlinear.BlockInt8Linear.block and options["tied_table"]
                   and id(linear.weight) in tables and torch.equal(form.scales.half().float(), form.scales)):

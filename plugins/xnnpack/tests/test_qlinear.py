@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from llmcore_xnnpack import qlinear
-from llmcore_xnnpack.qlinear import BlockInt4Linear, ChannelInt8Linear
+from llmcore_xnnpack.qlinear import BlockInt4Linear, ChannelInt8Linear, float16_offsets
 
 OUT, IN, BLOCK = 48, 256, 32
 
@@ -63,10 +63,12 @@ def with_outliers(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_weight_values_are_scales_times_q_plus_offsets():
-    """bf16-representable scales are kept exactly, so the weight is the formula, bit for bit."""
+    """bf16-representable scales and float16 offsets are kept exactly, so the weight is the
+    formula, bit for bit."""
     gen = torch.Generator().manual_seed(3)
     q = torch.randint(-8, 8, (OUT, IN), generator=gen, dtype=torch.int8)
-    scales, offsets = bf16_values((OUT, IN // BLOCK), gen), torch.randn(OUT, IN // BLOCK, generator=gen)
+    scales = bf16_values((OUT, IN // BLOCK), gen)
+    offsets = torch.randn(OUT, IN // BLOCK, generator=gen).half().float()
     expected = torch.empty(OUT, IN)
     for b in range(IN // BLOCK):
         cols = slice(b * BLOCK, (b + 1) * BLOCK)
@@ -78,16 +80,36 @@ def test_weight_values_are_scales_times_q_plus_offsets():
     assert torch.equal(ChannelInt8Linear(q8, s8).weight_values(), s8[:, None] * q8.float())
 
 
+def test_offsets_are_rounded_to_float16_offset_weights():
+    """Any offsets become the nearest whose offset weight (``offsets * block``, what
+    llmcore-kernels stores in float16) is a float16: within 2^-11 of themselves, the same
+    values in every backend; beyond float16's range they are refused by name."""
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randint(-8, 8, (OUT, IN), generator=gen, dtype=torch.int8)
+    scales, offsets = bf16_values((OUT, IN // BLOCK), gen), torch.randn(OUT, IN // BLOCK, generator=gen) * 1e-2
+    layer = BlockInt4Linear(q, scales, offsets)
+    weight = layer.offset_weight.detach()
+    assert torch.equal(weight.half().float(), weight) and not torch.equal(weight, offsets * BLOCK)
+    assert float(((weight / BLOCK - offsets).abs() / offsets.abs()).max()) <= 2**-11
+    assert torch.equal(float16_offsets(offsets, BLOCK), weight / BLOCK)
+    huge = offsets.clone()
+    huge[1, 2] = 4000.0
+    with pytest.raises(ValueError, match="int4 block offsets reach 4000: beyond what the float16 offset weight holds"):
+        BlockInt4Linear(q, scales, huge)
+
+
 def test_q4_1_block_as_symmetric_int4_plus_offset():
-    """A Q4_1 block (u in [0, 15], w = d*u + m) as q = u - 8, offset = m + 8d: same weight to
-    fp32 rounding."""
+    """A Q4_1 block (u in [0, 15], w = d*u + m) as q = u - 8, offset = m + 8d: the same weight
+    up to the offset's float16 rounding (2^-11 of itself) and fp32 rounding."""
     gen = torch.Generator().manual_seed(4)
     u = torch.randint(0, 16, (OUT, IN), generator=gen)
     d = bf16_values((OUT, IN // BLOCK), gen)
     m = -torch.rand(OUT, IN // BLOCK, generator=gen) * 0.1
     exact = d.repeat_interleave(BLOCK, 1) * u.float() + m.repeat_interleave(BLOCK, 1)
     got = BlockInt4Linear((u - 8).to(torch.int8), d, m + 8 * d).weight_values()
-    assert float((got - exact).abs().max()) <= 4 * torch.finfo(torch.float32).eps * float(exact.abs().max())
+    allowed = 2**-11 * (m + 8 * d).abs().repeat_interleave(BLOCK, 1)
+    allowed += 4 * torch.finfo(torch.float32).eps * float(exact.abs().max())
+    assert bool(((got - exact).abs() <= allowed).all())
 
 
 def test_the_bf16_scale_error_is_the_largest_change_of_a_nonzero_scale():
@@ -192,8 +214,9 @@ def test_weight_values_by_rows_are_the_whole_weights_rows():
 
 @pytest.mark.parametrize("with_offsets", [False, True])
 def test_the_error_of_rescaled_blocks_from_their_integers_is_the_decoded_weights(with_offsets):
-    """The gguf recipe measures a kept layer's error (its scales rounded to bf16) from the
-    integers alone: the same figure as decoding both weights, negative scales included."""
+    """The gguf recipe measures a kept layer's error (its scales rounded to bf16, its offsets
+    to float16) from the integers alone: the same figure as decoding both weights, negative
+    scales included."""
     torch.manual_seed(3)
     q = torch.randint(-8, 8, (OUT, IN), dtype=torch.int8)
     scales = (torch.randn(OUT, IN // 32) * 0.02).half().float()  # about half negative, as Q4_0 writes
@@ -202,8 +225,12 @@ def test_the_error_of_rescaled_blocks_from_their_integers_is_the_decoded_weights
              + (0 if offsets is None else offsets.unsqueeze(-1))).view(OUT, IN)
     decoded = qlinear.relative_error(BlockInt4Linear(q, scales, offsets), exact)
     assert decoded > 1e-4  # bf16 scales do change the weights
-    from_integers = qlinear.rescaled_error(q, scales, scales.to(torch.bfloat16).float(), offsets)
+    kept = None if offsets is None else qlinear.float16_offsets(offsets, 32)
+    from_integers = qlinear.rescaled_error(q, scales, scales.to(torch.bfloat16).float(), offsets, kept)
     assert from_integers == pytest.approx(decoded, rel=1e-5)
+    if offsets is not None:  # the offsets' rounding counted: dropping it gives another figure
+        without = qlinear.rescaled_error(q, scales, scales.to(torch.bfloat16).float(), offsets)
+        assert without != pytest.approx(decoded, rel=1e-5)
 
 
 def test_int8_channels_sums_its_own_rounding_error_as_relative_error_measures_it():
@@ -290,19 +317,21 @@ def test_layers_reading_one_input_share_its_block_means():
 
 
 def q4_1_grid(gen, rows=OUT, cols=IN, block=BLOCK):
-    """Weights a Q4_1 quantizer wrote: per block ``d*u + m``, u spanning [0, 15], d in bf16."""
+    """Weights a Q4_1 quantizer wrote: per block ``d*u + m``, u spanning [0, 15], d in bf16,
+    m in float16 (Q4_1's type); and their ``u``."""
     u = torch.randint(0, 16, (rows, cols), generator=gen)
     u[:, ::block], u[:, 1::block] = 0, 15  # min/max chose the grid: both ends are used
     d = bf16_values((rows, cols // block), gen)
-    m = -torch.rand(rows, cols // block, generator=gen) * 0.1
-    return (u.view(rows, -1, block) * d.unsqueeze(-1) + m.unsqueeze(-1)).view(rows, cols)
+    m = (-torch.rand(rows, cols // block, generator=gen) * 0.1).half().float()
+    return (u.view(rows, -1, block) * d.unsqueeze(-1) + m.unsqueeze(-1)).view(rows, cols), u
 
 
 def test_affine_blocks_give_a_q4_1_grid_its_integers_back():
-    exact = q4_1_grid(torch.Generator().manual_seed(5))
+    """Its integers exactly; its weights up to the offsets' float16 rounding (2^-11 of m + 8d)."""
+    exact, u = q4_1_grid(torch.Generator().manual_seed(5))
     q, scales, offsets = qlinear.int4_blocks_affine(exact, BLOCK)
-    assert int(q.min()) >= -8 and int(q.max()) <= 7
-    assert qlinear.relative_error(BlockInt4Linear(q, scales, offsets), exact) < 1e-6
+    assert torch.equal(q, (u - 8).to(torch.int8))
+    assert 0 < qlinear.relative_error(BlockInt4Linear(q, scales, offsets), exact) < 2e-4
     # the symmetric grid cannot hold it
     sym_q, sym_scales = qlinear.int4_blocks(exact, BLOCK, hqq=True)
     assert qlinear.relative_error(BlockInt4Linear(sym_q, sym_scales), exact) > 0.01
@@ -323,12 +352,17 @@ def test_affine_blocks_beat_their_min_max_start_and_the_symmetric_grid():
     assert fitted < 0.95 * min_max and fitted < 0.8 * symmetric, (fitted, min_max, symmetric)
 
 
-def test_affine_constant_blocks_are_exact():
-    w = torch.zeros(4, 2 * BLOCK)
-    w[:, :BLOCK] = 0.37
+def test_affine_constant_blocks_are_their_float16_values():
+    """A constant block is all offset: exact where its value is a float16 (0.375, -1.5, 0),
+    the nearest float16 otherwise (0.37)."""
+    w = torch.zeros(5, 2 * BLOCK)
+    w[:, :BLOCK] = 0.375
     w[1, BLOCK:] = -1.5
     q, scales, offsets = qlinear.int4_blocks_affine(w, BLOCK)
     assert torch.equal(BlockInt4Linear(q, scales, offsets).weight_values(), w)
+    w[4, BLOCK:] = 0.37
+    q, scales, offsets = qlinear.int4_blocks_affine(w, BLOCK)
+    assert torch.equal(BlockInt4Linear(q, scales, offsets).weight_values(), w.half().float())
 
 
 def _output_error(q, scales, w, x) -> float:
