@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ def test_eval_prints_both_perplexities_fp32_agrees(exports, cli):
     assert 100 < eager["perplexity"] < 600
     assert abs(data["delta_pct"]) < 0.01  # fp32 program: the same model
     assert data["divergence"]["mean_kl"] < 1e-6 and data["divergence"]["top1_agreement"] == 1.0
+    assert data["delta_pct_stderr"] < 0.01 and data["divergence"]["mean_kl_stderr"] < 1e-6
 
 
 def test_eval_of_int8_program_shows_a_small_cost(exports, cli):
@@ -154,6 +156,7 @@ def test_eval_llama_perplexity_protocol(exports, cli):
     assert 100 < eager["perplexity"] < 600
     assert abs(data["delta_pct"]) < 0.01  # fp32 program: the same model
     assert data["divergence"]["mean_kl"] < 1e-6 and data["divergence"]["top1_agreement"] == 1.0
+    assert data["delta_pct_stderr"] < 0.01 and data["divergence"]["mean_kl_stderr"] < 1e-6
 
     text = cli("eval", str(pte), "--text", str(TEXT), "--protocol", "llama-perplexity", "--ctx", "32",
                "--max-tokens", "40", "--no-eager")
@@ -185,15 +188,21 @@ def test_compare_runs_both_in_lockstep_and_measures_kl_by_hand():
         return base(tokens, pos) + noise[pos + len(tokens) - 1]
 
     program, eager, div = compare(positions, noisy, fake_kv_model())
-    kls, agree = [], 0
+    kls, log_ratios, agree = [], [], 0
     for start in range(0, 32, 16):  # two chunks of 16, the second half of each scored
         chunk = [BOS] + ids[start + 1:start + 16]
         for pos in range(8, 15):
             le = torch.log_softmax(fake_logits(chunk[:pos + 1]), -1)
             lp = torch.log_softmax(fake_logits(chunk[:pos + 1]) + noise[pos], -1)
             kls.append(float((le.exp() * (le - lp)).sum()))
+            log_ratios.append(float(le[chunk[pos + 1]] - lp[chunk[pos + 1]]))
             agree += int(le.argmax()) == int(lp.argmax())
     assert program.tokens_scored == eager.tokens_scored == len(kls) == 14
     assert div.mean_kl == pytest.approx(sum(kls) / len(kls), rel=1e-5)
     assert div.top1_agreement == pytest.approx(agree / len(kls))
+    # the standard errors of the mean KL and of the mean log-likelihood difference
+    assert div.mean_kl_stderr == pytest.approx(statistics.stdev(kls) / math.sqrt(len(kls)), rel=1e-4)
+    assert div.log_ratio_stderr == pytest.approx(statistics.stdev(log_ratios) / math.sqrt(len(kls)), rel=1e-4)
+    assert math.log(program.perplexity / eager.perplexity) == pytest.approx(sum(log_ratios) / len(kls), rel=1e-4)
+    assert same.mean_kl_stderr == pytest.approx(0.0, abs=1e-9) and same.log_ratio_stderr == pytest.approx(0.0, abs=1e-9)
     assert eager.perplexity == pytest.approx(same_e.perplexity)

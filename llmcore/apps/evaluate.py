@@ -123,12 +123,32 @@ class Divergence:
     scored positions: mean KL(eager || program) in nats (llama.cpp's "Mean KLD"), its 99th
     percentile, and how often the two pick the same top token. Unlike a perplexity
     difference, which on a few hundred tokens moves with the rounding noise of the program
-    alone (docs/quantization.md, "Side by side with llama.cpp, one run"), the mean KL is a
-    stable measure of what quantization costs."""
+    alone (docs/quantization.md, "Side by side with llama.cpp, one run"), the mean KL is the
+    steadier measure of what quantization costs.
+
+    Each mean comes with its standard error (the positions' spread over the square root of
+    their number): ``mean_kl_stderr``, and ``log_ratio_stderr`` of the mean of the program's
+    negative log-likelihood minus the eager model's a position (the log of the perplexities'
+    ratio). A program a change far below its rounding moved scores differently by about that
+    much, because which way its activations round moves with it (docs/quantization.md, "How
+    finely these figures tell programs apart"): two programs whose figures are within two
+    standard errors are not told apart by this text."""
 
     mean_kl: float
     p99_kl: float
     top1_agreement: float
+    mean_kl_stderr: float
+    log_ratio_stderr: float
+
+
+def standard_error(values: list[float]) -> float:
+    """The standard error of the mean of ``values``: their sample standard deviation over the
+    square root of their number (0 for fewer than two)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def compare(positions: Callable[[Callable], Iterator], program_fn: Callable, eager_fn: Callable):
@@ -146,18 +166,20 @@ def compare(positions: Callable[[Callable], Iterator], program_fn: Callable, eag
         return program, eager
 
     nll = {"program": 0.0, "eager": 0.0}
-    kls, same = [], 0
+    kls, log_ratios, same = [], [], 0
     for (program, eager), target in positions(both):
         lp = torch.log_softmax(program.float(), dim=-1)
         le = torch.log_softmax(eager.float(), dim=-1)
         nll["program"] -= float(lp[target])
         nll["eager"] -= float(le[target])
+        log_ratios.append(float(le[target]) - float(lp[target]))
         kls.append(float((le.exp() * (le - lp)).sum()))
         same += int(lp.argmax()) == int(le.argmax())
     n = len(kls)
     scored = {k: Perplexity(math.exp(nll[k] / n), n, round(seconds[k], 2)) for k in nll}
     ordered = sorted(kls)
-    divergence = Divergence(sum(kls) / n, ordered[min(n - 1, int(0.99 * n))], same / n)
+    divergence = Divergence(sum(kls) / n, ordered[min(n - 1, int(0.99 * n))], same / n,
+                            standard_error(kls), standard_error(log_ratios))
     return scored["program"], scored["eager"], divergence
 
 
@@ -291,6 +313,9 @@ def evaluate(pte: str, text_path: str, max_tokens: Optional[int], window: Option
         result.update(program=asdict(scored), eager=asdict(eager), divergence=asdict(divergence))
         result["delta"] = result["program"]["perplexity"] - result["eager"]["perplexity"]
         result["delta_pct"] = 100 * result["delta"] / result["eager"]["perplexity"]
+        # the ratio's standard error, from its log's (d exp(u) = exp(u) du)
+        ratio = result["program"]["perplexity"] / result["eager"]["perplexity"]
+        result["delta_pct_stderr"] = 100 * ratio * divergence.log_ratio_stderr
     return result
 
 
@@ -325,8 +350,9 @@ def cmd_eval(args) -> int:
     if "eager" in result:
         eager = result["eager"]
         print(f"eager    perplexity {eager['perplexity']:.3f}  ({eager['tokens_scored']} tokens, {eager['seconds']}s)")
-        print(f"delta    {result['delta']:+.3f} ({result['delta_pct']:+.2f}%)")
+        print(f"delta    {result['delta']:+.3f} ({result['delta_pct']:+.2f}% +- {result['delta_pct_stderr']:.2f}%)")
         div = result["divergence"]
-        print(f"KL(eager || program) mean {div['mean_kl']:.5f}, p99 {div['p99_kl']:.4f}; "
-              f"same top token {100 * div['top1_agreement']:.1f}%")
+        print(f"KL(eager || program) mean {div['mean_kl']:.5f} +- {div['mean_kl_stderr']:.5f}, "
+              f"p99 {div['p99_kl']:.4f}; same top token {100 * div['top1_agreement']:.1f}%")
+        print("(+- one standard error: programs within two of each other are not told apart by this text)")
     return 0
