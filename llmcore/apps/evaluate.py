@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -144,11 +145,7 @@ class Divergence:
 def standard_error(values: list[float]) -> float:
     """The standard error of the mean of ``values``: their sample standard deviation over the
     square root of their number (0 for fewer than two)."""
-    n = len(values)
-    if n < 2:
-        return 0.0
-    mean = sum(values) / n
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
 
 
 def compare(positions: Callable[[Callable], Iterator], program_fn: Callable, eager_fn: Callable):

@@ -222,11 +222,11 @@ def stacked_offsets(offsets: list[Optional[torch.Tensor]], rows: list[int], bloc
         return None
     parts = [o.float() if o is not None else torch.zeros(n, blocks) for o, n in zip(offsets, rows)]
     stacked = interleave_rows(*parts) if interleave else torch.cat(parts)
+    if not _float16_values(stacked):
+        raise ValueError("block offsets that are not float16 values reached the kernels (why_not_linear refuses them)")
     n = stacked.shape[0]
     padded = torch.zeros((n + 7) // 8 * 8, blocks, dtype=torch.float16)
     padded[:n] = stacked
-    if not torch.equal(padded[:n].float(), stacked):
-        raise ValueError("block offsets that are not float16 values reached the kernels (why_not_linear refuses them)")
     return padded.view(-1, 8, blocks).transpose(1, 2).contiguous()
 
 

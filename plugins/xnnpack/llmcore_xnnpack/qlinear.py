@@ -297,8 +297,8 @@ def float16_offsets(offsets: Optional[torch.Tensor], block: int) -> Optional[tor
     """``offsets`` (fp32) rounded so that ``offsets * block``, the offset weight, is a float16.
 
     llmcore-kernels stores a layer's offset weight in float16, 2 bytes a block of 32 beside
-    its 16 bytes of integers and 2 of scale, not 4 (a Q4_1 program's weights read 10% fewer
-    bytes a token); rounded here, every backend and the eager model compute with the same
+    its 16 bytes of integers and 2 of scale, not 4 (a Q4_1 program's int4 layers read 9%
+    fewer bytes a token: 20 a block, not 22); rounded here, every backend and the eager model compute with the same
     weights, and what the export measures is what runs. The rounding moves an offset by at
     most 2^-11 of itself (a Q4_1 block's ``m + 8d`` is its midpoint, small beside ``d``),
     far below the bf16 rounding of the scales. Offsets beyond float16's range (65504 / block)
@@ -595,8 +595,9 @@ def int4_blocks_affine(weight: torch.Tensor, block: int) -> tuple[torch.Tensor, 
     least-squares refit of ``d`` and ``m`` to those integers, keeping the best grid seen (the
     error never grows). Weights that already sit on such a grid (a dequantized Q4_1 file) get
     their integers back exactly. ``d`` is rounded to bf16 (XNNPACK's scale type) before the
-    last rounding, ``m`` refitted after it and the offset ``m + 8d`` rounded as the layer holds
-    it (:func:`float16_offsets`), so the program's weights are the ones measured.
+    last rounding and ``m`` refitted after it; :class:`BlockInt4Linear` rounds the offset
+    ``m + 8d`` as it holds it (:func:`float16_offsets`), so the layer's weights, the ones
+    measured, are the program's.
     Done a few thousand rows at a time: the float temporaries stay small.
     """
     out_features, in_features = weight.shape
@@ -608,7 +609,7 @@ def int4_blocks_affine(weight: torch.Tensor, block: int) -> tuple[torch.Tensor, 
         u, d, m = _affine_fit(w)
         rows = slice(start, start + w.shape[0])
         q[rows] = (u - 8).to(torch.int8).reshape(w.shape[0], in_features)
-        scales[rows], offsets[rows] = d, float16_offsets(m + 8 * d, block)
+        scales[rows], offsets[rows] = d, m + 8 * d
     return q, scales, offsets
 
 
