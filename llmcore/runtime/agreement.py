@@ -215,6 +215,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     print(json.dumps({"program": str(pte), "mode": agreement.label, "agrees": agreement.agrees,
                                       "line": agreement.line(), "checked": len(agreement.gaps),
                                       "ties": agreement.ties, "runner": agreement.runner.ids,
+                                      "text": agreement.runner.text,
                                       "python": agreement.best}), flush=True)
                 elif agreement.agrees:
                     print(f"agreement: {agreement.line()}.", flush=True)
