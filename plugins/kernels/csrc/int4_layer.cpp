@@ -119,9 +119,14 @@ const char* int4_norm_qkv_rope_shape_error(const Int4NormQkvRope& a, int64_t* he
   if (a.qkv.k <= 0 || a.qkv.k % int4::kBlock != 0) return "the model dimension must be a positive multiple of 32";
   if (a.n_heads <= 0 || a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
     return "n_heads must be a positive multiple of n_kv_heads";
-  const int64_t heads = a.n_heads + 2 * a.n_kv_heads;
+  const int64_t heads = a.n_heads + (a.v == nullptr ? 2 : 1) * a.n_kv_heads;
   if (a.qkv.n % heads != 0 || (a.qkv.n / heads) % 2 != 0)
-    return "qkv's rows must be (n_heads + 2 n_kv_heads) heads of an even width";
+    return a.v == nullptr ? "qkv's rows must be (n_heads + 2 n_kv_heads) heads of an even width"
+                          : "qkv's rows must be (n_heads + n_kv_heads) heads of an even width (v apart)";
+  if (a.v != nullptr && (a.v->k != a.qkv.k || a.v->n != a.n_kv_heads * (a.qkv.n / heads)))
+    return "v must take the model dimension and give n_kv_heads heads of q's and k's width";
+  if (a.v != nullptr && a.v->format == int4::Format::int8_blocks)
+    return "v holds int8 blocks (only the output layer's operator takes them)";
   if (!(a.eps >= 0.0) || !std::isfinite(a.eps)) return "eps must be finite and >= 0";
   if ((a.q_norm == nullptr) != (a.k_norm == nullptr)) return "q_norm and k_norm come together";
   if (a.q_norm != nullptr && (!(a.qk_eps >= 0.0) || !std::isfinite(a.qk_eps)))
@@ -132,9 +137,10 @@ const char* int4_norm_qkv_rope_shape_error(const Int4NormQkvRope& a, int64_t* he
 
 void int4_norm_qkv_rope_forward(const float* h, int64_t rows, const Int4NormQkvRope& a, const float* cos,
                                 const float* sin, float* q, float* k, float* v, const ParallelFor& parallel) {
-  const int64_t dim = a.qkv.k, n = a.qkv.n, head_dim = n / (a.n_heads + 2 * a.n_kv_heads);
+  const int64_t dim = a.qkv.k, n = a.qkv.n;
+  const int64_t head_dim = n / (a.n_heads + (a.v == nullptr ? 2 : 1) * a.n_kv_heads);
   thread_local std::vector<float> normed, y;
-  thread_local RoundedRows rounded;
+  thread_local RoundedRows rounded, rounded_for_v;
   normed.resize(rows * dim);
   y.resize(rows * n);
   float *nv = normed.data(), *yv = y.data();
@@ -143,6 +149,12 @@ void int4_norm_qkv_rope_forward(const float* h, int64_t rows, const Int4NormQkvR
   const int4::QuantizedRows x = rounded.round(nv, rows, parallel, a.qkv, [&](int64_t b, int64_t e) {
     rms_norm(h + b * dim, e - b, dim, a.norm_weight, a.eps, nv + b * dim);
   });
+  if (a.v != nullptr) {
+    // v of its own kind: the same normed rows rounded for its layout (the same int8 values,
+    // in x's order for int8 rows), its GEMM writing v's rows as they are (no RoPE), before
+    // q's and k's, whose placing never reaches v's columns (qkv ends with k's).
+    gemm_all(rounded_for_v.round(nv, rows, parallel, *a.v), *a.v, v, parallel);
+  }
   const int64_t q_width = a.n_heads * head_dim, kv_width = a.n_kv_heads * head_dim;
   if (a.q_norm == nullptr) {
     gemm_all(x, a.qkv, yv, parallel, [&](int64_t n_begin, int64_t n_end) {
@@ -309,23 +321,44 @@ Error resize_last(Tensor& out, const Tensor& base, std::initializer_list<int64_t
 
 // llmcore::int4_norm_qkv_rope.out(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales,
 //     Tensor qkv_sums, Tensor? qkv_bias, Tensor? qkv_offsets, Tensor cos, Tensor sin, int n_heads, int n_kv_heads,
+//     Tensor? v_weight=None, Tensor? v_scales=None, Tensor? v_sums=None, Tensor? v_offsets=None,
 //     *, Tensor(a!) q, Tensor(b!) k, Tensor(c!) v) -> (Tensor(a!), Tensor(b!), Tensor(c!))
 namespace {
+
+// v's own weight (int4_layer.h: Int4NormQkvRope::v), read from the operator's optional tensors.
+struct SeparateV {
+  const Tensor* weight = nullptr;  // null: qkv holds v's rows
+  const Tensor* scales = nullptr;
+  const Tensor* sums = nullptr;
+  std::optional<Tensor> offsets;
+};
 
 // The work of int4_norm_qkv_rope (q_norm null) and int4_norm_qkv_norm_rope, its checks named after `op`.
 void norm_qkv_rope(KernelRuntimeContext& ctx, const char* op, const Tensor& h, const Tensor& norm_weight, double eps,
                    const Tensor& qkv, const Tensor& qkv_scales, const Tensor& qkv_sums, const Tensor* qkv_bias,
                    const std::optional<Tensor>& qkv_offsets, const Tensor* q_norm, const Tensor* k_norm,
                    double qk_eps, const Tensor& cos, const Tensor& sin, int64_t n_heads, int64_t n_kv_heads,
-                   Tensor& q, Tensor& k, Tensor& v) {
+                   const SeparateV& separate_v, Tensor& q, Tensor& k, Tensor& v) {
   Int4NormQkvRope a{};
   const char* why = et::projection(qkv, qkv_scales, qkv_sums, &a.qkv);
   if (why == nullptr) why = et::block_offsets(qkv_offsets, &a.qkv);
   ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "%s: qkv: %s", op, why);
+  int4::PackedWeight v_weight{};
+  if (separate_v.weight != nullptr) {
+    ET_KERNEL_CHECK_MSG(ctx, separate_v.scales != nullptr && separate_v.sums != nullptr, InvalidArgument, ,
+                        "%s: v comes with v_scales and v_sums", op);
+    why = et::projection(*separate_v.weight, *separate_v.scales, *separate_v.sums, &v_weight);
+    if (why == nullptr) why = et::block_offsets(separate_v.offsets, &v_weight);
+    ET_KERNEL_CHECK_MSG(ctx, why == nullptr, InvalidArgument, , "%s: v: %s", op, why);
+    a.v = &v_weight;
+  }
   if (qkv_bias != nullptr) {
-    ET_KERNEL_CHECK_MSG(ctx, rows_of(*qkv_bias, a.qkv.n) && qkv_bias->dim() == 1, InvalidArgument, ,
-                        "%s: qkv_bias must be a contiguous float32 vector of qkv's rows", op);
+    // q's, k's and v's biases one after another, v's apart or not
+    const int64_t rows = a.qkv.n + (a.v != nullptr ? a.v->n : 0);
+    ET_KERNEL_CHECK_MSG(ctx, rows_of(*qkv_bias, rows) && qkv_bias->dim() == 1, InvalidArgument, ,
+                        "%s: qkv_bias must be a contiguous float32 vector of q's, k's and v's rows", op);
     a.qkv.bias = qkv_bias->const_data_ptr<float>();
+    if (a.v != nullptr) v_weight.bias = a.qkv.bias + a.qkv.n;
   }
   a.eps = eps;
   a.n_heads = n_heads;
@@ -367,27 +400,12 @@ void norm_qkv_rope(KernelRuntimeContext& ctx, const char* op, const Tensor& h, c
 
 }  // namespace
 
-void int4_norm_qkv_rope_out(KernelRuntimeContext& ctx, const Tensor& h, const Tensor& norm_weight, double eps,
-                            const Tensor& qkv, const Tensor& qkv_scales, const Tensor& qkv_sums,
-                            const Tensor* qkv_bias, const std::optional<Tensor>& qkv_offsets, const Tensor& cos,
-                            const Tensor& sin, int64_t n_heads, int64_t n_kv_heads, Tensor& q, Tensor& k, Tensor& v) {
-  norm_qkv_rope(ctx, "llmcore::int4_norm_qkv_rope", h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias,
-                qkv_offsets, nullptr, nullptr, 0.0, cos, sin, n_heads, n_kv_heads, q, k, v);
-}
-
 // llmcore::int4_norm_qkv_norm_rope.out(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales,
 //     Tensor qkv_sums, Tensor? qkv_bias, Tensor? qkv_offsets, Tensor q_norm, Tensor k_norm, float qk_eps,
-//     Tensor cos, Tensor sin, int n_heads, int n_kv_heads, *, Tensor(a!) q, Tensor(b!) k, Tensor(c!) v)
+//     Tensor cos, Tensor sin, int n_heads, int n_kv_heads, Tensor? v_weight=None, Tensor? v_scales=None,
+//     Tensor? v_sums=None, Tensor? v_offsets=None, *, Tensor(a!) q, Tensor(b!) k, Tensor(c!) v)
 //     -> (Tensor(a!), Tensor(b!), Tensor(c!))
-void int4_norm_qkv_norm_rope_out(KernelRuntimeContext& ctx, const Tensor& h, const Tensor& norm_weight, double eps,
-                                 const Tensor& qkv, const Tensor& qkv_scales, const Tensor& qkv_sums,
-                                 const Tensor* qkv_bias, const std::optional<Tensor>& qkv_offsets,
-                                 const Tensor& q_norm, const Tensor& k_norm, double qk_eps, const Tensor& cos,
-                                 const Tensor& sin, int64_t n_heads, int64_t n_kv_heads, Tensor& q, Tensor& k,
-                                 Tensor& v) {
-  norm_qkv_rope(ctx, "llmcore::int4_norm_qkv_norm_rope", h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias,
-                qkv_offsets, &q_norm, &k_norm, qk_eps, cos, sin, n_heads, n_kv_heads, q, k, v);
-}
+// (both unboxed below, in int4_norm_qkv_rope_boxed and int4_norm_qkv_norm_rope_boxed)
 
 namespace {
 
@@ -617,9 +635,13 @@ namespace {
 // before it is read (EValue's accessors abort the process on a wrong one): a program whose
 // call has another form, from another version of the operator, fails with a message.
 // Kinds, one letter an argument: 'T' a tensor, 'O' a tensor or None, 'D' a float, 'I' an int.
-constexpr const char* kNormQkvRopeKinds = "TTDTTTOOTTIITTT";
+constexpr const char* kNormQkvRopeKinds = "TTDTTTOOTTIIOOOOTTT";
 // int4_norm_qkv_norm_rope's: int4_norm_qkv_rope's with q_norm, k_norm and qk_eps after qkv_offsets
-constexpr const char* kNormQkvNormRopeKinds = "TTDTTTOOTTDTTIITTT";
+constexpr const char* kNormQkvNormRopeKinds = "TTDTTTOOTTDTTIIOOOOTTT";
+// The same operators as programs exported before v could have a weight of its own call them:
+// without v, v_scales, v_sums and v_offsets (the stack is then too short for the kinds above).
+constexpr const char* kNormQkvRopeKindsWithoutV = "TTDTTTOOTTIITTT";
+constexpr const char* kNormQkvNormRopeKindsWithoutV = "TTDTTTOOTTDTTIITTT";
 
 bool has_kind(const EValue& v, char kind) {
   switch (kind) {
@@ -633,9 +655,14 @@ bool has_kind(const EValue& v, char kind) {
 
 // Whether the stack's first arguments are of the kinds spelled by `kinds`, one letter each;
 // if not, the call fails with a message naming `op`.
-bool arguments_fit(KernelRuntimeContext& ctx, Span<EValue*> stack, std::string_view kinds, const char* op) {
+bool fit(Span<EValue*> stack, std::string_view kinds) {
   bool fits = stack.size() >= kinds.size();
   for (size_t i = 0; fits && i < kinds.size(); ++i) fits = has_kind(*stack[i], kinds[i]);
+  return fits;
+}
+
+bool arguments_fit(KernelRuntimeContext& ctx, Span<EValue*> stack, std::string_view kinds, const char* op) {
+  const bool fits = fit(stack, kinds);
   if (!fits) {
     ET_LOG(Error, "%s: called with other arguments than this runtime's (a program from another llmcore-kernels): "
            "export it again", op);
@@ -650,14 +677,28 @@ std::optional<Tensor> optional_tensor(const EValue& v) {
   return v.isNone() ? std::nullopt : std::optional<Tensor>(v.toTensor());
 }
 
+// v's four optional tensors from stack[first, first + 4), or none for a call without them.
+SeparateV separate_v_at(Span<EValue*> stack, size_t first, bool called_with_v) {
+  SeparateV v;
+  if (!called_with_v) return v;
+  v.weight = tensor_or_null(*stack[first]);
+  v.scales = tensor_or_null(*stack[first + 1]);
+  v.sums = tensor_or_null(*stack[first + 2]);
+  v.offsets = optional_tensor(*stack[first + 3]);
+  return v;
+}
+
 void int4_norm_qkv_rope_boxed(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   constexpr const char* op = "llmcore::int4_norm_qkv_rope.out";
   executorch::runtime::internal::EventTracerProfileOpScope scope(ctx.internal_event_tracer(), op);
-  if (!arguments_fit(ctx, stack, kNormQkvRopeKinds, op)) return;
-  int4_norm_qkv_rope_out(ctx, stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toDouble(), stack[3]->toTensor(),
-                         stack[4]->toTensor(), stack[5]->toTensor(), tensor_or_null(*stack[6]),
-                         optional_tensor(*stack[7]), stack[8]->toTensor(), stack[9]->toTensor(), stack[10]->toInt(),
-                         stack[11]->toInt(), stack[12]->toTensor(), stack[13]->toTensor(), stack[14]->toTensor());
+  const bool with_v = fit(stack, kNormQkvRopeKinds);
+  if (!with_v && !arguments_fit(ctx, stack, kNormQkvRopeKindsWithoutV, op)) return;
+  const size_t outs = with_v ? 16 : 12;
+  norm_qkv_rope(ctx, "llmcore::int4_norm_qkv_rope", stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toDouble(), stack[3]->toTensor(),
+                stack[4]->toTensor(), stack[5]->toTensor(), tensor_or_null(*stack[6]), optional_tensor(*stack[7]),
+                nullptr, nullptr, 0.0, stack[8]->toTensor(), stack[9]->toTensor(), stack[10]->toInt(),
+                stack[11]->toInt(), separate_v_at(stack, 12, with_v), stack[outs]->toTensor(),
+                stack[outs + 1]->toTensor(), stack[outs + 2]->toTensor());
 }
 
 const auto registered_norm_qkv_rope = executorch::runtime::register_kernel(
@@ -666,13 +707,14 @@ const auto registered_norm_qkv_rope = executorch::runtime::register_kernel(
 void int4_norm_qkv_norm_rope_boxed(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   constexpr const char* op = "llmcore::int4_norm_qkv_norm_rope.out";
   executorch::runtime::internal::EventTracerProfileOpScope scope(ctx.internal_event_tracer(), op);
-  if (!arguments_fit(ctx, stack, kNormQkvNormRopeKinds, op)) return;
-  int4_norm_qkv_norm_rope_out(ctx, stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toDouble(),
-                              stack[3]->toTensor(), stack[4]->toTensor(), stack[5]->toTensor(),
-                              tensor_or_null(*stack[6]), optional_tensor(*stack[7]), stack[8]->toTensor(),
-                              stack[9]->toTensor(), stack[10]->toDouble(), stack[11]->toTensor(),
-                              stack[12]->toTensor(), stack[13]->toInt(), stack[14]->toInt(), stack[15]->toTensor(),
-                              stack[16]->toTensor(), stack[17]->toTensor());
+  const bool with_v = fit(stack, kNormQkvNormRopeKinds);
+  if (!with_v && !arguments_fit(ctx, stack, kNormQkvNormRopeKindsWithoutV, op)) return;
+  const size_t outs = with_v ? 19 : 15;
+  norm_qkv_rope(ctx, "llmcore::int4_norm_qkv_norm_rope", stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toDouble(), stack[3]->toTensor(),
+                stack[4]->toTensor(), stack[5]->toTensor(), tensor_or_null(*stack[6]), optional_tensor(*stack[7]),
+                &stack[8]->toTensor(), &stack[9]->toTensor(), stack[10]->toDouble(), stack[11]->toTensor(),
+                stack[12]->toTensor(), stack[13]->toInt(), stack[14]->toInt(), separate_v_at(stack, 15, with_v),
+                stack[outs]->toTensor(), stack[outs + 1]->toTensor(), stack[outs + 2]->toTensor());
 }
 
 const auto registered_norm_qkv_norm_rope = executorch::runtime::register_kernel(

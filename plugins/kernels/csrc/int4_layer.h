@@ -31,7 +31,9 @@
 //
 // q, k and v come from one GEMM over the three weights' rows stacked (q's, then k's, then
 // v's): every row's blocks and every token's int8 rounding are those of the three separate
-// linears, so the numbers are the same. RoPE rotates Meta's interleaved channel pairs
+// linears, so the numbers are the same. A v of another kind than q's and k's (a Q4_K_M
+// GGUF's: Q4_K q and k, and in half the layers a Q6_K v, int8 rows on the kernels) is a
+// second GEMM over the same normed rows, rounded for its own layout, written straight into v. RoPE rotates Meta's interleaved channel pairs
 // (2i, 2i + 1) of each q and k head:
 //
 //   out[2i] = y[2i] cos[2i] + (-y[2i + 1]) sin[2i],  out[2i + 1] = y[2i + 1] cos[2i + 1] + y[2i] sin[2i + 1]
@@ -52,7 +54,7 @@ namespace llmcore_kernels {
 struct Int4NormQkvRope {
   const float* norm_weight;  // [dim]
   double eps;
-  int4::PackedWeight qkv;  // [(n_heads + 2 n_kv_heads) head_dim, dim]
+  int4::PackedWeight qkv;  // [(n_heads + 2 n_kv_heads) head_dim, dim], or q's and k's rows alone with `v`
   int64_t n_heads;
   int64_t n_kv_heads;
   // Qwen3's and Gemma 3's per-head norms of q and k between the GEMM and RoPE
@@ -60,6 +62,10 @@ struct Int4NormQkvRope {
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
   double qk_eps = 0.0;
+  // v's own weight, [n_kv_heads head_dim, dim], when it is of another kind than q's and k's;
+  // null when qkv holds v's rows too. With it, qkv.bias covers q's and k's rows and v's bias
+  // (when qkv has one) is v->bias.
+  const int4::PackedWeight* v = nullptr;
 };
 
 // Why the shapes cannot be run, or nullptr; *head_dim is set when they can.

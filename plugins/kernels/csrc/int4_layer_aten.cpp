@@ -68,21 +68,37 @@ std::vector<int64_t> last_replaced(const at::Tensor& base, std::initializer_list
   return sizes;
 }
 
+// v's own weight (int4_layer.h: Int4NormQkvRope::v): the operators' optional v tensors.
+struct SeparateV {
+  std::optional<at::Tensor> weight, scales, sums, offsets;  // no weight: qkv holds v's rows
+};
+
 // The work of int4_norm_qkv_rope (no q_norm) and int4_norm_qkv_norm_rope, its checks named after `op`.
 std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> norm_qkv_rope(
     const char* op, const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
     const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const std::optional<at::Tensor>& qkv_bias,
     const std::optional<at::Tensor>& qkv_offsets, const std::optional<at::Tensor>& q_norm,
     const std::optional<at::Tensor>& k_norm, double qk_eps, const at::Tensor& cos, const at::Tensor& sin,
-    int64_t n_heads, int64_t n_kv_heads, at::Tensor& q, at::Tensor& k, at::Tensor& v) {
+    int64_t n_heads, int64_t n_kv_heads, const SeparateV& separate_v, at::Tensor& q, at::Tensor& k, at::Tensor& v) {
   llmcore_kernels::Int4NormQkvRope a{};
   a.qkv = projection(op, "qkv", qkv, qkv_scales, qkv_sums);
   const at::Tensor offsets = block_offsets(op, "qkv", qkv_offsets, &a.qkv);
+  llmcore_kernels::int4::PackedWeight v_weight{};
+  at::Tensor v_offsets;
+  if (separate_v.weight.has_value()) {
+    TORCH_CHECK(separate_v.scales.has_value() && separate_v.sums.has_value(), op,
+                ": v comes with v_scales and v_sums");
+    v_weight = projection(op, "v", *separate_v.weight, *separate_v.scales, *separate_v.sums);
+    v_offsets = block_offsets(op, "v", separate_v.offsets, &v_weight);
+    a.v = &v_weight;
+  }
   at::Tensor bias;
   if (qkv_bias.has_value()) {
+    // q's, k's and v's biases one after another, v's apart or not
     TORCH_CHECK(qkv_bias->dim() == 1, op, ": qkv_bias must be 1-D, got ", qkv_bias->sizes());
-    bias = float_rows(op, "qkv_bias", *qkv_bias, a.qkv.n);
+    bias = float_rows(op, "qkv_bias", *qkv_bias, a.qkv.n + (a.v != nullptr ? a.v->n : 0));
     a.qkv.bias = bias.const_data_ptr<float>();
+    if (a.v != nullptr) v_weight.bias = a.qkv.bias + a.qkv.n;
   }
   a.eps = eps;
   a.n_heads = n_heads;
@@ -123,19 +139,23 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> int4_norm_qkv_rope_out(
     const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
     const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const std::optional<at::Tensor>& qkv_bias,
     const std::optional<at::Tensor>& qkv_offsets, const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads,
-    int64_t n_kv_heads, at::Tensor& q, at::Tensor& k, at::Tensor& v) {
+    int64_t n_kv_heads, const std::optional<at::Tensor>& v_weight, const std::optional<at::Tensor>& v_scales,
+    const std::optional<at::Tensor>& v_sums, const std::optional<at::Tensor>& v_offsets, at::Tensor& q,
+    at::Tensor& k, at::Tensor& v) {
   return norm_qkv_rope("llmcore::int4_norm_qkv_rope", h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias,
-                       qkv_offsets, std::nullopt, std::nullopt, 0.0, cos, sin, n_heads, n_kv_heads, q, k, v);
+                       qkv_offsets, std::nullopt, std::nullopt, 0.0, cos, sin, n_heads, n_kv_heads,
+                       {v_weight, v_scales, v_sums, v_offsets}, q, k, v);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_norm_qkv_rope(
     const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
     const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const std::optional<at::Tensor>& qkv_bias,
     const std::optional<at::Tensor>& qkv_offsets, const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads,
-    int64_t n_kv_heads) {
+    int64_t n_kv_heads, const std::optional<at::Tensor>& v_weight, const std::optional<at::Tensor>& v_scales,
+    const std::optional<at::Tensor>& v_sums, const std::optional<at::Tensor>& v_offsets) {
   at::Tensor q = at::empty({0}, h.options()), k = at::empty({0}, h.options()), v = at::empty({0}, h.options());
   int4_norm_qkv_rope_out(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, qkv_offsets, cos, sin, n_heads,
-                         n_kv_heads, q, k, v);
+                         n_kv_heads, v_weight, v_scales, v_sums, v_offsets, q, k, v);
   return {q, k, v};
 }
 
@@ -143,20 +163,25 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> int4_norm_qkv_norm_rope_out(
     const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
     const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const std::optional<at::Tensor>& qkv_bias,
     const std::optional<at::Tensor>& qkv_offsets, const at::Tensor& q_norm, const at::Tensor& k_norm, double qk_eps,
-    const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads, int64_t n_kv_heads, at::Tensor& q, at::Tensor& k,
+    const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads, int64_t n_kv_heads,
+    const std::optional<at::Tensor>& v_weight, const std::optional<at::Tensor>& v_scales,
+    const std::optional<at::Tensor>& v_sums, const std::optional<at::Tensor>& v_offsets, at::Tensor& q, at::Tensor& k,
     at::Tensor& v) {
   return norm_qkv_rope("llmcore::int4_norm_qkv_norm_rope", h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias,
-                       qkv_offsets, q_norm, k_norm, qk_eps, cos, sin, n_heads, n_kv_heads, q, k, v);
+                       qkv_offsets, q_norm, k_norm, qk_eps, cos, sin, n_heads, n_kv_heads,
+                       {v_weight, v_scales, v_sums, v_offsets}, q, k, v);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_norm_qkv_norm_rope(
     const at::Tensor& h, const at::Tensor& norm_weight, double eps, const at::Tensor& qkv,
     const at::Tensor& qkv_scales, const at::Tensor& qkv_sums, const std::optional<at::Tensor>& qkv_bias,
     const std::optional<at::Tensor>& qkv_offsets, const at::Tensor& q_norm, const at::Tensor& k_norm, double qk_eps,
-    const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads, int64_t n_kv_heads) {
+    const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads, int64_t n_kv_heads,
+    const std::optional<at::Tensor>& v_weight, const std::optional<at::Tensor>& v_scales,
+    const std::optional<at::Tensor>& v_sums, const std::optional<at::Tensor>& v_offsets) {
   at::Tensor q = at::empty({0}, h.options()), k = at::empty({0}, h.options()), v = at::empty({0}, h.options());
   int4_norm_qkv_norm_rope_out(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, qkv_offsets, q_norm, k_norm,
-                              qk_eps, cos, sin, n_heads, n_kv_heads, q, k, v);
+                              qk_eps, cos, sin, n_heads, n_kv_heads, v_weight, v_scales, v_sums, v_offsets, q, k, v);
   return {q, k, v};
 }
 
@@ -410,24 +435,30 @@ at::Tensor int4_layer_norm_ffn_add(const at::Tensor& h, const at::Tensor& norm_w
 
 }  // namespace
 
+// int4_norm_qkv_rope's and int4_norm_qkv_norm_rope's last arguments: v's own weight, when it
+// is of another kind than q's and k's (int4_layer.h); programs before them call the ExecuTorch
+// kernels without (int4_layer.cpp).
+#define V_ARGUMENTS "Tensor? v_weight=None, Tensor? v_scales=None, Tensor? v_sums=None, Tensor? v_offsets=None"
+
 TORCH_LIBRARY_FRAGMENT(llmcore, m) {
   m.def(
       "int4_norm_qkv_rope(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales, "
       "Tensor qkv_sums, Tensor? qkv_bias, Tensor? qkv_offsets, Tensor cos, Tensor sin, int n_heads, "
-      "int n_kv_heads) -> (Tensor, Tensor, Tensor)");
+      "int n_kv_heads, " V_ARGUMENTS ") -> (Tensor, Tensor, Tensor)");
   m.def(
       "int4_norm_qkv_rope.out(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales, "
       "Tensor qkv_sums, Tensor? qkv_bias, Tensor? qkv_offsets, Tensor cos, Tensor sin, int n_heads, "
-      "int n_kv_heads, *, Tensor(a!) q, Tensor(b!) k, Tensor(c!) v) -> (Tensor(a!), Tensor(b!), Tensor(c!))");
+      "int n_kv_heads, " V_ARGUMENTS ", *, Tensor(a!) q, Tensor(b!) k, Tensor(c!) v) "
+      "-> (Tensor(a!), Tensor(b!), Tensor(c!))");
   m.def(
       "int4_norm_qkv_norm_rope(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales, "
       "Tensor qkv_sums, Tensor? qkv_bias, Tensor? qkv_offsets, Tensor q_norm, Tensor k_norm, float qk_eps, "
-      "Tensor cos, Tensor sin, int n_heads, int n_kv_heads) -> (Tensor, Tensor, Tensor)");
+      "Tensor cos, Tensor sin, int n_heads, int n_kv_heads, " V_ARGUMENTS ") -> (Tensor, Tensor, Tensor)");
   m.def(
       "int4_norm_qkv_norm_rope.out(Tensor h, Tensor norm_weight, float eps, Tensor qkv, Tensor qkv_scales, "
       "Tensor qkv_sums, Tensor? qkv_bias, Tensor? qkv_offsets, Tensor q_norm, Tensor k_norm, float qk_eps, "
-      "Tensor cos, Tensor sin, int n_heads, int n_kv_heads, *, Tensor(a!) q, Tensor(b!) k, Tensor(c!) v) "
-      "-> (Tensor(a!), Tensor(b!), Tensor(c!))");
+      "Tensor cos, Tensor sin, int n_heads, int n_kv_heads, " V_ARGUMENTS ", *, Tensor(a!) q, Tensor(b!) k, "
+      "Tensor(c!) v) -> (Tensor(a!), Tensor(b!), Tensor(c!))");
   m.def(
       "int4_linear_add(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_offsets, Tensor residual) "
       "-> Tensor");

@@ -25,7 +25,8 @@ A layer qualifies when it is a pre-norm Llama block (``attention_norm``, ``atten
 as RMSNorms over each head (Qwen3's and Gemma 3's: those layers' first step is
 ``llmcore::int4_norm_qkv_norm_rope``, which norms each head before RoPE), its MLP one :mod:`.mlp` takes, every
 projection int4 with blocks of 32 (with or without per-block offsets) or int8 per channel (the
-operators' int8 rows; one kind for q, k and v, one for gate and up), no outlier split, no bias
+operators' int8 rows; one kind for q and k, v of theirs or the other, as a Q4_K_M GGUF's Q6_K v
+beside Q4_K q and k; one kind for gate and up), no outlier split, no bias
 but on q, k and v (Qwen2's), and when on a random input (with a plain causal attention in place
 of its own) the kernels give what the block gives: RoPE on Meta's interleaved pairs passes, a
 rotation of the halves would not. The recipe refuses a model with a layer that does not, by
@@ -76,14 +77,23 @@ class KernelLayer(nn.Module):
         self.register_buffer("attention_norm", block.attention_norm.weight.detach().float().contiguous())
         self.register_buffer("ffn_norm", block.ffn_norm.weight.detach().float().contiguous())
         stacked = [attention.wq, attention.wk, attention.wv]  # q's rows, then k's, then v's
-        mlp.register_linears(self, "qkv", stacked)
-        self.qkv_bias = stacked_bias(stacked)
+        # a v of another kind than q and k (a Q4_K_M GGUF's Q6_K v as int8 rows beside Q4_K q
+        # and k) is a projection of its own, passed to the same operator (wv_*; None without)
+        self.v_apart = type(attention.wv) is not type(attention.wq)
+        mlp.register_linears(self, "qkv", stacked[:2] if self.v_apart else stacked)
+        if self.v_apart:
+            mlp.register_linears(self, "wv", [attention.wv])
+        else:
+            for name in ("wv", "wv_scales", "wv_sums", "wv_offsets"):
+                self.register_buffer(name, None)
+        self.qkv_bias = stacked_bias(stacked)  # q's, k's and v's, v apart or not
         mlp.register_linears(self, "wo", [attention.wo])
         gate, up, down = mlp.projections(block.feed_forward)
         mlp.register_mlp(self, gate, up, down)
         # Qwen3's (and Gemma 3's) per-head norms of q and k, between the projection and RoPE:
         # int4_norm_qkv_norm_rope norms each head once the GEMM has all its columns
-        self.head_dim = self.qkv.shape[0] // (self.n_heads + 2 * self.n_kv_heads)  # qkv's rows: whole heads
+        qkv_heads = self.n_heads + (1 if self.v_apart else 2) * self.n_kv_heads
+        self.head_dim = self.qkv.shape[0] // qkv_heads  # qkv's rows: whole heads
         q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
         self.qk_eps = None if q_norm is None else float(q_norm.eps)
         self.register_buffer("q_norm", None if q_norm is None else q_norm.weight.detach().float().contiguous())
@@ -97,15 +107,17 @@ class KernelLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 input_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        v_apart = (self.wv, self.wv_scales, self.wv_sums, self.wv_offsets)  # all None when qkv holds v
         if self.q_norm is None:
             q, k, v = torch.ops.llmcore.int4_norm_qkv_rope.default(
                 x, self.attention_norm, self.attention_eps, self.qkv, self.qkv_scales, self.qkv_sums, self.qkv_bias,
-                self.qkv_offsets, cos, sin, self.n_heads, self.n_kv_heads,
+                self.qkv_offsets, cos, sin, self.n_heads, self.n_kv_heads, *v_apart,
             )
         else:
             q, k, v = torch.ops.llmcore.int4_norm_qkv_norm_rope.default(
                 x, self.attention_norm, self.attention_eps, self.qkv, self.qkv_scales, self.qkv_sums, self.qkv_bias,
                 self.qkv_offsets, self.q_norm, self.k_norm, self.qk_eps, cos, sin, self.n_heads, self.n_kv_heads,
+                *v_apart,
             )
         a = self.attn(q, k, v, input_pos)
         if self.attention_post_norm is None:
@@ -124,7 +136,7 @@ class KernelLayer(nn.Module):
 
     def extra_repr(self) -> str:
         kinds = sorted({"int8 rows" if w.dtype == torch.int8 else f"int4 blocks of {mlp.BLOCK}"
-                        for w in (self.qkv, self.wo, self.gate_up, self.down)})
+                        for w in (self.qkv, self.wv, self.wo, self.gate_up, self.down) if w is not None})
         post_norms = [name.replace("_", " ") for name in POST_NORMS if getattr(self, name) is not None]
         extras = [self.activation, *post_norms]
         return f"heads {self.n_heads}, kv heads {self.n_kv_heads}, {' and '.join(kinds)}, {', '.join(extras)}"
@@ -193,8 +205,8 @@ def _why_not(block: nn.Module) -> Optional[str]:
         reason = mlp.why_not_linear(role, getattr(attention, role), offsets=True, int8=True)
         if reason is not None:
             return reason
-    if len({type(getattr(attention, r)) for r in ("wq", "wk", "wv")}) > 1:
-        return "its q, k and v projections are of different kinds (int4 and int8)"
+    if type(attention.wq) is not type(attention.wk):  # v may differ: a projection of its own
+        return "its q and k projections are of different kinds (int4 and int8)"
     biased = [r for r in ("wq", "wk", "wv") if getattr(attention, r).bias is not None]
     if biased and len(biased) < 3:
         return f"only {', '.join(biased)} of q, k and v have a bias"

@@ -32,7 +32,9 @@ Operators (schemas are defined in C++, ``csrc/rms_norm_aten.cpp`` and ``csrc/int
     after the layers (``csrc/int4_layer.h``; ``int4_linear(x, w, w_scales, w_sums, w_bias?,
     w_offsets?)``). Each projection is three tensors: int4 blocks packed (``[rows, in/32, 16]``
     uint8, bfloat16 scales ``[rows, in/32]``) or int8 rows (``[rows, in]`` int8, float32 scales
-    ``[rows]``), and float32 row sums.
+    ``[rows]``), and float32 row sums. q, k and v are one projection, or q and k one and v its
+    own (``v_weight, v_scales, v_sums, v_offsets?``, last): a Q4_K_M GGUF's int8 v beside int4
+    q and k.
 ``llmcore::int4_linear_norm_add(x, w, w_scales, w_sums, w_offsets?, norm_weight, eps, residual)``
     ``residual + rms_norm(x W^T)``: the attention's output projection of a layer with sandwich
     norms (Gemma 2 and 3).
@@ -92,19 +94,23 @@ def _head_sizes(h: torch.Tensor, heads: int, head_dim: int) -> list:
 
 @torch.library.register_fake("llmcore::int4_norm_qkv_rope")
 def _int4_norm_qkv_rope_fake(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, qkv_offsets, cos, sin,
-                              n_heads, n_kv_heads):
+                              n_heads, n_kv_heads, v_weight=None, v_scales=None, v_sums=None, v_offsets=None):
     torch._check(h.shape[-1] == _in_features(qkv))
-    head_dim = qkv.shape[0] // (n_heads + 2 * n_kv_heads)
-    torch._check(head_dim * (n_heads + 2 * n_kv_heads) == qkv.shape[0])
+    heads = n_heads + (2 if v_weight is None else 1) * n_kv_heads  # v's rows in qkv, or apart
+    head_dim = qkv.shape[0] // heads
+    torch._check(head_dim * heads == qkv.shape[0])
+    if v_weight is not None:
+        torch._check(v_weight.shape[0] == n_kv_heads * head_dim and _in_features(v_weight) == h.shape[-1])
     return (h.new_empty(_head_sizes(h, n_heads, head_dim)), h.new_empty(_head_sizes(h, n_kv_heads, head_dim)),
             h.new_empty(_head_sizes(h, n_kv_heads, head_dim)))
 
 
 @torch.library.register_fake("llmcore::int4_norm_qkv_norm_rope")
 def _int4_norm_qkv_norm_rope_fake(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, qkv_offsets, q_norm,
-                                   k_norm, qk_eps, cos, sin, n_heads, n_kv_heads):
+                                   k_norm, qk_eps, cos, sin, n_heads, n_kv_heads, v_weight=None, v_scales=None,
+                                   v_sums=None, v_offsets=None):
     return _int4_norm_qkv_rope_fake(h, norm_weight, eps, qkv, qkv_scales, qkv_sums, qkv_bias, qkv_offsets, cos, sin,
-                                    n_heads, n_kv_heads)
+                                    n_heads, n_kv_heads, v_weight, v_scales, v_sums, v_offsets)
 
 
 @torch.library.register_fake("llmcore::int4_linear_add")

@@ -28,11 +28,14 @@ def q4_0_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.view(weight.shape), d.squeeze(-1)
 
 
-def int4_block(seed: int = 0, offsets: bool = False, int8: bool = False, q4_0: bool = False, **config):
+def int4_block(seed: int = 0, offsets: bool = False, int8: bool = False, q4_0: bool = False, v_int8: bool = False,
+               **config):
     """A llmcore-llama TransformerBlock (random weights) with every projection a BlockInt4Linear
     of blocks of 32, as 8da4w leaves it (``offsets``: with per-block offsets, as a GGUF's Q4_1
     or 8da4w's asymmetric=true; ``q4_0``: a Q4_0 file's signed scales, :func:`q4_0_blocks`;
-    ``int8``: a ChannelInt8Linear instead, as 8da8w leaves it), and a plain causal attention."""
+    ``int8``: a ChannelInt8Linear instead, as 8da8w leaves it; ``v_int8``: wv alone a
+    ChannelInt8Linear, as a Q4_K_M GGUF's Q6_K v beside Q4_K q and k), and a plain causal
+    attention."""
     from llmcore_llama.config import LlamaConfig
     from llmcore_llama.model import TransformerBlock
     from llmcore_xnnpack import qlinear
@@ -50,7 +53,7 @@ def int4_block(seed: int = 0, offsets: bool = False, int8: bool = False, q4_0: b
             linear = getattr(parent, name)
             weight = torch.randn_like(linear.weight) * 0.1
             bias = None if linear.bias is None else torch.randn_like(linear.bias) * 0.5
-            if int8:
+            if int8 or (v_int8 and name == "wv"):
                 setattr(parent, name, qlinear.ChannelInt8Linear(*qlinear.int8_channels(weight), bias=bias))
                 continue
             if offsets:
@@ -77,8 +80,15 @@ def ops(kernel_library):
     return ops
 
 
+# A v of another kind than q and k, its own projection in the same operator: a Q4_K_M GGUF's
+# (Q4_K q and k with offsets, a Q6_K v as int8 rows), with biases (a Qwen2.5 Q4_K_M), 480 wide
+V_APART = [pytest.param({"offsets": True, "v_int8": True}, id="v_apart_q4_k_m"),
+           pytest.param({"v_int8": True, "qkv_bias": True, "dim": 480, "n_heads": 5, "n_kv_heads": 1,
+                         "hidden_dim": 288}, id="v_apart_biases_480")]
+
+
 # dim 64: one group of 2 blocks; 480: groups 8+4+2+1 (head_dim 96, one kv head); q/k/v biases
-# (Qwen2's); blocks with offsets (a GGUF's Q4_1); int8 rows (8da8w's)
+# (Qwen2's); blocks with offsets (a GGUF's Q4_1); int8 rows (8da8w's); v apart (V_APART)
 @pytest.mark.parametrize("config", [{}, {"dim": 480, "n_heads": 5, "n_kv_heads": 1, "hidden_dim": 288},
                                     {"qkv_bias": True}, {"offsets": True},
                                     {"offsets": True, "dim": 480, "n_heads": 5, "n_kv_heads": 1, "hidden_dim": 288},
@@ -86,7 +96,7 @@ def ops(kernel_library):
                                     {"int8": True, "dim": 480, "n_heads": 5, "n_kv_heads": 1, "hidden_dim": 288},
                                     {"q4_0": True},
                                     {"q4_0": True, "qkv_bias": True, "dim": 480, "n_heads": 5, "n_kv_heads": 1,
-                                     "hidden_dim": 288}])
+                                     "hidden_dim": 288}] + V_APART)
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_a_layer_on_the_kernels_computes_what_the_llama_block_computes(ops, rows, config):
     """The block in the kernels' own form (a Q4_0's negative scales as they are:
@@ -97,6 +107,7 @@ def test_a_layer_on_the_kernels_computes_what_the_llama_block_computes(ops, rows
 
     block = int4_block(**config)
     layer = KernelLayer(block)
+    assert layer.v_apart == bool(config.get("v_int8")) and (layer.wv is None) != layer.v_apart
     if config.get("q4_0"):  # every block without an offset: the negative scales are the kernels' again
         assert all(getattr(layer, f"{n}_offsets") is None for n in ("qkv", "wo", "gate_up", "down"))
         assert float(layer.qkv_scales.float().min()) < 0
@@ -115,7 +126,8 @@ def test_a_layer_on_the_kernels_computes_what_the_llama_block_computes(ops, rows
     q, k, v = torch.empty(0), torch.empty(0), torch.empty(0)
     torch.ops.llmcore.int4_norm_qkv_rope.out(
         x, layer.attention_norm, layer.attention_eps, layer.qkv, layer.qkv_scales, layer.qkv_sums, layer.qkv_bias,
-        layer.qkv_offsets, cos, sin, layer.n_heads, layer.n_kv_heads, q=q, k=k, v=v)
+        layer.qkv_offsets, cos, sin, layer.n_heads, layer.n_kv_heads, layer.wv, layer.wv_scales, layer.wv_sums,
+        layer.wv_offsets, q=q, k=k, v=v)
     assert q.shape == (1, rows, layer.n_heads, head_dim) and k.shape == v.shape == (1, rows, layer.n_kv_heads, head_dim)
     with torch.no_grad(), mlp.computing_as_the_kernels(block):
         normed = block.attention_norm(x)
@@ -409,10 +421,19 @@ def _qkv_normed_head_by_head(layer, x, cos, sin):
     GEMM (llmcore::int4_linear), each q and k head normed by llmcore::rms_norm, then RoPE on
     Meta's interleaved pairs in float ops (``a cos - b sin``, ``b cos + a sin``)."""
     normed = torch.ops.llmcore.rms_norm.default(x, layer.attention_norm, layer.attention_eps)
-    y = torch.ops.llmcore.int4_linear.default(
-        normed, layer.qkv, layer.qkv_scales, layer.qkv_sums, layer.qkv_bias, layer.qkv_offsets)
     d, bsz = layer.head_dim, x.shape[0]
-    q, k, v = y.split([layer.n_heads * d, layer.n_kv_heads * d, layer.n_kv_heads * d], dim=-1)
+    q_width, kv_width = layer.n_heads * d, layer.n_kv_heads * d
+    if layer.v_apart:  # q's and k's GEMM, then v's
+        bias = (None, None) if layer.qkv_bias is None else layer.qkv_bias.split([q_width + kv_width, kv_width])
+        y = torch.ops.llmcore.int4_linear.default(
+            normed, layer.qkv, layer.qkv_scales, layer.qkv_sums, bias[0], layer.qkv_offsets)
+        v = torch.ops.llmcore.int4_linear.default(
+            normed, layer.wv, layer.wv_scales, layer.wv_sums, bias[1], layer.wv_offsets)
+        q, k = y.split([q_width, kv_width], dim=-1)
+    else:
+        y = torch.ops.llmcore.int4_linear.default(
+            normed, layer.qkv, layer.qkv_scales, layer.qkv_sums, layer.qkv_bias, layer.qkv_offsets)
+        q, k, v = y.split([q_width, kv_width, kv_width], dim=-1)
     q = torch.ops.llmcore.rms_norm.default(q.reshape(bsz, -1, layer.n_heads, d), layer.q_norm, layer.qk_eps)
     k = torch.ops.llmcore.rms_norm.default(k.reshape(bsz, -1, layer.n_kv_heads, d), layer.k_norm, layer.qk_eps)
 
@@ -425,7 +446,9 @@ def _qkv_normed_head_by_head(layer, x, cos, sin):
     return rotate(q), rotate(k), v.reshape(bsz, -1, layer.n_kv_heads, d)
 
 
-@pytest.mark.parametrize("config", [{}, {"head_dim": 32, "qkv_bias": True}, {"offsets": True}, {"int8": True}])
+@pytest.mark.parametrize("config", [{}, {"head_dim": 32, "qkv_bias": True}, {"offsets": True}, {"int8": True},
+                                    pytest.param({"head_dim": 32, "qkv_bias": True, "offsets": True, "v_int8": True},
+                                                 id="v_apart_q4_k_m")])
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_qk_norm_heads_in_one_operator_are_the_operators_one_at_a_time(ops, rows, config):
     """llmcore::int4_norm_qkv_norm_rope gives, bit for bit, what the attention norm, the qkv
@@ -442,7 +465,8 @@ def test_qk_norm_heads_in_one_operator_are_the_operators_one_at_a_time(ops, rows
     cos, sin = rope_tables(rows, block.attention.head_dim)
     got = torch.ops.llmcore.int4_norm_qkv_norm_rope.default(
         x, layer.attention_norm, layer.attention_eps, layer.qkv, layer.qkv_scales, layer.qkv_sums, layer.qkv_bias,
-        layer.qkv_offsets, layer.q_norm, layer.k_norm, layer.qk_eps, cos, sin, layer.n_heads, layer.n_kv_heads)
+        layer.qkv_offsets, layer.q_norm, layer.k_norm, layer.qk_eps, cos, sin, layer.n_heads, layer.n_kv_heads,
+        layer.wv, layer.wv_scales, layer.wv_sums, layer.wv_offsets)
     want = _qkv_normed_head_by_head(layer, x, cos, sin)
     for name, g, w in zip("qkv", got, want):
         assert g.shape == w.shape and torch.equal(g, w), name
@@ -470,7 +494,16 @@ def test_qk_norm_heads_in_every_isa_view(kernel_library, passes_in_isa_view, vie
     passes_in_isa_view(view, __file__, "qk_norm_heads_in_one_operator or q_and_k_norms_computes")
 
 
-@pytest.mark.parametrize("config", [{}, {"head_dim": 32, "qkv_bias": True}, {"offsets": True}, {"int8": True}])
+@pytest.mark.parametrize("view", ["avxvnni", "avx2", "sse4"])
+def test_v_apart_in_every_isa_view(kernel_library, passes_in_isa_view, view):
+    """A v of its own kind: int8 rows in x's order beside int4 q and k in the arranged one,
+    each view's GEMMs and roundings."""
+    passes_in_isa_view(view, __file__, "v_apart and not isa_view")
+
+
+@pytest.mark.parametrize("config", [{}, {"head_dim": 32, "qkv_bias": True}, {"offsets": True}, {"int8": True},
+                                    pytest.param({"head_dim": 32, "qkv_bias": True, "offsets": True, "v_int8": True},
+                                                 id="v_apart_q4_k_m")])
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_a_layer_with_q_and_k_norms_computes_what_the_block_computes(ops, rows, config):
     """Qwen3's per-head q and k norms (head_dim apart from dim / heads with 32): the attention

@@ -254,6 +254,46 @@ def test_a_gemma_gguf_runs_every_layer_on_the_kernels_by_default(kernel_library,
     assert float((got - want).norm() / want.norm()) < 0.03 and int(got.argmax()) == int(want.argmax())
 
 
+def test_a_q4_k_m_gguf_runs_every_layer_on_the_kernels_its_v_as_int8_rows(kernel_library, tmp_path):
+    """A GGUF quantized as llama.cpp's Q4_K_M is (what most published GGUFs are): Q4_K layers
+    with a Q6_K v in some of them (llama.cpp gives half the layers' attn_v more bits). The v
+    becomes int8 rows and q and k int4 blocks with offsets, which one projection cannot hold:
+    the layer's first operator takes v as a projection of its own, so every layer stays on the
+    kernels, and the program answers as its eager model and as the same file on XNNPACK alone."""
+    import gguf
+    from llmcore.runtime import Program, libraries
+    from llmcore_llama.testing import GGUF_LAYER_MATRICES, random_k_blocks, save_random_hf, write_gguf
+
+    Q = gguf.GGMLQuantizationType
+    folder = save_random_hf(tmp_path / "hf", "Qwen2", hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                            num_key_value_heads=2)  # q/k/v biases (Qwen2.5's), widths of whole K-quant blocks
+    kv_width = 2 * 64
+    types = {m: Q.Q4_K for m in GGUF_LAYER_MATRICES}
+    types["attn_v.weight"] = Q.Q6_K
+    shapes = {"attn_q.weight": (256, 256), "attn_k.weight": (kv_width, 256), "attn_v.weight": (kv_width, 256),
+              "attn_output.weight": (256, 256), "ffn_gate.weight": (512, 256), "ffn_up.weight": (512, 256),
+              "ffn_down.weight": (256, 512)}
+    blocks = {}
+    for layer in range(2):
+        for seed, (matrix, (rows, cols)) in enumerate(shapes.items()):
+            blocks[f"blk.{layer}.{matrix}"] = random_k_blocks(types[matrix], rows, cols, seed=10 * layer + seed,
+                                                              scale=0.002)
+    path = tmp_path / "q4_k_m.gguf"
+    write_gguf(folder, path, quantize=types, extra_tensors=blocks)
+    stored = gguf.GGUFReader(str(path))
+    assert {t.name: t.tensor_type for t in stored.tensors}["blk.0.attn_v.weight"] == Q.Q6_K
+    tokenizer = str(folder / "tokenizer.json")
+    ours = _export(tmp_path, "ours", checkpoint=str(path), tokenizer=tokenizer)
+    alone = _export(tmp_path, "alone", checkpoint=str(path), tokenizer=tokenizer, plugins=["xnnpack"])
+    (taken,) = ours.report["taken"]
+    assert taken["left"] == [] and taken["taken"][:2] == ["layers.0", "layers.1"]
+    assert {f"llmcore::{op}.out" for op in LAYER_OPS} <= set(libraries.program_operators(ours.pte.read_bytes()))
+    assert ours.report["parity"]["top1_agreement"] == 1.0 and ours.report["parity"]["max_abs_diff"] < 0.05
+    want = torch.as_tensor(Program.load(alone.pte).logits(IDS, input_pos=0))
+    got = torch.as_tensor(Program.load(ours.pte).logits(IDS, input_pos=0))
+    assert float((got - want).norm() / want.norm()) < 0.03 and int(got.argmax()) == int(want.argmax())
+
+
 def test_a_tied_int8_table_is_stored_once(tmp_path):
     """Llama's tiny config ties its table to the output layer. Under 8da4w on the kernels
     (int8 output layer, 8-bit embedding) the embedding looks its rows up in the integers the

@@ -387,6 +387,27 @@ def write_llama_gguf(path: Path, sd: dict, c, *, types: dict | None = None, arch
 
 
 # The matrices of a decoder layer as llama.cpp names them (for quantizing a test GGUF).
+def random_k_blocks(qt, rows: int, cols: int, seed: int = 0, scale: float = 0.01):
+    """Random but well-formed K-quant bytes for a rows x cols tensor (the gguf package cannot
+    write K-quants from floats): random quants and sub-block scales, small finite float16
+    super-block scales (normal, standard deviation ``scale``). For finish_gguf (``quantize``
+    naming the type) or write_gguf's ``extra_tensors``."""
+    import gguf
+    import numpy as np
+
+    vpb, bpb = gguf.GGML_QUANT_SIZES[qt]
+    assert cols % vpb == 0
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * cols // vpb, bpb), dtype=np.uint8)
+    name = gguf.GGMLQuantizationType(qt).name
+    f16_offsets = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [bpb - 2], "Q2_K": [bpb - 4, bpb - 2], "Q3_K": [bpb - 2]}[name]
+    for off in f16_offsets:
+        blocks[:, off:off + 2] = np.frombuffer(
+            (rng.standard_normal(blocks.shape[0]) * scale).astype(np.float16).tobytes(), dtype=np.uint8
+        ).reshape(-1, 2)
+    return blocks.reshape(rows, cols // vpb * bpb)
+
+
 GGUF_LAYER_MATRICES = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
                        "ffn_up.weight", "ffn_down.weight")
 

@@ -13,7 +13,7 @@ import torch
 
 from llmcore_llama.config import LlamaConfig
 from llmcore_llama.model import Transformer
-from llmcore_llama.testing import HF_LAYER_NAMES, gguf_name
+from llmcore_llama.testing import HF_LAYER_NAMES, gguf_name, random_k_blocks  # noqa: F401  (re-exported)
 from llmcore_llama.testing import write_llama_gguf as write_gguf  # these tests' name for it
 
 TINY = LlamaConfig(
@@ -238,24 +238,6 @@ def write_meta(folder: Path, sd: dict, c: LlamaConfig) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "params.json").write_text(json.dumps(meta_params(c)))
     torch.save(sd, folder / "consolidated.00.pth")
-
-
-def random_k_blocks(qt, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """Random but well-formed K-quant (or any block type) bytes for a rows x cols tensor:
-    random quants, small finite float16 scales."""
-    import gguf
-
-    vpb, bpb = gguf.GGML_QUANT_SIZES[qt]
-    assert cols % vpb == 0
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(rows * cols // vpb, bpb), dtype=np.uint8)
-    name = gguf.GGMLQuantizationType(qt).name
-    f16_offsets = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [bpb - 2], "Q2_K": [bpb - 4, bpb - 2], "Q3_K": [bpb - 2]}[name]
-    for off in f16_offsets:
-        blocks[:, off:off + 2] = np.frombuffer(
-            (rng.standard_normal(blocks.shape[0]) * 0.01).astype(np.float16).tobytes(), dtype=np.uint8
-        ).reshape(-1, 2)
-    return blocks.reshape(rows, cols // vpb * bpb)
 
 
 # --------------------------------------------------------------------------------------
