@@ -653,14 +653,14 @@ bool has_kind(const EValue& v, char kind) {
   return false;
 }
 
-// Whether the stack's first arguments are of the kinds spelled by `kinds`, one letter each;
-// if not, the call fails with a message naming `op`.
+// Whether the stack's first arguments are of the kinds spelled by `kinds`, one letter each.
 bool fit(Span<EValue*> stack, std::string_view kinds) {
   bool fits = stack.size() >= kinds.size();
   for (size_t i = 0; fits && i < kinds.size(); ++i) fits = has_kind(*stack[i], kinds[i]);
   return fits;
 }
 
+// fit(), and if not, the call fails with a message naming `op`.
 bool arguments_fit(KernelRuntimeContext& ctx, Span<EValue*> stack, std::string_view kinds, const char* op) {
   const bool fits = fit(stack, kinds);
   if (!fits) {
