@@ -113,13 +113,16 @@ void layer_norm_rows(const float* x, int64_t rows, int64_t dim, const LayerNorm&
   }
 }
 
+// The heads qkv's rows hold: q's, k's and, unless v has a weight of its own, v's.
+int64_t stacked_heads(const Int4NormQkvRope& a) { return a.n_heads + (a.v == nullptr ? 2 : 1) * a.n_kv_heads; }
+
 }  // namespace
 
 const char* int4_norm_qkv_rope_shape_error(const Int4NormQkvRope& a, int64_t* head_dim) {
   if (a.qkv.k <= 0 || a.qkv.k % int4::kBlock != 0) return "the model dimension must be a positive multiple of 32";
   if (a.n_heads <= 0 || a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
     return "n_heads must be a positive multiple of n_kv_heads";
-  const int64_t heads = a.n_heads + (a.v == nullptr ? 2 : 1) * a.n_kv_heads;
+  const int64_t heads = stacked_heads(a);
   if (a.qkv.n % heads != 0 || (a.qkv.n / heads) % 2 != 0)
     return a.v == nullptr ? "qkv's rows must be (n_heads + 2 n_kv_heads) heads of an even width"
                           : "qkv's rows must be (n_heads + n_kv_heads) heads of an even width (v apart)";
@@ -137,8 +140,7 @@ const char* int4_norm_qkv_rope_shape_error(const Int4NormQkvRope& a, int64_t* he
 
 void int4_norm_qkv_rope_forward(const float* h, int64_t rows, const Int4NormQkvRope& a, const float* cos,
                                 const float* sin, float* q, float* k, float* v, const ParallelFor& parallel) {
-  const int64_t dim = a.qkv.k, n = a.qkv.n;
-  const int64_t head_dim = n / (a.n_heads + (a.v == nullptr ? 2 : 1) * a.n_kv_heads);
+  const int64_t dim = a.qkv.k, n = a.qkv.n, head_dim = n / stacked_heads(a);
   thread_local std::vector<float> normed, y;
   thread_local RoundedRows rounded, rounded_for_v;
   normed.resize(rows * dim);

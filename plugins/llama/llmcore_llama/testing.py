@@ -386,7 +386,6 @@ def write_llama_gguf(path: Path, sd: dict, c, *, types: dict | None = None, arch
     return finish_gguf(w, tensors)
 
 
-# The matrices of a decoder layer as llama.cpp names them (for quantizing a test GGUF).
 def random_k_blocks(qt, rows: int, cols: int, seed: int = 0, scale: float = 0.01):
     """Random but well-formed K-quant bytes for a rows x cols tensor (the gguf package cannot
     write K-quants from floats): random quants and sub-block scales, small finite float16
@@ -408,6 +407,7 @@ def random_k_blocks(qt, rows: int, cols: int, seed: int = 0, scale: float = 0.01
     return blocks.reshape(rows, cols // vpb * bpb)
 
 
+# The matrices of a decoder layer as llama.cpp names them (for quantizing a test GGUF).
 GGUF_LAYER_MATRICES = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
                        "ffn_up.weight", "ffn_down.weight")
 

@@ -8,7 +8,6 @@ import math
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import torch
 
 from llmcore_llama.config import LlamaConfig

@@ -298,11 +298,11 @@ def float16_offsets(offsets: Optional[torch.Tensor], block: int) -> Optional[tor
 
     llmcore-kernels stores a layer's offset weight in float16, 2 bytes a block of 32 beside
     its 16 bytes of integers and 2 of scale, not 4 (a Q4_1 program's int4 layers read 9%
-    fewer bytes a token: 20 a block, not 22); rounded here, every backend and the eager model compute with the same
-    weights, and what the export measures is what runs. The rounding moves an offset by at
-    most 2^-11 of itself (a Q4_1 block's ``m + 8d`` is its midpoint, small beside ``d``),
-    far below the bf16 rounding of the scales. Offsets beyond float16's range (65504 / block)
-    are refused: no real weight is near it."""
+    fewer bytes a token: 20 a block, not 22); rounded here, every backend and the eager
+    model compute with the same weights, and what the export measures is what runs. The
+    rounding moves an offset by at most 2^-11 of itself (a Q4_1 block's ``m + 8d`` is its
+    midpoint, small beside ``d``), far below the bf16 rounding of the scales. Offsets beyond
+    float16's range (65504 / block) are refused: no real weight is near it."""
     if offsets is None:
         return None
     weight = offsets.float() * block
