@@ -183,7 +183,10 @@ def test_hf_folder_is_what_transformers_loads(kind, tmp_path, monkeypatch):
 # took a cast copy a slice at a time, and 12.5x for an export that dequantized the file
 # (issue 61's table): its weights as fp32 alone would be 7x the file.
 EXPORT_GROWTH_PER_FILE = 3.0
-PROGRAM_PER_FILE = 1.3  # Q4_0's blocks as the kernels' nibbles, bf16 scales and offsets
+# Q4_0's blocks as the kernels' nibbles and bf16 scales, the untied Q4_0 token table two values
+# a byte (embedding_4bit), the Q6_K output layer as int8 rows: observed 1.05x; 1.21x while the
+# token table was int8 rows
+PROGRAM_PER_FILE = 1.12
 
 
 def test_a_real_size_gguf_exports_without_its_weights_as_floats(tmp_path):

@@ -17,7 +17,9 @@ into a :class:`StoredByteEmbedding`, which exports as
 ExecuTorch's quant-fusion pass (run by ``to_executorch``) turns into ``embedding_4bit``.
 Both are kernels of ``executorch.kernels.quantized``, run by the portable runtime (XNNPACK
 has no gather). A table the checkpoint already stores as int8 rows (the ``gguf`` recipe)
-becomes a :class:`StoredByteEmbedding` without quantizing anything again.
+becomes a :class:`StoredByteEmbedding` without quantizing anything again, one it stores as
+4-bit integers without offsets (Q4_0) a :class:`StoredNibbleEmbedding`
+(``embedding_4bit``).
 """
 
 from __future__ import annotations
@@ -246,3 +248,72 @@ class StoredByteEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, int8 per {self.block} columns"
+
+
+def _float16_if_exact(scales: torch.Tensor) -> torch.Tensor:
+    """``scales`` as float16 where every value is one (a GGUF's block scales are), else float32:
+    the quantized embedding kernels widen either exactly."""
+    scales = scales.float()
+    half = scales.half()
+    return half if torch.equal(half.float(), scales) else scales
+
+
+class StoredNibbleEmbedding(nn.Module):
+    """An embedding table of 4-bit integers in ``[-8, 7]`` with one scale per ``block``
+    columns and no offsets, kept as the checkpoint stores it (a GGUF's Q4_0: the token
+    embedding of an untied model, Llama-3.1-8B's 525M values): two values a byte and float16
+    scales, looked up by ``quantized_decomposed::embedding_4bit`` (ExecuTorch's quantized
+    kernels). As int8 rows (:class:`StoredByteEmbedding`) the same table took twice the
+    bytes, and its float32 scales a quarter more again; the values, ``scale * q``, are the
+    file's exactly either way.
+
+    ``embedding_4bit`` reads each byte's high nibble as the even column and the low one as
+    the odd column after it, both as ``u - 8``: :func:`pack_high_first`. Eager calls gather
+    the rows first and widen only those."""
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, padding_idx: Optional[int] = None):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = q.shape
+        if self.embedding_dim % 2 or self.embedding_dim % scales.shape[1]:
+            raise ValueError(f"4-bit rows need an even width that the scales' blocks divide, "
+                             f"not {self.embedding_dim} in {scales.shape[1]} blocks")
+        self.block = self.embedding_dim // scales.shape[1]
+        self.padding_idx = padding_idx
+        # packed :data:`_TABLE_ROWS` rows at a time: the whole table's temporaries (twice the
+        # integers' bytes) raised Llama-3.1-8B's export peak by 270 MiB
+        packed = torch.empty(self.num_embeddings, self.embedding_dim // 2, dtype=torch.uint8)
+        for start in range(0, self.num_embeddings, _TABLE_ROWS):
+            packed[start:start + _TABLE_ROWS] = pack_high_first(q[start:start + _TABLE_ROWS])
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales", _float16_if_exact(scales).contiguous())
+
+    def weight_values(self, rows: slice = slice(None)) -> torch.Tensor:
+        """The fp32 table the lookups give (for measuring it); ``rows`` of it."""
+        return int8_block_values(unpack_high_first(self.packed[rows]), self.scales[rows])
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_exporting():
+            import executorch.exir.passes._quant_patterns_and_replacements  # noqa: F401  (defines the op)
+
+            return torch.ops.quantized_decomposed.embedding_4bit.dtype(
+                self.packed, self.scales, None, -8, 7, indices, dtype=torch.float32)
+        return int8_block_values(unpack_high_first(self.packed[indices]), self.scales[indices])
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int4 per {self.block} columns"
+
+
+def pack_high_first(q: torch.Tensor) -> torch.Tensor:
+    """int8 ``[..., cols]`` in [-8, 7] -> uint8 ``[..., cols / 2]`` as ``embedding_4bit`` reads
+    them: ``q + 8`` of each even column in the high nibble, of the odd column after it in the
+    low one (the other order from the int4 linears' :func:`.qlinear.pack_nibbles`)."""
+    u = (q + 8).to(torch.uint8)
+    return ((u[..., 0::2] << 4) | u[..., 1::2]).contiguous()
+
+
+def unpack_high_first(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack_high_first`."""
+    q = torch.empty(*packed.shape[:-1], 2 * packed.shape[-1], dtype=torch.uint8)
+    q[..., 0::2] = packed >> 4
+    q[..., 1::2] = packed & 0x0F
+    return q.view(torch.int8).sub_(8)
