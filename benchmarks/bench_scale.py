@@ -95,6 +95,7 @@ def export(shape: str, gguf: Path, pte: Path, max_seq_len: int, plugins: str = "
         row["program_mib"] = pte.stat().st_size / MIB
         report = json.loads(pte.with_suffix(".report.json").read_text())
         row["recipe"] = (report.get("quantization") or {}).get("recipe")
+        row["kv_cache_mib"] = report["model"]["kv_cache"]["bytes"] / MIB
         row["backends"] = ",".join(b["name"] for b in report["backends"])
         # a layer's module: Llama's ``layers.N``, GPT-2's ``transformer.h.N``
         row["kernel_layers"] = sum(re.fullmatch(r"(layers|transformer\.h)\.\d+", name) is not None
@@ -307,6 +308,78 @@ def table(rows: list[dict], args) -> str:
     return tabulate(lines, headers=headers)
 
 
+# Issue 61's targets for this machine kind ("Targets"), by size where the issue names one:
+# the export's most wall seconds, peak RSS and program over the GGUF's size
+EXPORT_TARGETS = {"llama-3.2-1b": (60, 2.0, None), "llama-3.1-8b": (360, 1.5, 1.1)}
+# decode against llama.cpp Q4_0 on the same file, and of the bandwidth limit
+DECODE_TARGETS = {"llama-3.2-1b": (1.1, None), "llama-3.2-3b": (1.1, 0.85), "llama-3.1-8b": (1.0, 0.85)}
+LOAD_TARGETS = {"llama-3.1-8b": 30.0}  # most seconds to load the program (warm page cache)
+# at every size: prefill against llama.cpp (short prompt, long prompt); each runner's peak RSS
+# within 1.15x the program and its KV cache, the Python runtime's with 600 MiB more
+PREFILL_TARGETS = (1.5, 1.0)
+RSS_OVER_PROGRAM, PYTHON_RSS_ALLOWANCE_MIB = 1.15, 600
+
+
+def target_verdicts(rows: list[dict], args) -> list[tuple[str, str, str, str, str]]:
+    """Each row against issue 61's targets: (size, target, row, figure, verdict), the verdict
+    met, MISSED, or "-" for a ratio whose peer did not run."""
+    lines = []
+
+    def judge(size: str, target: str, row: str, figure, met) -> None:
+        lines.append((size, target, row, figure, "-" if met is None else "met" if met else "MISSED"))
+
+    for r in rows:
+        size = r["size"]
+        if r["export_status"] != 0:
+            judge(size, "export completes", "export", r.get("export_error", "")[:60], False)
+            continue
+        if size in EXPORT_TARGETS:
+            most_s, most_peak, most_program = EXPORT_TARGETS[size]
+            judge(size, f"export <= {most_s} s", "export", f"{r['export_s']:.0f} s", r["export_s"] <= most_s)
+            peak = r["export_peak_mib"] / r["gguf_mib"]
+            judge(size, f"export peak RSS <= {most_peak}x the GGUF", "export", f"{peak:.2f}x", peak <= most_peak)
+            if most_program is not None:
+                program = r["program_mib"] / r["gguf_mib"]
+                judge(size, f"program <= {most_program}x the GGUF", "export", f"{program:.2f}x", program <= most_program)
+        peer = r.get("llama_cpp") or {}
+        peer = {} if "error" in peer else peer
+        for label in ("c++", "python"):
+            run = r[label]
+            if "refused" in run or "error" in run:
+                judge(size, "tokens checked", label, (run.get("refused") or run.get("error"))[:60], False)
+                continue
+            allowed = RSS_OVER_PROGRAM * (r["program_mib"] + r["kv_cache_mib"])
+            allowed += PYTHON_RSS_ALLOWANCE_MIB if label == "python" else 0
+            extra = f" + {PYTHON_RSS_ALLOWANCE_MIB} MiB" if label == "python" else ""
+            judge(size, f"peak RSS <= {RSS_OVER_PROGRAM}x (program + KV cache){extra}", label,
+                  f"{run['peak_mib']:.0f} of {allowed:.0f} MiB", run["peak_mib"] <= allowed)
+            for tokens, key, least in ((args.prompt_tokens, "prefill_tok_s", PREFILL_TARGETS[0]),
+                                       (args.long_prompt, "prefill_long_tok_s", PREFILL_TARGETS[1])):
+                theirs = peer.get(f"prefill{tokens}_tok_s")
+                x = run[key] / theirs if run.get(key) and theirs else None
+                judge(size, f"prefill {tokens} >= {least}x llama.cpp", label, "-" if x is None else f"{x:.2f}x",
+                      None if x is None else x >= least)
+            if size in DECODE_TARGETS:
+                least, share = DECODE_TARGETS[size]
+                theirs = peer.get("decode_tok_s")
+                x = run["decode_tok_s"] / theirs if theirs else None
+                judge(size, f"decode >= {least}x llama.cpp", label, "-" if x is None else f"{x:.2f}x",
+                      None if x is None else x >= least)
+                if share is not None:
+                    of_limit = run["decode_tok_s"] / r["bandwidth_limit_tok_s"]
+                    judge(size, f"decode >= {share:.0%} of the bw limit", label, f"{of_limit:.0%}", of_limit >= share)
+            if size in LOAD_TARGETS:
+                judge(size, f"load < {LOAD_TARGETS[size]:.0f} s", label, f"{run['load_s']:.2f} s",
+                      run["load_s"] < LOAD_TARGETS[size])
+    return lines
+
+
+def targets(rows: list[dict], args) -> str:
+    from tabulate import tabulate
+
+    return tabulate(target_verdicts(rows, args), headers=["size", "target", "row", "figure", "verdict"])
+
+
 def plot(rows: list[dict], path: Path) -> None:
     """Export time and memory, program size and decode speed against parameter count."""
     try:
@@ -393,6 +466,8 @@ def main() -> None:
         if r.get("bandwidth_gbs_runs"):
             print(f"# {r['size']}: memory read bandwidth at each round's start "
                   f"{' '.join(f'{b:.1f}' for b in r['bandwidth_gbs_runs'])} GB/s; its bw limit from their median")
+    print(f"\n## issue 61's targets (for the AVX2-only EPYC; ratios of medians, llama.cpp from its own run)")
+    print(targets(rows, args))
     if args.plot:
         plot(rows, Path(args.plot))
 

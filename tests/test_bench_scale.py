@@ -39,3 +39,39 @@ def test_python_over_cpp_is_paired_by_round_and_leaves_refused_rounds_out():
     ratios = bench_scale.paired_ratios(python, cpp, python[:1], cpp[:1])
     assert ratios == {"prefill": 0.9, "prefill_long": 0.9, "decode": 0.9}
     assert bench_scale.paired_ratios(python[2:], cpp[2:], [], [])["decode"] is None
+
+
+def test_targets_judge_each_row_against_issue_61():
+    """The verdict table: a size's named targets only (the 8B's export and load, the 3B's
+    share of the bandwidth limit), each runner's peak against the program and its KV cache
+    (Python with its 600 MiB more), a ratio left unjudged where llama.cpp did not run."""
+    import argparse
+
+    run = {"load_s": 4.0, "peak_mib": 1100.0, "prefill_tok_s": 30.0, "prefill_long_tok_s": 20.0, "decode_tok_s": 8.0}
+    row = {"size": "llama-3.1-8b", "export_status": 0, "export_s": 400.0, "export_peak_mib": 1400.0,
+           "gguf_mib": 1000.0, "program_mib": 1000.0, "kv_cache_mib": 100.0, "bandwidth_limit_tok_s": 10.0,
+           "c++": run, "python": run | {"peak_mib": 1800.0, "decode_tok_s": 9.0},
+           "llama_cpp": {"prefill64_tok_s": 10.0, "prefill1024_tok_s": 25.0, "decode_tok_s": 8.5}}
+    small = {"size": "llama-300m", "export_status": 0, "export_s": 1.0, "export_peak_mib": 9e9, "gguf_mib": 1.0,
+             "program_mib": 100.0, "kv_cache_mib": 10.0, "bandwidth_limit_tok_s": 10.0, "c++": run | {"peak_mib": 50.0},
+             "python": {"refused": "tokens differ from Python's choices"}}
+    args = argparse.Namespace(prompt_tokens=64, long_prompt=1024)
+    verdicts = {(size, target, runner): verdict
+                for size, target, runner, _, verdict in bench_scale.target_verdicts([row, small], args)}
+    assert "MISSED" in bench_scale.targets([row, small], args)
+    assert verdicts[("llama-3.1-8b", "export <= 360 s", "export")] == "MISSED"
+    assert verdicts[("llama-3.1-8b", "export peak RSS <= 1.5x the GGUF", "export")] == "met"
+    assert verdicts[("llama-3.1-8b", "program <= 1.1x the GGUF", "export")] == "met"
+    assert verdicts[("llama-3.1-8b", "peak RSS <= 1.15x (program + KV cache)", "c++")] == "met"  # 1100 of 1265
+    assert verdicts[("llama-3.1-8b", "peak RSS <= 1.15x (program + KV cache) + 600 MiB", "python")] == "met"  # of 1865
+    assert verdicts[("llama-3.1-8b", "prefill 64 >= 1.5x llama.cpp", "c++")] == "met"  # 3.0x
+    assert verdicts[("llama-3.1-8b", "prefill 1024 >= 1.0x llama.cpp", "c++")] == "MISSED"  # 0.8x
+    assert verdicts[("llama-3.1-8b", "decode >= 1.0x llama.cpp", "c++")] == "MISSED"  # 0.94x
+    assert verdicts[("llama-3.1-8b", "decode >= 1.0x llama.cpp", "python")] == "met"
+    assert verdicts[("llama-3.1-8b", "decode >= 85% of the bw limit", "c++")] == "MISSED"  # 80%
+    assert verdicts[("llama-3.1-8b", "load < 30 s", "c++")] == "met"
+    # the 300M: no export, decode or load targets; its prefill unjudged without llama.cpp
+    assert not any(size == "llama-300m" and target.startswith(("export", "decode", "load"))
+                   for size, target, _ in verdicts)
+    assert verdicts[("llama-300m", "prefill 64 >= 1.5x llama.cpp", "c++")] == "-"
+    assert verdicts[("llama-300m", "tokens checked", "python")] == "MISSED"

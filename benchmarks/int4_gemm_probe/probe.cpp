@@ -18,6 +18,12 @@
 //       milliseconds one forward pass spends in them, min and median over REPEAT passes.
 //       The rows of each layer's weight are split between THREADS threads, which wait
 //       for each layer at a spinning barrier (as a thread pool's workers do).
+//       Also the multiply-adds a second at the median (GMAC/s), for the ceiling below.
+//   int4_probe ceiling [REPEAT]
+//       the AVX2 prompt tile's inner step alone (4 tokens x 3 rows: 12 vpmaddubsw into 12
+//       running 16-bit sums by vpaddw; the weights in registers, the tokens from L1), on one
+//       thread: the multiply-adds a second this core's ports allow that code, which
+//       `time TOKENS 1 ... mlp` with LLMCORE_KERNELS_MAX_ISA=avx2 reaches a share of.
 //   int4_probe output THREADS [REPEAT] [rows|blocks] [COPIES]
 //       SmolLM2-135M's output layer (576 -> 49152, its tied table) for one token as int8 rows
 //       or int8 blocks (Format::int8_blocks, the GGUF's Q8_0), COPIES copies (default 12,
@@ -34,6 +40,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "int4_gemm.h"
 
@@ -373,12 +383,68 @@ int time_layers(int64_t m, int threads, int repeat, bool mlp_only, bool int8) {
     for (auto [n, k] : shapes)
       pass[0].push_back(int8 ? random_int8_layer(n, k, false, rng) : random_layer(n, k, false, rng));
   const std::vector<double> ms = time_passes(pass, m, threads, repeat);
-  std::printf("%zu %s linear layers (%s), %lld token(s), %d thread(s), %s: min %.3f ms, median %.3f ms per pass (%d passes)\n",
+  double macs = 0;  // multiply-adds a pass
+  for (const Layer& l : pass[0]) macs += static_cast<double>(l.n) * l.k * m;
+  std::printf("%zu %s linear layers (%s), %lld token(s), %d thread(s), %s: min %.3f ms, median %.3f ms per pass "
+              "(%d passes), %.1f GMAC/s at the median\n",
               pass[0].size(), int8 ? "int8-row" : "int4-block", mlp_only ? "gate, up, down" : "all seven per block",
-              (long long)m, threads,
-              gemm_isa_name(), ms.front(), ms[ms.size() / 2], repeat);
+              (long long)m, threads, gemm_isa_name(), ms.front(), ms[ms.size() / 2], repeat,
+              macs / (ms[ms.size() / 2] * 1e6));
   return 0;
 }
+
+#if defined(__x86_64__)
+// The AVX2 prompt tile's step (int4_gemm_tiles.inc, accumulate with INT4_VNNI 0) with its
+// weights in registers: 12 vpmaddubsw, each into its own running sum by vpaddw, written as
+// the tile writes the add. `steps` steps of 4 x 3 x 32 multiply-adds; a lane of the sums is
+// returned so the compiler keeps the work.
+__attribute__((target("avx2"), noinline)) int avx2_tile_steps(int64_t steps, const uint8_t* x, const int8_t* w) {
+  __m256i sum[12];
+  for (auto& s : sum) s = _mm256_setzero_si256();
+  const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32));
+  const __m256i w2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64));
+  for (int64_t i = 0; i < steps; ++i) {
+    for (int t = 0; t < 4; ++t) {
+      // a token's step loaded (from L1) as the tile loads it: 12 sums, 3 weights and 4 tokens
+      // held in registers would be more than AVX2's 16, and the spills slowed this loop 1.8x
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * t));
+      const __m256i products[3] = {_mm256_maddubs_epi16(xv, w0), _mm256_maddubs_epi16(xv, w1),
+                                   _mm256_maddubs_epi16(xv, w2)};
+      for (int r = 0; r < 3; ++r) __asm__("vpaddw %1, %0, %0" : "+x"(sum[t * 3 + r]) : "x"(products[r]));
+    }
+    __asm__ volatile("" ::: "memory");  // one step at a time, as the tile's loads make it
+  }
+  __m256i all = sum[0];
+  for (int i = 1; i < 12; ++i) all = _mm256_xor_si256(all, sum[i]);
+  return _mm256_extract_epi32(all, 0);
+}
+
+int time_ceiling(int repeat) {
+  if (!__builtin_cpu_supports("avx2")) {
+    std::fprintf(stderr, "int4_probe ceiling: this CPU has no AVX2\n");
+    return 2;
+  }
+  alignas(32) uint8_t x[128];
+  alignas(32) int8_t w[96];
+  for (int i = 0; i < 128; ++i) x[i] = static_cast<uint8_t>(i * 7);
+  for (int i = 0; i < 96; ++i) w[i] = static_cast<int8_t>(i % 15 - 7);
+  const int64_t steps = 20000000;
+  std::vector<double> rates;
+  volatile int sink = 0;
+  for (int rep = 0; rep < repeat; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    const int kept = avx2_tile_steps(steps, x, w);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    sink = sink + kept;
+    rates.push_back(steps * 12.0 * 32 / s / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  std::printf("AVX2 tile step (12 vpmaddubsw + 12 vpaddw), 1 thread: median %.1f GMAC/s, "
+              "max %.1f (%d runs)\n", rates[rates.size() / 2], rates.back(), repeat);
+  return 0;
+}
+#endif
 
 // SmolLM2-135M's output layer (576 -> 49152) for one token, as a decode step computes it:
 // int8 rows or int8 blocks (its GGUF's tied Q8_0 table). `copies` of it, a pass each in
@@ -431,7 +497,10 @@ int main(int argc, char** argv) {
     }
     return time_output(threads, repeat, blocks, copies);
   }
+#if defined(__x86_64__)
+  if (mode == "ceiling") return time_ceiling(argc > 2 ? std::max(1, std::atoi(argv[2])) : 5);
+#endif
   std::fprintf(stderr, "usage: int4_probe check | int4_probe time TOKENS THREADS [REPEAT] [mlp] [int8] | "
-                       "int4_probe output THREADS [REPEAT] [rows|blocks] [COPIES]\n");
+                       "int4_probe ceiling [REPEAT] | int4_probe output THREADS [REPEAT] [rows|blocks] [COPIES]\n");
   return 2;
 }
