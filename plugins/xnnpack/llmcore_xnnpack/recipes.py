@@ -413,10 +413,10 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
                 summary.add("embedding Q8_0 -> the output layer's int8 blocks (tied: one table)")
                 continue
             form = stored_form(table.weight) if has_integers(recorded) else recorded
-            if (isinstance(form, IntegerWeight) and form.offsets is None and form.bits == 4
-                    and table.embedding_dim % 2 == 0):
-                # Q4_0 (an untied model's token table): its integers two a byte, half the bytes
-                # of int8 rows (Llama-3.1-8B's 525M values: 295 MB in the file, 591 MB as rows)
+            if isinstance(form, IntegerWeight) and form.offsets is None and form.bits == 4:
+                # Q4_0 (an untied model's token table; rows of whole blocks of 32): its integers
+                # two a byte, half the bytes of int8 rows (Llama-3.1-8B's 525M values: 295 MB in
+                # the file, 591 MB as rows)
                 _replace(module, name, StoredNibbleEmbedding(form.q, form.scales, table.padding_idx))
                 summary.add(f"embedding {form.format} kept (4-bit rows)")
             elif isinstance(form, IntegerWeight) and form.offsets is None:  # Q8_0: its integers, as int8 rows
