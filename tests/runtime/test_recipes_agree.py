@@ -71,10 +71,10 @@ def recipe_programs(tmp_path_factory) -> dict[str, Path]:
     state["lm_head.weight"] = state["lm_head.weight"] * 6  # clear greedy choices (see the module)
     save_file(state, str(weights), metadata={"format": "pt"})
     gguf = root / "q4_1.gguf"
-    # the token table as Q4_0, as llama-quantize writes an untied model's: 4-bit lookups
-    # (embedding_4bit) in the runner too
+    # the token table as Q4_1, as llama-quantize writes an untied model's (Q4_0, Q4_K: the same
+    # lookups): 4-bit rows with zero points (embedding_4bit) in the runner too
     write_gguf(hf, gguf, quantize={**{m: Q.Q4_1 for m in GGUF_LAYER_MATRICES}, "output.weight": Q.Q8_0,
-                                   "token_embd.weight": Q.Q4_0})
+                                   "token_embd.weight": Q.Q4_1})
     programs = {}
     for recipe, source in RECIPES.items():
         out = root / recipe / "model.pte"

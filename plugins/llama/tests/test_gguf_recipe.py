@@ -182,28 +182,32 @@ def stored_token_table(folder):
     return table, loaded.stored_weights["tok_embeddings.weight"].read_integers()
 
 
-# a token table's GGUF type -> the lookup it becomes, its operator, and the least share of the
-# fp32 table's bytes the program saves against a float table
+# a token table's GGUF type -> the lookup it becomes, its operator, the least share of the fp32
+# table's bytes the program saves against a float table, and how far its values may lie from
+# gguf.quants' (relative to the table's largest)
 STORED_TABLES = {
-    # int8 rows and per-32 scales: about three quarters
-    "Q8_0": ("StoredByteEmbedding", "quantized_decomposed::embedding_byte", 0.6),
+    # int8 rows and per-32 scales: about three quarters, the file's values exactly
+    "Q8_0": ("StoredByteEmbedding", "quantized_decomposed::embedding_byte", 0.6, 0.0),
     # an untied model's, as llama-quantize writes it: two values a byte and float16 scales,
     # more than 80% (int8 rows of the same integers, as until 2026-12-06, saved 72%: a byte a
-    # value and a 4-byte scale a block)
-    "Q4_0": ("StoredNibbleEmbedding", "quantized_decomposed::embedding_4bit", 0.8),
+    # value and a 4-byte scale a block), exactly
+    "Q4_0": ("StoredNibbleEmbedding", "quantized_decomposed::embedding_4bit", 0.8, 0.0),
+    # with its minima as float32 zero points beside float32 scales: 81% (int8 rows: 72%), the
+    # values (q - zero point) * scale, a float rounding from the file's
+    "Q4_1": ("StoredNibbleEmbedding", "quantized_decomposed::embedding_4bit", 0.78, 1e-6),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(STORED_TABLES))
 def test_a_stored_token_table_keeps_its_integers(tmp_path, kind):
-    """A token table stored as Q8_0 or Q4_0 goes into the program as its integers and scales,
-    looked up by ExecuTorch's quantized embedding kernel for them: the eager lookup equals
-    ``gguf.quants``' dequantized rows exactly, the program stays within the bound of the
-    dequantized GGUF, and it is smaller than the same export with the table in fp32 by the
-    share STORED_TABLES gives."""
+    """A token table stored as Q8_0, Q4_0 or Q4_1 goes into the program as its integers and
+    scales, looked up by ExecuTorch's quantized embedding kernel for them: the eager lookup
+    gives ``gguf.quants``' dequantized rows (exactly, or within float rounding where offsets
+    become zero points), the program stays within the bound of the dequantized GGUF, and it is
+    smaller than the same export with the table in fp32 by the share STORED_TABLES gives."""
     from llmcore_xnnpack import torchao_quant
 
-    lookup_class, operator, least_saved = STORED_TABLES[kind]
+    lookup_class, operator, least_saved, tolerance = STORED_TABLES[kind]
     folder = write_checkpoint(tmp_path, {**TYPES, "tok_embeddings.weight": getattr(Q, kind)})
     result = run_export(folder, "emb")
     assert embedding_ops(result.pte) == {operator}
@@ -211,16 +215,35 @@ def test_a_stored_token_table_keeps_its_integers(tmp_path, kind):
     assert worst_logit_diff(result.pte, folder) <= BOUND
 
     table, form = stored_token_table(folder)
-    lookup = getattr(torchao_quant, lookup_class)(form.q, form.scales)
+    lookup = (torchao_quant.StoredByteEmbedding(form.q, form.scales) if lookup_class == "StoredByteEmbedding"
+              else torchao_quant.StoredNibbleEmbedding(form.q, form.scales, form.offsets))
     ids = torch.tensor([[0, 5, TINY.vocab_size - 1, 5]])
-    assert torch.equal(lookup(ids)[0], table[ids[0]])
-    assert torch.equal(lookup.weight_values(), table)
+    assert torch.equal(lookup(ids)[0], lookup.weight_values()[ids[0]])
+    assert float((lookup.weight_values() - table).abs().max()) <= tolerance * float(table.abs().max())
 
     (tmp_path / "f32").mkdir()
     floats = run_export(write_checkpoint(tmp_path / "f32", TYPES), "f32")
     saved = floats.pte.stat().st_size - result.pte.stat().st_size
     table_bytes = TINY.vocab_size * TINY.dim * 4
     assert least_saved * table_bytes < saved < table_bytes
+
+
+def test_a_4_bit_tables_flat_blocks_keep_their_offset():
+    """A block whose scale is 0 (every value its offset: a Q4_K block of equal values) cannot
+    be a zero point ``-offset / scale``; it is held as ``-8 * (-offset / 8)``, exactly, and the
+    other blocks within float rounding of ``scale * q + offset``."""
+    from llmcore_xnnpack.torchao_quant import StoredNibbleEmbedding
+
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randint(-8, 8, (6, 64), dtype=torch.int8, generator=generator)
+    scales = torch.randn(6, 2, generator=generator) * 0.01
+    offsets = torch.randn(6, 2, generator=generator) * 0.05
+    scales[1, 1] = 0.0  # a flat block
+    scales[4, 0] = offsets[4, 0] = 0.0  # a block of zeros
+    exact = (q.float().view(6, 2, 32) * scales.unsqueeze(-1) + offsets.unsqueeze(-1)).view(6, 64)
+    values = StoredNibbleEmbedding(q, scales, offsets).weight_values()
+    assert torch.equal(values[1, 32:], exact[1, 32:]) and torch.equal(values[4, :32], torch.zeros(32))
+    assert float((values - exact).abs().max()) <= 1e-6 * float(exact.abs().max())
 
 
 def test_weights_rounded_again_are_reported_once_per_format(tmp_path, caplog):

@@ -20,7 +20,8 @@ measured. Nothing is changed silently. An embedding table stored as Q8_0 keeps i
 too (:class:`.torchao_quant.StoredByteEmbedding`), a quarter of its fp32 size; tied to the
 output layer and with ``tied_table`` (llmcore-kernels asks for it), that layer keeps them as
 well (:class:`.qlinear.BlockInt8Linear`, the kernels' int8 blocks) and both read one table.
-One stored as Q4_0 keeps its integers two a byte (:class:`.torchao_quant.StoredNibbleEmbedding`).
+One stored as Q4_0, Q4_1 or Q4_K keeps its integers two a byte
+(:class:`.torchao_quant.StoredNibbleEmbedding`).
 
 Both print one line per recipe run: what each group of layers became and the weight error
 (``||W_program - W_source|| / ||W_source||``) it cost.
@@ -346,6 +347,18 @@ def quantize_8da8w(module: nn.Module, options: dict, calibration: Optional[Calib
     return module
 
 
+def nibble_table(form, padding_idx: Optional[int]) -> Optional[StoredNibbleEmbedding]:
+    """A 4-bit GGUF table's lookup on its own integers, or None for another kind of weight, or
+    offsets no zero point holds (:class:`.torchao_quant.StoredNibbleEmbedding`)."""
+    if not (isinstance(form, IntegerWeight) and form.bits == 4):
+        return None
+    try:
+        return StoredNibbleEmbedding(form.q, form.scales, form.offsets, padding_idx)
+    except ValueError as e:  # rounded to int8 rows instead, which the caller reports
+        log.info("gguf: %s: %s; its table becomes int8 rows", form.source_name, e)
+        return None
+
+
 def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
     """``gguf``: every linear from the integers its GGUF stores (see the module docstring).
 
@@ -413,11 +426,12 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
                 summary.add("embedding Q8_0 -> the output layer's int8 blocks (tied: one table)")
                 continue
             form = stored_form(table.weight) if has_integers(recorded) else recorded
-            if isinstance(form, IntegerWeight) and form.offsets is None and form.bits == 4:
-                # Q4_0 (an untied model's token table; rows of whole blocks of 32): its integers
-                # two a byte, half the bytes of int8 rows (Llama-3.1-8B's 525M values: 295 MB in
-                # the file, 591 MB as rows)
-                _replace(module, name, StoredNibbleEmbedding(form.q, form.scales, table.padding_idx))
+            lookup = nibble_table(form, table.padding_idx)
+            if lookup is not None:
+                # Q4_0, Q4_1, Q4_K (an untied model's token table; Q4_K_M's): its integers two a
+                # byte, half the bytes of int8 rows (Llama-3.1-8B's Q4_0 table: 295 MB in the
+                # file, 591 MB as rows)
+                _replace(module, name, lookup)
                 summary.add(f"embedding {form.format} kept (4-bit rows)")
             elif isinstance(form, IntegerWeight) and form.offsets is None:  # Q8_0: its integers, as int8 rows
                 # kept even when tied to an int8 output layer (tied_table): that layer rounded the
@@ -429,7 +443,7 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
             elif options["tied_table"] and id(table.weight) in rounded_int8:  # tied to an int8 output layer
                 _replace(module, name, shared_int8_table(rounded_int8[id(table.weight)], table.padding_idx))
                 summary.add(f"embedding {form.format} -> the output layer's int8 rows (tied: one table)")
-            elif in_file(table.weight):  # a form no lookup takes as stored (Q6_K, Q4_1 ...): Q8_0's, from its floats
+            elif in_file(table.weight):  # a form no lookup takes as stored (Q6_K, Q5_0 ...): Q8_0's, from its floats
                 rounding = qlinear.ErrorSum()
                 new = int8_row_table(float_rows(table.weight), table.padding_idx, error=rounding)
                 _replace(module, name, new)

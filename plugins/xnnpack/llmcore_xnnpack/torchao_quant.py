@@ -18,8 +18,7 @@ ExecuTorch's quant-fusion pass (run by ``to_executorch``) turns into ``embedding
 Both are kernels of ``executorch.kernels.quantized``, run by the portable runtime (XNNPACK
 has no gather). A table the checkpoint already stores as int8 rows (the ``gguf`` recipe)
 becomes a :class:`StoredByteEmbedding` without quantizing anything again, one it stores as
-4-bit integers without offsets (Q4_0) a :class:`StoredNibbleEmbedding`
-(``embedding_4bit``).
+4-bit integers (Q4_0, Q4_1, Q4_K) a :class:`StoredNibbleEmbedding` (``embedding_4bit``).
 """
 
 from __future__ import annotations
@@ -259,19 +258,24 @@ def _float16_if_exact(scales: torch.Tensor) -> torch.Tensor:
 
 
 class StoredNibbleEmbedding(nn.Module):
-    """An embedding table of 4-bit integers in ``[-8, 7]`` with one scale per ``block``
-    columns and no offsets, kept as the checkpoint stores it (a GGUF's Q4_0: the token
-    embedding of an untied model, Llama-3.1-8B's 525M values): two values a byte and float16
-    scales, looked up by ``quantized_decomposed::embedding_4bit`` (ExecuTorch's quantized
-    kernels). As int8 rows (:class:`StoredByteEmbedding`) the same table took twice the
-    bytes, and its float32 scales a quarter more again; the values, ``scale * q``, are the
-    file's exactly either way.
+    """An embedding table of 4-bit integers ``q`` in ``[-8, 7]`` with one scale per ``block``
+    columns, and optionally one offset (``scale * q + offset``), kept as the checkpoint
+    stores it: a GGUF's Q4_0 (the token table of an untied model, Llama-3.1-8B's 525M
+    values), or Q4_1 and Q4_K (Q4_K_M's token table). Two values a byte, looked up by
+    ``quantized_decomposed::embedding_4bit`` (ExecuTorch's quantized kernels). As int8 rows
+    (:class:`StoredByteEmbedding`) the same table took 9 bits a value with its float32
+    scales; this takes 4.5 (Q4_0: float16 scales, the file's values exactly) or 6.
 
     ``embedding_4bit`` reads each byte's high nibble as the even column and the low one as
-    the odd column after it, both as ``u - 8``: :func:`pack_high_first`. Eager calls gather
-    the rows first and widen only those."""
+    the odd column after it, both as ``u - 8`` (:func:`pack_high_first`), and computes
+    ``(q - zero_point) * scale`` in float32: an offset is held as the zero point ``-offset /
+    scale``, whose value differs from ``scale * q + offset`` by float rounding (a few parts
+    in 2^24 of the offset, where the int4 linears round theirs to float16, 2^-11). A block
+    whose scale is 0 (all its values the offset) is held as ``q = -8`` times ``-offset / 8``,
+    exactly. Eager calls gather the rows first and compute only those, as the kernel does."""
 
-    def __init__(self, q: torch.Tensor, scales: torch.Tensor, padding_idx: Optional[int] = None):
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, offsets: Optional[torch.Tensor] = None,
+                 padding_idx: Optional[int] = None):
         super().__init__()
         self.num_embeddings, self.embedding_dim = q.shape
         if self.embedding_dim % 2 or self.embedding_dim % scales.shape[1]:
@@ -282,25 +286,63 @@ class StoredNibbleEmbedding(nn.Module):
         # packed :data:`_TABLE_ROWS` rows at a time: the whole table's temporaries (twice the
         # integers' bytes) raised Llama-3.1-8B's export peak by 270 MiB
         packed = torch.empty(self.num_embeddings, self.embedding_dim // 2, dtype=torch.uint8)
+        if offsets is None:
+            for start in range(0, self.num_embeddings, _TABLE_ROWS):
+                packed[start:start + _TABLE_ROWS] = pack_high_first(q[start:start + _TABLE_ROWS])
+            self.register_buffer("packed", packed)
+            self.register_buffer("scales", _float16_if_exact(scales).contiguous())
+            self.zero_points = None
+            return
+        held_scales = torch.empty(scales.shape)
+        zero_points = torch.empty(scales.shape)
         for start in range(0, self.num_embeddings, _TABLE_ROWS):
-            packed[start:start + _TABLE_ROWS] = pack_high_first(q[start:start + _TABLE_ROWS])
+            rows = slice(start, start + _TABLE_ROWS)
+            part_q, part_scales, part_zeros = _as_zero_points(q[rows], scales[rows].float(), offsets[rows].float())
+            packed[rows] = pack_high_first(part_q)
+            held_scales[rows], zero_points[rows] = part_scales, part_zeros
+        if not (torch.isfinite(zero_points).all() and torch.isfinite(held_scales).all()):
+            raise ValueError("an offset too large for its scale to be held as a zero point")
         self.register_buffer("packed", packed)
-        self.register_buffer("scales", _float16_if_exact(scales).contiguous())
+        self.register_buffer("scales", held_scales)
+        self.register_buffer("zero_points", zero_points)
 
     def weight_values(self, rows: slice = slice(None)) -> torch.Tensor:
         """The fp32 table the lookups give (for measuring it); ``rows`` of it."""
-        return int8_block_values(unpack_high_first(self.packed[rows]), self.scales[rows])
+        return self._values(self.packed[rows], self.scales[rows],
+                            None if self.zero_points is None else self.zero_points[rows])
 
     def forward(self, indices: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_exporting():
             import executorch.exir.passes._quant_patterns_and_replacements  # noqa: F401  (defines the op)
 
             return torch.ops.quantized_decomposed.embedding_4bit.dtype(
-                self.packed, self.scales, None, -8, 7, indices, dtype=torch.float32)
-        return int8_block_values(unpack_high_first(self.packed[indices]), self.scales[indices])
+                self.packed, self.scales, self.zero_points, -8, 7, indices, dtype=torch.float32)
+        return self._values(self.packed[indices], self.scales[indices],
+                            None if self.zero_points is None else self.zero_points[indices])
+
+    @staticmethod
+    def _values(packed: torch.Tensor, scales: torch.Tensor, zero_points: Optional[torch.Tensor]) -> torch.Tensor:
+        q = unpack_high_first(packed)
+        if zero_points is None:
+            return int8_block_values(q, scales)
+        blocks = q.float().unflatten(-1, (scales.shape[-1], -1))  # (q - zero_point) * scale, the kernel's order
+        return ((blocks - zero_points.unsqueeze(-1)) * scales.unsqueeze(-1)).flatten(-2)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, int4 per {self.block} columns"
+        kind = "int4 + zero points" if self.zero_points is not None else "int4"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {kind} per {self.block} columns"
+
+
+def _as_zero_points(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor):
+    """Rows of ``scale * q + offset`` blocks as ``embedding_4bit`` takes them: ``(q, scales,
+    zero points)`` with ``(q - zero_point) * scale`` the values (see
+    :class:`StoredNibbleEmbedding`); a block of scale 0 becomes ``-8 * (-offset / 8)``."""
+    flat = scales == 0
+    zero_points = torch.where(flat, torch.zeros_like(offsets), -offsets / torch.where(flat, 1.0, scales))
+    held = torch.where(flat, -offsets / 8, scales)
+    blocks = q.unflatten(-1, (scales.shape[-1], -1))
+    q = torch.where(flat.unsqueeze(-1), torch.full_like(blocks, -8), blocks).flatten(-2)
+    return q, held, zero_points
 
 
 def pack_high_first(q: torch.Tensor) -> torch.Tensor:
