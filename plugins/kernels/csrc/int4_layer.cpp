@@ -696,11 +696,11 @@ void int4_norm_qkv_rope_boxed(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   const bool with_v = fit(stack, kNormQkvRopeKinds);
   if (!with_v && !arguments_fit(ctx, stack, kNormQkvRopeKindsWithoutV, op)) return;
   const size_t outs = with_v ? 16 : 12;
-  norm_qkv_rope(ctx, "llmcore::int4_norm_qkv_rope", stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toDouble(), stack[3]->toTensor(),
-                stack[4]->toTensor(), stack[5]->toTensor(), tensor_or_null(*stack[6]), optional_tensor(*stack[7]),
-                nullptr, nullptr, 0.0, stack[8]->toTensor(), stack[9]->toTensor(), stack[10]->toInt(),
-                stack[11]->toInt(), separate_v_at(stack, 12, with_v), stack[outs]->toTensor(),
-                stack[outs + 1]->toTensor(), stack[outs + 2]->toTensor());
+  norm_qkv_rope(ctx, "llmcore::int4_norm_qkv_rope", stack[0]->toTensor(), stack[1]->toTensor(),
+                stack[2]->toDouble(), stack[3]->toTensor(), stack[4]->toTensor(), stack[5]->toTensor(),
+                tensor_or_null(*stack[6]), optional_tensor(*stack[7]), nullptr, nullptr, 0.0, stack[8]->toTensor(),
+                stack[9]->toTensor(), stack[10]->toInt(), stack[11]->toInt(), separate_v_at(stack, 12, with_v),
+                stack[outs]->toTensor(), stack[outs + 1]->toTensor(), stack[outs + 2]->toTensor());
 }
 
 const auto registered_norm_qkv_rope = executorch::runtime::register_kernel(
@@ -712,11 +712,12 @@ void int4_norm_qkv_norm_rope_boxed(KernelRuntimeContext& ctx, Span<EValue*> stac
   const bool with_v = fit(stack, kNormQkvNormRopeKinds);
   if (!with_v && !arguments_fit(ctx, stack, kNormQkvNormRopeKindsWithoutV, op)) return;
   const size_t outs = with_v ? 19 : 15;
-  norm_qkv_rope(ctx, "llmcore::int4_norm_qkv_norm_rope", stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toDouble(), stack[3]->toTensor(),
-                stack[4]->toTensor(), stack[5]->toTensor(), tensor_or_null(*stack[6]), optional_tensor(*stack[7]),
-                &stack[8]->toTensor(), &stack[9]->toTensor(), stack[10]->toDouble(), stack[11]->toTensor(),
-                stack[12]->toTensor(), stack[13]->toInt(), stack[14]->toInt(), separate_v_at(stack, 15, with_v),
-                stack[outs]->toTensor(), stack[outs + 1]->toTensor(), stack[outs + 2]->toTensor());
+  norm_qkv_rope(ctx, "llmcore::int4_norm_qkv_norm_rope", stack[0]->toTensor(), stack[1]->toTensor(),
+                stack[2]->toDouble(), stack[3]->toTensor(), stack[4]->toTensor(), stack[5]->toTensor(),
+                tensor_or_null(*stack[6]), optional_tensor(*stack[7]), &stack[8]->toTensor(), &stack[9]->toTensor(),
+                stack[10]->toDouble(), stack[11]->toTensor(), stack[12]->toTensor(), stack[13]->toInt(),
+                stack[14]->toInt(), separate_v_at(stack, 15, with_v), stack[outs]->toTensor(),
+                stack[outs + 1]->toTensor(), stack[outs + 2]->toTensor());
 }
 
 const auto registered_norm_qkv_norm_rope = executorch::runtime::register_kernel(

@@ -33,8 +33,8 @@
 // v's): every row's blocks and every token's int8 rounding are those of the three separate
 // linears, so the numbers are the same. A v of another kind than q's and k's (a Q4_K_M
 // GGUF's: Q4_K q and k, and in half the layers a Q6_K v, int8 rows on the kernels) is a
-// second GEMM over the same normed rows, rounded for its own layout, written straight into v. RoPE rotates Meta's interleaved channel pairs
-// (2i, 2i + 1) of each q and k head:
+// second GEMM over the same normed rows, rounded for its own layout, written straight into
+// v. RoPE rotates Meta's interleaved channel pairs (2i, 2i + 1) of each q and k head:
 //
 //   out[2i] = y[2i] cos[2i] + (-y[2i + 1]) sin[2i],  out[2i + 1] = y[2i + 1] cos[2i + 1] + y[2i] sin[2i + 1]
 //

@@ -25,7 +25,8 @@ from torch import nn
 
 from llmcore.errors import LlmcoreError
 from llmcore.modules import replace_modules
-from llmcore_xnnpack.qlinear import BlockInt4Linear, BlockInt8Linear, ChannelInt8Linear, relative_error
+from llmcore_xnnpack.qlinear import (BlockInt4Linear, BlockInt8Linear, ChannelInt8Linear, float16_values,
+                                     relative_error)
 
 RECIPE = "8da4w-mlp"
 BLOCK = 32  # the kernel's int4 block (csrc/int4_gemm.h)
@@ -222,7 +223,7 @@ def stacked_offsets(offsets: list[Optional[torch.Tensor]], rows: list[int], bloc
         return None
     parts = [o.float() if o is not None else torch.zeros(n, blocks) for o, n in zip(offsets, rows)]
     stacked = interleave_rows(*parts) if interleave else torch.cat(parts)
-    if not _float16_values(stacked):
+    if not float16_values(stacked):
         raise ValueError("block offsets that are not float16 values reached the kernels (why_not_linear refuses them)")
     n = stacked.shape[0]
     padded = torch.zeros((n + 7) // 8 * 8, blocks, dtype=torch.float16)
@@ -292,15 +293,10 @@ def why_not_linear(role: str, p: nn.Module, offsets: bool = False, int8: bool = 
         return f"its int4 blocks are {p.block} wide (the kernel's are {BLOCK}: group_size=32)"
     if p.offset_weight is not None and not offsets:
         return "its int4 blocks have offsets (asymmetric=true)"
-    if p.offset_weight is not None and not _float16_values(p.offset_weight):
+    if p.offset_weight is not None and not float16_values(p.offset_weight):
         # only a layer unpack_()ed for XNNPACK with offsets of its own and a negative scale
         return "its int4 blocks' offsets are not float16 values (the kernels store them so)"
     return None
-
-
-def _float16_values(t: torch.Tensor) -> bool:
-    t = t.detach()
-    return torch.equal(t.to(torch.float16).float(), t)
 
 
 def why_not(gate: nn.Module, up: nn.Module, down: nn.Module, offsets: bool = False,

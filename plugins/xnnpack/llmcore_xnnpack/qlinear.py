@@ -372,6 +372,19 @@ class ChannelInt8Linear(nn.Module):
         return f"{self.in_features}, {self.out_features}, int8 per channel{split}"
 
 
+def float16_values(t: torch.Tensor) -> bool:
+    """Whether every value of ``t`` is a float16, so that float16 holds it exactly (a GGUF's
+    block scales, a layer's offset weights once :func:`float16_offsets` rounded them)."""
+    t = t.detach().float()
+    return torch.equal(t.half().float(), t)
+
+
+def float16_if_exact(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as float16 where every value is one (:func:`float16_values`), else as float32:
+    the runtime's quantized embedding kernels widen either exactly."""
+    return t.half() if float16_values(t) else t.float()
+
+
 def int8_block_values(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """``scales[..., i // block] * q[..., i]`` in fp32, the block read off the shapes: the
     values of int8 rows with a scale per block of columns (a Q8_0 table, its lookups' rows)."""
@@ -396,7 +409,7 @@ class BlockInt8Linear(nn.Module):
         if self.in_features % self.block or scales.shape != (self.out_features, self.in_features // self.block):
             raise ValueError(f"int8 blocks of {self.block}: a {tuple(q.shape)} weight needs "
                              f"[{self.out_features}, {self.in_features // self.block}] scales, got {tuple(scales.shape)}")
-        if not torch.equal(scales.half().float(), scales.float()):
+        if not float16_values(scales):
             raise ValueError("int8 blocks' scales must be float16 values (Q8_0's)")
         # the tensors as given when they already are int8 and float16 (a tied table's, shared
         # with its lookups: one constant in the program)

@@ -396,7 +396,7 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
                                                                                 kept_offsets))
             elif (isinstance(form, IntegerWeight) and form.bits == 8 and form.offsets is None
                   and form.block == qlinear.BlockInt8Linear.block and options["tied_table"]
-                  and id(linear.weight) in tables and torch.equal(form.scales.half().float(), form.scales)):
+                  and id(linear.weight) in tables and qlinear.float16_values(form.scales)):
                 # a tied Q8_0 table (SmolLM2's, Gemma-3-1B's: widths no multiple of Q6_K's 256):
                 # the output layer reads its blocks as they are, and the lookups the same
                 # tensors below. Rounded to int8 per channel, it was a second table (Gemma-3-1B's

@@ -32,7 +32,7 @@ from torch import nn
 
 from llmcore.errors import LlmcoreError
 from llmcore.stored import float_rows, in_file, materialize
-from llmcore_xnnpack.qlinear import int8_block_values
+from llmcore_xnnpack.qlinear import float16_if_exact, int8_block_values
 
 log = logging.getLogger(__name__)
 
@@ -249,14 +249,6 @@ class StoredByteEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, int8 per {self.block} columns"
 
 
-def _float16_if_exact(scales: torch.Tensor) -> torch.Tensor:
-    """``scales`` as float16 where every value is one (a GGUF's block scales are), else float32:
-    the quantized embedding kernels widen either exactly."""
-    scales = scales.float()
-    half = scales.half()
-    return half if torch.equal(half.float(), scales) else scales
-
-
 class StoredNibbleEmbedding(nn.Module):
     """An embedding table of 4-bit integers ``q`` in ``[-8, 7]`` with one scale per ``block``
     columns, and optionally one offset (``scale * q + offset``), kept as the checkpoint
@@ -286,24 +278,21 @@ class StoredNibbleEmbedding(nn.Module):
         # packed :data:`_TABLE_ROWS` rows at a time: the whole table's temporaries (twice the
         # integers' bytes) raised Llama-3.1-8B's export peak by 270 MiB
         packed = torch.empty(self.num_embeddings, self.embedding_dim // 2, dtype=torch.uint8)
-        if offsets is None:
-            for start in range(0, self.num_embeddings, _TABLE_ROWS):
-                packed[start:start + _TABLE_ROWS] = pack_high_first(q[start:start + _TABLE_ROWS])
-            self.register_buffer("packed", packed)
-            self.register_buffer("scales", _float16_if_exact(scales).contiguous())
-            self.zero_points = None
-            return
-        held_scales = torch.empty(scales.shape)
-        zero_points = torch.empty(scales.shape)
+        if offsets is not None:  # rewritten as zero points, row part by row part with the integers
+            held_scales, zero_points = torch.empty(scales.shape), torch.empty(scales.shape)
         for start in range(0, self.num_embeddings, _TABLE_ROWS):
             rows = slice(start, start + _TABLE_ROWS)
-            part_q, part_scales, part_zeros = _as_zero_points(q[rows], scales[rows].float(), offsets[rows].float())
+            part_q = q[rows]
+            if offsets is not None:
+                part_q, held_scales[rows], zero_points[rows] = _as_zero_points(
+                    part_q, scales[rows].float(), offsets[rows].float())
             packed[rows] = pack_high_first(part_q)
-            held_scales[rows], zero_points[rows] = part_scales, part_zeros
-        if not (torch.isfinite(zero_points).all() and torch.isfinite(held_scales).all()):
+        if offsets is None:
+            held_scales, zero_points = float16_if_exact(scales), None
+        elif not (torch.isfinite(zero_points).all() and torch.isfinite(held_scales).all()):
             raise ValueError("an offset too large for its scale to be held as a zero point")
         self.register_buffer("packed", packed)
-        self.register_buffer("scales", held_scales)
+        self.register_buffer("scales", held_scales.contiguous())
         self.register_buffer("zero_points", zero_points)
 
     def weight_values(self, rows: slice = slice(None)) -> torch.Tensor:
