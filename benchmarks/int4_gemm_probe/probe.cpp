@@ -21,9 +21,12 @@
 //       Also the multiply-adds a second at the median (GMAC/s), for the ceiling below.
 //   int4_probe ceiling [REPEAT]
 //       the AVX2 prompt tile's inner step alone (4 tokens x 3 rows: 12 vpmaddubsw into 12
-//       running 16-bit sums by vpaddw; the weights in registers, the tokens from L1), on one
-//       thread: the multiply-adds a second this core's ports allow that code, which
-//       `time TOKENS 1 ... mlp` with LLMCORE_KERNELS_MAX_ISA=avx2 reaches a share of.
+//       running 16-bit sums in registers by vpaddw), on one thread, in two forms: GCC's code
+//       of the C++ step (every weight row read from L1 by each product) and the 4 x 3
+//       tile's asm (two of the three rows held in registers): the multiply-adds a second
+//       this core's ports allow the step, of which `time TOKENS 1 ... mlp` with
+//       LLMCORE_KERNELS_MAX_ISA=avx2 reaches a share (the rest of its time: each group's
+//       widening and scaling, unpacking, finishing, rounding the activations).
 //   int4_probe output THREADS [REPEAT] [rows|blocks] [COPIES]
 //       SmolLM2-135M's output layer (576 -> 49152, its tied table) for one token as int8 rows
 //       or int8 blocks (Format::int8_blocks, the GGUF's Q8_0), COPIES copies (default 12,
@@ -394,31 +397,51 @@ int time_layers(int64_t m, int threads, int repeat, bool mlp_only, bool int8) {
 }
 
 #if defined(__x86_64__)
-// The AVX2 prompt tile's step (int4_gemm_tiles.inc, accumulate with INT4_VNNI 0) with its
-// weights in registers: 12 vpmaddubsw, each into its own running sum by vpaddw, written as
-// the tile writes the add. `steps` steps of 4 x 3 x 32 multiply-adds; a lane of the sums is
-// returned so the compiler keeps the work.
-__attribute__((target("avx2"), noinline)) int avx2_tile_steps(int64_t steps, const uint8_t* x, const int8_t* w) {
-  __m256i sum[12];
-  for (auto& s : sum) s = _mm256_setzero_si256();
-  const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
-  const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32));
-  const __m256i w2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64));
-  for (int64_t i = 0; i < steps; ++i) {
-    for (int t = 0; t < 4; ++t) {
-      // a token's step loaded (from L1) as the tile loads it: 12 sums, 3 weights and 4 tokens
-      // held in registers would be more than AVX2's 16, and the spills slowed this loop 1.8x
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * t));
-      const __m256i products[3] = {_mm256_maddubs_epi16(xv, w0), _mm256_maddubs_epi16(xv, w1),
-                                   _mm256_maddubs_epi16(xv, w2)};
-      for (int r = 0; r < 3; ++r) __asm__("vpaddw %1, %0, %0" : "+x"(sum[t * 3 + r]) : "x"(products[r]));
-    }
-    __asm__ volatile("" ::: "memory");  // one step at a time, as the tile's loads make it
-  }
-  __m256i all = sum[0];
-  for (int i = 1; i < 12; ++i) all = _mm256_xor_si256(all, sum[i]);
-  return _mm256_extract_epi32(all, 0);
+// The AVX2 prompt tile's step (int4_gemm_tiles.inc, unpacked_tile with INT4_VNNI 0) in the
+// instructions GCC makes of its C++ (`step`, which the tiles of fewer tokens or two rows
+// still run): per token a load of its 32 activation bytes, then 3 vpmaddubsw, each reading
+// a weight row from L1 as its memory operand, each product added into its own running
+// 16-bit sum by vpaddw; the 12 sums in registers. In asm so that the compiler's choices are
+// the tile's: an earlier version in intrinsics held the 3 weights in registers as well, and
+// GCC kept its sums on the stack (100 GMAC/s on the AVX-512 EPYC, where this code runs at
+// 170). `steps` steps of 4 x 3 x 32 multiply-adds.
+#define PROBE_TOKEN_STEP(t, s0, s1, s2)                                                \
+  "vmovdqu " #t "*32(%[x]), %%ymm12\n\t"                                               \
+  "vpmaddubsw 0(%[w]), %%ymm12, %%ymm13\n\tvpaddw %%ymm13, %%ymm" #s0 ", %%ymm" #s0 "\n\t"  \
+  "vpmaddubsw 32(%[w]), %%ymm12, %%ymm14\n\tvpaddw %%ymm14, %%ymm" #s1 ", %%ymm" #s1 "\n\t" \
+  "vpmaddubsw 64(%[w]), %%ymm12, %%ymm15\n\tvpaddw %%ymm15, %%ymm" #s2 ", %%ymm" #s2 "\n\t"
+__attribute__((target("avx2"), noinline)) void avx2_tile_steps(int64_t steps, const uint8_t* x, const int8_t* w) {
+  __asm__ volatile(
+      "1:\n\t" PROBE_TOKEN_STEP(0, 0, 1, 2) PROBE_TOKEN_STEP(1, 3, 4, 5) PROBE_TOKEN_STEP(2, 6, 7, 8)
+          PROBE_TOKEN_STEP(3, 9, 10, 11) "dec %[n]\n\tjnz 1b\n\tvzeroupper"
+      : [n] "+r"(steps)
+      : [x] "r"(x), [w] "r"(w)
+      : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
 }
+
+// The same step as the 4 x 3 tile runs it (step_4x3_rows_held, in asm there too): weight
+// rows 0 and 1 loaded into registers once a step, row 2 read as the memory operand, and the
+// token's register taking its last product (12 sums, 2 weights, the token and one product:
+// AVX2's 16 registers). 10 loads a step where the C++ step makes 16.
+#define PROBE_TOKEN_STEP_HELD(t, s0, s1, s2)                                           \
+  "vmovdqu " #t "*32(%[x]), %%ymm12\n\t"                                               \
+  "vpmaddubsw %%ymm13, %%ymm12, %%ymm15\n\tvpaddw %%ymm15, %%ymm" #s0 ", %%ymm" #s0 "\n\t" \
+  "vpmaddubsw %%ymm14, %%ymm12, %%ymm15\n\tvpaddw %%ymm15, %%ymm" #s1 ", %%ymm" #s1 "\n\t" \
+  "vpmaddubsw 64(%[w]), %%ymm12, %%ymm12\n\tvpaddw %%ymm12, %%ymm" #s2 ", %%ymm" #s2 "\n\t"
+__attribute__((target("avx2"), noinline)) void avx2_tile_steps_held(int64_t steps, const uint8_t* x,
+                                                                     const int8_t* w) {
+  __asm__ volatile(
+      "1:\n\tvmovdqu 0(%[w]), %%ymm13\n\tvmovdqu 32(%[w]), %%ymm14\n\t" PROBE_TOKEN_STEP_HELD(0, 0, 1, 2)
+          PROBE_TOKEN_STEP_HELD(1, 3, 4, 5) PROBE_TOKEN_STEP_HELD(2, 6, 7, 8) PROBE_TOKEN_STEP_HELD(3, 9, 10, 11)
+              "dec %[n]\n\tjnz 1b\n\tvzeroupper"
+      : [n] "+r"(steps)
+      : [x] "r"(x), [w] "r"(w)
+      : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+}
+#undef PROBE_TOKEN_STEP
+#undef PROBE_TOKEN_STEP_HELD
 
 int time_ceiling(int repeat) {
   if (!__builtin_cpu_supports("avx2")) {
@@ -430,18 +453,23 @@ int time_ceiling(int repeat) {
   for (int i = 0; i < 128; ++i) x[i] = static_cast<uint8_t>(i * 7);
   for (int i = 0; i < 96; ++i) w[i] = static_cast<int8_t>(i % 15 - 7);
   const int64_t steps = 20000000;
-  std::vector<double> rates;
-  volatile int sink = 0;
-  for (int rep = 0; rep < repeat; ++rep) {
-    const auto start = std::chrono::steady_clock::now();
-    const int kept = avx2_tile_steps(steps, x, w);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    sink = sink + kept;
-    rates.push_back(steps * 12.0 * 32 / s / 1e9);
+  const struct {
+    const char* name;
+    void (*run)(int64_t, const uint8_t*, const int8_t*);
+  } forms[2] = {{"in GCC's code of the C++ step (16 loads a step)", avx2_tile_steps},
+                {"as the 4 x 3 tile runs it, two weight rows held (10 loads a step)", avx2_tile_steps_held}};
+  for (const auto& form : forms) {
+    std::vector<double> rates;
+    for (int rep = 0; rep < repeat; ++rep) {
+      const auto start = std::chrono::steady_clock::now();
+      form.run(steps, x, w);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      rates.push_back(steps * 12.0 * 32 / s / 1e9);
+    }
+    std::sort(rates.begin(), rates.end());
+    std::printf("AVX2 tile step (12 vpmaddubsw + 12 vpaddw), %s, 1 thread: median %.1f GMAC/s, max %.1f (%d runs)\n",
+                form.name, rates[rates.size() / 2], rates.back(), repeat);
   }
-  std::sort(rates.begin(), rates.end());
-  std::printf("AVX2 tile step (12 vpmaddubsw + 12 vpaddw), 1 thread: median %.1f GMAC/s, "
-              "max %.1f (%d runs)\n", rates[rates.size() / 2], rates.back(), repeat);
   return 0;
 }
 #endif
