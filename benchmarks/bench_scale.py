@@ -466,7 +466,7 @@ def main() -> None:
         if r.get("bandwidth_gbs_runs"):
             print(f"# {r['size']}: memory read bandwidth at each round's start "
                   f"{' '.join(f'{b:.1f}' for b in r['bandwidth_gbs_runs'])} GB/s; its bw limit from their median")
-    print(f"\n## issue 61's targets (for the AVX2-only EPYC; ratios of medians, llama.cpp from its own run)")
+    print("\n## issue 61's targets (for the AVX2-only EPYC; ratios of medians, llama.cpp from its own run)")
     print(targets(rows, args))
     if args.plot:
         plot(rows, Path(args.plot))

@@ -1,7 +1,7 @@
 """llmcore from Python: export in one call or stage by stage, and run what was written.
 
 * :func:`export` does what ``llmcore export`` does, from keyword arguments named like its
-  flags (``plugins=["xnnpack"]`` for ``--plugins xnnpack``), a YAML ``recipe``, or an
+  flags (``plugins=["a", "b"]`` for ``--plugins a,b``), a YAML ``recipe``, or an
   :class:`~llmcore.recipe.ExportOptions`; it returns the :class:`~llmcore.pipeline.ExportResult`.
 * :func:`export_steps` takes the same arguments and returns the export before its first
   stage (an :class:`~llmcore.pipeline.Export`): ``load()``, ``transform()``, ``quantize()``,
