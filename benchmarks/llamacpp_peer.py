@@ -20,6 +20,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -134,9 +135,17 @@ def view_env(view: str, cache: Path = DEFAULT_CACHE) -> dict[str, str]:
                                                              os.environ.get("LD_LIBRARY_PATH")]))}
 
 
+def requantized_path(source: Path, kind: str, out_dir: Path) -> Path:
+    """Where :func:`requantize` writes ``source`` as ``kind``: its name with the type it names, if
+    any, replaced ("llama-3.2-1b.Q4_0.gguf" -> "llama-3.2-1b.Q4_K_M.gguf"). Not its name up to the
+    first dot: Llama-3.2-1B's and 3B's would both be "llama-3"."""
+    stem = re.sub(r"\.[A-Z0-9_]+$", "", source.name.removesuffix(".gguf"))
+    return out_dir / f"{stem}.{kind}.gguf"
+
+
 def requantize(source: Path, kind: str, out_dir: Path, cache: Path = DEFAULT_CACHE) -> Path:
     """``source`` re-quantized by ``llama-quantize`` to ``kind`` (Q4_0, Q8_0, ...), made once."""
-    out = out_dir / f"{source.name.split('.')[0]}.{kind}.gguf"
+    out = requantized_path(source, kind, out_dir)
     if not out.is_file():
         out_dir.mkdir(parents=True, exist_ok=True)
         subprocess.run([str(tool_path("llama-quantize", cache)), "--allow-requantize", str(source), str(out), kind],

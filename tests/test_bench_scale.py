@@ -75,3 +75,18 @@ def test_targets_judge_each_row_against_issue_61():
                    for size, target, _ in verdicts)
     assert verdicts[("llama-300m", "prefill 64 >= 1.5x llama.cpp", "c++")] == "-"
     assert verdicts[("llama-300m", "tokens checked", "python")] == "MISSED"
+
+
+def test_requantized_files_keep_the_whole_model_name():
+    """bench_scale --gguf-type and bench_decode's peers name llama-quantize's output after the
+    source: the 1B's and the 3B's must not meet in one file."""
+    import llamacpp_peer
+
+    out = Path("/cache")
+    names = {source: llamacpp_peer.requantized_path(Path(source), "Q4_K_M", out).name
+             for source in ("llama-3.2-1b.Q4_0.gguf", "llama-3.2-3b.Q4_0.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                            "model.gguf", "llama-3.2-1b.gguf")}
+    assert names == {"llama-3.2-1b.Q4_0.gguf": "llama-3.2-1b.Q4_K_M.gguf",
+                     "llama-3.2-3b.Q4_0.gguf": "llama-3.2-3b.Q4_K_M.gguf",
+                     "SmolLM2-135M-Instruct.Q4_1.gguf": "SmolLM2-135M-Instruct.Q4_K_M.gguf",
+                     "model.gguf": "model.Q4_K_M.gguf", "llama-3.2-1b.gguf": "llama-3.2-1b.Q4_K_M.gguf"}
