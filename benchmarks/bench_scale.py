@@ -232,7 +232,8 @@ def measure_size(name: str, args) -> dict:
         real_shapes.write(name, gguf)
     if args.gguf_type != "Q4_0":
         gguf = llamacpp_peer.requantize(gguf, args.gguf_type, cache)
-    row = {"size": name, "gguf_type": args.gguf_type, "parameters_b": shape.parameters() / 1e9, "gguf_mib": gguf.stat().st_size / MIB}
+    row = {"size": name, "gguf_type": args.gguf_type, "parameters_b": shape.parameters() / 1e9,
+           "gguf_mib": gguf.stat().st_size / MIB}
     pte = cache / name / (f"{name}.pte" if args.gguf_type == "Q4_0" else f"{name}.{args.gguf_type}.pte")
     pte.parent.mkdir(exist_ok=True)
     print(f"# {name}: exporting {gguf.name} ...", file=sys.stderr, flush=True)
@@ -465,6 +466,9 @@ def main() -> None:
     print(f"memory read bandwidth here: {bandwidth:.1f} GB/s ({os.cpu_count()} threads)")
     if args.llama_cpp == "auto":
         llamacpp_peer.build_llama_bench()
+    if args.gguf_type != "Q4_0" and not llamacpp_peer.tool_path("llama-quantize").is_file():
+        parser.error(f"--gguf-type {args.gguf_type} is made by llama.cpp's llama-quantize, which is not built: "
+                     "python benchmarks/llamacpp_peer.py build (or leave --llama-cpp auto)")
     rows = []
     for name in sizes:
         rows.append(measure_size(name, args))

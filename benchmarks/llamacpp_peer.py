@@ -144,12 +144,20 @@ def requantized_path(source: Path, kind: str, out_dir: Path) -> Path:
 
 
 def requantize(source: Path, kind: str, out_dir: Path, cache: Path = DEFAULT_CACHE) -> Path:
-    """``source`` re-quantized by ``llama-quantize`` to ``kind`` (Q4_0, Q8_0, ...), made once."""
+    """``source`` re-quantized by ``llama-quantize`` to ``kind`` (Q4_0, Q8_0, ...), made once:
+    written under a temporary name and renamed when whole, so that a failed or killed run
+    leaves no file a later one would take as made."""
     out = requantized_path(source, kind, out_dir)
     if not out.is_file():
         out_dir.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(tool_path("llama-quantize", cache)), "--allow-requantize", str(source), str(out), kind],
-                       check=True, capture_output=True)
+        partial = out.with_name(out.name + ".partial")
+        done = subprocess.run([str(tool_path("llama-quantize", cache)), "--allow-requantize", str(source), str(partial),
+                               kind], capture_output=True, text=True)
+        if done.returncode != 0:
+            partial.unlink(missing_ok=True)
+            raise SystemExit(f"llamacpp_peer: llama-quantize could not make {kind} from {source.name} "
+                             f"(exit {done.returncode}): {(done.stderr or done.stdout).strip()[-300:]}")
+        partial.replace(out)
     return out
 
 
