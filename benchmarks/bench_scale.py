@@ -45,6 +45,9 @@ import llamacpp_peer  # noqa: E402
 import real_shapes  # noqa: E402
 
 MIB = 2**20
+# The type real_shapes.py writes, and the one issue 61 states its targets for; --gguf-type's
+# others are made from it by llama-quantize.
+WRITTEN_TYPE = "Q4_0"
 
 
 # Started by run_with_peak: runs the command as its own child and writes that child's exit
@@ -227,14 +230,14 @@ def measure_size(name: str, args) -> dict:
     shape = real_shapes.SHAPES[name]
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    gguf = cache / f"{name}.Q4_0.gguf"
+    gguf = cache / f"{name}.{WRITTEN_TYPE}.gguf"
     if not gguf.is_file():
         real_shapes.write(name, gguf)
-    if args.gguf_type != "Q4_0":
+    if args.gguf_type != WRITTEN_TYPE:
         gguf = llamacpp_peer.requantize(gguf, args.gguf_type, cache)
     row = {"size": name, "gguf_type": args.gguf_type, "parameters_b": shape.parameters() / 1e9,
            "gguf_mib": gguf.stat().st_size / MIB}
-    pte = cache / name / (f"{name}.pte" if args.gguf_type == "Q4_0" else f"{name}.{args.gguf_type}.pte")
+    pte = cache / name / (f"{name}.pte" if args.gguf_type == WRITTEN_TYPE else f"{name}.{args.gguf_type}.pte")
     pte.parent.mkdir(exist_ok=True)
     print(f"# {name}: exporting {gguf.name} ...", file=sys.stderr, flush=True)
     row |= export(name, gguf, pte, args.long_prompt + args.new_tokens, args.plugins)
@@ -445,7 +448,7 @@ def main() -> None:
                         help="run the runners and llama.cpp as on a CPU with fewer features (avx2: without AVX-512 "
                         "and VNNI, the AVX2-only EPYC's kernels; avxvnni: an Intel laptop core's; avx512: without "
                         "AMX; llmcore/testing/isa_view.py); the export is the same")
-    parser.add_argument("--gguf-type", default="Q4_0",
+    parser.add_argument("--gguf-type", default=WRITTEN_TYPE,
                         help="the GGUF's type: Q4_0 (real_shapes.py's file), or one llama-quantize makes from it "
                         "(Q4_K_M, Q4_1, Q8_0 ...)")
     parser.add_argument("--json")
@@ -466,7 +469,7 @@ def main() -> None:
     print(f"memory read bandwidth here: {bandwidth:.1f} GB/s ({os.cpu_count()} threads)")
     if args.llama_cpp == "auto":
         llamacpp_peer.build_llama_bench()
-    if args.gguf_type != "Q4_0" and not llamacpp_peer.tool_path("llama-quantize").is_file():
+    if args.gguf_type != WRITTEN_TYPE and not llamacpp_peer.tool_path("llama-quantize").is_file():
         parser.error(f"--gguf-type {args.gguf_type} is made by llama.cpp's llama-quantize, which is not built: "
                      "python benchmarks/llamacpp_peer.py build (or leave --llama-cpp auto)")
     rows = []
@@ -474,14 +477,14 @@ def main() -> None:
         rows.append(measure_size(name, args))
         if args.json:  # kept as the run goes: a later size killed for memory loses nothing
             Path(args.json).write_text(json.dumps({"bandwidth_gbs": bandwidth, "rows": rows}, indent=2))
-    print(f"\n## cost by size ({args.gguf_type} GGUFs; {args.prompt_tokens}- and {args.long_prompt}-token prompts, {args.new_tokens} new tokens, "
-          f"greedy, median of {args.repeat} rounds alternating the runners; every runner's tokens checked against Python's)")
+    print(f"\n## cost by size ({args.gguf_type} GGUFs; {args.prompt_tokens}- and {args.long_prompt}-token prompts, "
+          f"{args.new_tokens} new tokens, greedy, median of {args.repeat} rounds alternating the runners; every runner's tokens checked against Python's)")
     print(table(rows, args))
     for r in rows:
         if r.get("bandwidth_gbs_runs"):
             print(f"# {r['size']}: memory read bandwidth at each round's start "
                   f"{' '.join(f'{b:.1f}' for b in r['bandwidth_gbs_runs'])} GB/s; its bw limit from their median")
-    if args.gguf_type == "Q4_0":
+    if args.gguf_type == WRITTEN_TYPE:
         print("\n## issue 61's targets (for the AVX2-only EPYC; ratios of medians, llama.cpp from its own run)")
         print(targets(rows, args))
     else:
