@@ -85,8 +85,12 @@ class FileWeight:
     ``read_floats(rows)`` gives fp32 rows ``[len(rows), cols]`` exactly as the loader would
     have dequantized them (a slice of the rows: memory for those rows only; a tensor of its
     own each call, which the caller may change);
-    ``read_integers()`` its :class:`IntegerWeight` (None where the type has none). Each read
-    decodes the file again: a recipe reads what it keeps once, when it replaces the layer.
+    ``read_integers()`` its :class:`IntegerWeight` (None where the type has none);
+    ``read_blocks()`` its bytes as the file stores them, uint8 ``[rows, blocks a row, bytes a
+    block]`` in the model's row order (None where the loader gives none): for a backend whose kernels compute
+    that format as it is (a GGUF's Q6_K output layer, say), where no :class:`IntegerWeight`
+    holds it without a second rounding or a wider form. Each read decodes the file again: a
+    recipe reads what it keeps once, when it replaces the layer.
     """
 
     format: str
@@ -94,6 +98,7 @@ class FileWeight:
     shape: tuple
     read_floats: Callable[[slice], torch.Tensor]
     read_integers: Optional[Callable[[], Optional[IntegerWeight]]] = None
+    read_blocks: Optional[Callable[[], torch.Tensor]] = None
 
     @property
     def has_integers(self) -> bool:
@@ -136,8 +141,12 @@ def stored_rows(form: "IntegerWeight | StoredFormat | FileWeight", start: int, s
         whole = form.read_integers()
         return None if whole is None else stored_rows(whole, start, stop)
 
+    def read_blocks() -> torch.Tensor:
+        return form.read_blocks()[start:stop]
+
     return FileWeight(form.format, form.source_name, (stop - start, *form.shape[1:]), read_floats,
-                      read_integers if form.read_integers is not None else None)
+                      read_integers if form.read_integers is not None else None,
+                      read_blocks if form.read_blocks is not None else None)
 
 
 def remember(weight: torch.Tensor, form: "IntegerWeight | StoredFormat | FileWeight") -> None:
@@ -153,6 +162,15 @@ def stored_form(weight: Any) -> "IntegerWeight | StoredFormat | None":
         integers = form.read_integers() if form.read_integers is not None else None
         return integers if integers is not None else StoredFormat(form.format, form.source_name)
     return form
+
+
+def stored_blocks(weight: Any) -> Optional[torch.Tensor]:
+    """The bytes of a weight still in the file as the file stores them (:attr:`FileWeight.read_blocks`,
+    read here), or None where the loader gives none; the format is :func:`record`'s."""
+    form = record(weight)
+    if isinstance(form, FileWeight) and form.read_blocks is not None:
+        return form.read_blocks()
+    return None
 
 
 def record(weight: Any) -> "IntegerWeight | StoredFormat | FileWeight | None":

@@ -55,3 +55,20 @@ def test_rows_of_a_weight_in_the_file_are_read_from_it():
 def test_a_format_name_stays_as_it_is():
     name = stored.StoredFormat("Q6_K", "output.weight")
     assert stored.stored_rows(name, 0, 3) is name
+
+
+def test_a_weights_stored_bytes_are_read_by_rows():
+    """A loader's :attr:`FileWeight.read_blocks` (the file's bytes, for a backend that computes
+    the format as it is): a part of the rows reads those rows' bytes; no reader, no bytes."""
+    blocks = torch.arange(6 * 2 * 210, dtype=torch.int32).to(torch.uint8).view(6, 2, 210)
+    form = stored.FileWeight("Q6_K", "output.weight", (6, 512), lambda rows: torch.zeros(6, 512)[rows],
+                             read_blocks=lambda: blocks)
+    weight = torch.empty(6, 512, device="meta")
+    stored.remember(weight, form)
+    assert torch.equal(stored.stored_blocks(weight), blocks)
+    part = torch.empty(2, 512, device="meta")
+    stored.remember(part, stored.stored_rows(form, 3, 5))
+    assert torch.equal(stored.stored_blocks(part), blocks[3:5])
+    without = torch.empty(6, 512, device="meta")
+    stored.remember(without, stored.FileWeight("Q5_0", "output.weight", (6, 512), form.read_floats))
+    assert stored.stored_blocks(without) is None and stored.stored_blocks(torch.zeros(2)) is None

@@ -14,7 +14,7 @@
 namespace llmcore_kernels {
 namespace aten {
 
-// A projection (int4_gemm.h's layouts: int4 blocks packed, or int8 rows) from its three
+// A projection (int4_gemm.h's layouts: int4 blocks packed, int8 rows or blocks, Q6_K) from its three
 // tensors; `op` and `name` say whose, in the error.
 inline int4::PackedWeight projection(const char* op, const char* name, const at::Tensor& packed,
                                      const at::Tensor& scales, const at::Tensor& sums) {
@@ -45,6 +45,19 @@ inline int4::PackedWeight projection(const char* op, const char* name, const at:
     }
     return w;
   }
+  if (packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.size(2) == int4::kQ6KBytes) {  // Q6_K
+    const int64_t n = packed.size(0), k = int4::kQ6KValues * packed.size(1);
+    TORCH_CHECK(packed.is_contiguous(), op, ": ", name, ": Q6_K weights must be a contiguous [rows, in/256, 210] "
+                "uint8 tensor");
+    TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.numel() == 0, op, ": ", name,
+                ": a Q6_K weight's scales must be an empty float16 tensor (its super-blocks hold their d), got ",
+                scales.scalar_type(), " ", scales.sizes());
+    TORCH_CHECK(sums.scalar_type() == at::kFloat && sums.dim() == 1 && sums.size(0) == n && sums.is_contiguous(), op,
+                ": ", name, ": a Q6_K weight's row sums must be a contiguous float32 [", n, "] tensor");
+    int4::PackedWeight w{packed.const_data_ptr<uint8_t>(), nullptr, sums.const_data_ptr<float>(), nullptr, n, k};
+    w.format = int4::Format::q6_k;
+    return w;
+  }
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.size(2) == 16 && packed.is_contiguous(),
               op, ": ", name, ": ", kPackedShapeError, "; got ", packed.scalar_type(), " ", packed.sizes());
   const int64_t n = packed.size(0), k = int4::kBlock * packed.size(1);
@@ -63,7 +76,7 @@ inline int4::PackedWeight projection(const char* op, const char* name, const at:
 inline at::Tensor block_offsets(const char* op, const char* name, const std::optional<at::Tensor>& offsets,
                                 int4::PackedWeight* w) {
   if (!offsets.has_value()) return at::Tensor();
-  TORCH_CHECK(w->format == int4::Format::int4_blocks, op, ": ", name, ": int8 weights take no block offsets");
+  TORCH_CHECK(w->format == int4::Format::int4_blocks, op, ": ", name, ": int8 and Q6_K weights take no block offsets");
   TORCH_CHECK(offsets->scalar_type() == at::kHalf && offsets->device().is_cpu() && offsets->dim() == 3 &&
                   offsets->size(0) == (w->n + 7) / 8 && offsets->size(1) * int4::kBlock == w->k &&
                   offsets->size(2) == 8,

@@ -44,12 +44,30 @@ inline const char* int8_projection(const executorch::aten::Tensor& q, const exec
   return nullptr;
 }
 
-// A projection from its three tensors (int4_gemm.h's layouts: int4 blocks packed, or int8
-// rows), or why not.
+// A Q6_K projection (int4_gemm.h): packed uint8 [rows, in/256, 210], the file's super-blocks
+// (each holds its d: scales is an empty float16 tensor), sums float32 [rows].
+inline const char* q6_k_projection(const executorch::aten::Tensor& packed, const executorch::aten::Tensor& scales,
+                                   const executorch::aten::Tensor& sums, int4::PackedWeight* out) {
+  using executorch::aten::ScalarType;
+  const int64_t n = packed.size(0), k = int4::kQ6KValues * packed.size(1);
+  if (!dense(packed)) return "Q6_K weights must be a contiguous [rows, in/256, 210] uint8 tensor";
+  if (scales.scalar_type() != ScalarType::Half || scales.numel() != 0)
+    return "a Q6_K weight's scales must be an empty float16 tensor (its super-blocks hold their d)";
+  if (sums.scalar_type() != ScalarType::Float || sums.dim() != 1 || sums.size(0) != n || !dense(sums))
+    return "a Q6_K weight's row sums must be a contiguous float32 [rows] tensor";
+  *out = {packed.const_data_ptr<uint8_t>(), nullptr, sums.const_data_ptr<float>(), nullptr, n, k};
+  out->format = int4::Format::q6_k;
+  return nullptr;
+}
+
+// A projection from its three tensors (int4_gemm.h's layouts: int4 blocks packed, int8
+// rows or blocks, Q6_K super-blocks), or why not.
 inline const char* projection(const executorch::aten::Tensor& packed, const executorch::aten::Tensor& scales,
                               const executorch::aten::Tensor& sums, int4::PackedWeight* out) {
   using executorch::aten::ScalarType;
   if (packed.scalar_type() == ScalarType::Char && packed.dim() == 2) return int8_projection(packed, scales, sums, out);
+  if (packed.scalar_type() == ScalarType::Byte && packed.dim() == 3 && packed.size(2) == int4::kQ6KBytes)
+    return q6_k_projection(packed, scales, sums, out);
   if (packed.scalar_type() != ScalarType::Byte || packed.dim() != 3 || packed.size(2) != 16 || !dense(packed))
     return kPackedShapeError;
   const int64_t n = packed.size(0), k = int4::kBlock * packed.size(1);
@@ -67,7 +85,7 @@ inline const char* projection(const executorch::aten::Tensor& packed, const exec
 inline const char* block_offsets(const std::optional<executorch::aten::Tensor>& offsets, int4::PackedWeight* w) {
   if (!offsets.has_value()) return nullptr;
   const executorch::aten::Tensor& t = *offsets;
-  if (w->format != int4::Format::int4_blocks) return "int8 weights take no block offsets";
+  if (w->format != int4::Format::int4_blocks) return "int8 and Q6_K weights take no block offsets";
   if (t.scalar_type() != executorch::aten::ScalarType::Half || t.dim() != 3 || t.size(0) != (w->n + 7) / 8 ||
       t.size(1) * int4::kBlock != w->k || t.size(2) != 8 || !dense(t))
     return "offsets must be a contiguous float16 [ceil(rows/8), in/32, 8] tensor";

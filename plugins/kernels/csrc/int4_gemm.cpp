@@ -218,6 +218,41 @@ void gemm_int8_blocks_portable(const QuantizedRows& x, const PackedWeight& w, in
   }
 }
 
+// Q6_K super-blocks (int4_gemm.h): value i of a super-block's 256, q_i - 32 with q_i's
+// low four bits from ql and high two from qh (int4_gemm_tiles.inc, q6_k_super_lanes, has
+// the layout), times scale i / 16; each super-block's integer dot product, converted once,
+// times its d, added in order.
+inline int32_t q6_k_value(const uint8_t* block, int64_t i) {
+  const int64_t h = i / 128, j = (i % 128) / 32, l = i % 32;
+  const uint8_t low = block[64 * h + 32 * (j % 2) + l], high = block[128 + 32 * h + l];
+  return static_cast<int32_t>(((j < 2 ? low & 0x0f : low >> 4) | (((high >> (2 * j)) & 3) << 4))) - 32;
+}
+
+// A super-block's d, the float16 at its end (kQ6KScaleAt: bytes of the file, not aligned).
+inline float q6_k_scale(const uint8_t* block) {
+  uint16_t half;
+  std::memcpy(&half, block + kQ6KScaleAt, sizeof half);
+  return half_to_float(half);
+}
+
+void gemm_q6_k_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y) {
+  const int64_t supers = w.k / kQ6KValues;
+  for (int64_t n = n_begin; n < n_end; ++n)
+    for (int64_t t = 0; t < x.m; ++t) {
+      const uint8_t* a = x.a + t * x.k;
+      float dot = 0.0f;
+      for (int64_t s = 0; s < supers; ++s) {
+        const uint8_t* block = w.packed + (n * supers + s) * kQ6KBytes;
+        const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+        int32_t super_dot = 0;
+        for (int64_t i = 0; i < kQ6KValues; ++i)
+          super_dot += static_cast<int32_t>(a[s * kQ6KValues + i]) * scales[i / 16] * q6_k_value(block, i);
+        dot += q6_k_scale(block) * static_cast<float>(super_dot);
+      }
+      finish(x, t, w, n, dot, y);
+    }
+}
+
 // Calls visit(byte, low, high) for each byte of a packed row of k values: the arranged
 // values at `low` and `high` are its low and high nibbles (int4_gemm.h: a group of one
 // block packs 32 values in 16 bytes, larger groups each two steps, 64 values, in 32).
@@ -332,6 +367,17 @@ void pack_row(const int8_t* q, int64_t k, uint8_t* out) {
   for_each_packed_byte(k, [&](int64_t byte, int64_t low, int64_t high) {
     out[byte] = static_cast<uint8_t>(u[low] | (u[high] << 4));
   });
+}
+
+void q6_k_row_values(const PackedWeight& w, int64_t row, float* out) {
+  const int64_t supers = w.k / kQ6KValues;
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* block = w.packed + (row * supers + s) * kQ6KBytes;
+    const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+    const float d = q6_k_scale(block);
+    for (int64_t i = 0; i < kQ6KValues; ++i)
+      out[s * kQ6KValues + i] = d * static_cast<float>(scales[i / 16]) * static_cast<float>(q6_k_value(block, i));
+  }
 }
 
 bool uses_avx2() { return gemm_isa() != Isa::portable; }
@@ -459,6 +505,14 @@ void add_block_offsets(const QuantizedRows& x, const PackedWeight& w, int64_t n_
 void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y,
                bool portable) {
   const Isa isa = portable ? Isa::portable : gemm_isa();
+  if (w.format == Format::q6_k) {
+#if LLMCORE_HAVE_X86
+    if (isa == Isa::avx512_vnni) return avx512_vnni::gemm_q6_k(x, w, n_begin, n_end, y);
+    if (isa == Isa::avx_vnni) return avx_vnni::gemm_q6_k(x, w, n_begin, n_end, y);
+    if (isa == Isa::avx2) return avx2::gemm_q6_k(x, w, n_begin, n_end, y);
+#endif
+    return gemm_q6_k_portable(x, w, n_begin, n_end, y);
+  }
   if (w.format == Format::int8_blocks) {
 #if LLMCORE_HAVE_X86
     if (isa == Isa::avx512_vnni) return avx512_vnni::gemm_int8_blocks(x, w, n_begin, n_end, y);

@@ -109,10 +109,27 @@ struct QuantizedRows {
 //       reads the same two tensors). Each block's products add in 32 bits (as int8_rows'),
 //       lane by lane; the lanes meet the block's scale in one multiply-add into float
 //       accumulators, which cross their lanes once a row.
-enum class Format { int4_blocks, int8_rows, int8_blocks };
+//   q6_k: a GGUF's Q6_K super-blocks as the file holds them, so that a Q4_K_M file's output
+//       layer (and the token table tied to it) keeps the file's 6.56 bits a weight and its
+//       exact values, where int8 rows took 8 bits and rounded every weight again. A row is
+//       k/256 super-blocks, `packed` [n, k/256, 210] the file's bytes as they are (ql[128]: the
+//       values' low four bits; qh[64]: their high two; int8 scales[16], one per 16 values;
+//       float16 d), so that the program holds the file's tensor itself:
+//         w[n, 256 s + i] = d * scales[i / 16] * (q_i - 32),  q_i in [0, 63]
+//       (int4_gemm_tiles.inc, q6_k_rows, has which bits of ql and qh make q_i). Each 16
+//       products of u8 x and the signed q_i - 32 add in vpmaddubsw's 16-bit pairs (255 * 32 * 2
+//       fits), meet their scale in vpmaddwd and add in 32 bits over the super-block; its
+//       sum meets d in one multiply-add into float accumulators. The output layer's operator
+//       alone takes it (one token a step: no prompt tiles).
+enum class Format { int4_blocks, int8_rows, int8_blocks, q6_k };
+
+// A Q6_K super-block: 256 values in 210 bytes, its float16 d at kQ6KScaleAt.
+constexpr int64_t kQ6KValues = 256;
+constexpr int64_t kQ6KBytes = 210;
+constexpr int64_t kQ6KScaleAt = 208;
 
 struct PackedWeight {
-  const uint8_t* packed;     // int4_blocks: [n, k/2]; int8_rows: [n, k] int8 bytes
+  const uint8_t* packed;     // int4_blocks: [n, k/2]; int8_rows: [n, k] int8 bytes; q6_k: [n, k/256, 210]
   const uint16_t* scales;    // int4_blocks: [n, k/32], bfloat16 bits; int8_rows: unused
   const float* row_sums;     // [n]: sum_k of the dequantized row
   const float* bias;         // [n] or null
@@ -144,7 +161,7 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
 void arrange(const uint8_t* in, int64_t k, uint8_t* out);
 
 // y[:, n_begin:n_end] for every row of x. y is [m, n] row-major. x's rows must be in the
-// arranged order for int4_blocks weights and in their own order for int8 ones (rows, blocks).
+// arranged order for int4_blocks weights and in their own order for the others (int8, Q6_K).
 void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y,
                bool portable = false);
 
@@ -152,6 +169,11 @@ void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, i
 // the offset term of weights with per-block offsets, on the float activations' block means
 // (as the module computes it; not the rounded ones). Each output is summed in one order.
 void add_block_offsets(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y);
+
+// Row `row` of a Q6_K weight (Format::q6_k) as w.k floats, each d * scale * (q - 32) with
+// d * scale first (exact in float32) and one rounding after: the values the loader's
+// dequantizer gives, for the lookups of a token table the output layer shares.
+LLMCORE_INT4_API void q6_k_row_values(const PackedWeight& w, int64_t row, float* out);
 
 // One row's packing, from its integers q (u - 8, in [-8, 7], in x's order) into k/2 bytes.
 LLMCORE_INT4_API void pack_row(const int8_t* q, int64_t k, uint8_t* out);

@@ -128,8 +128,8 @@ const char* int4_norm_qkv_rope_shape_error(const Int4NormQkvRope& a, int64_t* he
                           : "qkv's rows must be (n_heads + n_kv_heads) heads of an even width (v apart)";
   if (a.v != nullptr && (a.v->k != a.qkv.k || a.v->n != a.n_kv_heads * (a.qkv.n / heads)))
     return "v must take the model dimension and give n_kv_heads heads of q's and k's width";
-  if (a.v != nullptr && a.v->format == int4::Format::int8_blocks)
-    return "v holds int8 blocks (only the output layer's operator takes them)";
+  if (a.v != nullptr && (a.v->format == int4::Format::int8_blocks || a.v->format == int4::Format::q6_k))
+    return "v holds int8 blocks or Q6_K super-blocks (only the output layer's operator takes them)";
   if (!(a.eps >= 0.0) || !std::isfinite(a.eps)) return "eps must be finite and >= 0";
   if ((a.q_norm == nullptr) != (a.k_norm == nullptr)) return "q_norm and k_norm come together";
   if (a.q_norm != nullptr && (!(a.qk_eps >= 0.0) || !std::isfinite(a.qk_eps)))
@@ -508,6 +508,40 @@ Tensor& int4_linear_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor
   return out;
 }
 
+// llmcore::q6_k_embedding.out(Tensor weight, Tensor indices, *, Tensor(a!) out) -> Tensor(a!): rows of a
+// Q6_K table (int4_gemm.h, Format::q6_k: the file's super-blocks; the output layer's own tensor
+// when the two are tied) as float32, out [*indices.shape, in].
+Tensor& q6_k_embedding_out(KernelRuntimeContext& ctx, const Tensor& weight, const Tensor& indices, Tensor& out) {
+  constexpr const char* op = "llmcore::q6_k_embedding";
+  ET_KERNEL_CHECK_MSG(ctx, weight.scalar_type() == ScalarType::Byte && weight.dim() == 3 &&
+                               weight.size(2) == int4::kQ6KBytes && et::dense(weight),
+                      InvalidArgument, out, "%s: weight must be a contiguous [rows, in/256, 210] uint8 tensor", op);
+  int4::PackedWeight pw{};
+  pw.format = int4::Format::q6_k;
+  pw.packed = weight.const_data_ptr<uint8_t>();
+  pw.n = weight.size(0);
+  pw.k = int4::kQ6KValues * weight.size(1);
+  ET_KERNEL_CHECK_MSG(ctx, indices.scalar_type() == ScalarType::Long && et::dense(indices), InvalidArgument, out,
+                      "%s: indices must be a contiguous int64 tensor", op);
+  const int64_t count = indices.numel();
+  const int64_t* ids = indices.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i)
+    ET_KERNEL_CHECK_MSG(ctx, ids[i] >= 0 && ids[i] < pw.n, InvalidArgument, out,
+                        "%s: index %lld is outside the table's %lld rows", op, (long long)ids[i], (long long)pw.n);
+  executorch::aten::SizesType sizes[executorch::runtime::kTensorDimensionLimit];
+  const int64_t d = indices.dim();
+  ET_KERNEL_CHECK(ctx, d + 1 <= static_cast<int64_t>(executorch::runtime::kTensorDimensionLimit), InvalidArgument,
+                  out);
+  for (int64_t i = 0; i < d; ++i) sizes[i] = indices.size(i);
+  sizes[d] = pw.k;
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, static_cast<size_t>(d + 1)}) == Error::Ok,
+                  InvalidArgument, out);
+  ET_KERNEL_CHECK_MSG(ctx, rows_of(out, pw.k), InvalidArgument, out, "%s: out must be contiguous float32", op);
+  float* rows = out.mutable_data_ptr<float>();
+  for (int64_t i = 0; i < count; ++i) int4::q6_k_row_values(pw, ids[i], rows + i * pw.k);
+  return out;
+}
+
 // llmcore::int4_norm_mlp_add.out(Tensor h, Tensor norm_weight, float eps, Tensor gate_up, Tensor gate_up_scales,
 //     Tensor gate_up_sums, Tensor? gate_up_offsets, Tensor down, Tensor down_scales, Tensor down_sums,
 //     Tensor? down_offsets, *, Tensor(a!) out) -> Tensor(a!)
@@ -728,6 +762,7 @@ const auto registered_norm_qkv_norm_rope = executorch::runtime::register_kernel(
 }  // namespace llmcore_kernels
 
 EXECUTORCH_LIBRARY(llmcore, "int4_linear.out", llmcore_kernels::int4_linear_out);
+EXECUTORCH_LIBRARY(llmcore, "q6_k_embedding.out", llmcore_kernels::q6_k_embedding_out);
 EXECUTORCH_LIBRARY(llmcore, "int4_linear_add.out", llmcore_kernels::int4_linear_add_out);
 EXECUTORCH_LIBRARY(llmcore, "int4_norm_mlp_add.out", llmcore_kernels::int4_norm_mlp_add_out);
 EXECUTORCH_LIBRARY(llmcore, "int4_linear_norm_add.out", llmcore_kernels::int4_linear_norm_add_out);

@@ -207,6 +207,37 @@ at::Tensor& int4_linear_out(const at::Tensor& x, const at::Tensor& w, const at::
   return out;
 }
 
+at::Tensor& q6_k_embedding_out(const at::Tensor& weight, const at::Tensor& indices, at::Tensor& out) {
+  constexpr const char* op = "llmcore::q6_k_embedding";
+  TORCH_CHECK(weight.scalar_type() == at::kByte && weight.dim() == 3 && weight.size(2) == llmcore_kernels::int4::kQ6KBytes &&
+                  weight.is_contiguous() && weight.device().is_cpu(),
+              op, ": weight must be a contiguous [rows, in/256, 210] uint8 CPU tensor, got ", weight.scalar_type(), " ",
+              weight.sizes());
+  TORCH_CHECK(indices.scalar_type() == at::kLong && indices.device().is_cpu(), op,
+              ": indices must be an int64 CPU tensor, got ", indices.scalar_type());
+  llmcore_kernels::int4::PackedWeight pw{};
+  pw.format = llmcore_kernels::int4::Format::q6_k;
+  pw.packed = weight.const_data_ptr<uint8_t>();
+  pw.n = weight.size(0);
+  pw.k = llmcore_kernels::int4::kQ6KValues * weight.size(1);
+  const at::Tensor ids = indices.contiguous();
+  const int64_t* id = ids.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    TORCH_CHECK(id[i] >= 0 && id[i] < pw.n, op, ": index ", id[i], " is outside the table's ", pw.n, " rows");
+  std::vector<int64_t> sizes(ids.sizes().begin(), ids.sizes().end());
+  sizes.push_back(pw.k);
+  out.resize_(sizes);
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous(), op, ": out must be contiguous float32");
+  float* rows = out.mutable_data_ptr<float>();
+  for (int64_t i = 0; i < ids.numel(); ++i) llmcore_kernels::int4::q6_k_row_values(pw, id[i], rows + i * pw.k);
+  return out;
+}
+
+at::Tensor q6_k_embedding(const at::Tensor& weight, const at::Tensor& indices) {
+  at::Tensor out = at::empty({0}, at::TensorOptions().dtype(at::kFloat));
+  return q6_k_embedding_out(weight, indices, out);
+}
+
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scales,
                        const at::Tensor& w_sums, const std::optional<at::Tensor>& w_bias,
                        const std::optional<at::Tensor>& w_offsets) {
@@ -465,6 +496,8 @@ TORCH_LIBRARY_FRAGMENT(llmcore, m) {
   m.def(
       "int4_linear_add.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_offsets, "
       "Tensor residual, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def("q6_k_embedding(Tensor weight, Tensor indices) -> Tensor");
+  m.def("q6_k_embedding.out(Tensor weight, Tensor indices, *, Tensor(a!) out) -> Tensor(a!)");
   m.def("int4_linear(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_bias, Tensor? w_offsets) -> Tensor");
   m.def(
       "int4_linear.out(Tensor x, Tensor w, Tensor w_scales, Tensor w_sums, Tensor? w_bias, Tensor? w_offsets, *, "
@@ -532,6 +565,8 @@ TORCH_LIBRARY_IMPL(llmcore, CPU, m) {
   m.impl("int4_norm_qkv_norm_rope.out", TORCH_FN(int4_norm_qkv_norm_rope_out));
   m.impl("int4_linear_add", TORCH_FN(int4_linear_add));
   m.impl("int4_linear_add.out", TORCH_FN(int4_linear_add_out));
+  m.impl("q6_k_embedding", TORCH_FN(q6_k_embedding));
+  m.impl("q6_k_embedding.out", TORCH_FN(q6_k_embedding_out));
   m.impl("int4_linear", TORCH_FN(int4_linear));
   m.impl("int4_linear.out", TORCH_FN(int4_linear_out));
   m.impl("int4_norm_mlp_add", TORCH_FN(int4_norm_mlp_add));

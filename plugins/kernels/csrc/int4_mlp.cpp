@@ -30,7 +30,8 @@ namespace llmcore_kernels {
 // Programs from before the arranged order (int4_gemm.h) hold [rows, in/2] weights: their
 // bytes mean something else, so they are refused by their shape.
 const char* const kPackedShapeError =
-    "packed weights must be a contiguous [rows, in/32, 16] uint8 tensor, or int8 weights [rows, in] "
+    "packed weights must be a contiguous [rows, in/32, 16] uint8 tensor, int8 weights [rows, in], or Q6_K "
+    "super-blocks [rows, in/256, 208] "
     "(programs exported before the kernel's arranged layout hold [rows, in/2]: export it again)";
 
 const char* int4_mlp_shape_error(const Int4MlpWeights& w) {

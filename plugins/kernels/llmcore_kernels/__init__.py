@@ -42,7 +42,7 @@ OPS = ("llmcore::rms_norm.out", "llmcore::int4_mlp.out", "llmcore::int4_norm_qkv
        "llmcore::int4_norm_qkv_norm_rope.out",
        "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out", "llmcore::int4_linear.out",
        "llmcore::int4_linear_norm_add.out", "llmcore::int4_norm_glu_add.out", "llmcore::int4_linear_bias_add.out",
-       "llmcore::int4_layer_norm_linear.out", "llmcore::int4_layer_norm_ffn_add.out")
+       "llmcore::int4_layer_norm_linear.out", "llmcore::int4_layer_norm_ffn_add.out", "llmcore::q6_k_embedding.out")
 
 
 def _threads_for_program(delegates: tuple[str, ...]) -> None:
@@ -84,9 +84,11 @@ def llmcore_partitioners() -> list[Backend]:
             # int4 layers two to a byte until taken: an 8B's export fits; a tied table stored once,
             # the output layer's int8 rows read in place by llmcore::int4_linear and looked up by the
             # embedding (Llama-3.2-1B's program 1058 -> 776 MiB), or a GGUF's Q8_0 table's blocks
-            # read so by both (int8 blocks: SmolLM2's program 128.7 -> 101.5 MiB)
+            # read so by both (int8 blocks: SmolLM2's program 128.7 -> 101.5 MiB); an output layer
+            # stored as Q6_K (a Q4_K_M file's) as the file's super-blocks, and its tied table's
+            # lookups in them
             recipe_defaults={"8da8w": {"outlier_split": False},
-                             "gguf": {"int4_nibbles": True, "tied_table": True},
+                             "gguf": {"int4_nibbles": True, "tied_table": True, "q6_k_output": True},
                              "8da4w": {"int4_nibbles": True, "tied_table": True}},
         )
     ]

@@ -38,5 +38,6 @@ def take(module: nn.Module, options: dict) -> ModulesTaken:
         if isinstance(linear, BlockInt4Linear):
             linear.unpack_()
     taken = tuple(name for name, m in module.named_modules()
-                  if isinstance(m, (layers.KernelLayer, KernelLayerNormBlock, layers.KernelLinear, FusedRMSNorm)))
+                  if isinstance(m, (layers.KernelLayer, KernelLayerNormBlock, layers.KernelLinear, FusedRMSNorm,
+                                    layers.KernelQ6KEmbedding)))
     return ModulesTaken(taken=taken, left=tuple(left) + tuple(left_linears))

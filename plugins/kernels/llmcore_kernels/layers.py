@@ -13,8 +13,10 @@ each sublayer's output (Gemma 2 and 3's sandwich norms) or a GeGLU MLP (Gemma's)
 last two steps as ``llmcore::int4_linear_norm_add`` (``h = x + post_norm(wo a)``) and
 ``llmcore::int4_norm_glu_add`` (``h + post_norm(mlp(norm(h)))``, the MLP's activation
 named). After the layers, the final norm becomes ``llmcore::rms_norm`` (:mod:`.rmsnorm`) and
-the output layer (int8 per channel, or int4 blocks) ``llmcore::int4_linear`` on the same
-GEMM (:class:`KernelLinear`), so that no XNNPACK delegate is left: its AVX2 int8 GEMM read
+the output layer (int8 per channel, int4 blocks, a GGUF's Q8_0 blocks or its Q6_K super-blocks
+as the file holds them) ``llmcore::int4_linear`` on the same GEMM (:class:`KernelLinear`; a Q6_K
+table's lookups ``llmcore::q6_k_embedding``, :class:`KernelQ6KEmbedding`), so that no XNNPACK
+delegate is left: its AVX2 int8 GEMM read
 SmolLM2's 28 MB output layer more slowly than llmcore's reads the MLPs (docs/performance.md,
 "The output layer on llmcore's GEMM"). A quantized linear the GEMM cannot take stays with
 XNNPACK.
@@ -46,7 +48,7 @@ from llmcore.errors import LlmcoreError
 from llmcore.modules import CausalAttention, RMSNorm, gelu_tanh, replace_modules
 from llmcore.progress import WEIGHT_TEMPORARIES, heap_for_temporaries
 from llmcore_kernels import mlp
-from llmcore_xnnpack.qlinear import relative_error
+from llmcore_xnnpack.qlinear import StoredBlocksEmbedding, relative_error
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +167,27 @@ class KernelLinear(nn.Module):
             x, self.w, self.w_scales, self.w_sums, self.w_bias, self.w_offsets)
 
     def extra_repr(self) -> str:
-        kind = (f"int4 blocks of {mlp.BLOCK}" if self.w.dtype != torch.int8 else
+        kind = ("Q6_K super-blocks" if self.w.dim() == 3 and self.w.shape[2] == mlp.Q6_K_BYTES else
+                f"int4 blocks of {mlp.BLOCK}" if self.w.dtype != torch.int8 else
                 f"int8 blocks of {mlp.BLOCK}" if self.w_scales.dim() == 2 else "int8 rows")
         return f"{self.in_features}, {self.out_features}, {kind}"
+
+
+class KernelQ6KEmbedding(nn.Module):
+    """The lookups of a token table tied to an output layer kept as the file's Q6_K
+    (:class:`~llmcore_xnnpack.qlinear.StoredBlocksEmbedding`) through ``llmcore::q6_k_embedding``,
+    on the tensors the output layer's :class:`KernelLinear` reads: one table in the program."""
+
+    def __init__(self, embedding: nn.Module):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
+        self.register_buffer("w", embedding.blocks)  # the output layer's tensor itself
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        return torch.ops.llmcore.q6_k_embedding.default(self.w, indices)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, Q6_K super-blocks (the output layer's)"
 
 
 def stacked_bias(linears: list[nn.Module]) -> Optional[nn.Parameter]:
@@ -296,7 +316,8 @@ def _same_linear(linear: nn.Module, kernel: KernelLinear) -> Optional[str]:
 
 def swap_outside_layers(model: nn.Module) -> list[str]:
     """After :func:`swap_layers`: every int4 or int8 linear left (the output layer) onto
-    :class:`KernelLinear`, every RMSNorm left (the final norm) onto ``llmcore::rms_norm``,
+    :class:`KernelLinear`, the lookups of a Q6_K table tied to it onto :class:`KernelQ6KEmbedding`,
+    every RMSNorm left (the final norm) onto ``llmcore::rms_norm``,
     except inside a layer :func:`swap_layers` kept (it stays whole, for XNNPACK to delegate);
     returns why linears were kept (they stay with XNNPACK)."""
     from llmcore_kernels import rmsnorm
@@ -307,6 +328,7 @@ def swap_outside_layers(model: nn.Module) -> list[str]:
                                                               int8_blocks=True),
                             KernelLinear, _same_linear)
     rmsnorm.swap_rms_norms(model, leave=inside_kept)
+    replace_modules(model, lambda m: isinstance(m, StoredBlocksEmbedding) and m.format == "Q6_K", KernelQ6KEmbedding)
     return kept
 
 

@@ -25,8 +25,10 @@ from torch import nn
 
 from llmcore.errors import LlmcoreError
 from llmcore.modules import replace_modules
-from llmcore_xnnpack.qlinear import (BlockInt4Linear, BlockInt8Linear, ChannelInt8Linear, float16_values,
-                                     relative_error)
+from torch.utils.weak import WeakIdKeyDictionary
+
+from llmcore_xnnpack.qlinear import (BlockInt4Linear, BlockInt8Linear, ChannelInt8Linear, StoredBlocksLinear,
+                                     float16_values, relative_error)
 
 RECIPE = "8da4w-mlp"
 BLOCK = 32  # the kernel's int4 block (csrc/int4_gemm.h)
@@ -36,7 +38,10 @@ NAMES = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"))  # gate, up,
 # ||kernel - module|| / ||module|| allowed in the swap check: both round their activations to
 # int8, and a value within float error of a rounding boundary may land on either side.
 CHECK_TOLERANCE = 2e-3
-QUANTIZED_LINEARS = (BlockInt4Linear, ChannelInt8Linear, BlockInt8Linear)
+QUANTIZED_LINEARS = (BlockInt4Linear, ChannelInt8Linear, BlockInt8Linear, StoredBlocksLinear)
+# A Q6_K super-block: its values, and its bytes (the file's, as the kernels read them:
+# csrc/int4_gemm.h, Format::q6_k)
+Q6_K_VALUES, Q6_K_BYTES = 256, 210
 # rows of an int4 weight whose block sums (pack) are taken at once: their temporaries are a few
 # MiB, which the heap reuses from one slice to the next (16384 rows of nibbles as 4096-row
 # slices took 48 MiB of fresh pages, as 1024-row ones 11 MiB)
@@ -117,6 +122,24 @@ def register_int8_blocks(module: nn.Module, name: str, q: torch.Tensor, scales: 
     module.register_buffer(f"{name}_sums", sums.float().contiguous())
 
 
+_Q6_K_SUMS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # a file's Q6_K blocks -> their rows' sums
+
+
+def q6_k_row_sums(blocks: torch.Tensor) -> torch.Tensor:
+    """Each row's sum of weights of a Q6_K weight held as the file's super-blocks (uint8
+    ``[rows, in/256, 210]``, which the kernels read as they are), float32, summed in float64
+    from the values ``llmcore::q6_k_embedding`` decodes; made once a tensor."""
+    sums = _Q6_K_SUMS.get(blocks)
+    if sums is None:
+        ids = torch.arange(blocks.shape[0])
+        sums = torch.empty(blocks.shape[0], dtype=torch.float64)
+        for part in ids.split(_SUM_ROWS):  # a slice's values at a time: 8 MiB at 2048 wide
+            torch.sum(torch.ops.llmcore.q6_k_embedding.default(blocks, part), 1, dtype=torch.float64,
+                      out=sums[part[0]:part[-1] + 1])
+        sums = _Q6_K_SUMS[blocks] = sums.float()
+    return sums
+
+
 def register_linears(module: nn.Module, name: str, linears: list[nn.Module], interleave: bool = False) -> None:
     """The linears' rows stacked (or, with ``interleave``, two linears' rows interleaved, as
     ``gate_up``'s: :func:`interleave_rows`) into one projection's four buffers: int4 blocks
@@ -125,6 +148,13 @@ def register_linears(module: nn.Module, name: str, linears: list[nn.Module], int
     ``name_offsets`` (:func:`stacked_offsets`; None without any). An int4 linear's blocks are
     taken in :func:`signed_form`: a Q4_0 file's negative scales are the kernels' again."""
 
+    if len(linears) == 1 and isinstance(linears[0], StoredBlocksLinear):  # the output layer's Q6_K
+        blocks = linears[0].blocks  # the file's tensor itself: a tied table's lookups read it too
+        module.register_buffer(name, blocks)
+        module.register_buffer(f"{name}_scales", torch.empty(0, dtype=torch.float16))  # the blocks hold their d
+        module.register_buffer(f"{name}_sums", q6_k_row_sums(blocks))
+        module.register_buffer(f"{name}_offsets", None)
+        return
     int8_blocks = all(isinstance(p, BlockInt8Linear) for p in linears)
     int8 = all(isinstance(p, ChannelInt8Linear) for p in linears)
     if int8 or int8_blocks:
@@ -276,6 +306,13 @@ def why_not_linear(role: str, p: nn.Module, offsets: bool = False, int8: bool = 
     (the layer operators take both, ``llmcore::int4_mlp`` neither); int8 blocks of 32 (a Q8_0
     table's) only when ``int8_blocks`` (``llmcore::int4_linear`` alone: no prompt tiles); no
     outlier split."""
+    if isinstance(p, StoredBlocksLinear):
+        if not int8_blocks:
+            return f"its {role} holds the file's {p.format} (only the output layer's operator takes it)"
+        if p.format != "Q6_K" or p.in_features % Q6_K_VALUES:
+            return f"its {role} holds the file's {p.format}, {p.in_features} wide (the kernels take Q6_K " \
+                   f"in multiples of {Q6_K_VALUES})"
+        return None
     if isinstance(p, BlockInt8Linear):
         if not int8_blocks:
             return f"its {role} holds int8 blocks of {p.block} (only the output layer's operator takes them)"

@@ -35,6 +35,11 @@ Operators (schemas are defined in C++, ``csrc/rms_norm_aten.cpp`` and ``csrc/int
     ``[rows]``), and float32 row sums. q, k and v are one projection, or q and k one and v its
     own (``v_weight, v_scales, v_sums, v_offsets?``, last): a Q4_K_M GGUF's int8 v beside int4
     q and k.
+    The output layer's may also hold a GGUF's Q6_K super-blocks as the file does
+    (``[rows, in/256, 210]`` uint8, each with its float16 ``d``; the scales an empty float16 tensor).
+``llmcore::q6_k_embedding(Tensor weight, Tensor indices) -> Tensor``
+    rows ``indices`` of such a Q6_K table as float32 ``[*indices.shape, in]``: the lookups of a
+    token table tied to the output layer, reading the same tensor.
 ``llmcore::int4_linear_norm_add(x, w, w_scales, w_sums, w_offsets?, norm_weight, eps, residual)``
     ``residual + rms_norm(x W^T)``: the attention's output projection of a layer with sandwich
     norms (Gemma 2 and 3).
@@ -54,6 +59,7 @@ from __future__ import annotations
 import torch
 
 from llmcore_kernels import library
+from llmcore_kernels.mlp import Q6_K_BYTES, Q6_K_VALUES
 
 library.load()
 
@@ -79,13 +85,19 @@ def _int4_mlp_fake(x, gate_up, gate_up_scales, gate_up_sums, down, down_scales, 
 
 
 def _in_features(w: torch.Tensor) -> int:
-    """A projection's inputs: int4 blocks packed ``[rows, in/32, 16]`` uint8, or int8 rows
-    ``[rows, in]`` (csrc/int4_gemm.h)."""
+    """A projection's inputs: int4 blocks packed ``[rows, in/32, 16]`` uint8, int8 rows
+    ``[rows, in]``, or Q6_K super-blocks ``[rows, in/256, 210]`` uint8 (csrc/int4_gemm.h)."""
     if w.dtype == torch.int8:
         torch._check(w.dim() == 2)
         return w.shape[1]
     torch._check(w.dim() == 3)
-    return 32 * w.shape[1]
+    return (Q6_K_VALUES if w.shape[2] == Q6_K_BYTES else 32) * w.shape[1]
+
+
+@torch.library.register_fake("llmcore::q6_k_embedding")
+def _q6_k_embedding_fake(weight: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    torch._check(weight.dim() == 3 and weight.shape[2] == Q6_K_BYTES)
+    return indices.new_empty((*indices.shape, Q6_K_VALUES * weight.shape[1]), dtype=torch.float32)
 
 
 def _head_sizes(h: torch.Tensor, heads: int, head_dim: int) -> list:

@@ -294,6 +294,45 @@ def test_a_q4_k_m_gguf_runs_every_layer_on_the_kernels_its_v_as_int8_rows(kernel
     assert float((got - want).norm() / want.norm()) < 0.03 and int(got.argmax()) == int(want.argmax())
 
 
+def test_a_q6_k_output_layer_runs_as_the_file_stores_it(kernel_library, tmp_path):
+    """An untied output layer stored as Q6_K (Llama-3.1-8B's in a Q4_K_M file): on the kernels
+    it keeps the file's super-blocks (the backend's recipe default ``q6_k_output``), where
+    XNNPACK alone rounds it to int8 per channel. The program holds the file's bytes, so it is
+    smaller than the int8 one by about the table's 1.47 bits a weight, and answers as its eager
+    model and as the file's values in fp32."""
+    import gguf
+    from llmcore.runtime import Program, libraries
+    from llmcore_llama.testing import random_k_blocks, save_random_hf, write_gguf
+
+    Q = gguf.GGMLQuantizationType
+    folder = save_random_hf(tmp_path / "hf", "Qwen2", hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                            num_key_value_heads=2, vocab_size=2048, tie_word_embeddings=False)
+    path = tmp_path / "q6_k_output.gguf"
+    write_gguf(folder, path, quantize={"attn_q.weight": Q.Q4_0, "attn_k.weight": Q.Q4_0, "attn_v.weight": Q.Q4_0,
+                                       "attn_output.weight": Q.Q4_0, "ffn_gate.weight": Q.Q4_0,
+                                       "ffn_up.weight": Q.Q4_0, "ffn_down.weight": Q.Q4_0, "output.weight": Q.Q6_K},
+               extra_tensors={"output.weight": random_k_blocks(Q.Q6_K, 2048, 256, seed=5, scale=0.002)})
+    assert {t.name: t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}["output.weight"] == Q.Q6_K
+    tokenizer = str(folder / "tokenizer.json")
+    ours = _export(tmp_path, "ours", checkpoint=str(path), tokenizer=tokenizer)
+    rounded = _export(tmp_path, "rounded", checkpoint=str(path), tokenizer=tokenizer,
+                      quantize_options={"q6_k_output": False})
+    floats = _export(tmp_path, "floats", checkpoint=str(path), tokenizer=tokenizer, quantize="none",
+                     plugins=["xnnpack"])
+    (taken,) = ours.report["taken"]
+    assert "output" in taken["taken"] and taken["left"] == []
+    assert "llmcore::int4_linear.out" in libraries.program_operators(ours.pte.read_bytes())
+    assert ours.report["parity"]["top1_agreement"] == 1.0 and ours.report["parity"]["max_abs_diff"] < 0.05
+    int8_bits, q6_k_bits = 2048 * 256 * 8, 2048 * 256 * 6.5625
+    saved = ours.report["outputs"]["pte_bytes"] - rounded.report["outputs"]["pte_bytes"]
+    assert abs(saved + (int8_bits - q6_k_bits) / 8) < 0.05 * (int8_bits / 8), saved
+    # near the file's values in fp32 (the int4 layers' and the activations' rounding: 3.7% here;
+    # test_q6_k.py holds the layer itself to the gguf package's values)
+    want = torch.as_tensor(Program.load(floats.pte).logits(IDS, input_pos=0))
+    got = torch.as_tensor(Program.load(ours.pte).logits(IDS, input_pos=0))
+    assert float((got - want).norm() / want.norm()) < 0.05 and int(got.argmax()) == int(want.argmax())
+
+
 def test_a_tied_int8_table_is_stored_once(tmp_path):
     """Llama's tiny config ties its table to the output layer. Under 8da4w on the kernels
     (int8 output layer, 8-bit embedding) the embedding looks its rows up in the integers the

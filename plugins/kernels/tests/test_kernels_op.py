@@ -120,7 +120,7 @@ def test_hooks_declare_the_library_the_transform_and_the_recipe():
                           "llmcore::int4_norm_qkv_norm_rope.out", "llmcore::int4_linear_add.out", "llmcore::int4_norm_mlp_add.out", "llmcore::int4_linear.out",
                           "llmcore::int4_linear_norm_add.out", "llmcore::int4_norm_glu_add.out",
                           "llmcore::int4_linear_bias_add.out", "llmcore::int4_layer_norm_linear.out",
-                          "llmcore::int4_layer_norm_ffn_add.out")
+                          "llmcore::int4_layer_norm_ffn_add.out", "llmcore::q6_k_embedding.out")
     assert record.python_module == "llmcore_kernels.ops"
     transform = registry.get("transforms", "fused-rmsnorm", stage="test").record
     assert not transform.automatic

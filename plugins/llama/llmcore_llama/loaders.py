@@ -1166,9 +1166,18 @@ def file_weight(g: GGUFFile, t, qtype: int, name: str, cols: int, rows: int, ord
             g.drop_pages(t)
         return form if hasattr(form, "q") else None
 
+    def read_blocks() -> torch.Tensor:
+        data = raw(slice(None))
+        try:
+            block_bytes = quants.gguf.GGML_QUANT_SIZES[quants.Q(qtype)][1]
+            return torch.from_numpy(np.array(data, dtype=np.uint8, copy=True).reshape(rows, -1, block_bytes))
+        finally:
+            g.drop_pages(t)
+
     return FileWeight(
         format=quants.type_name(qtype), source_name=name, shape=(rows, cols), read_floats=read_floats,
         read_integers=read_integers if qtype in quants.INTEGER_READERS else None,
+        read_blocks=read_blocks if qtype in quants.KEPT_AS_STORED else None,
     )
 
 

@@ -224,6 +224,12 @@ INTEGER_READERS: dict[int, tuple[int, Callable[[torch.Tensor], tuple]]] = {
 """type -> (bits, reader): the types whose integers a program can carry unchanged."""
 
 
+KEPT_AS_STORED = (Q6_K,)
+"""The types whose bytes a loader hands over as the file stores them
+(:attr:`llmcore.stored.FileWeight.read_blocks`): Q6_K, which llmcore-kernels computes as it
+is (a Q4_K_M file's output layer and the token table tied to it)."""
+
+
 def integer_weight(raw, qtype: int, shape, source_name: str, decoded: Optional[Callable[[int, int], None]] = None):
     """The stored form of a 2-D GGML tensor (:mod:`llmcore.stored`): its integers and
     scales where :data:`INTEGER_READERS` reads the type, else only the type's name.

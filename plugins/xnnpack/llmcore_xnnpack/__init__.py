@@ -243,6 +243,14 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                 "outlier_split": _outlier_split_option(False),
                 "int4_nibbles": _INT4_NIBBLES_OPTION,
                 "tied_table": _TIED_TABLE_OPTION,
+                "q6_k_output": (
+                    bool,
+                    False,
+                    "an output layer the GGUF stores as Q6_K (a Q4_K_M file's), and the token table tied to it, "
+                    "keep the file's super-blocks as they are: 6.56 bits a weight and the file's values, where "
+                    "int8 per channel takes 8 and rounds them again; only llmcore-kernels computes them (it "
+                    "asks for it), so with XNNPACK alone the layer is rounded to int8 per channel (false)",
+                ),
             },
         ),
     ]

@@ -391,6 +391,18 @@ def int8_block_values(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return (q.float().unflatten(-1, (scales.shape[-1], -1)) * scales.float().unsqueeze(-1)).flatten(-2)
 
 
+def refuse_untaken(what: str, option: str, otherwise: str) -> None:
+    """Stop an export in which a module only llmcore-kernels computes reached ``torch.export``
+    untaken (the ``gguf`` recipe's ``option`` kept a form XNNPACK has no kernel for), in one
+    line naming the fix, rather than leave ExecuTorch's portable operators a full fp32 copy
+    of the weight a call, or no kernel at all."""
+    raise LlmcoreError(
+        f"gguf: {what} ({option}), which only llmcore-kernels computes, and no backend took it.",
+        fix=f"install llmcore-kernels and list it first (--plugins kernels,xnnpack), or pass "
+            f"--quantize-option {option}=false ({otherwise}).",
+    )
+
+
 class BlockInt8Linear(nn.Module):
     """``y = x @ W.T (+ bias)``, ``W[o, i] = scales[o, i // 32] * q[o, i]``: a GGUF's Q8_0 as
     the file holds it (int8, one float16 scale a block of 32 inputs), for an output layer whose table
@@ -422,16 +434,74 @@ class BlockInt8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_exporting():
-            raise LlmcoreError(
-                f"gguf: a {self.out_features} x {self.in_features} linear keeps its table's Q8_0 blocks (tied_table), "
-                "which only llmcore-kernels computes, and no backend took it.",
-                fix="install llmcore-kernels and list it first (--plugins kernels,xnnpack), or pass "
-                    "--quantize-option tied_table=false (the output layer then rounds the table to int8 per channel).",
-            )
+            refuse_untaken(f"a {self.out_features} x {self.in_features} linear keeps its table's Q8_0 blocks",
+                           "tied_table", "the output layer then rounds the table to int8 per channel")
         return gemm_by_rows(x, self, self.bias, False)  # the eager reference: activations rounded per token
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, int8 per block of {self.block}"
+
+
+class StoredBlocksLinear(nn.Module):
+    """``y = x @ W.T (+ bias)`` with ``W`` kept as the checkpoint stores it: ``blocks``, its
+    bytes in the file's ``format`` (uint8 ``[out, blocks a row, bytes a block]``), for an output layer stored
+    as Q6_K (a Q4_K_M GGUF's: the ``gguf`` recipe with ``q6_k_output``). The program then
+    holds the file's 6.56 bits a weight and its exact values, where int8 per channel took 8
+    bits and rounded every weight again. Only llmcore-kernels computes it (``llmcore::int4_linear``
+    on Q6_K super-blocks); a layer of these that reaches ``torch.export`` untaken is refused
+    by name. ``values(rows)`` gives those rows' fp32 weights as the loader decodes them: the
+    eager reference (activations rounded per token, as the kernel's)."""
+
+    outlier_split = False
+
+    def __init__(self, format: str, blocks: torch.Tensor, values: Callable[[slice], torch.Tensor],
+                 shape: tuple[int, int], bias: Optional[torch.Tensor] = None):
+        super().__init__()
+        self.format = format
+        self.out_features, self.in_features = shape
+        if blocks.dim() != 3 or blocks.shape[0] != self.out_features or blocks.dtype != torch.uint8:
+            raise ValueError(f"{format}: a {shape} weight's stored bytes must be uint8 [{self.out_features}, "
+                             f"blocks a row, bytes a block], got {blocks.dtype} {tuple(blocks.shape)}")
+        self.register_buffer("blocks", blocks.contiguous())
+        self.values = values
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    def weight_values(self, rows: slice = slice(None)) -> torch.Tensor:
+        return self.values(rows).float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_exporting():
+            refuse_untaken(f"a {self.out_features} x {self.in_features} output layer keeps the file's {self.format}",
+                           "q6_k_output", "the layer then rounds it to int8 per channel")
+        return gemm_by_rows(x, self, self.bias, False)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, {self.format} as stored"
+
+
+class StoredBlocksEmbedding(nn.Module):
+    """The lookups of a token table tied to a :class:`StoredBlocksLinear`: its ``blocks``
+    tensor itself (one table in the program, as in the file), whose rows llmcore-kernels'
+    lookup (``llmcore::q6_k_embedding``) decodes in this module's place before export."""
+
+    def __init__(self, output: StoredBlocksLinear, padding_idx: Optional[int] = None):
+        super().__init__()
+        self.format = output.format
+        self.num_embeddings, self.embedding_dim = output.out_features, output.in_features
+        self.padding_idx = padding_idx
+        self.register_buffer("blocks", output.blocks)  # the tensor itself, not a copy
+        self.values = output.values
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_exporting():
+            refuse_untaken(f"a {self.num_embeddings} x {self.embedding_dim} token table keeps the file's {self.format}",
+                           "q6_k_output", "the table then becomes the output layer's int8 rows")
+        wanted, where = torch.unique(indices.reshape(-1), return_inverse=True)
+        rows = torch.cat([self.values(slice(i, i + 1)).float() for i in wanted.tolist()])
+        return rows[where].reshape(*indices.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, the output layer's {self.format} (tied: one table)"
 
 
 # ---- choosing integers for float weights ------------------------------------------------------

@@ -21,7 +21,10 @@ too (:class:`.torchao_quant.StoredByteEmbedding`), a quarter of its fp32 size; t
 output layer and with ``tied_table`` (llmcore-kernels asks for it), that layer keeps them as
 well (:class:`.qlinear.BlockInt8Linear`, the kernels' int8 blocks) and both read one table.
 One stored as Q4_0, Q4_1 or Q4_K keeps its integers two a byte
-(:class:`.torchao_quant.StoredNibbleEmbedding`).
+(:class:`.torchao_quant.StoredNibbleEmbedding`). With ``q6_k_output`` (llmcore-kernels asks for
+it) an output layer stored as Q6_K (a Q4_K_M file's) keeps the file's bytes
+(:class:`.qlinear.StoredBlocksLinear`), and a token table tied to it looks its rows up in them
+(:class:`.qlinear.StoredBlocksEmbedding`).
 
 Both print one line per recipe run: what each group of layers became and the weight error
 (``||W_program - W_source|| / ||W_source||``) it cost.
@@ -42,7 +45,7 @@ from llmcore.progress import WEIGHT_TEMPORARIES, before_own_mapping, heap_for_te
 from llmcore.records import Calibration
 from llmcore.runtime import torch_threads_after_custom_ops
 from llmcore.stored import (IntegerWeight, float_rows, floats, has_integers, in_file, pass_temporaries, record,
-                            stored_form)
+                            stored_blocks, stored_form)
 from llmcore_xnnpack import qlinear
 from llmcore_xnnpack.torchao_quant import (
     XNNPACK_GROUP_MULTIPLE,
@@ -59,6 +62,7 @@ from llmcore_xnnpack.torchao_quant import (
 log = logging.getLogger(__name__)
 
 OUTPUT_BITS = (4, 8)
+Q6_K_VALUES = 256  # a Q6_K super-block's values: an output layer kept as Q6_K takes a multiple of them
 
 
 def output_layer_names(module: nn.Module) -> set[str]:
@@ -378,6 +382,8 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
     scale_rounding = 0.0
     rounded_int8 = {}  # id of a weight rounded to int8 per channel -> its layer (a tied table's)
     kept_int8_blocks = {}  # id of a tied table's weight kept as Q8_0 blocks -> the output layer holding them
+    kept_as_stored = {}  # id of an output layer's weight kept as the file's Q6_K -> that layer
+    outputs = output_layer_names(module)
     tables = {id(m.weight) for m in module.modules() if type(m) is nn.Embedding}
     rounded_again = {}  # format -> [(weight, its error)] of the weights rounded to int8 per channel
     for name in names:
@@ -404,6 +410,15 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
                 new = qlinear.BlockInt8Linear(form.q, form.scales.half(), linear.bias)  # Q8_0's own fp16
                 kept_int8_blocks[id(linear.weight)] = new
                 summary.add(f"{form.format} kept (tied: one table)")
+            elif (options["q6_k_output"] and name in outputs and form is not None and form.format == "Q6_K"
+                  and linear.in_features % Q6_K_VALUES == 0 and (blocks := stored_blocks(linear.weight)) is not None):
+                # the file's Q6_K super-blocks as they are (llmcore-kernels asks for them): 6.56 bits a
+                # weight and the file's values, where int8 per channel took 8 and rounded them again
+                stored = record(linear.weight)
+                new = qlinear.StoredBlocksLinear(form.format, blocks, stored.read_floats, stored.shape, linear.bias)
+                kept_as_stored[id(linear.weight)] = new
+                summary.add(f"{form.format} kept (output layer)" +
+                            (" (tied: one table)" if id(linear.weight) in tables else ""))
             elif form is not None:
                 rounding = qlinear.ErrorSum()
                 new = _int8_layer(linear, float_rows(linear.weight), options["outlier_split"], error=rounding)
@@ -420,6 +435,10 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
         if table.max_norm is not None or recorded is None:
             continue
         with heap_for_temporaries(largest=WEIGHT_TEMPORARIES):
+            if id(table.weight) in kept_as_stored:  # the output layer's Q6_K, the same tensor
+                _replace(module, name, qlinear.StoredBlocksEmbedding(kept_as_stored[id(table.weight)], table.padding_idx))
+                summary.add("embedding Q6_K -> the output layer's Q6_K (tied: one table)")
+                continue
             if id(table.weight) in kept_int8_blocks:  # the output layer's Q8_0 blocks, the same tensors
                 kept = kept_int8_blocks[id(table.weight)]
                 _replace(module, name, StoredByteEmbedding(kept.q, kept.scales, table.padding_idx))
