@@ -22,11 +22,10 @@ from typing import Iterator, Optional
 
 import torch
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from llmcore.errors import LlmcoreError
 from llmcore.modules import replace_modules
-from torch.utils.weak import WeakIdKeyDictionary
-
 from llmcore_xnnpack.qlinear import (BlockInt4Linear, BlockInt8Linear, ChannelInt8Linear, StoredBlocksLinear,
                                      float16_values, relative_error)
 
