@@ -335,16 +335,23 @@ def _rows_looked_up(form: FileWeight, ids: torch.Tensor, dtype: torch.dtype) -> 
     ``ids`` never reads. A 1B's tied table is 1 GiB as floats, read whole for each calibration
     pass before, where a pass of 461 tokens looks up at most 461 rows."""
     table = torch.empty(form.shape, dtype=dtype)
-    wanted = torch.unique(ids.detach().reshape(-1)).tolist()
-    start = 0
-    while start < len(wanted):  # runs of consecutive ids in one read each
-        stop = start + 1
-        while stop < len(wanted) and wanted[stop] == wanted[stop - 1] + 1:
-            stop += 1
-        first, last = wanted[start], wanted[stop - 1] + 1
-        table[first:last] = form.read_floats(slice(first, last)).to(dtype)
-        start = stop
+    for rows in id_runs(torch.unique(ids.detach().reshape(-1))):
+        table[rows] = form.read_floats(rows).to(dtype)
     return table
+
+
+def id_runs(wanted: torch.Tensor) -> list[slice]:
+    """Sorted distinct row ids (``torch.unique``'s) as runs of consecutive ids, one slice a
+    run, in order: a lookup's rows read from the file one run at a time, not one row at a time."""
+    ids = wanted.tolist()
+    runs, start = [], 0
+    while start < len(ids):
+        stop = start + 1
+        while stop < len(ids) and ids[stop] == ids[stop - 1] + 1:
+            stop += 1
+        runs.append(slice(ids[start], ids[stop - 1] + 1))
+        start = stop
+    return runs
 
 
 def materialize(module: torch.nn.Module) -> list[str]:

@@ -28,12 +28,12 @@ import bench_decode  # noqa: E402  (machine_header)
 
 
 def q6_k_table(rows: int, cols: int) -> torch.Tensor:
-    """Random Q6_K super-blocks [rows, cols/256, 210] with a small positive float16 d each."""
-    g = torch.Generator().manual_seed(0)
-    blocks = torch.randint(0, 256, (rows, cols // 256, 210), dtype=torch.uint8, generator=g)
-    d = (torch.rand(rows, cols // 256, generator=g) * 1e-3 + 1e-4).half()
-    blocks[:, :, 208:] = d.view(torch.uint8).view(rows, cols // 256, 2)
-    return blocks
+    """Random well-formed Q6_K super-blocks, uint8 [rows, cols/256, 210] (the tests' maker)."""
+    import gguf
+    from llmcore_llama.testing import random_k_blocks
+
+    blocks = random_k_blocks(gguf.GGMLQuantizationType.Q6_K, rows, cols, scale=1e-3)
+    return torch.from_numpy(blocks).view(rows, cols // 256, 210)
 
 
 def main() -> int:

@@ -218,14 +218,15 @@ void gemm_int8_blocks_portable(const QuantizedRows& x, const PackedWeight& w, in
   }
 }
 
-// Q6_K super-blocks (int4_gemm.h): value i of a super-block's 256, q_i - 32 with q_i's
-// low four bits from ql and high two from qh (int4_gemm_tiles.inc, q6_k_super_lanes, has
-// the layout), times scale i / 16; each super-block's integer dot product, converted once,
-// times its d, added in order.
+// Q6_K super-blocks (int4_gemm.h): value i of a super-block's 256 as an integer, scale i / 16
+// times q_i - 32, q_i's low four bits from ql and high two from qh (int4_gemm_tiles.inc,
+// q6_k_super_lanes, has the layout); the weight is that times d. The GEMM takes each
+// super-block's integer dot product, converted once, times its d, added in order.
 inline int32_t q6_k_value(const uint8_t* block, int64_t i) {
   const int64_t h = i / 128, j = (i % 128) / 32, l = i % 32;
-  const uint8_t low = block[64 * h + 32 * (j % 2) + l], high = block[128 + 32 * h + l];
-  return static_cast<int32_t>(((j < 2 ? low & 0x0f : low >> 4) | (((high >> (2 * j)) & 3) << 4))) - 32;
+  const uint8_t low = block[64 * h + 32 * (j % 2) + l], high = block[kQ6KHighBitsAt + 32 * h + l];
+  const int32_t q = static_cast<int32_t>(((j < 2 ? low & 0x0f : low >> 4) | (((high >> (2 * j)) & 3) << 4))) - 32;
+  return q * reinterpret_cast<const int8_t*>(block + kQ6KScalesAt)[i / 16];  // exact: at most 32 * 128
 }
 
 // A super-block's d, the float16 at its end (kQ6KScaleAt: bytes of the file, not aligned).
@@ -243,10 +244,9 @@ void gemm_q6_k_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n
       float dot = 0.0f;
       for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* block = w.packed + (n * supers + s) * kQ6KBytes;
-        const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
         int32_t super_dot = 0;
         for (int64_t i = 0; i < kQ6KValues; ++i)
-          super_dot += static_cast<int32_t>(a[s * kQ6KValues + i]) * scales[i / 16] * q6_k_value(block, i);
+          super_dot += static_cast<int32_t>(a[s * kQ6KValues + i]) * q6_k_value(block, i);
         dot += q6_k_scale(block) * static_cast<float>(super_dot);
       }
       finish(x, t, w, n, dot, y);
@@ -373,10 +373,9 @@ void q6_k_row_values(const PackedWeight& w, int64_t row, float* out) {
   const int64_t supers = w.k / kQ6KValues;
   for (int64_t s = 0; s < supers; ++s) {
     const uint8_t* block = w.packed + (row * supers + s) * kQ6KBytes;
-    const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
     const float d = q6_k_scale(block);
-    for (int64_t i = 0; i < kQ6KValues; ++i)
-      out[s * kQ6KValues + i] = d * static_cast<float>(scales[i / 16]) * static_cast<float>(q6_k_value(block, i));
+    // d * (scale * (q - 32)): the exact product rounded once, as (d * scale) * (q - 32) is
+    for (int64_t i = 0; i < kQ6KValues; ++i) out[s * kQ6KValues + i] = d * static_cast<float>(q6_k_value(block, i));
   }
 }
 

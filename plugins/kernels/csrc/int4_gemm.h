@@ -123,9 +123,12 @@ struct QuantizedRows {
 //       alone takes it (one token a step: no prompt tiles).
 enum class Format { int4_blocks, int8_rows, int8_blocks, q6_k };
 
-// A Q6_K super-block: 256 values in 210 bytes, its float16 d at kQ6KScaleAt.
+// A Q6_K super-block: 256 values in 210 bytes: ql from byte 0, qh from kQ6KHighBitsAt, the
+// int8 scales from kQ6KScalesAt, the float16 d at kQ6KScaleAt.
 constexpr int64_t kQ6KValues = 256;
 constexpr int64_t kQ6KBytes = 210;
+constexpr int64_t kQ6KHighBitsAt = 128;
+constexpr int64_t kQ6KScalesAt = 192;
 constexpr int64_t kQ6KScaleAt = 208;
 
 struct PackedWeight {

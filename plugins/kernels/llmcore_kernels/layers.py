@@ -48,7 +48,7 @@ from llmcore.errors import LlmcoreError
 from llmcore.modules import CausalAttention, RMSNorm, gelu_tanh, replace_modules
 from llmcore.progress import WEIGHT_TEMPORARIES, heap_for_temporaries
 from llmcore_kernels import mlp
-from llmcore_xnnpack.qlinear import StoredBlocksEmbedding, relative_error
+from llmcore_xnnpack.qlinear import Q6_K_BYTES, StoredBlocksEmbedding, relative_error
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ class KernelLinear(nn.Module):
             x, self.w, self.w_scales, self.w_sums, self.w_bias, self.w_offsets)
 
     def extra_repr(self) -> str:
-        kind = ("Q6_K super-blocks" if self.w.dim() == 3 and self.w.shape[2] == mlp.Q6_K_BYTES else
+        kind = ("Q6_K super-blocks" if self.w.dim() == 3 and self.w.shape[2] == Q6_K_BYTES else
                 f"int4 blocks of {mlp.BLOCK}" if self.w.dtype != torch.int8 else
                 f"int8 blocks of {mlp.BLOCK}" if self.w_scales.dim() == 2 else "int8 rows")
         return f"{self.in_features}, {self.out_features}, {kind}"

@@ -26,8 +26,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from llmcore.errors import LlmcoreError
 from llmcore.modules import replace_modules
-from llmcore_xnnpack.qlinear import (BlockInt4Linear, BlockInt8Linear, ChannelInt8Linear, StoredBlocksLinear,
-                                     float16_values, relative_error)
+from llmcore_xnnpack.qlinear import (Q6_K_VALUES, BlockInt4Linear, BlockInt8Linear, ChannelInt8Linear,
+                                     StoredBlocksLinear, float16_values, relative_error)
 
 RECIPE = "8da4w-mlp"
 BLOCK = 32  # the kernel's int4 block (csrc/int4_gemm.h)
@@ -38,9 +38,6 @@ NAMES = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"))  # gate, up,
 # int8, and a value within float error of a rounding boundary may land on either side.
 CHECK_TOLERANCE = 2e-3
 QUANTIZED_LINEARS = (BlockInt4Linear, ChannelInt8Linear, BlockInt8Linear, StoredBlocksLinear)
-# A Q6_K super-block: its values, and its bytes (the file's, as the kernels read them:
-# csrc/int4_gemm.h, Format::q6_k)
-Q6_K_VALUES, Q6_K_BYTES = 256, 210
 # rows of an int4 weight whose block sums (pack) are taken at once: their temporaries are a few
 # MiB, which the heap reuses from one slice to the next (16384 rows of nibbles as 4096-row
 # slices took 48 MiB of fresh pages, as 1024-row ones 11 MiB)

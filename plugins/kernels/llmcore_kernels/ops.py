@@ -59,7 +59,7 @@ from __future__ import annotations
 import torch
 
 from llmcore_kernels import library
-from llmcore_kernels.mlp import Q6_K_BYTES, Q6_K_VALUES
+from llmcore_xnnpack.qlinear import Q6_K_BYTES, Q6_K_VALUES
 
 library.load()
 

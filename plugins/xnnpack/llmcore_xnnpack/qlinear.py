@@ -49,6 +49,7 @@ from torch import nn
 from llmcore.errors import LlmcoreError
 from llmcore.modules import static_shape
 from llmcore.progress import heap_for_temporaries
+from llmcore.stored import id_runs
 
 # Importing this module registers the quantized_decomposed ops with torch.
 import torch.ao.quantization.fx._decomposed  # noqa: F401
@@ -442,6 +443,11 @@ class BlockInt8Linear(nn.Module):
         return f"{self.in_features}, {self.out_features}, int8 per block of {self.block}"
 
 
+Q6_K_VALUES, Q6_K_BYTES = 256, 210
+"""A GGUF's Q6_K super-block: its values and its bytes (ql, qh, 16 int8 scales, a float16 d),
+which a :class:`StoredBlocksLinear` of that format holds as they are."""
+
+
 class StoredBlocksLinear(nn.Module):
     """``y = x @ W.T (+ bias)`` with ``W`` kept as the checkpoint stores it: ``blocks``, its
     bytes in the file's ``format`` (uint8 ``[out, blocks a row, bytes a block]``), for an output layer stored
@@ -497,7 +503,7 @@ class StoredBlocksEmbedding(nn.Module):
             refuse_untaken(f"a {self.num_embeddings} x {self.embedding_dim} token table keeps the file's {self.format}",
                            "q6_k_output", "the table then becomes the output layer's int8 rows")
         wanted, where = torch.unique(indices.reshape(-1), return_inverse=True)
-        rows = torch.cat([self.values(slice(i, i + 1)).float() for i in wanted.tolist()])
+        rows = torch.cat([self.values(run).float() for run in id_runs(wanted)])  # in wanted's order
         return rows[where].reshape(*indices.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:

@@ -62,7 +62,6 @@ from llmcore_xnnpack.torchao_quant import (
 log = logging.getLogger(__name__)
 
 OUTPUT_BITS = (4, 8)
-Q6_K_VALUES = 256  # a Q6_K super-block's values: an output layer kept as Q6_K takes a multiple of them
 
 
 def output_layer_names(module: nn.Module) -> set[str]:
@@ -411,7 +410,8 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
                 kept_int8_blocks[id(linear.weight)] = new
                 summary.add(f"{form.format} kept (tied: one table)")
             elif (options["q6_k_output"] and name in outputs and form is not None and form.format == "Q6_K"
-                  and linear.in_features % Q6_K_VALUES == 0 and (blocks := stored_blocks(linear.weight)) is not None):
+                  and linear.in_features % qlinear.Q6_K_VALUES == 0
+                  and (blocks := stored_blocks(linear.weight)) is not None):
                 # the file's Q6_K super-blocks as they are (llmcore-kernels asks for them): 6.56 bits a
                 # weight and the file's values, where int8 per channel took 8 and rounded them again
                 stored = record(linear.weight)
