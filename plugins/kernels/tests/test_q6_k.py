@@ -53,6 +53,36 @@ def test_q6_k_on_the_kernel(kernel_library, tokens, out_features, in_features):
     assert "Q6_K" in mlp.why_not_linear("wv", linear, offsets=True, int8=True)  # the layer operators' roles
 
 
+def test_q6_k_at_the_integers_limits(kernel_library):
+    """The GEMV's 16-bit products and 32-bit sums at their largest: every value's q at 63 (or
+    0), scales of -128 and 127, and activations at the ends of their byte (each input +1 or
+    -1: 0 and 255 after the token's int8 rounding), against the module the kernel replaces.
+    A saturated vpmaddubsw or an overflowed sum would be far outside the tolerance."""
+    import gguf
+    from llmcore_kernels import ops  # noqa: F401
+    from llmcore_kernels.layers import KernelLinear
+    from llmcore_xnnpack import qlinear
+
+    rows, cols = 6, 512
+    raw = np.random.default_rng(5).integers(0, 256, (rows, cols // 256, 210), dtype=np.uint8)
+    ql, qh, scales = slice(0, 128), slice(128, 192), slice(192, 208)
+    raw[0:2, :, ql], raw[0:2, :, qh] = 0xFF, 0xFF  # q = 63 everywhere
+    raw[2, :, ql], raw[2, :, qh] = 0, 0  # q = 0: the value -32
+    raw[0, :, scales] = np.uint8(0x80)  # -128
+    raw[1, :, scales], raw[2, :, scales] = 127, 0x80
+    raw[3, :, scales] = np.tile(np.array([0x80, 127], dtype=np.uint8), 8)
+    raw[:, :, 208:210] = np.frombuffer(np.float16(1e-3).tobytes(), dtype=np.uint8)  # d
+    values = gguf.quants.dequantize(raw.reshape(rows, -1), gguf.GGMLQuantizationType.Q6_K).astype(np.float32)
+    values = torch.from_numpy(values.reshape(rows, cols))
+    blocks = torch.from_numpy(raw)
+    linear = qlinear.StoredBlocksLinear("Q6_K", blocks, lambda selected: values[selected], (rows, cols))
+    signs = torch.randint(0, 2, (1, 3, cols), generator=torch.Generator().manual_seed(6)) * 2.0 - 1
+    signs[0, 0] = 1.0  # a token whose every activation is the same
+    with torch.no_grad():
+        got, want = KernelLinear(linear)(signs), linear(signs)
+    assert float((got - want).norm() / want.norm()) < 1e-5
+
+
 def test_q6_k_lookups_are_the_files_values(kernel_library):
     """Each looked-up row is the gguf package's dequantization bit for bit."""
     from llmcore_kernels import ops  # noqa: F401
@@ -68,7 +98,7 @@ def test_q6_k_lookups_are_the_files_values(kernel_library):
 @pytest.mark.parametrize("view", ["avxvnni", "avx2", "sse4"])
 def test_q6_k_in_every_isa_view(kernel_library, passes_in_isa_view, view):
     """The same products on AVX-VNNI, AVX2 and the portable loops (AVX-512 natively)."""
-    passes_in_isa_view(view, __file__, "q6_k_on_the_kernel or q6_k_lookups")
+    passes_in_isa_view(view, __file__, "q6_k_on_the_kernel or q6_k_at_the_integers_limits or q6_k_lookups")
 
 
 def test_an_untaken_q6_k_output_layer_is_refused_at_export():
