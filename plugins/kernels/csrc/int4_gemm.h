@@ -116,11 +116,12 @@ struct QuantizedRows {
 //       values' low four bits; qh[64]: their high two; int8 scales[16], one per 16 values;
 //       float16 d), so that the program holds the file's tensor itself:
 //         w[n, 256 s + i] = d * scales[i / 16] * (q_i - 32),  q_i in [0, 63]
-//       (int4_gemm_tiles.inc, q6_k_rows, has which bits of ql and qh make q_i). Each 16
-//       products of u8 x and the signed q_i - 32 add in vpmaddubsw's 16-bit pairs (255 * 32 * 2
-//       fits), meet their scale in vpmaddwd and add in 32 bits over the super-block; its
-//       sum meets d in one multiply-add into float accumulators. The output layer's operator
-//       alone takes it (one token a step: no prompt tiles).
+//       (int4_gemm_tiles.inc, "Q6_K super-blocks", has which bits of ql and qh make q_i). Each
+//       16 products of u8 x and q_i add in vpmaddubsw's 16-bit pairs (255 * 63 * 2 fits), meet
+//       their scale in vpmaddwd and add in 32 bits over the super-block, less 32 times the
+//       scales against the token's sums of 16 activations; that sum meets d in one
+//       multiply-add into float accumulators. The output layer's operator alone takes it (one
+//       token a step: no prompt tiles).
 enum class Format { int4_blocks, int8_rows, int8_blocks, q6_k };
 
 // A Q6_K super-block: 256 values in 210 bytes: ql from byte 0, qh from kQ6KHighBitsAt, the
@@ -173,9 +174,10 @@ void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, i
 // (as the module computes it; not the rounded ones). Each output is summed in one order.
 void add_block_offsets(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y);
 
-// Row `row` of a Q6_K weight (Format::q6_k) as w.k floats, each d * scale * (q - 32) with
-// d * scale first (exact in float32) and one rounding after: the values the loader's
-// dequantizer gives, for the lookups of a token table the output layer shares.
+// Row `row` of a Q6_K weight (Format::q6_k) as w.k floats, each d times the integer
+// scale * (q - 32), rounded once (the float (d * scale) * (q - 32) gives, d * scale being
+// exact): the values the loader's dequantizer gives, for the lookups of a token table the
+// output layer shares.
 LLMCORE_INT4_API void q6_k_row_values(const PackedWeight& w, int64_t row, float* out);
 
 // One row's packing, from its integers q (u - 8, in [-8, 7], in x's order) into k/2 bytes.

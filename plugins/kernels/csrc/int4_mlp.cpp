@@ -31,7 +31,7 @@ namespace llmcore_kernels {
 // bytes mean something else, so they are refused by their shape.
 const char* const kPackedShapeError =
     "packed weights must be a contiguous [rows, in/32, 16] uint8 tensor, int8 weights [rows, in], or Q6_K "
-    "super-blocks [rows, in/256, 208] "
+    "super-blocks [rows, in/256, 210] "
     "(programs exported before the kernel's arranged layout hold [rows, in/2]: export it again)";
 
 const char* int4_mlp_shape_error(const Int4MlpWeights& w) {
