@@ -804,7 +804,10 @@ class CacheRowsAhead {
       const int64_t j = j0_ + (values ? next_ - keys_ : next_);
       const char* rows = static_cast<const char*>(values ? a_.v : a_.k) + (b_ * a_.kv_len + j) * position_bytes +
                          g0_ * row_bytes_;
-      for (int64_t at = 0; at < span; at += 64) __builtin_prefetch(rows + at, 0, 2);
+      // every line the rows touch: the Python bindings put planned memory 16 bytes past a
+      // line's start, where a 256-byte row spans five lines
+      const char* line = rows - reinterpret_cast<uintptr_t>(rows) % 64;
+      for (; line < rows + span; line += 64) __builtin_prefetch(line, 0, 2);
     }
   }
   const Attention& a_;
