@@ -768,9 +768,6 @@ LLMCORE_INLINE void attend_block_lanes(const Attention& a, int64_t b, int64_t g,
 // would leave most of each register empty.
 constexpr int64_t kLanesFrom = kVec;
 
-// One work item: batch b, kv heads [g0, g1), each with the `group` query heads that read it,
-// query rows [i0, i1), keys [chunk * chunk_keys, +chunk_keys). A kv head's query vectors
-// are numbered as query_row numbers them, the heads' one after another.
 // A decode item's keys, then its values, requested a window ahead of the loops that read
 // them. The hardware's prefetchers follow each stream only after a few of its lines have
 // missed, and a decode item's streams are short (SmolLM2's kv head at 360 positions: 92 KB
@@ -814,6 +811,9 @@ class CacheRowsAhead {
   int64_t b_, g0_, g1_, j0_, keys_, row_bytes_ = 0, window_ = 1, next_ = 0;
 };
 
+// One work item: batch b, kv heads [g0, g1), each with the `group` query heads that read it,
+// query rows [i0, i1), keys [chunk * chunk_keys, +chunk_keys). A kv head's query vectors
+// are numbered as query_row numbers them, the heads' one after another.
 template <class Rows, bool kV3>
 LLMCORE_INLINE void attend_block_body(const Attention& a, int64_t b, int64_t g0, int64_t g1, int64_t i0, int64_t i1,
                                       int64_t chunk, std::vector<float>& scratch) {
