@@ -218,6 +218,33 @@ Activations quantize(const std::vector<float>& x, int64_t m, int64_t k, bool arr
   return q;
 }
 
+// quantize_rows' block means, fast and portable: the same bits (memcmp: a zero's sign
+// too), each within float error of a double-precision mean.
+int check_block_means(const std::vector<float>& x, int64_t m, int64_t k) {
+  const int64_t blocks = k / kBlock;
+  Activations q{std::vector<uint8_t>(m * k), std::vector<float>(m), std::vector<float>(m)};
+  std::vector<float> fast(m * blocks), plain(m * blocks);
+  quantize_rows(x.data(), k, 0, m, q.a.data(), q.scale.data(), q.zero.data(), true, false, fast.data());
+  quantize_rows(x.data(), k, 0, m, q.a.data(), q.scale.data(), q.zero.data(), true, true, plain.data());
+  if (std::memcmp(fast.data(), plain.data(), fast.size() * sizeof(float)) != 0) {
+    std::printf("mismatch: the %s and portable block means differ (m=%lld k=%lld)\n", gemm_isa_name(),
+                (long long)m, (long long)k);
+    return 1;
+  }
+  for (int64_t i = 0; i < m * blocks; ++i) {
+    double ref = 0.0, magnitude = 0.0;
+    for (int64_t j = 0; j < kBlock; ++j) {
+      ref += x[i * kBlock + j];
+      magnitude += std::fabs(x[i * kBlock + j]);
+    }
+    if (!(std::fabs(fast[i] - ref / kBlock) <= 1e-6 * magnitude / kBlock + 1e-30)) {
+      std::printf("mismatch: block mean %lld = %.9g, reference %.9g\n", (long long)i, fast[i], ref / kBlock);
+      return 1;
+    }
+  }
+  return 0;
+}
+
 int check() {
   std::mt19937 rng(1);
   struct Case {
@@ -251,11 +278,13 @@ int check() {
     }
     Activations arranged = fast;
     for (int64_t t = 0; t < c.m; ++t) arrange(fast.a.data() + t * c.k, c.k, arranged.a.data() + t * c.k);
-    if (quantize(x, c.m, c.k, true, false).a != arranged.a) {
+    if (quantize(x, c.m, c.k, true, false).a != arranged.a || quantize(x, c.m, c.k, true, true).a != arranged.a) {
       std::printf("mismatch: quantize_rows' arranged rows are not arrange() of its plain ones (k=%lld)\n",
                   (long long)c.k);
       return 1;
     }
+    // the block means: both codes the same bits, each within float error of the mean
+    if (int bad = check_block_means(x, c.m, c.k)) return bad;
     for (int64_t t = 0; t < c.m; ++t) {
       const float s = fast.scale[t], z = fast.zero[t];
       if (z != std::nearbyint(z) || z < -128.0f || z > 127.0f || !(s > 0.0f)) {

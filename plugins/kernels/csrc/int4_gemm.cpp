@@ -73,6 +73,29 @@ void min_max_portable(const float* x, int64_t k, float* lo, float* hi) {
   *hi = b;
 }
 
+// Each block's mean of a row (int4_gemm.h, quantize_rows): eight running sums over the
+// block's four eights, then the eight added in order, over 32.
+void block_means_portable(const float* x, int64_t blocks, float* means) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* xb = x + b * kBlock;
+    float lanes[8] = {};
+    for (int64_t j = 0; j < kBlock; j += 8)
+      for (int l = 0; l < 8; ++l) lanes[l] += xb[j + l];
+    float sum = 0.0f;
+    for (int l = 0; l < 8; ++l) sum += lanes[l];
+    means[b] = sum / static_cast<float>(kBlock);
+  }
+}
+
+// Calls visit(first block, G) for each group of a row of `blocks` blocks, in order (the
+// tiles' for_each_sized_group walks the same groups with G a constant).
+template <typename Visit>
+void for_each_group(int64_t blocks, Visit visit) {
+  int64_t g = 0;
+  for (int size = 8; size >= 1; size /= 2)
+    for (; blocks - g >= size; g += size) visit(g, size);
+}
+
 // The GEMM's instruction set (cpu_isa.h): the best this CPU has, capped by
 // LLMCORE_KERNELS_MAX_ISA.
 Isa gemm_isa() { return kernels_isa(); }
@@ -116,22 +139,95 @@ LLMCORE_AVX2 inline __m256i round8(const float* x, __m256d inv, __m256d zero, __
   return _mm256_set_m128i(_mm256_cvtpd_epi32(hi), _mm256_cvtpd_epi32(lo));
 }
 
-// One row, k a multiple of 32: 32 values a step, packed to int8 in order, stored + 128.
-LLMCORE_AVX2 void quantize_row_avx2(const float* x, int64_t k, double inv_d, double zero_d, uint8_t* a) {
-  const __m256d inv = _mm256_set1_pd(inv_d), zero = _mm256_set1_pd(zero_d);
+// One block's 32 values rounded (round8), packed to int8 in order, stored + 128.
+LLMCORE_AVX2 inline __m256i block_bytes(const float* x, __m256d inv, __m256d zero) {
   const __m256d qmin = _mm256_set1_pd(-128.0), qmax = _mm256_set1_pd(127.0);
+  const __m256i r0 = round8(x, inv, zero, qmin, qmax);
+  const __m256i r1 = round8(x + 8, inv, zero, qmin, qmax);
+  const __m256i r2 = round8(x + 16, inv, zero, qmin, qmax);
+  const __m256i r3 = round8(x + 24, inv, zero, qmin, qmax);
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(r0, r1), _mm256_packs_epi32(r2, r3));
   // packs interleave 128-bit lanes; this permutation puts the 32 bytes back in order.
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  const __m256i offset = _mm256_set1_epi8(static_cast<char>(0x80));  // q + 128 as a byte: flip the sign bit
-  for (int64_t i = 0; i < k; i += 32) {
-    const __m256i r0 = round8(x + i, inv, zero, qmin, qmax);
-    const __m256i r1 = round8(x + i + 8, inv, zero, qmin, qmax);
-    const __m256i r2 = round8(x + i + 16, inv, zero, qmin, qmax);
-    const __m256i r3 = round8(x + i + 24, inv, zero, qmin, qmax);
-    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(r0, r1), _mm256_packs_epi32(r2, r3));
-    const __m256i ordered = _mm256_permutevar8x32_epi32(bytes, order);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + i), _mm256_xor_si256(ordered, offset));
+  const __m256i ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  return _mm256_xor_si256(ordered, _mm256_set1_epi8(static_cast<char>(0x80)));  // q + 128: flip the sign bit
+}
+
+// r[i]'s 4-byte lane j into r[j]'s lane i: eight registers as an 8 x 8 matrix, transposed.
+LLMCORE_AVX2 inline void transpose_lanes(__m256i (&r)[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);      // r[i], r[i+1] lanes 0, 1 | 4, 5 interleaved
+    t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);  // lanes 2, 3 | 6, 7
   }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);          // four rows' lane 0 | lane 4
+    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);      // lane 1 | 5
+    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);  // lane 2 | 6
+    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);  // lane 3 | 7
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x20);
+    r[j + 4] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x31);
+  }
+}
+
+// One row, k a multiple of 32: each block rounded (block_bytes) and stored in x's order,
+// or, `arranged`, a group's G blocks held in registers and stored in the arranged order
+// (int4_gemm.h): step s's lane L is block L / (8 / G)'s 4-byte piece s (8 / G) + L % (8 / G),
+// which for G = 8 is the blocks' 4-byte lanes transposed, for G = 4 their 8-byte quarters,
+// for G = 2 their halves. arrange() after the plain rows, 4 bytes at a time, took a fifth of
+// the rounding (docs/performance.md, "What was tried": the rounding in the arranged order).
+LLMCORE_AVX2 void quantize_row_avx2(const float* x, int64_t k, double inv_d, double zero_d, bool arranged,
+                                    uint8_t* a) {
+  const __m256d inv = _mm256_set1_pd(inv_d), zero = _mm256_set1_pd(zero_d);
+  auto store = [&](int64_t block, __m256i v) LLMCORE_AVX2 {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + block * kBlock), v);
+  };
+  if (!arranged) {
+    for (int64_t b = 0; b < k / kBlock; ++b) store(b, block_bytes(x + b * kBlock, inv, zero));
+    return;
+  }
+  for_each_group(k / kBlock, [&](int64_t g, int size) LLMCORE_AVX2 {
+    __m256i r[8];
+    for (int i = 0; i < size; ++i) r[i] = block_bytes(x + (g + i) * kBlock, inv, zero);
+    if (size == 8) {
+      transpose_lanes(r);
+    } else if (size == 4) {  // r[i]'s quarter j into r[j]'s quarter i
+      const __m256i t0 = _mm256_unpacklo_epi64(r[0], r[1]), t1 = _mm256_unpackhi_epi64(r[0], r[1]);
+      const __m256i t2 = _mm256_unpacklo_epi64(r[2], r[3]), t3 = _mm256_unpackhi_epi64(r[2], r[3]);
+      r[0] = _mm256_permute2x128_si256(t0, t2, 0x20);
+      r[1] = _mm256_permute2x128_si256(t1, t3, 0x20);
+      r[2] = _mm256_permute2x128_si256(t0, t2, 0x31);
+      r[3] = _mm256_permute2x128_si256(t1, t3, 0x31);
+    } else if (size == 2) {  // the first halves, then the second
+      const __m256i first = _mm256_permute2x128_si256(r[0], r[1], 0x20);
+      r[1] = _mm256_permute2x128_si256(r[0], r[1], 0x31);
+      r[0] = first;
+    }
+    for (int i = 0; i < size; ++i) store(g + i, r[i]);
+  });
+}
+
+// block_means_portable's floats, eight blocks at a time: each block's four eights added
+// lane by lane in a register, the eight registers transposed so that lane b of register l
+// is block b's lane l, and the lanes added in order, l = 0 to 7, eight blocks side by side.
+// Over 32 as a multiply by 1/32: a power of two, the same float as the division.
+LLMCORE_AVX2 void block_means_avx2(const float* x, int64_t blocks, float* means) {
+  int64_t b = 0;
+  for (; b + 8 <= blocks; b += 8) {
+    __m256i lanes[8];
+    for (int i = 0; i < 8; ++i) {
+      const float* xb = x + (b + i) * kBlock;
+      __m256 sum = _mm256_add_ps(_mm256_setzero_ps(), _mm256_loadu_ps(xb));
+      for (int64_t j = 8; j < kBlock; j += 8) sum = _mm256_add_ps(sum, _mm256_loadu_ps(xb + j));
+      lanes[i] = _mm256_castps_si256(sum);
+    }
+    transpose_lanes(lanes);
+    __m256 sum = _mm256_setzero_ps();
+    for (int l = 0; l < 8; ++l) sum = _mm256_add_ps(sum, _mm256_castsi256_ps(lanes[l]));
+    _mm256_storeu_ps(means + b, _mm256_mul_ps(sum, _mm256_set1_ps(1.0f / static_cast<float>(kBlock))));
+  }
+  block_means_portable(x + b * kBlock, blocks - b, means + b);
 }
 
 LLMCORE_AVX2 inline float hsum(__m256 v) {
@@ -148,15 +244,6 @@ LLMCORE_AVX2 inline float hsum(__m256 v) {
 constexpr int64_t kPrefetchBytes = 2048;
 
 #endif  // LLMCORE_HAVE_X86
-
-// Calls visit(first block, G) for each group of a row of `blocks` blocks, in order (the
-// tiles' for_each_sized_group walks the same groups with G a constant).
-template <typename Visit>
-void for_each_group(int64_t blocks, Visit visit) {
-  int64_t g = 0;
-  for (int size = 8; size >= 1; size /= 2)
-    for (; blocks - g >= size; g += size) visit(g, size);
-}
 
 // y[t, n] from sum_g d_g D_g (`dot`): the zero point's and the offset's correction, the
 // activation scale, the bias.
@@ -384,9 +471,8 @@ bool uses_avx2() { return gemm_isa() != Isa::portable; }
 const char* gemm_isa_name() { return isa_name(gemm_isa()); }
 
 void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a, float* scale,
-                   float* zero, bool arranged, bool portable) {
-  thread_local std::vector<uint8_t> natural;  // a row before arrange()
-  natural.resize(k);
+                   float* zero, bool arranged, bool portable, float* means) {
+  const int64_t blocks = k / kBlock;
 #if LLMCORE_HAVE_X86
   const bool avx2 = !portable && gemm_isa() != Isa::portable;
 #else
@@ -394,7 +480,7 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
 #endif
   for (int64_t t = row_begin; t < row_end; ++t) {
     const float* xr = x + t * k;
-    uint8_t* ar = arranged ? natural.data() : a + t * k;
+    uint8_t* ar = a + t * k;
     float lo, hi;
 #if LLMCORE_HAVE_X86
     if (avx2)
@@ -406,12 +492,21 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
     // torch: input.mul(1.0 / scales) with scales in float64
     const double inv = 1.0 / static_cast<double>(scale[t]);
 #if LLMCORE_HAVE_X86
-    if (avx2)
-      quantize_row_avx2(xr, k, inv, zero[t], ar);
-    else
+    if (avx2) {
+      quantize_row_avx2(xr, k, inv, zero[t], arranged, ar);
+      if (means != nullptr) block_means_avx2(xr, blocks, means + t * blocks);
+      continue;
+    }
 #endif
+    if (arranged) {
+      thread_local std::vector<uint8_t> natural;  // the row before arrange()
+      natural.resize(k);
+      quantize_row_portable(xr, k, inv, zero[t], natural.data());
+      arrange(natural.data(), k, ar);
+    } else {
       quantize_row_portable(xr, k, inv, zero[t], ar);
-    if (arranged) arrange(ar, k, a + t * k);
+    }
+    if (means != nullptr) block_means_portable(xr, blocks, means + t * blocks);
   }
 }
 

@@ -156,10 +156,13 @@ struct PackedWeight {
 constexpr int64_t kInt8MaxK = 65536;
 
 // Quantize rows [row_begin, row_end) of x [m, k] (k a multiple of 32) into a [m, k],
-// scale [m] and zero [m]; a's rows in the arranged order (`arranged`) or in x's.
+// scale [m] and zero [m]; a's rows in the arranged order (`arranged`) or in x's. With
+// `means` ([m, k/32]), each block's mean of x as well, for weights with offsets
+// (QuantizedRows::means): the sum of a block's four eights lane by lane, the eight lanes
+// added in order, divided by 32, the floats the module's mean over a [.., 32] view gives.
 // `portable`: the plain loops even where AVX2 is available (the check compares the two).
 void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a, float* scale,
-                   float* zero, bool arranged = true, bool portable = false);
+                   float* zero, bool arranged = true, bool portable = false, float* means = nullptr);
 
 // One row of k bytes (k a multiple of 32), one per value, from x's order into the arranged one.
 void arrange(const uint8_t* in, int64_t k, uint8_t* out);

@@ -142,10 +142,35 @@ void activate(GluActivation activation, float* y, int64_t count) {
   for (; j < count; ++j) y[j] = act1(activation, y[j]);
 }
 
+#if LLMCORE_MLP_X86
+// add_residual_columns eight columns at a time (below): one row's [n_begin, n_end); returns
+// where it stopped. Written out because the baseline build's loop adds four floats at a
+// time, with a scalar prologue and tail for each of a prompt's short rows (gemm_all's slices
+// of 48 columns) (docs/performance.md, "What was tried": RoPE and the residual add eight
+// channels a step).
+static LLMCORE_MLP_AVX2 int64_t add_row_avx2(const float* residual, const float* y, int64_t n_begin, int64_t n_end,
+                                             float* out) {
+  int64_t n = n_begin;
+  for (; n + 8 <= n_end; n += 8)
+    _mm256_storeu_ps(out + n, _mm256_add_ps(_mm256_loadu_ps(residual + n), _mm256_loadu_ps(y + n)));
+  return n;
+}
+#endif
+
 void add_residual_columns(const float* residual, const float* y, int64_t rows, int64_t width, int64_t n_begin,
                           int64_t n_end, float* out) {
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t n = n_begin; n < n_end; ++n) out[t * width + n] = residual[t * width + n] + y[t * width + n];
+#if LLMCORE_MLP_X86
+  const bool avx2 = int4::uses_avx2();  // the GEMM's CPU check
+#endif
+  for (int64_t t = 0; t < rows; ++t) {
+    const float *rt = residual + t * width, *yt = y + t * width;
+    float* ot = out + t * width;
+    int64_t n = n_begin;
+#if LLMCORE_MLP_X86
+    if (avx2) n = add_row_avx2(rt, yt, n_begin, n_end, ot);
+#endif
+    for (; n < n_end; ++n) ot[n] = rt[n] + yt[n];
+  }
 }
 
 int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, const ParallelFor& parallel,
@@ -161,19 +186,7 @@ int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, const Paral
   float *ps = scale.data(), *pz = zero.data(), *pm = means.data();
   auto body = [&](int64_t b, int64_t e) {
     if (prepare) prepare(b, e);
-    int4::quantize_rows(x, k, b, e, pa, ps, pz, arranged);
-    if (!block_means) return;
-    for (int64_t i = b * blocks; i < e * blocks; ++i) {  // sum, then / 32, as a mean over a [.., 32] view
-      // eight running sums over the block's four eights (independent lanes, which the
-      // compiler vectorises), then added in order
-      const float* xb = x + i * int4::kBlock;
-      float lanes[8] = {};
-      for (int64_t j = 0; j < int4::kBlock; j += 8)
-        for (int l = 0; l < 8; ++l) lanes[l] += xb[j + l];
-      float sum = 0.0f;
-      for (int l = 0; l < 8; ++l) sum += lanes[l];
-      pm[i] = sum / static_cast<float>(int4::kBlock);
-    }
+    int4::quantize_rows(x, k, b, e, pa, ps, pz, arranged, /*portable=*/false, block_means ? pm : nullptr);
   };
   if (rows == 1)
     body(0, 1);  // one token: not worth waking the pool
