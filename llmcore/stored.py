@@ -68,6 +68,36 @@ class IntegerWeight:
         return w.reshape(rows, cols)
 
 
+def k_quant_codes(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GGUF k-quant super-block's 12 bytes of 6-bit codes (Q4_K's and Q5_K's, uint8
+    ``[..., 12]``) -> its 8 blocks' scale codes and minimum codes, int32 ``[..., 8]`` each.
+    Blocks 0-3 keep the six low bits of bytes 0-3 (scales) and 4-7 (minima); blocks 4-7 take
+    four bits from bytes 8-11 (a scale's low nibble, a minimum's high one) and their top two
+    from the top two bits of bytes 0-3 (scales) and 4-7 (minima)."""
+    c = codes.to(torch.int32)
+    scales_low, minima_low = c[..., 0:4] & 63, c[..., 4:8] & 63
+    scales_high = (c[..., 8:12] & 0x0F) | ((c[..., 0:4] >> 6) << 4)
+    minima_high = (c[..., 8:12] >> 4) | ((c[..., 4:8] >> 6) << 4)
+    return torch.cat((scales_low, scales_high), dim=-1), torch.cat((minima_low, minima_high), dim=-1)
+
+
+Q4_K_HEADER_BYTES = 16
+"""A Q4_K super-block's header: float16 ``d``, float16 ``dmin``, 12 bytes of codes; its 128
+bytes of nibbles (256 values) follow."""
+
+
+def q4_k_block_values(headers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K super-blocks' headers (uint8 ``[..., 16]``) -> each block of 32's scale and offset,
+    float32 ``[..., 8]``, for ``weight = scale * (u - 8) + offset`` (``u`` the nibble): the
+    scale ``d * sc`` (exact), the offset ``8 * scale - dmin * m`` (rounded once). The values a
+    Q4_K :class:`IntegerWeight` holds, and the ones llmcore-kernels computes from the same
+    header bytes (csrc/int4_gemm.h, ``Format::q4_k``)."""
+    halves = headers[..., 0:4].contiguous().view(torch.float16).float()
+    sc, m = k_quant_codes(headers[..., 4:16])
+    scales = halves[..., 0:1] * sc.float()
+    return scales, -(halves[..., 1:2] * m.float()) + 8.0 * scales
+
+
 @dataclass(frozen=True)
 class StoredFormat:
     """A weight the checkpoint stored in a form with no :class:`IntegerWeight` (F16, Q6_K, ...):

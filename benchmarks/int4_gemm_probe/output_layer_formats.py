@@ -36,19 +36,27 @@ def q6_k_table(rows: int, cols: int) -> torch.Tensor:
     return torch.from_numpy(blocks).view(rows, cols // 256, 210)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=128256, help="outputs (Llama-3's vocabulary)")
-    parser.add_argument("--cols", type=int, default=2048, help="inputs, a multiple of 256 (Llama-3.2-1B's width)")
+def parse_timing_args(parser: argparse.ArgumentParser, super_block: str) -> argparse.Namespace:
+    """``parser``'s arguments with the timing ones every format comparison here takes
+    (``--threads``, ``--calls``), ``--cols`` checked to be whole super-blocks of 256; the
+    threads set for torch's operators."""
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--calls", type=int, default=30)
     args = parser.parse_args()
     if args.cols % 256:
-        parser.error("--cols must be a multiple of 256 (a Q6_K super-block)")
+        parser.error(f"--cols must be a multiple of 256 (a {super_block} super-block)")
+    torch.set_num_threads(args.threads)
+    return args
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=128256, help="outputs (Llama-3's vocabulary)")
+    parser.add_argument("--cols", type=int, default=2048, help="inputs, a multiple of 256 (Llama-3.2-1B's width)")
+    args = parse_timing_args(parser, "Q6_K")
     from llmcore_kernels import ops  # noqa: F401  (registers the operators)
     from llmcore_xnnpack.qlinear import int8_gemm
 
-    torch.set_num_threads(args.threads)
     blocks = q6_k_table(args.rows, args.cols)
     values = torch.cat([torch.ops.llmcore.q6_k_embedding.default(blocks, part)
                         for part in torch.arange(args.rows).split(4096)])

@@ -14,7 +14,7 @@
 namespace llmcore_kernels {
 namespace aten {
 
-// A projection (int4_gemm.h's layouts: int4 blocks packed, int8 rows or blocks, Q6_K) from its three
+// A projection (int4_gemm.h's layouts: int4 blocks packed, Q4_K, int8 rows or blocks, Q6_K) from its three
 // tensors; `op` and `name` say whose, in the error.
 inline int4::PackedWeight projection(const char* op, const char* name, const at::Tensor& packed,
                                      const at::Tensor& scales, const at::Tensor& sums) {
@@ -61,12 +61,23 @@ inline int4::PackedWeight projection(const char* op, const char* name, const at:
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.size(2) == 16 && packed.is_contiguous(),
               op, ": ", name, ": ", kPackedShapeError, "; got ", packed.scalar_type(), " ", packed.sizes());
   const int64_t n = packed.size(0), k = int4::kBlock * packed.size(1);
+  TORCH_CHECK(sums.scalar_type() == at::kFloat && sums.dim() == 1 && sums.size(0) == n && sums.is_contiguous(),
+              op, ": ", name, "'s row sums must be a contiguous float32 [", n, "] tensor");
+  if (scales.scalar_type() == at::kByte) {  // a Q4_K weight: its super-blocks' headers as the file holds them
+    TORCH_CHECK(k % int4::kQ4KValues == 0 && scales.dim() == 3 && scales.size(0) == n &&
+                    scales.size(1) * int4::kQ4KValues == k && scales.size(2) == int4::kQ4KHeaderBytes &&
+                    scales.is_contiguous(),
+                op, ": ", name, ": a Q4_K weight's headers must be a contiguous uint8 [", n, ", ", k / 256,
+                ", 16] tensor (in a multiple of 256), got ", scales.sizes());
+    int4::PackedWeight w{packed.const_data_ptr<uint8_t>(), nullptr, sums.const_data_ptr<float>(), nullptr, n, k};
+    w.format = int4::Format::q4_k;
+    w.super_blocks = scales.const_data_ptr<uint8_t>();
+    return w;
+  }
   TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.dim() == 2 && scales.size(0) == n &&
                   scales.size(1) * int4::kBlock == k && scales.is_contiguous(),
               op, ": ", name, "'s scales must be a contiguous bfloat16 [", n, ", ", k / 32, "] tensor, got ",
               scales.scalar_type(), " ", scales.sizes());
-  TORCH_CHECK(sums.scalar_type() == at::kFloat && sums.dim() == 1 && sums.size(0) == n && sums.is_contiguous(),
-              op, ": ", name, "'s row sums must be a contiguous float32 [", n, "] tensor");
   return {packed.const_data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.const_data_ptr()),
           sums.const_data_ptr<float>(), nullptr, n, k};
 }
@@ -76,7 +87,8 @@ inline int4::PackedWeight projection(const char* op, const char* name, const at:
 inline at::Tensor block_offsets(const char* op, const char* name, const std::optional<at::Tensor>& offsets,
                                 int4::PackedWeight* w) {
   if (!offsets.has_value()) return at::Tensor();
-  TORCH_CHECK(w->format == int4::Format::int4_blocks, op, ": ", name, ": int8 and Q6_K weights take no block offsets");
+  TORCH_CHECK(w->format == int4::Format::int4_blocks, op, ": ", name,
+              ": int8, Q6_K and Q4_K weights take no block offsets (Q4_K's are its headers' minima)");
   TORCH_CHECK(offsets->scalar_type() == at::kHalf && offsets->device().is_cpu() && offsets->dim() == 3 &&
                   offsets->size(0) == (w->n + 7) / 8 && offsets->size(1) * int4::kBlock == w->k &&
                   offsets->size(2) == 8,

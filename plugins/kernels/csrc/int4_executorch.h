@@ -60,7 +60,7 @@ inline const char* q6_k_projection(const executorch::aten::Tensor& packed, const
   return nullptr;
 }
 
-// A projection from its three tensors (int4_gemm.h's layouts: int4 blocks packed, int8
+// A projection from its three tensors (int4_gemm.h's layouts: int4 blocks packed, Q4_K, int8
 // rows or blocks, Q6_K super-blocks), or why not.
 inline const char* projection(const executorch::aten::Tensor& packed, const executorch::aten::Tensor& scales,
                               const executorch::aten::Tensor& sums, int4::PackedWeight* out) {
@@ -71,11 +71,20 @@ inline const char* projection(const executorch::aten::Tensor& packed, const exec
   if (packed.scalar_type() != ScalarType::Byte || packed.dim() != 3 || packed.size(2) != 16 || !dense(packed))
     return kPackedShapeError;
   const int64_t n = packed.size(0), k = int4::kBlock * packed.size(1);
-  if (scales.scalar_type() != ScalarType::BFloat16 || scales.dim() != 2 || scales.size(0) != n ||
-      scales.size(1) * int4::kBlock != k || !dense(scales))
-    return "scales must be a contiguous bfloat16 [rows, in/32] tensor";
   if (sums.scalar_type() != ScalarType::Float || sums.dim() != 1 || sums.size(0) != n || !dense(sums))
     return "row sums must be a contiguous float32 [rows] tensor";
+  if (scales.scalar_type() == ScalarType::Byte) {  // a Q4_K weight: its super-blocks' headers
+    if (k % int4::kQ4KValues != 0 || scales.dim() != 3 || scales.size(0) != n ||
+        scales.size(1) * int4::kQ4KValues != k || scales.size(2) != int4::kQ4KHeaderBytes || !dense(scales))
+      return "a Q4_K weight's headers must be a contiguous uint8 [rows, in/256, 16] tensor (in a multiple of 256)";
+    *out = {packed.const_data_ptr<uint8_t>(), nullptr, sums.const_data_ptr<float>(), nullptr, n, k};
+    out->format = int4::Format::q4_k;
+    out->super_blocks = scales.const_data_ptr<uint8_t>();
+    return nullptr;
+  }
+  if (scales.scalar_type() != ScalarType::BFloat16 || scales.dim() != 2 || scales.size(0) != n ||
+      scales.size(1) * int4::kBlock != k || !dense(scales))
+    return "scales must be a contiguous bfloat16 [rows, in/32] tensor (or a Q4_K weight's uint8 headers)";
   *out = {packed.const_data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.const_data_ptr()),
           sums.const_data_ptr<float>(), nullptr, n, k};
   return nullptr;
@@ -85,7 +94,8 @@ inline const char* projection(const executorch::aten::Tensor& packed, const exec
 inline const char* block_offsets(const std::optional<executorch::aten::Tensor>& offsets, int4::PackedWeight* w) {
   if (!offsets.has_value()) return nullptr;
   const executorch::aten::Tensor& t = *offsets;
-  if (w->format != int4::Format::int4_blocks) return "int8 and Q6_K weights take no block offsets";
+  if (w->format != int4::Format::int4_blocks)
+    return "int8, Q6_K and Q4_K weights take no block offsets (Q4_K's are its headers' minima)";
   if (t.scalar_type() != executorch::aten::ScalarType::Half || t.dim() != 3 || t.size(0) != (w->n + 7) / 8 ||
       t.size(1) * int4::kBlock != w->k || t.size(2) != 8 || !dense(t))
     return "offsets must be a contiguous float16 [ceil(rows/8), in/32, 8] tensor";

@@ -360,14 +360,26 @@ void unpack_row(const uint8_t* packed, int64_t k, int8_t* values) {
   });
 }
 
+// int4 blocks and Q4_K: each block's integer dot product times its scale, added in block
+// order; a Q4_K row's offsets (each block's 32 c_j times its mean of x) summed apart, added
+// after finish, as the tiles add them.
 void gemm_rows_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y) {
   const int64_t blocks = w.k / kBlock;
+  const bool q4_k = w.format == Format::q4_k;
   thread_local std::vector<int8_t> values;
   thread_local std::vector<int32_t> block_dots;
+  thread_local std::vector<float> scales, offsets32;  // a Q4_K row's, block by block
   values.resize(w.k);
   block_dots.resize(blocks);
+  scales.resize(blocks);
+  offsets32.resize(blocks);
   for (int64_t n = n_begin; n < n_end; ++n) {
     unpack_row(w.packed + n * (w.k / 2), w.k, values.data());
+    for (int64_t b = 0; b < blocks; ++b) {
+      if (q4_k && b % 8 == 0)
+        q4_k_block_values(w.super_blocks + (n * blocks + b) / 8 * kQ4KHeaderBytes, &scales[b], &offsets32[b]);
+      if (!q4_k) scales[b] = bf16_to_float(w.scales[n * blocks + b]);
+    }
     for (int64_t t = 0; t < x.m; ++t) {
       const uint8_t* a = x.a + t * x.k;
       std::fill(block_dots.begin(), block_dots.end(), 0);
@@ -376,10 +388,13 @@ void gemm_rows_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n
         for (int64_t i = 0; i < size * kBlock; ++i)
           block_dots[g + (i % kBlock) / 4 / (8 / size)] += a[g * kBlock + i] * values[g * kBlock + i];
       });
-      float dot = 0.0f;
-      for (int64_t b = 0; b < blocks; ++b)
-        dot += bf16_to_float(w.scales[n * blocks + b]) * static_cast<float>(block_dots[b]);
+      float dot = 0.0f, offset = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) dot += scales[b] * static_cast<float>(block_dots[b]);
       finish(x, t, w, n, dot, y);
+      if (q4_k) {
+        for (int64_t b = 0; b < blocks; ++b) offset += offsets32[b] * x.means[t * blocks + b];
+        y[t * w.n + n] += offset;
+      }
     }
   }
 }
@@ -588,6 +603,21 @@ void add_block_offsets_portable(const QuantizedRows& x, const PackedWeight& w, i
 }
 
 }  // namespace
+
+void q4_k_block_values(const uint8_t* header, float* scales, float* offsets32) {
+  uint16_t d_bits, dmin_bits;
+  std::memcpy(&d_bits, header, sizeof d_bits);
+  std::memcpy(&dmin_bits, header + 2, sizeof dmin_bits);
+  const float d = half_to_float(d_bits), dmin = half_to_float(dmin_bits);
+  const uint8_t* q = header + 4;  // the 12 bytes of codes
+  for (int j = 0; j < 8; ++j) {
+    const int sc = j < 4 ? q[j] & 63 : (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    const int m = j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    scales[j] = d * static_cast<float>(sc);
+    const float minimum = dmin * static_cast<float>(m);
+    offsets32[j] = (8.0f * scales[j] - minimum) * 32.0f;
+  }
+}
 
 void add_block_offsets(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y) {
 #if LLMCORE_HAVE_X86

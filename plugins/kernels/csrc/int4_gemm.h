@@ -122,7 +122,21 @@ struct QuantizedRows {
 //       scales against the token's sums of 16 activations; that sum meets d in one
 //       multiply-add into float accumulators. The output layer's operator alone takes it (one
 //       token a step: no prompt tiles).
-enum class Format { int4_blocks, int8_rows, int8_blocks, q6_k };
+//   q4_k: a GGUF's Q4_K, its 4.5 bits a weight as the file holds them, where int4 blocks
+//       with a bfloat16 scale and a float16 offset take 5 and round each block's scale
+//       again (to 8 bits of its 17). The integers are int4 blocks' (`packed` as above: the
+//       file's nibbles moved into the arranged order, u in [0, 15]); the scales stay the
+//       file's 16-byte super-block headers as they are (`super_blocks` [n, k/256, 16]: float16
+//       d, float16 dmin, then 12 bytes of 6-bit codes: a scale sc_j and a minimum m_j for each
+//       of the super-block's 8 blocks of 32, packed as the file packs them):
+//         w[n, 32 j + i] = s_j (u - 8) + c_j,   s_j = d sc_j,   c_j = 8 s_j - dmin m_j
+//       s_j is exact in float32 (11 bits times 6) and c_j rounded once, the values the
+//       loader's IntegerWeight holds. A super-block is a group of 8 (k a multiple of 256):
+//       its lane scales are the s_j, and gemm_rows adds the offsets itself: in each lane
+//       32 c_j times block j's mean of x (x.means), added over the row's super-blocks with
+//       multiply-adds in order, the lanes summed as hsum sums them, after `finish`. A decode
+//       step so reads each header once, for both terms.
+enum class Format { int4_blocks, int8_rows, int8_blocks, q6_k, q4_k };
 
 // A Q6_K super-block: 256 values in 210 bytes: ql from byte 0, qh from kQ6KHighBitsAt, the
 // int8 scales from kQ6KScalesAt, the float16 d at kQ6KScaleAt.
@@ -132,8 +146,12 @@ constexpr int64_t kQ6KHighBitsAt = 128;
 constexpr int64_t kQ6KScalesAt = 192;
 constexpr int64_t kQ6KScaleAt = 208;
 
+// A Q4_K super-block: 256 values; its header (d, dmin, the codes from byte 4) is 16 bytes.
+constexpr int64_t kQ4KValues = 256;
+constexpr int64_t kQ4KHeaderBytes = 16;
+
 struct PackedWeight {
-  const uint8_t* packed;     // int4_blocks: [n, k/2]; int8_rows: [n, k] int8 bytes; q6_k: [n, k/256, 210]
+  const uint8_t* packed;     // int4_blocks, q4_k: [n, k/2]; int8_rows: [n, k] int8 bytes; q6_k: [n, k/256, 210]
   const uint16_t* scales;    // int4_blocks: [n, k/32], bfloat16 bits; int8_rows: unused
   const float* row_sums;     // [n]: sum_k of the dequantized row
   const float* bias;         // [n] or null
@@ -150,7 +168,20 @@ struct PackedWeight {
   Format format = Format::int4_blocks;
   const float* row_scales = nullptr;  // int8_rows: [n], float32
   const uint16_t* block_scales = nullptr;  // int8_blocks: [n, k/32], IEEE float16 bits
+  const uint8_t* super_blocks = nullptr;   // q4_k: [n, k/256, 16], the file's headers
 };
+
+// Whether w's products need each block's mean of x (QuantizedRows::means): int4 blocks with
+// offsets, and Q4_K (its minima).
+inline bool needs_block_means(const PackedWeight& w) { return w.offsets != nullptr || w.format == Format::q4_k; }
+
+// Whether w's rows hold their integers in the arranged order (int4 blocks and Q4_K), so that
+// x's rows must be rounded into it too.
+inline bool arranged_rows(const PackedWeight& w) { return w.format == Format::int4_blocks || w.format == Format::q4_k; }
+
+// A Q4_K super-block's header (Format::q4_k) -> its 8 block scales s_j and 8 offsets times
+// 32, 32 c_j: the floats the tiles compute from it, for the portable loops and the checks.
+LLMCORE_INT4_API void q4_k_block_values(const uint8_t* header, float* scales, float* offsets32);
 
 // The largest k an int8_rows weight may have: its 32-bit sums stay exact below it.
 constexpr int64_t kInt8MaxK = 65536;
@@ -168,7 +199,9 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
 void arrange(const uint8_t* in, int64_t k, uint8_t* out);
 
 // y[:, n_begin:n_end] for every row of x. y is [m, n] row-major. x's rows must be in the
-// arranged order for int4_blocks weights and in their own order for the others (int8, Q6_K).
+// arranged order for int4_blocks and Q4_K weights and in their own order for the others
+// (int8, Q6_K). A Q4_K weight's offsets are added here too (x.means must be given); int4
+// blocks' are add_block_offsets'.
 void gemm_rows(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end, float* y,
                bool portable = false);
 

@@ -176,7 +176,7 @@ void add_residual_columns(const float* residual, const float* y, int64_t rows, i
 int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, const ParallelFor& parallel,
                                        const int4::PackedWeight& w, const RangeWork& prepare) {
   const int64_t k = w.k;
-  const bool block_means = w.offsets != nullptr, arranged = w.format == int4::Format::int4_blocks;
+  const bool block_means = int4::needs_block_means(w), arranged = int4::arranged_rows(w);
   const int64_t blocks = k / int4::kBlock;
   a.resize(rows * k);
   scale.resize(rows);

@@ -86,9 +86,11 @@ def llmcore_partitioners() -> list[Backend]:
             # embedding (Llama-3.2-1B's program 1058 -> 776 MiB), or a GGUF's Q8_0 table's blocks
             # read so by both (int8 blocks: SmolLM2's program 128.7 -> 101.5 MiB); an output layer
             # stored as Q6_K (a Q4_K_M file's) as the file's super-blocks, and its tied table's
-            # lookups in them
+            # lookups in them; Q4_K linears as the file's integers and super-block headers (the
+            # exact values in the file's 4.5 bits a weight, not bfloat16 scales and float16 offsets)
             recipe_defaults={"8da8w": {"outlier_split": False},
-                             "gguf": {"int4_nibbles": True, "tied_table": True, "q6_k_output": True},
+                             "gguf": {"int4_nibbles": True, "tied_table": True, "q6_k_output": True,
+                                      "q4_k_headers": True},
                              "8da4w": {"int4_nibbles": True, "tied_table": True}},
         )
     ]

@@ -168,6 +168,7 @@ class KernelLinear(nn.Module):
 
     def extra_repr(self) -> str:
         kind = ("Q6_K super-blocks" if self.w.dim() == 3 and self.w.shape[2] == Q6_K_BYTES else
+                "Q4_K (int4 blocks, the file's headers)" if self.w_scales.dtype == torch.uint8 else
                 f"int4 blocks of {mlp.BLOCK}" if self.w.dtype != torch.int8 else
                 f"int8 blocks of {mlp.BLOCK}" if self.w_scales.dim() == 2 else "int8 rows")
         return f"{self.in_features}, {self.out_features}, {kind}"

@@ -26,6 +26,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from llmcore.errors import LlmcoreError
 from llmcore.modules import replace_modules
+from llmcore.stored import q4_k_block_values
 from llmcore_xnnpack.qlinear import (Q6_K_VALUES, BlockInt4Linear, BlockInt8Linear, ChannelInt8Linear,
                                      StoredBlocksLinear, float16_values, relative_error)
 
@@ -62,11 +63,16 @@ def pack(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     bf16 = scales.to(torch.bfloat16)
     if not torch.equal(bf16.float(), scales.float()):
         raise ValueError("int4 scales must be bfloat16 values")
-    # each row's sum: the integers of each block summed exactly (int16: at most 32 x 15), times
-    # the block's scale, in float64; a slice of rows at a time (no float64 copy of the weight:
-    # 470 MB for one of Llama-3.1-8B's MLP matrices)
+    return packed, bf16.contiguous(), _row_sums(q, scales, nibbles)
+
+
+def _row_sums(q: torch.Tensor, scales: torch.Tensor, nibbles: bool) -> torch.Tensor:
+    """Each row's sum of the int4 part ``scales * q``, float32: the integers of each block
+    summed exactly (int16: at most 32 x 15), times the block's scale, in float64; a slice of
+    rows at a time (no float64 copy of the weight: 470 MB for one of Llama-3.1-8B's MLP
+    matrices)."""
     sums = (torch.cat([_block_sums(part, nibbles) for part in q.split(_SUM_ROWS)]).double() * scales.double()).sum(1)
-    return packed, bf16.contiguous(), sums.float().contiguous()
+    return sums.float().contiguous()
 
 
 def _block_sums(q: torch.Tensor, nibbles: bool) -> torch.Tensor:
@@ -84,6 +90,23 @@ def register_packed(module: nn.Module, name: str, q: torch.Tensor, scales: torch
     module.register_buffer(name, packed)
     module.register_buffer(f"{name}_scales", bf16)
     module.register_buffer(f"{name}_sums", sums)
+
+
+def register_q4_k(module: nn.Module, name: str, q: torch.Tensor, headers: torch.Tensor) -> None:
+    """A Q4_K weight (integers ``q`` as :func:`pack` takes them, the file's super-block
+    ``headers`` uint8 ``[rows, in/256, 16]``) into ``module``'s buffers ``name`` (the nibbles
+    packed as int4 blocks'), ``name_scales`` (the headers themselves: the kernels compute each
+    block's scale and offset from them, csrc/int4_gemm.h ``Format::q4_k``) and ``name_sums``
+    (each row's sum of the int4 part, with the exact scales). No offsets tensor: the headers
+    hold the minima."""
+    from llmcore_kernels import ops  # noqa: F401  registers llmcore::int4_pack
+
+    nibbles = q.dtype == torch.uint8
+    scales, _ = q4_k_block_values(headers)
+    module.register_buffer(name, torch.ops.llmcore.int4_pack.default(q.contiguous() if nibbles else
+                                                                      q.to(torch.int8).contiguous()))
+    module.register_buffer(f"{name}_scales", headers.contiguous())
+    module.register_buffer(f"{name}_sums", _row_sums(q, scales.reshape(len(q), -1), nibbles))
 
 
 def register_int8(module: nn.Module, name: str, q: torch.Tensor, scales: torch.Tensor) -> None:
@@ -140,7 +163,9 @@ def register_linears(module: nn.Module, name: str, linears: list[nn.Module], int
     """The linears' rows stacked (or, with ``interleave``, two linears' rows interleaved, as
     ``gate_up``'s: :func:`interleave_rows`) into one projection's four buffers: int4 blocks
     when they are :class:`BlockInt4Linear`, int8 rows when :class:`ChannelInt8Linear`, int8
-    blocks when :class:`BlockInt8Linear` (a tied Q8_0 table: its tensors themselves), and
+    blocks when :class:`BlockInt8Linear` (a tied Q8_0 table: its tensors themselves), Q4_K
+    when every one is a :class:`BlockInt4Linear` that kept its file's headers
+    (:func:`register_q4_k`), and
     ``name_offsets`` (:func:`stacked_offsets`; None without any). An int4 linear's blocks are
     taken in :func:`signed_form`: a Q4_0 file's negative scales are the kernels' again."""
 
@@ -153,7 +178,11 @@ def register_linears(module: nn.Module, name: str, linears: list[nn.Module], int
         return
     int8_blocks = all(isinstance(p, BlockInt8Linear) for p in linears)
     int8 = all(isinstance(p, ChannelInt8Linear) for p in linears)
-    if int8 or int8_blocks:
+    q4_k = all(isinstance(p, BlockInt4Linear) and p.q4_k_headers is not None for p in linears)
+    if q4_k:  # the file's integers and headers: the exact scales and offsets, computed by the kernels
+        held_as_nibbles = all(p.q is None for p in linears)
+        parts = [(p.q_nibbles if held_as_nibbles else p.integers(), p.q4_k_headers, None) for p in linears]
+    elif int8 or int8_blocks:
         parts = [(p.q, p.scales, None) for p in linears]
     else:  # two to a byte where all are held so (rows are rows either way), else int8
         held_as_nibbles = all(p.q is None for p in linears)
@@ -165,7 +194,9 @@ def register_linears(module: nn.Module, name: str, linears: list[nn.Module], int
             return tensors[0]
         return interleave_rows(*tensors) if interleave else torch.cat(tensors)
 
-    if int8_blocks:
+    if q4_k:
+        register_q4_k(module, name, stacked(0), stacked(1))
+    elif int8_blocks:
         register_int8_blocks(module, name, stacked(0), stacked(1))
     elif int8:
         register_int8(module, name, stacked(0), stacked(1))
@@ -217,7 +248,8 @@ def computing_as_the_kernels(module: nn.Module) -> Iterator[None]:
     other, which a layer's attention and gate amplify past the layer check's tolerance
     (0.024-0.036 on SmolLM2's layers). Against its own form a kernel layer is a float
     summation order away. A linear whose form the kernels keep (its offsets its own) is left
-    as it is."""
+    as it is, and so is one that kept a GGUF's Q4_K headers (it computes with their exact
+    values, as the kernels do: :func:`register_q4_k`)."""
     kept = []
     for p in module.modules():
         if not (isinstance(p, BlockInt4Linear) and p.offset_weight is not None):

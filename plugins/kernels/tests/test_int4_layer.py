@@ -217,7 +217,7 @@ def test_the_operators_check_their_inputs(ops):
                                             m.gate_up_sums, None, m.down, m.down_scales, m.down_sums, None)
     int8 = KernelLayer(int4_block(int8=True))
     assert int8.qkv.dtype == torch.int8 and int8.qkv.shape == (128, 64) and int8.qkv_scales.shape == (128,)
-    with pytest.raises(RuntimeError, match="int8 and Q6_K weights take no block offsets"):
+    with pytest.raises(RuntimeError, match="int8, Q6_K and Q4_K weights take no block offsets"):
         torch.ops.llmcore.int4_linear_add(x, int8.wo, int8.wo_scales, int8.wo_sums, torch.zeros(8, 2, 8), x)
     with pytest.raises(RuntimeError, match=r"an int8 weight's scales must be a contiguous float32 \[64\] \(one a row\) "
                                            r"or float16 \[64, 2\] \(one a block of 32\)"):
@@ -379,7 +379,7 @@ def test_the_output_layer_operator_checks_its_inputs(ops):
         torch.ops.llmcore.int4_linear(x, k.w, k.w_scales, k.w_sums, torch.zeros(32), None)
     with pytest.raises(RuntimeError, match="x's last size must be 64"):
         torch.ops.llmcore.int4_linear(x[..., :32], k.w, k.w_scales, k.w_sums, None, None)
-    with pytest.raises(RuntimeError, match="int8 and Q6_K weights take no block offsets"):
+    with pytest.raises(RuntimeError, match="int8, Q6_K and Q4_K weights take no block offsets"):
         torch.ops.llmcore.int4_linear(x, k.w, k.w_scales, k.w_sums, None, torch.zeros(40, 2, 8))
 
 

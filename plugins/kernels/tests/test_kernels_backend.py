@@ -8,6 +8,7 @@ integers: the logits must agree) and against the eager module (the export's pari
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 
@@ -254,7 +255,7 @@ def test_a_gemma_gguf_runs_every_layer_on_the_kernels_by_default(kernel_library,
     assert float((got - want).norm() / want.norm()) < 0.03 and int(got.argmax()) == int(want.argmax())
 
 
-def test_a_q4_k_m_gguf_runs_every_layer_on_the_kernels_its_v_as_int8_rows(kernel_library, tmp_path):
+def test_a_q4_k_m_gguf_runs_every_layer_on_the_kernels_its_v_as_int8_rows(kernel_library, tmp_path, caplog):
     """A GGUF quantized as llama.cpp's Q4_K_M is (what most published GGUFs are): Q4_K layers
     with a Q6_K v in some of them (llama.cpp gives half the layers' attn_v more bits). The v
     becomes int8 rows and q and k int4 blocks with offsets, which one projection cannot hold:
@@ -283,15 +284,19 @@ def test_a_q4_k_m_gguf_runs_every_layer_on_the_kernels_its_v_as_int8_rows(kernel
     stored = gguf.GGUFReader(str(path))
     assert {t.name: t.tensor_type for t in stored.tensors}["blk.0.attn_v.weight"] == Q.Q6_K
     tokenizer = str(folder / "tokenizer.json")
-    ours = _export(tmp_path, "ours", checkpoint=str(path), tokenizer=tokenizer)
+    with caplog.at_level(logging.WARNING, logger="llmcore_xnnpack.recipes"):
+        ours = _export(tmp_path, "ours", checkpoint=str(path), tokenizer=tokenizer)
     alone = _export(tmp_path, "alone", checkpoint=str(path), tokenizer=tokenizer, plugins=["xnnpack"])
     (taken,) = ours.report["taken"]
     assert taken["left"] == [] and taken["taken"][:2] == ["layers.0", "layers.1"]
     assert {f"llmcore::{op}.out" for op in LAYER_OPS} <= set(libraries.program_operators(ours.pte.read_bytes()))
     assert ours.report["parity"]["top1_agreement"] == 1.0 and ours.report["parity"]["max_abs_diff"] < 0.05
+    # the Q4_K layers keep their headers: the kernels compute the file's values, where XNNPACK
+    # alone takes bfloat16 scales (up to 0.39% off each; test_q4_k.py has the layers alone)
+    assert "12 Q4_K kept with its headers" in caplog.text
     want = torch.as_tensor(Program.load(alone.pte).logits(IDS, input_pos=0))
     got = torch.as_tensor(Program.load(ours.pte).logits(IDS, input_pos=0))
-    assert float((got - want).norm() / want.norm()) < 0.03 and int(got.argmax()) == int(want.argmax())
+    assert float((got - want).norm() / want.norm()) < 0.05 and int(got.argmax()) == int(want.argmax())
 
 
 def test_a_q6_k_output_layer_runs_as_the_file_stores_it(kernel_library, tmp_path):

@@ -32,6 +32,8 @@ import gguf
 import numpy as np
 import torch
 
+from llmcore.stored import Q4_K_HEADER_BYTES, k_quant_codes, q4_k_block_values
+
 Q = gguf.GGMLQuantizationType
 F32, F16, BF16 = int(Q.F32), int(Q.F16), int(Q.BF16)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = int(Q.Q4_0), int(Q.Q4_1), int(Q.Q5_0), int(Q.Q5_1), int(Q.Q8_0)
@@ -120,20 +122,11 @@ def dequantize_q5_1(raw: torch.Tensor) -> torch.Tensor:
     return (_f16(b[:, :2]) * q + _f16(b[:, 2:4])).reshape(-1)
 
 
-def _k4_scales_mins(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unpack Q4_K's 12 bytes into 8 six-bit scales and 8 six-bit mins, ``[N, 8]`` each."""
-    s = s.to(torch.int32)
-    sc_lo, m_lo = s[:, 0:4] & 63, s[:, 4:8] & 63
-    sc_hi = (s[:, 8:12] & 0x0F) | ((s[:, 0:4] >> 6) << 4)
-    m_hi = (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)
-    return torch.cat((sc_lo, sc_hi), dim=1), torch.cat((m_lo, m_hi), dim=1)
-
-
 def dequantize_q4_k(raw: torch.Tensor) -> torch.Tensor:
     b = _blocks(raw, 144)
     n = b.shape[0]
     d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    sc, mn = _k4_scales_mins(b[:, 4:16])
+    sc, mn = k_quant_codes(b[:, 4:16])
     qs = b[:, 16:].reshape(n, 4, 32)  # four chunks of 64 values
     q = torch.stack((qs & 0x0F, qs >> 4), dim=2).reshape(n, 8, 32).float()  # sub-block j
     scale = (d * sc.float()).unsqueeze(-1)
@@ -145,7 +138,7 @@ def dequantize_q5_k(raw: torch.Tensor) -> torch.Tensor:
     b = _blocks(raw, 176)
     n = b.shape[0]
     d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    sc, mn = _k4_scales_mins(b[:, 4:16])
+    sc, mn = k_quant_codes(b[:, 4:16])
     qh = b[:, 16:48].to(torch.int32)  # [n, 32]: bit j of qh[l] is the 5th bit of sub-block j, lane l
     qs = b[:, 48:].reshape(n, 4, 32).to(torch.int32)
     low = torch.stack((qs & 0x0F, qs >> 4), dim=2).reshape(n, 8, 32)
@@ -206,13 +199,10 @@ def integers_q4_1(raw: torch.Tensor) -> tuple:
 def integers_q4_k(raw: torch.Tensor) -> tuple:
     b = _blocks(raw, 144)
     n = b.shape[0]
-    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    sc, mn = _k4_scales_mins(b[:, 4:16])
-    qs = b[:, 16:].reshape(n, 4, 32)
+    scale, offset = q4_k_block_values(b[:, :Q4_K_HEADER_BYTES])
+    qs = b[:, Q4_K_HEADER_BYTES:].reshape(n, 4, 32)
     u = torch.stack((qs & 0x0F, qs >> 4), dim=2).reshape(n * 8, 32).to(torch.int8)
-    scale = (d * sc.float()).reshape(n * 8, 1)
-    minimum = -(dmin * mn.float()).reshape(n * 8, 1)
-    return u - 8, scale, minimum + 8.0 * scale
+    return u - 8, scale.reshape(n * 8, 1), offset.reshape(n * 8, 1)
 
 
 INTEGER_READERS: dict[int, tuple[int, Callable[[torch.Tensor], tuple]]] = {
@@ -224,10 +214,12 @@ INTEGER_READERS: dict[int, tuple[int, Callable[[torch.Tensor], tuple]]] = {
 """type -> (bits, reader): the types whose integers a program can carry unchanged."""
 
 
-KEPT_AS_STORED = (Q6_K,)
+KEPT_AS_STORED = (Q6_K, Q4_K)
 """The types whose bytes a loader hands over as the file stores them
-(:attr:`llmcore.stored.FileWeight.read_blocks`): Q6_K, which llmcore-kernels computes as it
-is (a Q4_K_M file's output layer and the token table tied to it)."""
+(:attr:`llmcore.stored.FileWeight.read_blocks`), which llmcore-kernels computes as they are:
+Q6_K (a Q4_K_M file's output layer and the token table tied to it), and Q4_K, whose
+super-blocks' headers (the 6-bit scale and minimum codes) a program keeps beside the
+integers."""
 
 
 def integer_weight(raw, qtype: int, shape, source_name: str, decoded: Optional[Callable[[int, int], None]] = None):

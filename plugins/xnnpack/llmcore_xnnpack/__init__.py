@@ -251,6 +251,14 @@ def llmcore_quantizers() -> list[QuantizerRecipe]:
                     "int8 per channel takes 8 and rounds them again; only llmcore-kernels computes them (it "
                     "asks for it), so with XNNPACK alone the layer is rounded to int8 per channel (false)",
                 ),
+                "q4_k_headers": (
+                    bool,
+                    False,
+                    "int4 linears the GGUF stores as Q4_K (most of a Q4_K_M file's) also keep their super-blocks' "
+                    "headers as the file holds them (a float16 scale and minimum and 6-bit codes a block): "
+                    "llmcore-kernels computes those exact values (it asks for it), 4.5 bits a weight as the file; "
+                    "XNNPACK takes bfloat16 scales and float16 offsets (5 bits), and drops them",
+                ),
             },
         ),
     ]

@@ -49,7 +49,7 @@ from torch import nn
 from llmcore.errors import LlmcoreError
 from llmcore.modules import static_shape
 from llmcore.progress import heap_for_temporaries
-from llmcore.stored import id_runs
+from llmcore.stored import id_runs, q4_k_block_values
 
 # Importing this module registers the quantized_decomposed ops with torch.
 import torch.ao.quantization.fx._decomposed  # noqa: F401
@@ -201,10 +201,19 @@ class BlockInt4Linear(nn.Module):
     :meth:`unpack_`: the kernels take them so, and a Q4_0 model (a negative scale in about
     half its blocks) then holds 18 bytes a block, as its file, not 25 (offsets, float32
     scales, zero points: 1.5 GB more in Llama-3.1-8B's export).
+
+    ``q4_k_headers``: for integers a GGUF stores as Q4_K, its super-blocks' 16-byte headers as
+    the file holds them (uint8 ``[out, in/256, 16]``; ``scales`` and ``offsets`` must be the
+    values ``llmcore.stored.q4_k_block_values`` gives for them), kept with ``nibbles`` for
+    llmcore-kernels, which computes those exact values from the file's 4.5 bits a weight. This
+    module computes with them too while it holds them (the eager model the export checks the
+    program against); XNNPACK takes the bf16 scales and float16 offsets (``unpack_`` drops the
+    headers, and the module computes with those from then on).
     """
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, offsets: Optional[torch.Tensor] = None,
-                 bias: Optional[torch.Tensor] = None, outlier_split: bool = False, nibbles: bool = False):
+                 bias: Optional[torch.Tensor] = None, outlier_split: bool = False, nibbles: bool = False,
+                 q4_k_headers: Optional[torch.Tensor] = None):
         super().__init__()
         self.outlier_split = outlier_split
         out_features, in_features = q.shape
@@ -227,14 +236,38 @@ class BlockInt4Linear(nn.Module):
         self.register_buffer("zeros", None if nibbles else torch.zeros(scales.shape, dtype=torch.int8))
         self.offset_weight = _offset_weight(offsets, self.block)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        if q4_k_headers is not None and (not nibbles or self.block != 32 or q4_k_headers.dtype != torch.uint8
+                                         or tuple(q4_k_headers.shape) != (out_features, in_features // 256, 16)
+                                         or in_features % 256):
+            raise ValueError(f"Q4_K headers for a [{out_features}, {in_features}] int4 weight held two to a byte "
+                             f"must be uint8 [{out_features}, {in_features // 256}, 16], got "
+                             f"{tuple(q4_k_headers.shape)} {q4_k_headers.dtype}")
+        self.register_buffer("q4_k_headers", q4_k_headers)
 
     def weight_values(self, rows: slice = slice(None)) -> torch.Tensor:
         """The fp32 weight this layer computes with (for measuring it); ``rows`` of it."""
         w = self._int4_values(rows)
-        if self.offset_weight is not None:
-            offsets = self.offset_weight[rows] / self.block
-            w = w.view(w.shape[0], -1, self.block).add_(offsets.unsqueeze(-1))
+        offset_weight = self._offset_weight_used(rows)
+        if offset_weight is not None:
+            w = w.view(w.shape[0], -1, self.block).add_((offset_weight / self.block).unsqueeze(-1))
         return w.reshape(-1, self.in_features)
+
+    def _scales_used(self, rows: slice = slice(None)) -> torch.Tensor:
+        """The scales this layer computes with: its Q4_K headers' exact ones while it holds
+        them, else ``scales`` (bf16 values)."""
+        if self.q4_k_headers is None:
+            return self.scales[rows]
+        scales, _ = q4_k_block_values(self.q4_k_headers[rows])
+        return scales.reshape(scales.shape[0], -1)
+
+    def _offset_weight_used(self, rows: Optional[slice] = None) -> Optional[torch.Tensor]:
+        """The offset weight (offsets times the block) this layer computes with (``rows`` of it,
+        or the parameter itself: what XNNPACK's partitioner sees in an export): its Q4_K
+        headers' exact offsets while it holds them, else ``offset_weight``."""
+        if self.q4_k_headers is None:
+            return self.offset_weight if self.offset_weight is None or rows is None else self.offset_weight[rows]
+        _, offsets = q4_k_block_values(self.q4_k_headers if rows is None else self.q4_k_headers[rows])
+        return offsets.reshape(offsets.shape[0], -1) * self.block
 
     def integers(self, rows: slice = slice(None)) -> torch.Tensor:
         """``q[rows]``: int8 in [-8, 7], whether held as bytes or as nibbles."""
@@ -249,12 +282,13 @@ class BlockInt4Linear(nn.Module):
             self.q, self.q_nibbles, self.scales = q.contiguous(), None, scales.contiguous()
             self.zeros = torch.zeros(scales.shape, dtype=torch.int8)
             self.offset_weight = _offset_weight(offsets, self.block)
+            self.q4_k_headers = None  # XNNPACK computes the bf16 scales and float16 offsets
         return self
 
     def _int4_values(self, rows: slice = slice(None)) -> torch.Tensor:
         """``scales * q``: the int4 part, what ``dequantize_per_channel_group`` gives."""
         q = self.integers(rows)
-        w = q.float().view(q.shape[0], -1, self.block).mul_(self.scales[rows].unsqueeze(-1))
+        w = q.float().view(q.shape[0], -1, self.block).mul_(self._scales_used(rows).unsqueeze(-1))
         return w.view(q.shape[0], self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -268,13 +302,16 @@ class BlockInt4Linear(nn.Module):
             y = int8_gemm(x, w, self.bias, self.outlier_split)
         else:  # the same values, without the decomposed op's int temporaries (eager reference)
             y = gemm_by_rows(x, self, self.bias, self.outlier_split, values=self._int4_values)
-        if self.offset_weight is not None:
+        offset_weight = self._offset_weight_used()
+        if offset_weight is not None:
             # offsets * sum(x over the block) = (offsets * block) * mean(x over the block)
-            y = y + F.linear(block_means(x, self.block), self.offset_weight)
+            y = y + F.linear(block_means(x, self.block), offset_weight)
         return y
 
     def extra_repr(self) -> str:
         kind = "int4 + per-block offsets" if self.offset_weight is not None else "int4"
+        if self.q4_k_headers is not None:
+            kind += " (Q4_K headers kept)"
         split = ", outlier split" if self.outlier_split else ""
         return f"{self.in_features}, {self.out_features}, {kind}, block={self.block}{split}"
 

@@ -24,7 +24,10 @@ One stored as Q4_0, Q4_1 or Q4_K keeps its integers two a byte
 (:class:`.torchao_quant.StoredNibbleEmbedding`). With ``q6_k_output`` (llmcore-kernels asks for
 it) an output layer stored as Q6_K (a Q4_K_M file's) keeps the file's bytes
 (:class:`.qlinear.StoredBlocksLinear`), and a token table tied to it looks its rows up in them
-(:class:`.qlinear.StoredBlocksEmbedding`).
+(:class:`.qlinear.StoredBlocksEmbedding`). With ``q4_k_headers`` (llmcore-kernels asks for it
+too) a Q4_K linear keeps its super-blocks' headers beside its integers
+(:attr:`.qlinear.BlockInt4Linear.q4_k_headers`): the kernels compute its exact scales and
+offsets from them.
 
 Both print one line per recipe run: what each group of layers became and the weight error
 (``||W_program - W_source|| / ||W_source||``) it cost.
@@ -44,7 +47,7 @@ from llmcore.errors import LlmcoreError
 from llmcore.progress import WEIGHT_TEMPORARIES, before_own_mapping, heap_for_temporaries
 from llmcore.records import Calibration
 from llmcore.runtime import torch_threads_after_custom_ops
-from llmcore.stored import (IntegerWeight, float_rows, floats, has_integers, in_file, pass_temporaries, record,
+from llmcore.stored import (Q4_K_HEADER_BYTES, IntegerWeight, float_rows, floats, has_integers, in_file, pass_temporaries, record,
                             stored_blocks, stored_form)
 from llmcore_xnnpack import qlinear
 from llmcore_xnnpack.torchao_quant import (
@@ -392,13 +395,21 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
             linear = module.get_submodule(name)
             form = stored_form(linear.weight)
             if isinstance(form, IntegerWeight) and form.bits == 4:
+                headers = None
+                if (options["q4_k_headers"] and options["int4_nibbles"] and form.format == "Q4_K"
+                        and (blocks := stored_blocks(linear.weight)) is not None):
+                    headers = blocks[..., :Q4_K_HEADER_BYTES].contiguous()  # a copy: the blocks go
+                    blocks = None
                 new = qlinear.BlockInt4Linear(form.q, form.scales, form.offsets, linear.bias, options["outlier_split"],
-                                              nibbles=options["int4_nibbles"])
-                bf16 = form.scales.to(torch.bfloat16).float()
-                scale_rounding = max(scale_rounding, qlinear.bf16_scale_error(form.scales, bf16))
-                kept_offsets = qlinear.float16_offsets(form.offsets, form.block)
-                summary.add(f"{form.format} kept", error=qlinear.rescaled_error(form.q, form.scales, bf16, form.offsets,
-                                                                                kept_offsets))
+                                              nibbles=options["int4_nibbles"], q4_k_headers=headers)
+                if headers is not None:  # the file's values exactly, where the kernels take the layer
+                    summary.add(f"{form.format} kept with its headers (the kernels compute the file's values)")
+                else:
+                    bf16 = form.scales.to(torch.bfloat16).float()
+                    scale_rounding = max(scale_rounding, qlinear.bf16_scale_error(form.scales, bf16))
+                    kept_offsets = qlinear.float16_offsets(form.offsets, form.block)
+                    summary.add(f"{form.format} kept", error=qlinear.rescaled_error(form.q, form.scales, bf16,
+                                                                                    form.offsets, kept_offsets))
             elif (isinstance(form, IntegerWeight) and form.bits == 8 and form.offsets is None
                   and form.block == qlinear.BlockInt8Linear.block and options["tied_table"]
                   and id(linear.weight) in tables and qlinear.float16_values(form.scales)):
