@@ -28,9 +28,10 @@ import bench_decode  # noqa: E402  (machine_header)
 from output_layer_formats import parse_timing_args  # noqa: E402
 
 
-def q4_k_linear(rows: int, cols: int):
-    """A BlockInt4Linear of random Q4_K super-blocks, its headers kept (as the ``gguf`` recipe
-    makes one for the kernels)."""
+def q4_k_linear(rows: int, cols: int, headers: bool):
+    """A BlockInt4Linear of random Q4_K super-blocks (the same ones each call), its headers
+    kept (as the ``gguf`` recipe makes one for the kernels) or not (bf16 scales and float16
+    offsets)."""
     import gguf
     from llmcore_llama.quants import integers_q4_k
     from llmcore_llama.testing import random_k_blocks
@@ -38,9 +39,9 @@ def q4_k_linear(rows: int, cols: int):
 
     raw = torch.from_numpy(random_k_blocks(gguf.GGMLQuantizationType.Q4_K, rows, cols, scale=1e-3))
     q, scales, offsets = integers_q4_k(raw.reshape(-1))
-    headers = raw.view(rows, cols // 256, 144)[..., :16].contiguous()
+    kept = raw.view(rows, cols // 256, 144)[..., :16].contiguous() if headers else None
     return qlinear.BlockInt4Linear(q.view(rows, cols), scales.view(rows, -1), offsets.view(rows, -1), nibbles=True,
-                                   q4_k_headers=headers)
+                                   q4_k_headers=kept)
 
 
 def main() -> int:
@@ -51,12 +52,9 @@ def main() -> int:
     args = parse_timing_args(parser, "Q4_K")
     from llmcore_kernels.layers import KernelLinear
 
-    linear = q4_k_linear(args.rows, args.cols)
-    with_headers = KernelLinear(linear)
-    headers, linear.q4_k_headers = linear.q4_k_headers, None
-    bf16_blocks = KernelLinear(linear)  # the same integers, bf16 scales and float16 offsets
-    linear.q4_k_headers = headers
-    forms = {"Q4_K": (with_headers, True), "int4 blocks": (bf16_blocks, False)}
+    modules = {"Q4_K": q4_k_linear(args.rows, args.cols, headers=True),
+               "int4 blocks": q4_k_linear(args.rows, args.cols, headers=False)}  # the same integers
+    forms = {name: (KernelLinear(module), module) for name, module in modules.items()}
     sizes = {name: sum(b.numel() * b.element_size() for n, b in kernel.named_buffers() if b is not None)
              for name, (kernel, _) in forms.items()}
     print(bench_decode.machine_header())
@@ -64,9 +62,8 @@ def main() -> int:
     for tokens in (int(t) for t in args.tokens.split(",")):
         x = torch.randn(1, tokens, args.cols, generator=torch.Generator().manual_seed(tokens))
         with torch.no_grad():
-            for name, (kernel, exact) in forms.items():  # each output checked before it is timed
-                linear.q4_k_headers = headers if exact else None  # the module computes with those values
-                want = linear(x)
+            for name, (kernel, module) in forms.items():  # each output checked before it is timed
+                want = module(x)
                 error = float((kernel(x) - want).norm() / want.norm())
                 if error > 1e-4:
                     print(f"{name}: the kernel's output is {error:.2g} from its module: no timing", file=sys.stderr)

@@ -224,16 +224,16 @@ def signed_form(p: BlockInt4Linear, nibbles: bool) -> tuple[torch.Tensor, torch.
     against fp32, KL 0.01827 -> 0.01939). The integers are the module's (int8, or two to a
     byte with ``nibbles``: ``~`` of a byte is ``~`` of both its nibbles)."""
     q = p.q_nibbles if nibbles else p.integers()
-    offsets = p.offset_weight
+    scales, offsets = p.int4_block_form()  # (a Q4_K layer's headers' values, in a stack of other kinds)
     if offsets is None:
-        return q, p.scales, None
+        return q, scales, None
     offsets = offsets.detach()
-    flip = offsets == p.scales * p.block  # offset_weight is the offset times the block
+    flip = offsets == scales * p.block  # offset_weight is the offset times the block
     if not bool((flip | (offsets == 0)).all()):  # offsets of its own (Q4_1's minima) stay, all
-        return q, p.scales, offsets
+        return q, scales, offsets
     blocks = q.view(q.shape[0], flip.shape[1], -1)
     q = torch.where(flip.unsqueeze(-1), torch.bitwise_not(blocks), blocks).view(q.shape)
-    return q, torch.where(flip, -p.scales, p.scales), None
+    return q, torch.where(flip, -scales, scales), None
 
 
 @contextmanager
@@ -356,7 +356,7 @@ def why_not_linear(role: str, p: nn.Module, offsets: bool = False, int8: bool = 
             f"its {role} takes {p.in_features} inputs (the int8 kernel: a multiple of {BLOCK} below {INT8_MAX_IN})")
     if p.block != BLOCK:
         return f"its int4 blocks are {p.block} wide (the kernel's are {BLOCK}: group_size=32)"
-    if p.offset_weight is not None and not offsets:
+    if p.has_offsets and not offsets:
         return "its int4 blocks have offsets (asymmetric=true)"
     if p.offset_weight is not None and not float16_values(p.offset_weight):
         # only a layer unpack_()ed for XNNPACK with offsets of its own and a negative scale

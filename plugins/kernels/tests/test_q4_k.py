@@ -14,10 +14,11 @@ import pytest
 import torch
 
 
-def q4_k_linear(rows: int, cols: int, seed: int):
+def q4_k_linear(rows: int, cols: int, seed: int, headers: bool = True):
     """A BlockInt4Linear from random well-formed Q4_K super-blocks, held as the ``gguf`` recipe
-    holds one for the kernels (nibbles, the file's headers kept), and the weight's values as
-    the gguf package dequantizes them (fp32 [rows, cols])."""
+    holds one for the kernels (nibbles, the file's headers kept; without ``headers``, bf16
+    scales and float16 offsets), and the weight's values as the gguf package dequantizes them
+    (fp32 [rows, cols])."""
     import gguf
     from llmcore_llama.quants import integers_q4_k
     from llmcore_llama.testing import random_k_blocks
@@ -26,9 +27,9 @@ def q4_k_linear(rows: int, cols: int, seed: int):
     raw = random_k_blocks(gguf.GGMLQuantizationType.Q4_K, rows, cols, seed=seed, scale=0.002)
     values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).reshape(rows, cols).astype(np.float32)
     q, scales, offsets = integers_q4_k(torch.from_numpy(raw).reshape(-1))
-    headers = torch.from_numpy(raw).view(rows, cols // 256, 144)[..., :16].contiguous()
+    kept = torch.from_numpy(raw).view(rows, cols // 256, 144)[..., :16].contiguous() if headers else None
     linear = qlinear.BlockInt4Linear(q.view(rows, cols), scales.view(rows, -1), offsets.view(rows, -1),
-                                     nibbles=True, q4_k_headers=headers)
+                                     nibbles=True, q4_k_headers=kept)
     return linear, torch.from_numpy(values)
 
 
@@ -61,9 +62,7 @@ def test_q4_k_on_the_kernel(kernel_library, tokens, out_features, in_features):
     x = torch.randn(1, tokens, in_features, generator=torch.Generator().manual_seed(100 + tokens))
     with torch.no_grad():
         got, want = kernel(x), linear(x)  # the module computes with the headers' exact values
-        headers, linear.q4_k_headers = linear.q4_k_headers, None
-        bf16 = linear(x)  # and without them, on its bf16 scales and float16 offsets
-        linear.q4_k_headers = headers
+        bf16 = q4_k_linear(out_features, in_features, seed=tokens, headers=False)[0](x)  # bf16 scales
     assert float((got - want).norm() / want.norm()) < 1e-5
     assert float((bf16 - want).norm() / want.norm()) > 1e-4  # (so the check above tells them apart)
     # and near the float64 product of the unrounded activations (the int8 rounding's error only)
@@ -104,9 +103,16 @@ def test_q4_k_in_every_isa_view(kernel_library, passes_in_isa_view, view):
 
 
 def test_xnnpack_drops_the_headers():
-    """A Q4_K linear left to XNNPACK (unpack_) computes with its bf16 scales and float16
-    offsets, the values XNNPACK runs: the headers go, so no program carries them unused."""
+    """A layer holding Q4_K headers holds no bf16 scales or float16 offsets beside them (2
+    bytes a block, not 4 more); left to XNNPACK (unpack_) it computes with those, rounded from
+    the headers' values as a layer made without headers holds them: the headers go, so no
+    program carries them unused."""
     linear, _ = q4_k_linear(8, 256, seed=2)
+    twin, _ = q4_k_linear(8, 256, seed=2, headers=False)
     assert linear.q4_k_headers is not None and "Q4_K headers kept" in repr(linear)
+    assert linear.scales is None and linear.offset_weight is None and linear.has_offsets
     linear.unpack_()
-    assert linear.q4_k_headers is None and linear.q is not None
+    twin.unpack_()
+    assert linear.q4_k_headers is None and linear.q is not None and linear.has_offsets
+    assert torch.equal(linear.q, twin.q) and torch.equal(linear.scales, twin.scales)
+    assert torch.equal(linear.offset_weight, twin.offset_weight)

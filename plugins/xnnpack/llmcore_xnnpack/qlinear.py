@@ -205,10 +205,13 @@ class BlockInt4Linear(nn.Module):
     ``q4_k_headers``: for integers a GGUF stores as Q4_K, its super-blocks' 16-byte headers as
     the file holds them (uint8 ``[out, in/256, 16]``; ``scales`` and ``offsets`` must be the
     values ``llmcore.stored.q4_k_block_values`` gives for them), kept with ``nibbles`` for
-    llmcore-kernels, which computes those exact values from the file's 4.5 bits a weight. This
-    module computes with them too while it holds them (the eager model the export checks the
-    program against); XNNPACK takes the bf16 scales and float16 offsets (``unpack_`` drops the
-    headers, and the module computes with those from then on).
+    llmcore-kernels, which computes those exact values from the file's 4.5 bits a weight. The
+    layer then holds the headers in place of its scales and offsets (``scales`` and
+    ``offset_weight`` are None: 2 bytes a block where a bf16 scale and a float16 offset took 4,
+    so that a Q4_K_M export holds less than before, not more) and computes with their exact
+    values (the eager model the export checks the program against). XNNPACK takes bf16 scales
+    and float16 offsets: ``unpack_`` rounds the headers' values so (:meth:`int4_block_form`) and
+    drops them.
     """
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, offsets: Optional[torch.Tensor] = None,
@@ -229,13 +232,6 @@ class BlockInt4Linear(nn.Module):
             q, scales, offsets = _positive_scales(q, scales, offsets, self.block)
         if nibbles and in_features % 2:
             raise ValueError(f"int4 weights held two to a byte need an even width, not {in_features}")
-        self.register_buffer("q", None if nibbles else q.contiguous())
-        self.register_buffer("q_nibbles", pack_nibbles(q) if nibbles else None)
-        self.register_buffer("scales", (scales.to(torch.bfloat16) if nibbles else scales).contiguous())
-        # the zero points XNNPACK's pattern names (all 0: the integers are symmetric), made with q
-        self.register_buffer("zeros", None if nibbles else torch.zeros(scales.shape, dtype=torch.int8))
-        self.offset_weight = _offset_weight(offsets, self.block)
-        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         if q4_k_headers is not None and (not nibbles or self.block != 32 or q4_k_headers.dtype != torch.uint8
                                          or tuple(q4_k_headers.shape) != (out_features, in_features // 256, 16)
                                          or in_features % 256):
@@ -243,6 +239,32 @@ class BlockInt4Linear(nn.Module):
                              f"must be uint8 [{out_features}, {in_features // 256}, 16], got "
                              f"{tuple(q4_k_headers.shape)} {q4_k_headers.dtype}")
         self.register_buffer("q4_k_headers", q4_k_headers)
+        if q4_k_headers is not None:  # the headers hold the scales and offsets
+            scales, offsets = None, None
+        self.register_buffer("q", None if nibbles else q.contiguous())
+        self.register_buffer("q_nibbles", pack_nibbles(q) if nibbles else None)
+        self.register_buffer("scales", None if scales is None else
+                             (scales.to(torch.bfloat16) if nibbles else scales).contiguous())
+        # the zero points XNNPACK's pattern names (all 0: the integers are symmetric), made with q
+        self.register_buffer("zeros", None if nibbles else torch.zeros(scales.shape, dtype=torch.int8))
+        self.offset_weight = _offset_weight(offsets, self.block)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    @property
+    def has_offsets(self) -> bool:
+        """Whether the weight has per-block offsets (``offset_weight``, or a Q4_K header's minima)."""
+        return self.offset_weight is not None or self.q4_k_headers is not None
+
+    def int4_block_form(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """``(scales, offset_weight or None)`` as int4 blocks hold them (bf16 scales, float16
+        offset weights: XNNPACK's form, and the kernels' int4 blocks): the layer's own, or its
+        Q4_K headers' values rounded so."""
+        if self.q4_k_headers is None:
+            return self.scales, self.offset_weight
+        scales, offsets = q4_k_block_values(self.q4_k_headers)
+        rows = self.out_features
+        offsets = float16_offsets(offsets.reshape(rows, -1), self.block)
+        return scales.reshape(rows, -1).to(torch.bfloat16), _offset_weight(offsets, self.block)
 
     def weight_values(self, rows: slice = slice(None)) -> torch.Tensor:
         """The fp32 weight this layer computes with (for measuring it); ``rows`` of it."""
@@ -277,8 +299,9 @@ class BlockInt4Linear(nn.Module):
         """Hold the integers as int8 again, with positive scales (what XNNPACK's lowering
         reads); in place. The same weights."""
         if self.q is None:
-            offsets = None if self.offset_weight is None else self.offset_weight.detach() / self.block
-            q, scales, offsets = _positive_scales(self.integers(), self.scales.float(), offsets, self.block)
+            scales, offset_weight = self.int4_block_form()
+            offsets = None if offset_weight is None else offset_weight.detach() / self.block
+            q, scales, offsets = _positive_scales(self.integers(), scales.float(), offsets, self.block)
             self.q, self.q_nibbles, self.scales = q.contiguous(), None, scales.contiguous()
             self.zeros = torch.zeros(scales.shape, dtype=torch.int8)
             self.offset_weight = _offset_weight(offsets, self.block)
@@ -309,7 +332,7 @@ class BlockInt4Linear(nn.Module):
         return y
 
     def extra_repr(self) -> str:
-        kind = "int4 + per-block offsets" if self.offset_weight is not None else "int4"
+        kind = "int4 + per-block offsets" if self.has_offsets else "int4"
         if self.q4_k_headers is not None:
             kind += " (Q4_K headers kept)"
         split = ", outlier split" if self.outlier_split else ""
