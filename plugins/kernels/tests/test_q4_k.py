@@ -52,7 +52,7 @@ def test_the_headers_give_the_files_values():
 @pytest.mark.parametrize("tokens", [1, 2, 7, 33])
 @pytest.mark.parametrize("out_features,in_features", [(96, 512), (9, 256), (40, 1024)])
 def test_q4_k_on_the_kernel(kernel_library, tokens, out_features, in_features):
-    from llmcore_kernels import mlp, ops  # noqa: F401  (ops registers the operators)
+    from llmcore_kernels import ops  # noqa: F401  (registers the operators)
     from llmcore_kernels.layers import KernelLinear
 
     linear, values = q4_k_linear(out_features, in_features, seed=tokens)
@@ -93,6 +93,27 @@ def test_q4_k_at_the_integers_limits(kernel_library):
     signs[0, 0] = 1.0  # a token whose every activation is the same
     with torch.no_grad():  # the module computes with the edited headers' values too
         got, want = KernelLinear(linear)(signs), linear(signs)
+    assert float((got - want).norm() / want.norm()) < 1e-5
+
+
+def test_a_stack_with_other_int4_takes_int4_blocks(kernel_library):
+    """One projection stacking a Q4_K layer that kept its headers with one that did not (a
+    file mixing Q4_K with Q4_1 in q, k and v, say): no single format holds both, so both go
+    as int4 blocks, the Q4_K one with its headers' values rounded as XNNPACK takes them
+    (bf16 scales, float16 offsets), and the operator gives what those two layers give."""
+    from llmcore_kernels import mlp, ops  # noqa: F401
+
+    with_headers, _ = q4_k_linear(8, 256, seed=1)
+    other, _ = q4_k_linear(16, 256, seed=2, headers=False)
+    rounded, _ = q4_k_linear(8, 256, seed=1, headers=False)  # the first one's int4 blocks form
+    stacked = torch.nn.Module()
+    mlp.register_linears(stacked, "w", [with_headers, other])
+    assert stacked.w_scales.dtype == torch.bfloat16 and stacked.w_offsets is not None
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        got = torch.ops.llmcore.int4_linear.default(x, stacked.w, stacked.w_scales, stacked.w_sums, None,
+                                                    stacked.w_offsets)
+        want = torch.cat([rounded(x), other(x)], dim=-1)
     assert float((got - want).norm() / want.norm()) < 1e-5
 
 

@@ -47,8 +47,8 @@ from llmcore.errors import LlmcoreError
 from llmcore.progress import WEIGHT_TEMPORARIES, before_own_mapping, heap_for_temporaries
 from llmcore.records import Calibration
 from llmcore.runtime import torch_threads_after_custom_ops
-from llmcore.stored import (Q4_K_HEADER_BYTES, IntegerWeight, float_rows, floats, has_integers, in_file, pass_temporaries, record,
-                            stored_blocks, stored_form)
+from llmcore.stored import (Q4_K_HEADER_BYTES, IntegerWeight, float_rows, floats, has_integers, in_file,
+                            pass_temporaries, record, stored_blocks, stored_form)
 from llmcore_xnnpack import qlinear
 from llmcore_xnnpack.torchao_quant import (
     XNNPACK_GROUP_MULTIPLE,
