@@ -59,6 +59,11 @@ class IntegerWeight:
     q: torch.Tensor
     scales: torch.Tensor
     offsets: Optional[torch.Tensor] = None
+    headers: Optional[torch.Tensor] = None
+    """For a format whose scales are codes under a header a super-block (Q4_K): those headers
+    as the file stores them, uint8 ``[out, in // 256, 16]``, which ``scales`` and ``offsets``
+    are computed from (:func:`q4_k_block_values`) and a backend can compute from as they are;
+    None for other formats."""
 
     def dequantize(self) -> torch.Tensor:
         rows, cols = self.q.shape
@@ -159,7 +164,8 @@ def stored_rows(form: "IntegerWeight | StoredFormat | FileWeight", start: int, s
     (a row keeps its blocks, so its integers are the whole matrix's rows)."""
     if isinstance(form, IntegerWeight):
         offsets = None if form.offsets is None else form.offsets[start:stop]
-        return replace(form, q=form.q[start:stop], scales=form.scales[start:stop], offsets=offsets)
+        headers = None if form.headers is None else form.headers[start:stop]
+        return replace(form, q=form.q[start:stop], scales=form.scales[start:stop], offsets=offsets, headers=headers)
     if not isinstance(form, FileWeight):
         return form  # a StoredFormat: only the format's name, the same for every row
 

@@ -53,17 +53,23 @@ def pack(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     the kernel needs for the activations' zero points. ``q`` is int8 ``[rows, cols]``, or the
     same integers two to a byte (uint8 ``[rows, cols / 2]``, as
     :func:`~llmcore_xnnpack.qlinear.pack_nibbles` holds them), packed without unpacking."""
-    from llmcore_kernels import ops  # noqa: F401  registers llmcore::int4_pack
-
     nibbles = q.dtype == torch.uint8
     rows, cols = q.shape[0], q.shape[1] * (2 if nibbles else 1)
     if cols % BLOCK or scales.shape != (rows, cols // BLOCK):
         raise ValueError(f"a [{rows}, {cols}] int4 weight needs [{rows}, {cols // BLOCK}] scales, got {tuple(scales.shape)}")
-    packed = torch.ops.llmcore.int4_pack.default(q.contiguous() if nibbles else q.to(torch.int8).contiguous())
+    packed = _packed(q)
     bf16 = scales.to(torch.bfloat16)
     if not torch.equal(bf16.float(), scales.float()):
         raise ValueError("int4 scales must be bfloat16 values")
     return packed, bf16.contiguous(), _row_sums(q, scales, nibbles)
+
+
+def _packed(q: torch.Tensor) -> torch.Tensor:
+    """Int4 integers (int8, or two to a byte as uint8) in the kernel's layout, by its own code."""
+    from llmcore_kernels import ops  # noqa: F401  registers llmcore::int4_pack
+
+    return torch.ops.llmcore.int4_pack.default(q.contiguous() if q.dtype == torch.uint8 else
+                                               q.to(torch.int8).contiguous())
 
 
 def _row_sums(q: torch.Tensor, scales: torch.Tensor, nibbles: bool) -> torch.Tensor:
@@ -99,14 +105,10 @@ def register_q4_k(module: nn.Module, name: str, q: torch.Tensor, headers: torch.
     block's scale and offset from them, csrc/int4_gemm.h ``Format::q4_k``) and ``name_sums``
     (each row's sum of the int4 part, with the exact scales). No offsets tensor: the headers
     hold the minima."""
-    from llmcore_kernels import ops  # noqa: F401  registers llmcore::int4_pack
-
-    nibbles = q.dtype == torch.uint8
     scales, _ = q4_k_block_values(headers)
-    module.register_buffer(name, torch.ops.llmcore.int4_pack.default(q.contiguous() if nibbles else
-                                                                      q.to(torch.int8).contiguous()))
+    module.register_buffer(name, _packed(q))
     module.register_buffer(f"{name}_scales", headers.contiguous())
-    module.register_buffer(f"{name}_sums", _row_sums(q, scales.reshape(len(q), -1), nibbles))
+    module.register_buffer(f"{name}_sums", _row_sums(q, scales.reshape(len(q), -1), q.dtype == torch.uint8))
 
 
 def register_int8(module: nn.Module, name: str, q: torch.Tensor, scales: torch.Tensor) -> None:

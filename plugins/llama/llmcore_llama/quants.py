@@ -214,12 +214,16 @@ INTEGER_READERS: dict[int, tuple[int, Callable[[torch.Tensor], tuple]]] = {
 """type -> (bits, reader): the types whose integers a program can carry unchanged."""
 
 
-KEPT_AS_STORED = (Q6_K, Q4_K)
+KEPT_AS_STORED = (Q6_K,)
 """The types whose bytes a loader hands over as the file stores them
-(:attr:`llmcore.stored.FileWeight.read_blocks`), which llmcore-kernels computes as they are:
-Q6_K (a Q4_K_M file's output layer and the token table tied to it), and Q4_K, whose
-super-blocks' headers (the 6-bit scale and minimum codes) a program keeps beside the
-integers."""
+(:attr:`llmcore.stored.FileWeight.read_blocks`): Q6_K, which llmcore-kernels computes as it
+is (a Q4_K_M file's output layer and the token table tied to it)."""
+
+HEADERS_KEPT = {Q4_K: Q4_K_HEADER_BYTES}
+"""type -> bytes of each super-block's header that its IntegerWeight keeps as the file stores
+them (:attr:`llmcore.stored.IntegerWeight.headers`): Q4_K's d, dmin and 6-bit codes, which
+llmcore-kernels computes the scales and offsets from, read with the integers (one pass over
+the file's bytes)."""
 
 
 def integer_weight(raw, qtype: int, shape, source_name: str, decoded: Optional[Callable[[int, int], None]] = None):
@@ -235,25 +239,37 @@ def integer_weight(raw, qtype: int, shape, source_name: str, decoded: Optional[C
         return StoredFormat(type_name(qtype), source_name)
     bits, read = entry
     rows, cols = (int(x) for x in shape)
+    header_bytes = HEADERS_KEPT.get(qtype)
+    values_a_block, bytes_a_block = gguf.GGML_QUANT_SIZES[Q(qtype)]
+
+    def headers_of(data: torch.Tensor) -> torch.Tensor:  # a slice of rows' super-block headers
+        return data.reshape(-1, cols // values_a_block, bytes_a_block)[..., :header_bytes]
+
     if getattr(raw, "ndim", 1) != 2 or raw.shape[0] != rows:  # not in rows: read at once
-        q, scales, offsets = read(_as_u8(raw))
+        data = _as_u8(raw)
+        q, scales, offsets = read(data)
         q, scales = q.reshape(rows, cols), scales.reshape(rows, cols // 32)
         offsets = offsets.reshape(rows, cols // 32) if offsets is not None else None
+        headers = headers_of(data).contiguous() if header_bytes else None
     else:  # a file's rows, a slice at a time: no copy of the whole tensor's bytes beside its integers
         q = torch.empty(rows, cols, dtype=torch.int8)
         scales, offsets = torch.empty(rows, cols // 32), None
+        headers = torch.empty(rows, cols // values_a_block, header_bytes, dtype=torch.uint8) if header_bytes else None
         for start in range(0, rows, _INTEGER_ROWS):
-            part_q, part_scales, part_offsets = read(_as_u8(raw[start:start + _INTEGER_ROWS]))
+            data = _as_u8(raw[start:start + _INTEGER_ROWS])
+            part_q, part_scales, part_offsets = read(data)
             n = part_q.numel() // cols
             q[start:start + n] = part_q.view(n, cols)
             scales[start:start + n] = part_scales.view(n, -1)
             if part_offsets is not None:
                 offsets = torch.empty(rows, cols // 32) if offsets is None else offsets
                 offsets[start:start + n] = part_offsets.view(n, -1)
+            if headers is not None:
+                headers[start:start + n] = headers_of(data)
             if decoded is not None:
                 decoded(start, start + n)
     return IntegerWeight(format=type_name(qtype), source_name=source_name, bits=bits, block=32,
-                         q=q, scales=scales, offsets=offsets)
+                         q=q, scales=scales, offsets=offsets, headers=headers)
 
 
 # rows of a tensor in a file that integer_weight decodes at once

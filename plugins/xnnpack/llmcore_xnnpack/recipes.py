@@ -47,8 +47,8 @@ from llmcore.errors import LlmcoreError
 from llmcore.progress import WEIGHT_TEMPORARIES, before_own_mapping, heap_for_temporaries
 from llmcore.records import Calibration
 from llmcore.runtime import torch_threads_after_custom_ops
-from llmcore.stored import (Q4_K_HEADER_BYTES, IntegerWeight, float_rows, floats, has_integers, in_file,
-                            pass_temporaries, record, stored_blocks, stored_form)
+from llmcore.stored import (IntegerWeight, float_rows, floats, has_integers, in_file, pass_temporaries, record,
+                            stored_blocks, stored_form)
 from llmcore_xnnpack import qlinear
 from llmcore_xnnpack.torchao_quant import (
     XNNPACK_GROUP_MULTIPLE,
@@ -395,11 +395,7 @@ def quantize_gguf(module: nn.Module, options: dict) -> nn.Module:
             linear = module.get_submodule(name)
             form = stored_form(linear.weight)
             if isinstance(form, IntegerWeight) and form.bits == 4:
-                headers = None
-                if (options["q4_k_headers"] and options["int4_nibbles"] and form.format == "Q4_K"
-                        and (blocks := stored_blocks(linear.weight)) is not None):
-                    headers = blocks[..., :Q4_K_HEADER_BYTES].contiguous()  # a copy: the blocks go
-                    blocks = None
+                headers = form.headers if options["q4_k_headers"] and options["int4_nibbles"] else None
                 new = qlinear.BlockInt4Linear(form.q, form.scales, form.offsets, linear.bias, options["outlier_split"],
                                               nibbles=options["int4_nibbles"], q4_k_headers=headers)
                 if headers is not None:  # the file's values exactly, where the kernels take the layer
