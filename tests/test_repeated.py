@@ -75,6 +75,44 @@ def test_refuses_blocks_that_are_not_copies(module, reason):
         repeated.find_blocks(_export(module, torch.randn(4, 8)))
 
 
+@torch.library.custom_op("llmcore_test::held_linear", mutates_args=())
+def held_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x + x W, W held as integers in any form (as the kernels' operators take a weight)."""
+    return x + x @ w.to(torch.float32).reshape(x.shape[-1], x.shape[-1])
+
+
+@held_linear.register_fake
+def _(x, w):
+    return torch.empty_like(x)
+
+
+class HeldBlock(nn.Module):
+    """A block whose weight is held as integers, ``dtype`` and ``shape`` its form: blocks of
+    other forms compute outputs of the same shape and type (as an int4 or int8 layer's
+    operator does), so only the weights tell them apart."""
+
+    def __init__(self, width: int, dtype: torch.dtype, shape: tuple):
+        super().__init__()
+        self.register_buffer("w", torch.randint(0, 8, shape).to(dtype))
+
+    def forward(self, x):
+        return held_linear(x, self.w)
+
+
+@pytest.mark.parametrize("odd_form", [(torch.uint8, (8, 8)), (torch.int8, (64,))], ids=["dtype", "shape"])
+def test_blocks_whose_weights_differ_in_form_are_not_copies(odd_form):
+    """A copy takes its template's tensor specs: a block whose weight has another type or
+    shape (a Q4_K_S GGUF's layers: Q4_K nibbles in one, int8 rows in the next) copied from
+    one of another form failed at emit ("Tensor spec has buffer of size ..."), or would
+    read its bytes as the template's type."""
+    model = Stack(n=4)
+    model.layers = nn.ModuleList(HeldBlock(8, *(odd_form if i == 2 else (torch.int8, (8, 8)))) for i in range(4))
+    with pytest.raises(repeated.NotRepeated, match="layers.2 is not the same graph as layers.1"):
+        repeated.find_blocks(_export(model, torch.randn(4, 8)))
+    model.layers[2] = HeldBlock(8, torch.int8, (8, 8))
+    assert len(repeated.find_blocks(_export(model, torch.randn(4, 8))).nodes) == 4
+
+
 def test_two_block_program_computes_the_first_two_blocks():
     """The cut keeps blocks 0 and 1 and feeds block 1 to the postlude: the same function as
     the model with only its first two layers."""

@@ -241,8 +241,8 @@ def _local_tensors(ep, blocks: Blocks, owners: dict[str, str], i: int) -> list[s
 
 def _structure(blocks: Blocks, owners: dict[str, str], i: int) -> tuple:
     """Block ``i`` as a comparable value: operators, arguments (own nodes by position, the
-    block before it by position, its own weights by relative FQN, anything else by name)
-    and value shapes (unbacked symbols renumbered)."""
+    block before it by position, its own weights by relative FQN with their shapes and
+    types, anything else by name) and value shapes (unbacked symbols renumbered)."""
     own = {node: j for j, node in enumerate(blocks.nodes[i])}
     before = {node: j for j, node in enumerate(blocks.nodes[i - 1])}
     mine, theirs = blocks.fqn_prefix(i), blocks.fqn_prefix(i - 1)
@@ -272,10 +272,14 @@ def _structure(blocks: Blocks, owners: dict[str, str], i: int) -> tuple:
             fqn = owners.get(a.name)
             if fqn is not None and not all(u in own for u in a.users):
                 return ("shared", a.name)  # one tensor for many blocks (export lifts it once)
+            # A block's own tensors by their place and by their shape and type: a copy takes
+            # its template's tensor specs, so two blocks whose weights are held in different
+            # forms (a GGUF's Q4_K_S mixes Q4_K and Q5_0 layers: nibbles and int8 rows, the
+            # operators' outputs the same) are not copies of each other.
             if fqn is not None and fqn.startswith(mine):
-                return ("weight", fqn[len(mine):])
+                return ("weight", fqn[len(mine):], shape(a.meta.get("val")))
             if fqn is not None and fqn in local:
-                return ("local", local.index(fqn))
+                return ("local", local.index(fqn), shape(a.meta.get("val")))
             if fqn is not None and fqn.startswith(theirs):
                 return ("weight of the block before", fqn)
             return ("outside", a.name)

@@ -299,6 +299,46 @@ def test_a_q4_k_m_gguf_runs_every_layer_on_the_kernels_its_v_as_int8_rows(kernel
     assert float((got - want).norm() / want.norm()) < 0.05 and int(got.argmax()) == int(want.argmax())
 
 
+def test_layers_whose_weights_differ_in_form_are_lowered_each_as_itself(kernel_library, tmp_path, caplog):
+    """A GGUF whose layers differ only in a weight's form: llama.cpp's Q4_K_S gives some
+    layers' ffn_down other types than the rest (Q5_K, Q4_K, Q5_0 in SmolLM2's), so one
+    layer's MLP operator reads Q4_K nibbles and the next one's int8 rows, with the same
+    outputs. Lowering copies later layers from a template layer (llmcore.pipeline.repeated);
+    a copy took its template's weight specs, and the export failed at emit ("Tensor spec has
+    buffer of size ..."). Each layer now keeps its own, and the program answers as its eager
+    model and as the same file on XNNPACK alone."""
+    import gguf
+    from llmcore.runtime import Program
+    from llmcore_llama.testing import GGUF_LAYER_MATRICES, random_k_blocks, save_random_hf, write_gguf
+
+    Q = gguf.GGMLQuantizationType
+    folder = save_random_hf(tmp_path / "hf", "Llama", hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                            num_key_value_heads=2, num_hidden_layers=4)
+    shapes = {"attn_q.weight": (256, 256), "attn_k.weight": (128, 256), "attn_v.weight": (128, 256),
+              "attn_output.weight": (256, 256), "ffn_gate.weight": (512, 256), "ffn_up.weight": (512, 256),
+              "ffn_down.weight": (256, 512)}
+    types = {m: Q.Q4_K for m in GGUF_LAYER_MATRICES}
+    odd = "blk.2.ffn_down.weight"
+    types[odd] = Q.Q8_0  # rounded to int8 rows; every other matrix Q4_K, kept with its headers
+    blocks = {f"blk.{layer}.{matrix}": random_k_blocks(Q.Q4_K, rows, cols, seed=10 * layer + seed, scale=0.002)
+              for layer in range(4) for seed, (matrix, (rows, cols)) in enumerate(shapes.items())}
+    del blocks[odd]  # the gguf package quantizes the checkpoint's own floats
+    path = tmp_path / "mixed.gguf"
+    write_gguf(folder, path, quantize=types, extra_tensors=blocks)
+    assert {t.name: t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}[odd] == Q.Q8_0
+    tokenizer = str(folder / "tokenizer.json")
+    with caplog.at_level(logging.WARNING, logger="llmcore_xnnpack.recipes"):
+        ours = _export(tmp_path, "ours", checkpoint=str(path), tokenizer=tokenizer)
+    assert "27 Q4_K kept with its headers" in caplog.text and "Q8_0 -> int8 per channel" in caplog.text
+    alone = _export(tmp_path, "alone", checkpoint=str(path), tokenizer=tokenizer, plugins=["xnnpack"])
+    (taken,) = ours.report["taken"]
+    assert taken["left"] == [] and taken["taken"][:4] == ["layers.0", "layers.1", "layers.2", "layers.3"]
+    assert ours.report["parity"]["top1_agreement"] == 1.0 and ours.report["parity"]["max_abs_diff"] < 0.05
+    want = torch.as_tensor(Program.load(alone.pte).logits(IDS, input_pos=0))
+    got = torch.as_tensor(Program.load(ours.pte).logits(IDS, input_pos=0))
+    assert float((got - want).norm() / want.norm()) < 0.05 and int(got.argmax()) == int(want.argmax())
+
+
 def test_a_q6_k_output_layer_runs_as_the_file_stores_it(kernel_library, tmp_path):
     """An untied output layer stored as Q6_K (Llama-3.1-8B's in a Q4_K_M file): on the kernels
     it keeps the file's super-blocks (the backend's recipe default ``q6_k_output``), where

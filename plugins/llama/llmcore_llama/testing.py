@@ -237,8 +237,9 @@ def write_gguf(
     common keys come from config.json. ``metadata(writer, cfg)`` adds the family's own keys,
     ``convert(hf_name, tensor)`` changes a tensor as the converter does (Gemma's norms
     ``+ 1``), ``extra_tensors`` are added as they are (Phi-3's LongRoPE factors).
-    ``quantize`` maps a layer suffix (``attn_q.weight``) or top-level name to a
-    GGMLQuantizationType for 2-D weights. Returns {gguf name: (type, stored array)}."""
+    ``quantize`` maps a tensor's name (``blk.2.ffn_down.weight``: one layer's), a layer
+    suffix (``attn_q.weight``: every layer's) or a top-level name to a GGMLQuantizationType
+    for 2-D weights. Returns {gguf name: (type, stored array)}."""
     import gguf
     from safetensors.torch import load_file
 
@@ -269,8 +270,11 @@ def write_gguf(
         tensors[f"{names.get_name(base)}.{kind}"] = (convert(hf_name, t) if convert else t).float().numpy()
     tensors.update(extra_tensors or {})
     quantize = quantize or {}
-    return finish_gguf(w, {name: (quantize.get(name.split(".", 2)[-1] if name.startswith("blk.") else name)
-                                  if arr.ndim == 2 else None, arr) for name, arr in tensors.items()})
+
+    def type_of(name: str):
+        return quantize.get(name, quantize.get(name.split(".", 2)[-1]) if name.startswith("blk.") else None)
+
+    return finish_gguf(w, {name: (type_of(name) if arr.ndim == 2 else None, arr) for name, arr in tensors.items()})
 
 
 def finish_gguf(writer, tensors: dict) -> dict:
