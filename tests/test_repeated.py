@@ -91,7 +91,7 @@ class HeldBlock(nn.Module):
     other forms compute outputs of the same shape and type (as an int4 or int8 layer's
     operator does), so only the weights tell them apart."""
 
-    def __init__(self, width: int, dtype: torch.dtype, shape: tuple):
+    def __init__(self, dtype: torch.dtype, shape: tuple):
         super().__init__()
         self.register_buffer("w", torch.randint(0, 8, shape).to(dtype))
 
@@ -106,10 +106,10 @@ def test_blocks_whose_weights_differ_in_form_are_not_copies(odd_form):
     one of another form failed at emit ("Tensor spec has buffer of size ..."), or would
     read its bytes as the template's type."""
     model = Stack(n=4)
-    model.layers = nn.ModuleList(HeldBlock(8, *(odd_form if i == 2 else (torch.int8, (8, 8)))) for i in range(4))
+    model.layers = nn.ModuleList(HeldBlock(*(odd_form if i == 2 else (torch.int8, (8, 8)))) for i in range(4))
     with pytest.raises(repeated.NotRepeated, match="layers.2 is not the same graph as layers.1"):
         repeated.find_blocks(_export(model, torch.randn(4, 8)))
-    model.layers[2] = HeldBlock(8, torch.int8, (8, 8))
+    model.layers[2] = HeldBlock(torch.int8, (8, 8))
     assert len(repeated.find_blocks(_export(model, torch.randn(4, 8))).nodes) == 4
 
 
