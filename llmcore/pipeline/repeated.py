@@ -215,7 +215,8 @@ def find_blocks(ep, min_blocks: int = 3) -> Blocks:
         # worth it only if the cut-down program (blocks 0..kept) leaves some to copy
         if period + (n - 1 - period) % period >= n - 1:
             differs = next(i for i in range(2, n) if structures[i] != structures[1])
-            raise NotRepeated(f"{prefix}.{differs} is not the same graph as {prefix}.1, and the blocks do not "
+            raise NotRepeated(f"{prefix}.{differs} is not the same graph as {prefix}.1 "
+                              f"({_first_difference(structures[1], structures[differs])}), and the blocks do not "
                               "repeat with a longer period either")
         if all(structures[i] == structures[i - period] for i in range(period + 1, n)):
             blocks.period = period
@@ -295,6 +296,26 @@ def _structure(blocks: Blocks, owners: dict[str, str], i: int) -> tuple:
         (str(node.target), arg(node.args), arg(node.kwargs), shape(node.meta.get("val")))
         for node in blocks.nodes[i]
     )
+
+
+def _first_difference(one: tuple, other: tuple) -> str:
+    """Where block ``other`` first differs from block ``one`` (two :func:`_structure`
+    values), in a few words: the log line that says why lowering takes the whole graph names
+    the operator and the argument (a GGUF's layers holding a weight in other forms, a layer of
+    another kind)."""
+    for j, ((op_a, args_a, kwargs_a, value_a), (op_b, args_b, kwargs_b, value_b)) in enumerate(zip(one, other)):
+        if op_a != op_b:
+            return f"its node {j} is {op_b}, not {op_a}"
+        if args_a != args_b:
+            i = next((i for i, (a, b) in enumerate(zip(args_a, args_b)) if a != b), min(len(args_a), len(args_b)))
+            if i < min(len(args_a), len(args_b)):
+                return f"{op_b}'s argument {i}: {args_b[i]}, not {args_a[i]}"
+            return f"{op_b} takes {len(args_b)} arguments, not {len(args_a)}"
+        if kwargs_a != kwargs_b:
+            return f"{op_b}'s keyword arguments: {kwargs_b}, not {kwargs_a}"
+        if value_a != value_b:
+            return f"{op_b} gives {value_b}, not {value_a}"
+    return f"{len(other)} nodes, not {len(one)}"
 
 
 def _check_outside_uses(ep, blocks: Blocks) -> None:
