@@ -255,6 +255,24 @@ def test_a_gemma_gguf_runs_every_layer_on_the_kernels_by_default(kernel_library,
     assert float((got - want).norm() / want.norm()) < 0.03 and int(got.argmax()) == int(want.argmax())
 
 
+# The K-quant test models' matrices (width 256, 4 heads of 64, 2 kv heads, MLP 512: whole
+# super-blocks of 256), as the GGUF names them.
+K_QUANT_SHAPES = {"attn_q.weight": (256, 256), "attn_k.weight": (128, 256), "attn_v.weight": (128, 256),
+                  "attn_output.weight": (256, 256), "ffn_gate.weight": (512, 256), "ffn_up.weight": (512, 256),
+                  "ffn_down.weight": (256, 512)}
+
+
+def _k_quant_blocks(types: dict, layers: int, skip: tuple = ()) -> dict:
+    """Random K-quant bytes ({gguf name: blocks}) for each layer's matrices, of the type
+    ``types`` gives the matrix (write_gguf's ``quantize``), each from its own seed; the names
+    in ``skip`` left out (the gguf package quantizes the checkpoint's floats for them)."""
+    from llmcore_llama.testing import random_k_blocks
+
+    return {f"blk.{layer}.{matrix}": random_k_blocks(types[matrix], rows, cols, seed=10 * layer + seed, scale=0.002)
+            for layer in range(layers) for seed, (matrix, (rows, cols)) in enumerate(K_QUANT_SHAPES.items())
+            if f"blk.{layer}.{matrix}" not in skip}
+
+
 def test_a_q4_k_m_gguf_runs_every_layer_on_the_kernels_its_v_as_int8_rows(kernel_library, tmp_path, caplog):
     """A GGUF quantized as llama.cpp's Q4_K_M is (what most published GGUFs are): Q4_K layers
     with a Q6_K v in some of them (llama.cpp gives half the layers' attn_v more bits). The v
@@ -263,22 +281,14 @@ def test_a_q4_k_m_gguf_runs_every_layer_on_the_kernels_its_v_as_int8_rows(kernel
     kernels, and the program answers as its eager model and as the same file on XNNPACK alone."""
     import gguf
     from llmcore.runtime import Program, libraries
-    from llmcore_llama.testing import GGUF_LAYER_MATRICES, random_k_blocks, save_random_hf, write_gguf
+    from llmcore_llama.testing import GGUF_LAYER_MATRICES, save_random_hf, write_gguf
 
     Q = gguf.GGMLQuantizationType
     folder = save_random_hf(tmp_path / "hf", "Qwen2", hidden_size=256, intermediate_size=512, num_attention_heads=4,
                             num_key_value_heads=2)  # q/k/v biases (Qwen2.5's), widths of whole K-quant blocks
-    kv_width = 2 * 64
     types = {m: Q.Q4_K for m in GGUF_LAYER_MATRICES}
     types["attn_v.weight"] = Q.Q6_K
-    shapes = {"attn_q.weight": (256, 256), "attn_k.weight": (kv_width, 256), "attn_v.weight": (kv_width, 256),
-              "attn_output.weight": (256, 256), "ffn_gate.weight": (512, 256), "ffn_up.weight": (512, 256),
-              "ffn_down.weight": (256, 512)}
-    blocks = {}
-    for layer in range(2):
-        for seed, (matrix, (rows, cols)) in enumerate(shapes.items()):
-            blocks[f"blk.{layer}.{matrix}"] = random_k_blocks(types[matrix], rows, cols, seed=10 * layer + seed,
-                                                              scale=0.002)
+    blocks = _k_quant_blocks(types, layers=2)
     path = tmp_path / "q4_k_m.gguf"
     write_gguf(folder, path, quantize=types, extra_tensors=blocks)
     stored = gguf.GGUFReader(str(path))
@@ -309,20 +319,15 @@ def test_layers_whose_weights_differ_in_form_are_lowered_each_as_itself(kernel_l
     model and as the same file on XNNPACK alone."""
     import gguf
     from llmcore.runtime import Program
-    from llmcore_llama.testing import GGUF_LAYER_MATRICES, random_k_blocks, save_random_hf, write_gguf
+    from llmcore_llama.testing import GGUF_LAYER_MATRICES, save_random_hf, write_gguf
 
     Q = gguf.GGMLQuantizationType
     folder = save_random_hf(tmp_path / "hf", "Llama", hidden_size=256, intermediate_size=512, num_attention_heads=4,
                             num_key_value_heads=2, num_hidden_layers=4)
-    shapes = {"attn_q.weight": (256, 256), "attn_k.weight": (128, 256), "attn_v.weight": (128, 256),
-              "attn_output.weight": (256, 256), "ffn_gate.weight": (512, 256), "ffn_up.weight": (512, 256),
-              "ffn_down.weight": (256, 512)}
     types = {m: Q.Q4_K for m in GGUF_LAYER_MATRICES}
     odd = "blk.2.ffn_down.weight"
     types[odd] = Q.Q8_0  # rounded to int8 rows; every other matrix Q4_K, kept with its headers
-    blocks = {f"blk.{layer}.{matrix}": random_k_blocks(Q.Q4_K, rows, cols, seed=10 * layer + seed, scale=0.002)
-              for layer in range(4) for seed, (matrix, (rows, cols)) in enumerate(shapes.items())}
-    del blocks[odd]  # the gguf package quantizes the checkpoint's own floats
+    blocks = _k_quant_blocks(types, layers=4, skip=(odd,))  # the gguf package quantizes odd's own floats
     path = tmp_path / "mixed.gguf"
     write_gguf(folder, path, quantize=types, extra_tensors=blocks)
     assert {t.name: t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}[odd] == Q.Q8_0
