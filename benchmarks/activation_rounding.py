@@ -6,9 +6,9 @@ to int8 before the product, and prints each scheme's mean KL divergence from the
 model's next-token distribution and how often the top token stays the same. The weights are
 not touched, so the figures are the activations' share of what a quantized program loses:
 
-  per-token   one asymmetric scale a token (XNNPACK's qd8, and llmcore-kernels')
-  per-block   one symmetric scale a block of 32 (llama.cpp's Q8 activations; llmcore-kernels
-              on branch block-activations, docs/quantization.md)
+  per-token   one asymmetric scale a token (XNNPACK's qd8, and llmcore-kernels' int8 rows)
+  per-block   one symmetric scale a block of 32 (llama.cpp's Q8 activations, and llmcore-kernels'
+              int4 and int8-block layers: docs/quantization.md)
 
     python benchmarks/activation_rounding.py --checkpoint SmolLM2-135M-Instruct.Q4_1.gguf
 
@@ -16,12 +16,11 @@ not touched, so the figures are the activations' share of what a quantized progr
 file's text (tokenized as it is: a chat template already applied, as `make demo` writes
 out/smollm2/prompt.txt), with their logits: where the float model is near a tie, a rounding
 picks a side. ``--per-token-for NAME`` adds a third scheme: per token for the linears whose
-name contains NAME, per block for the others (``output``: what `make demo`'s program on
-branch block-activations computes, its int4 layers on the kernels and its output layer int8).
+name contains NAME, per block for the others.
 
 Llama-family models (llmcore-llama's Transformer: its ``layers``, ``norm`` and ``output``).
-Per token is llmcore_xnnpack.qlinear's rounding, the one the eager references of the
-programs use (docs/quantization.md, "Activations rounded per block").
+The schemes are llmcore_xnnpack.qlinear's roundings (docs/quantization.md, "Activations
+rounded per block").
 """
 
 from __future__ import annotations
@@ -32,15 +31,6 @@ from pathlib import Path
 import torch
 
 DEFAULT_TEXT = Path(__file__).parent / "data" / "alice-chapter1.txt"
-
-
-def rounded_per_block(x: torch.Tensor, block: int = 32) -> torch.Tensor:
-    """``x`` rounded to int8 per block of ``block`` features, symmetric: ``q = round(x * (1 /
-    s))``, ``s = max |x| / 127`` over the block in float32, ties to even; returns ``q * s``."""
-    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
-    scale = blocks.abs().amax(-1, keepdim=True) / 127.0
-    inverse = torch.where(scale == 0, 0.0, 1.0 / torch.where(scale == 0, 1.0, scale))
-    return (torch.round(blocks * inverse).clamp_(-127, 127) * scale).reshape(x.shape)
 
 
 def main() -> None:
@@ -70,10 +60,10 @@ def main() -> None:
     linear_forward = torch.nn.Linear.forward
     names = {module: name for name, module in model.named_modules()}
     schemes = {"float": None, "per-token": lambda layer: qlinear.rounded_per_token,
-               "per-block": lambda layer: rounded_per_block}
+               "per-block": lambda layer: qlinear.rounded_per_block}
     if args.per_token_for:
         schemes[f"per-block, {args.per_token_for} per token"] = lambda layer: (
-            qlinear.rounded_per_token if args.per_token_for in names[layer] else rounded_per_block)
+            qlinear.rounded_per_token if args.per_token_for in names[layer] else qlinear.rounded_per_block)
     prompt = None
     if args.prompt_file:
         prompt = torch.tensor([tokenizer.encode(Path(args.prompt_file).read_text(), add_special_tokens=False).ids])

@@ -93,10 +93,23 @@ Layer random_layer(int64_t n, int64_t k, bool with_bias, std::mt19937& rng, int 
   return l;
 }
 
+// Rounded activations: per row for int8 rows (quantize_rows), per block for int4 blocks
+// (quantize_blocks: with the lanes' scales and shifts) and int8 blocks (with block scales).
 struct Activations {
   std::vector<uint8_t> a;
-  std::vector<float> scale, zero;
-  QuantizedRows rows(int64_t m, int64_t k) const { return {a.data(), scale.data(), zero.data(), m, k}; }
+  std::vector<float> scale, zero, lane_scales;
+  std::vector<int32_t> lane_shifts;
+  std::vector<float> block_scales;
+  QuantizedRows rows(int64_t m, int64_t k) const {
+    QuantizedRows r{a.data(), scale.data(), zero.data(), m, k};
+    if (!lane_scales.empty()) {
+      r.lane_scales = lane_scales.data();
+      r.lane_shifts = lane_shifts.data();
+      r.slots = group_count(k / kBlock);
+    }
+    if (!block_scales.empty()) r.block_scales = block_scales.data();
+    return r;
+  }
 };
 
 // An int8_rows weight: q in [-128, 127] (every one `fill` when not 0), scales around 2^-7.
@@ -167,8 +180,8 @@ double weight_value(const Layer& l, int64_t r, int64_t i) {
 }
 
 // Both codes' y (AVX2 or VNNI, and portable) on `input` against a double-precision sum over
-// the same activations in x's order (`q`); 0 or 1.
-int check_gemm(const char* what, const Activations& input, const Activations& q, const Layer& w, int64_t m,
+// the values the rounded activations stand for, in x's order (`xv`, [m, k]); 0 or 1.
+int check_gemm(const char* what, const Activations& input, const std::vector<double>& xv, const Layer& w, int64_t m,
                bool bias) {
   std::vector<float> y_fast(m * w.n), y_plain(m * w.n);
   gemm_rows(input.rows(m, w.k), view(w), 0, w.n, y_fast.data(), false);
@@ -177,9 +190,8 @@ int check_gemm(const char* what, const Activations& input, const Activations& q,
     for (int64_t r = 0; r < w.n; ++r) {
       double ref = 0.0, magnitude = 0.0;
       for (int64_t i = 0; i < w.k; ++i) {
-        const double xv = static_cast<double>(q.scale[t]) * (q.a[t * w.k + i] - 128.0 - q.zero[t]);
-        ref += xv * weight_value(w, r, i);
-        magnitude += std::fabs(xv * weight_value(w, r, i));
+        ref += xv[t * w.k + i] * weight_value(w, r, i);
+        magnitude += std::fabs(xv[t * w.k + i] * weight_value(w, r, i));
       }
       if (bias) ref += w.bias[r];
       const double tolerance = 1e-5 * magnitude + 1e-6;
@@ -201,6 +213,11 @@ int check_gemm(const char* what, const Activations& input, const Activations& q,
     one.a += t * w.k;
     one.scale += t;
     one.zero += t;
+    if (one.lane_scales != nullptr) {
+      one.lane_scales += t * one.slots * 8;
+      one.lane_shifts += t * one.slots * 8;
+    }
+    if (one.block_scales != nullptr) one.block_scales += t * (w.k / kBlock);
     std::vector<float> y_one(w.n);
     gemm_rows(one, view(w), 0, w.n, y_one.data(), false);
     if (std::memcmp(y_one.data(), y_fast.data() + t * w.n, w.n * sizeof(float)) != 0) {
@@ -245,12 +262,89 @@ int check_block_means(const std::vector<float>& x, int64_t m, int64_t k) {
   return 0;
 }
 
+// Per block: for int4 blocks (`lanes`: arranged, the lanes' scales and shifts) or int8 blocks.
+Activations quantize_per_block(const std::vector<float>& x, int64_t m, int64_t k, bool portable, bool lanes = true) {
+  const int64_t lane_count = lanes ? m * group_count(k / kBlock) * 8 : 0;
+  Activations q{std::vector<uint8_t>(m * k), std::vector<float>(m), std::vector<float>(m),
+                std::vector<float>(lane_count), std::vector<int32_t>(lane_count),
+                std::vector<float>(lanes ? 0 : m * (k / kBlock))};
+  const BlockRounding out{lanes, q.lane_scales.data(), q.lane_shifts.data(), q.block_scales.data()};
+  quantize_blocks(x.data(), k, 0, m, q.a.data(), out, q.scale.data(), q.zero.data(), portable);
+  return q;
+}
+
+// What per-row activations stand for, in x's order: scale (a - 128 - zero).
+std::vector<double> row_values(const Activations& q, int64_t m, int64_t k) {
+  std::vector<double> v(m * k);
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t i = 0; i < k; ++i) v[t * k + i] = double(q.scale[t]) * (q.a[t * k + i] - 128.0 - q.zero[t]);
+  return v;
+}
+
+// Per-block activations (quantize_blocks) checked against x, and what they stand for in x's
+// order (s_b q), or an empty vector after printing the mismatch: each value its nearest level
+// of its block's scale max |x| / 127, the lanes' scales and shifts (-8 sum q in a block's first
+// lane) where the arranged order puts the block.
+std::vector<double> block_values(const Activations& q, const std::vector<float>& x, int64_t m, int64_t k) {
+  const int64_t blocks = k / kBlock, slots = group_count(blocks);
+  std::vector<uint8_t> natural(k);
+  std::vector<double> v(m * k);
+  for (int64_t t = 0; t < m; ++t) {
+    // back to x's order: arrange() moves 4-byte pieces, so inverting it on indices does
+    std::vector<uint32_t> ids(k / 4), moved(k / 4);
+    for (int64_t i = 0; i < k / 4; ++i) ids[i] = static_cast<uint32_t>(i);
+    arrange(reinterpret_cast<const uint8_t*>(ids.data()), k, reinterpret_cast<uint8_t*>(moved.data()));
+    for (int64_t j = 0; j < k / 4; ++j)
+      for (int b = 0; b < 4; ++b) natural[moved[j] * 4 + b] = q.a[t * k + j * 4 + b];
+    int64_t slot = 0, b = 0;
+    std::vector<float> scales(blocks);
+    std::vector<int32_t> sums(blocks);
+    for (int size = 8; size >= 1; size /= 2)
+      for (; blocks - b >= size; b += size, ++slot)
+        for (int lane = 0; lane < 8; ++lane) {
+          const int64_t block = b + lane / (8 / size), at = (t * slots + slot) * 8 + lane;
+          scales[block] = q.lane_scales[at];
+          if (lane % (8 / size) == 0) sums[block] = q.lane_shifts[at];
+          else if (q.lane_shifts[at] != 0) {
+            std::printf("mismatch: a block's second lane has a shift (k=%lld)\n", (long long)k);
+            return {};
+          }
+        }
+    for (int64_t g = 0; g < blocks; ++g) {
+      float amax = 0.0f;
+      int32_t sum = 0;
+      for (int64_t i = g * kBlock; i < (g + 1) * kBlock; ++i) amax = std::max(amax, std::fabs(x[t * k + i]));
+      const float s = scales[g];
+      if (s != amax / 127.0f) {
+        std::printf("mismatch: block %lld of row %lld has scale %g, max |x| %g\n", (long long)g, (long long)t, s, amax);
+        return {};
+      }
+      for (int64_t i = g * kBlock; i < (g + 1) * kBlock; ++i) {
+        const int8_t qi = static_cast<int8_t>(natural[i]);
+        sum += qi;
+        v[t * k + i] = double(s) * qi;
+        if (qi < -127 || std::fabs(s * qi - x[t * k + i]) > 0.5f * s * 1.001f) {
+          std::printf("mismatch: x[%lld, %lld] = %g rounds to %d (scale %g)\n", (long long)t, (long long)i,
+                      x[t * k + i], qi, s);
+          return {};
+        }
+      }
+      if (sums[g] != -8 * sum) {
+        std::printf("mismatch: block %lld of row %lld has shift %d, -8 sum q %d\n", (long long)g, (long long)t, sums[g],
+                    -8 * sum);
+        return {};
+      }
+    }
+  }
+  return v;
+}
+
 int check() {
   std::mt19937 rng(1);
   struct Case {
     int64_t m, n, k;
     bool bias;
-    int fill = 0;  // not 0: all weights this integer, x a constant 3 (every activation 127, stored 255)
+    int fill = 0;  // not 0: int4 weights all 7 (u = 15), int8 -128 or 127, x a constant 3 (-3 for a negative fill)
   };
   const Case cases[] = {{1, 576, 576, false}, {1, 7, 64, true}, {3, 192, 576, false}, {5, 33, 1536, true},
                         {64, 576, 576, false}, {19, 1536, 576, true}, {4, 2, 32, false},
@@ -258,13 +352,14 @@ int check() {
                         {5, 9, 480, false}, {2, 6, 224, true},  // groups of 8, 4, 2, 1; of 4, 2, 1
                         // past the prompt tiles' rows: a tile of 3 tokens; row pairs and a last row
                         {7, 23, 480, true},
-                        // the largest sums a group's 16-bit lanes hold: 8 steps x 2 x 255 x -8 (or 7)
+                        // the largest sums a group's 16-bit lanes hold: 8 steps x 2 x 15 x 127 (u = 15,
+                        // x all 3, q 127) or x 2 x 15 x -127 (x all -3: fill -8); int8 rows: -128, 127
                         {4, 8, 512, false, -8}, {3, 5, 512, false, 7},
                         // the same extremes for a token or two (AVX2's int8 rows: the widened path)
                         {2, 8, 512, false, -8}, {1, 5, 512, true, 7}};
   for (const Case& c : cases) {
-    const Layer w = random_layer(c.n, c.k, c.bias, rng, c.fill);
-    std::vector<float> x(c.m * c.k, 3.0f);
+    const Layer w = random_layer(c.n, c.k, c.bias, rng, c.fill != 0 ? 7 : 0);
+    std::vector<float> x(c.m * c.k, c.fill < 0 ? -3.0f : 3.0f);
     if (c.fill == 0) {
       for (auto& v : x) v = std::normal_distribution<float>(0.3f, 2.0f)(rng);
       x[0] = 40.0f;  // an outlier, as real activations have
@@ -300,11 +395,36 @@ int check() {
         }
       }
     }
-    if (check_gemm("int4", arranged, fast, w, c.m, c.bias)) return 1;
-    // int8 rows on the same activations in x's order; the fills' extremes: -128 and 127
+    // int4 blocks: per block, arranged; AVX2 and portable rounding alike
+    const Activations blocks_fast = quantize_per_block(x, c.m, c.k, false), blocks_plain = quantize_per_block(x, c.m, c.k, true);
+    if (blocks_fast.a != blocks_plain.a || blocks_fast.lane_scales != blocks_plain.lane_scales ||
+        blocks_fast.lane_shifts != blocks_plain.lane_shifts) {
+      std::printf("mismatch: the AVX2 and portable per-block rounding differ (m=%lld k=%lld)\n", (long long)c.m,
+                  (long long)c.k);
+      return 1;
+    }
+    const std::vector<double> per_block = block_values(blocks_fast, x, c.m, c.k);
+    if (per_block.empty() || check_gemm("int4", blocks_fast, per_block, w, c.m, c.bias)) return 1;
+    // int8 rows on the per-row activations in x's order; the fills' extremes: -128 and 127
     const int int8_fill = c.fill < 0 ? -128 : c.fill > 0 ? 127 : 0;
-    if (check_gemm("int8", fast, fast, random_int8_layer(c.n, c.k, c.bias, rng, int8_fill), c.m, c.bias)) return 1;
-    if (check_gemm("int8 blocks", fast, fast, random_int8_blocks_layer(c.n, c.k, c.bias, rng, int8_fill), c.m, c.bias))
+    const std::vector<double> per_row = row_values(fast, c.m, c.k);
+    if (check_gemm("int8", fast, per_row, random_int8_layer(c.n, c.k, c.bias, rng, int8_fill), c.m, c.bias)) return 1;
+    // int8 blocks: per block in x's order, the same integers and scales as int4's in the arranged one
+    const Activations plain_blocks = quantize_per_block(x, c.m, c.k, false, false),
+                      plain_blocks_portable = quantize_per_block(x, c.m, c.k, true, false);
+    if (plain_blocks.a != plain_blocks_portable.a || plain_blocks.block_scales != plain_blocks_portable.block_scales) {
+      std::printf("mismatch: the AVX2 and portable per-block rounding in x's order differ (k=%lld)\n", (long long)c.k);
+      return 1;
+    }
+    std::vector<double> plain_values(c.m * c.k);
+    for (int64_t i = 0; i < c.m * c.k; ++i)
+      plain_values[i] = double(plain_blocks.block_scales[i / kBlock]) * static_cast<int8_t>(plain_blocks.a[i]);
+    if (plain_values != per_block) {
+      std::printf("mismatch: per-block rounding in x's order is not the arranged one's (k=%lld)\n", (long long)c.k);
+      return 1;
+    }
+    if (check_gemm("int8 blocks", plain_blocks, plain_values,
+                   random_int8_blocks_layer(c.n, c.k, c.bias, rng, int8_fill), c.m, c.bias))
       return 1;
     // the offset term (add_block_offsets) on float16 offsets in its layout ([ceil(n/8), k/32,
     // 8]; exponents from 2^-14, the smallest normal, to 2^3, and subnormals, of both signs)
@@ -316,7 +436,7 @@ int check() {
     for (auto& v : offsets)
       v = static_cast<uint16_t>((rng() & 0x8000u) | ((rng() % 19) << 10) | (rng() & 0x3ffu));
     for (auto& v : means) v = std::normal_distribution<float>()(rng);
-    QuantizedRows with_means = arranged.rows(c.m, c.k);
+    QuantizedRows with_means = blocks_fast.rows(c.m, c.k);
     with_means.means = means.data();
     PackedWeight with_offsets = view(w);
     with_offsets.offsets = offsets.data();
@@ -359,7 +479,9 @@ std::vector<double> time_passes(const std::vector<std::vector<Layer>>& passes, i
     for (const Layer& l : pass) widest = std::max(widest, std::max(l.k, l.n));
   std::vector<float> x(m * widest), y(m * widest);
   for (auto& v : x) v = std::normal_distribution<float>()(rng);
-  Activations q{std::vector<uint8_t>(m * widest), std::vector<float>(m), std::vector<float>(m)};
+  const int64_t lanes = m * group_count(widest / kBlock) * 8;
+  Activations q{std::vector<uint8_t>(m * widest), std::vector<float>(m), std::vector<float>(m), std::vector<float>(lanes),
+                std::vector<int32_t>(lanes), std::vector<float>(m * (widest / kBlock))};
 
   std::atomic<int> generation{0}, finished{0};
   std::atomic<bool> stop{false};
@@ -386,8 +508,12 @@ std::vector<double> time_passes(const std::vector<std::vector<Layer>>& passes, i
   for (int rep = 0; rep < repeat; ++rep) {
     const auto start = std::chrono::steady_clock::now();
     for (const Layer& l : passes[rep % passes.size()]) {
-      const bool arranged = l.row_scales.empty() && l.block_scales.empty();
-      quantize_rows(x.data(), l.k, 0, m, q.a.data(), q.scale.data(), q.zero.data(), arranged);
+      if (l.row_scales.empty())  // int4 blocks, int8 blocks: per block (QuantizedRows)
+        quantize_blocks(x.data(), l.k, 0, m, q.a.data(),
+                        {l.block_scales.empty(), q.lane_scales.data(), q.lane_shifts.data(), q.block_scales.data()},
+                        q.scale.data(), q.zero.data());
+      else
+        quantize_rows(x.data(), l.k, 0, m, q.a.data(), q.scale.data(), q.zero.data(), false);
       current = &l;
       finished.store(0, std::memory_order_release);
       generation.fetch_add(1, std::memory_order_acq_rel);

@@ -63,6 +63,24 @@ void quantize_row_portable(const float* x, int64_t k, double inv, double zero, u
   }
 }
 
+// One block of 32 values rounded symmetric (QuantizedRows, int4 blocks): q = round(x * (1 / s)),
+// s = max |x| / 127, in float32, ties to even (torch.round's); all zeros: s = 0, q = 0. A
+// multiply by the reciprocal, not a division: the activations of a 64-token prompt were
+// rounded 5% slower with vdivps. Returns sum q.
+int32_t round_block_portable(const float* x, int8_t* q, float* s) {
+  float amax = 0.0f;
+  for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(x[i]));
+  *s = amax / 127.0f;
+  const float inverse = *s == 0.0f ? 0.0f : 1.0f / *s;
+  int32_t sum = 0;
+  for (int i = 0; i < kBlock; ++i) {
+    const float v = std::nearbyint(x[i] * inverse);
+    q[i] = static_cast<int8_t>(std::min(std::max(v, -127.0f), 127.0f));
+    sum += q[i];
+  }
+  return sum;
+}
+
 void min_max_portable(const float* x, int64_t k, float* lo, float* hi) {
   float a = x[0], b = x[0];
   for (int64_t i = 1; i < k; ++i) {
@@ -171,40 +189,44 @@ LLMCORE_AVX2 inline void transpose_lanes(__m256i (&r)[8]) {
   }
 }
 
-// One row, k a multiple of 32: each block rounded (block_bytes) and stored in x's order,
-// or, `arranged`, a group's G blocks held in registers and stored in the arranged order
-// (int4_gemm.h): step s's lane L is block L / (8 / G)'s 4-byte piece s (8 / G) + L % (8 / G),
-// which for G = 8 is the blocks' 4-byte lanes transposed, for G = 4 their 8-byte quarters,
-// for G = 2 their halves. arrange() after the plain rows, 4 bytes at a time, took a fifth of
-// the rounding (docs/performance.md, "What was tried": the rounding in the arranged order).
+// A group's G rounded blocks r[0..G) (each its 32 bytes in x's order) stored at `out` (the
+// group's first byte) in the arranged order (int4_gemm.h): step s's lane L is block L / (8 / G)'s
+// 4-byte piece s (8 / G) + L % (8 / G), which for G = 8 is the blocks' 4-byte lanes transposed,
+// for G = 4 their 8-byte quarters, for G = 2 their halves. arrange() after the plain rows, 4
+// bytes at a time, took a fifth of the rounding (docs/performance.md, "What was tried": the
+// rounding in the arranged order).
+LLMCORE_AVX2 inline void store_arranged(__m256i (&r)[8], int size, uint8_t* out) {
+  if (size == 8) {
+    transpose_lanes(r);
+  } else if (size == 4) {  // r[i]'s quarter j into r[j]'s quarter i
+    const __m256i t0 = _mm256_unpacklo_epi64(r[0], r[1]), t1 = _mm256_unpackhi_epi64(r[0], r[1]);
+    const __m256i t2 = _mm256_unpacklo_epi64(r[2], r[3]), t3 = _mm256_unpackhi_epi64(r[2], r[3]);
+    r[0] = _mm256_permute2x128_si256(t0, t2, 0x20);
+    r[1] = _mm256_permute2x128_si256(t1, t3, 0x20);
+    r[2] = _mm256_permute2x128_si256(t0, t2, 0x31);
+    r[3] = _mm256_permute2x128_si256(t1, t3, 0x31);
+  } else if (size == 2) {  // the first halves, then the second
+    const __m256i first = _mm256_permute2x128_si256(r[0], r[1], 0x20);
+    r[1] = _mm256_permute2x128_si256(r[0], r[1], 0x31);
+    r[0] = first;
+  }
+  for (int i = 0; i < size; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * kBlock), r[i]);
+}
+
+// One row, k a multiple of 32: each block rounded (block_bytes) and stored in x's order, or,
+// `arranged`, a group's blocks held in registers and stored in the arranged order.
 LLMCORE_AVX2 void quantize_row_avx2(const float* x, int64_t k, double inv_d, double zero_d, bool arranged,
                                     uint8_t* a) {
   const __m256d inv = _mm256_set1_pd(inv_d), zero = _mm256_set1_pd(zero_d);
-  auto store = [&](int64_t block, __m256i v) LLMCORE_AVX2 {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + block * kBlock), v);
-  };
   if (!arranged) {
-    for (int64_t b = 0; b < k / kBlock; ++b) store(b, block_bytes(x + b * kBlock, inv, zero));
+    for (int64_t b = 0; b < k / kBlock; ++b)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + b * kBlock), block_bytes(x + b * kBlock, inv, zero));
     return;
   }
   for_each_group(k / kBlock, [&](int64_t g, int size) LLMCORE_AVX2 {
     __m256i r[8];
     for (int i = 0; i < size; ++i) r[i] = block_bytes(x + (g + i) * kBlock, inv, zero);
-    if (size == 8) {
-      transpose_lanes(r);
-    } else if (size == 4) {  // r[i]'s quarter j into r[j]'s quarter i
-      const __m256i t0 = _mm256_unpacklo_epi64(r[0], r[1]), t1 = _mm256_unpackhi_epi64(r[0], r[1]);
-      const __m256i t2 = _mm256_unpacklo_epi64(r[2], r[3]), t3 = _mm256_unpackhi_epi64(r[2], r[3]);
-      r[0] = _mm256_permute2x128_si256(t0, t2, 0x20);
-      r[1] = _mm256_permute2x128_si256(t1, t3, 0x20);
-      r[2] = _mm256_permute2x128_si256(t0, t2, 0x31);
-      r[3] = _mm256_permute2x128_si256(t1, t3, 0x31);
-    } else if (size == 2) {  // the first halves, then the second
-      const __m256i first = _mm256_permute2x128_si256(r[0], r[1], 0x20);
-      r[1] = _mm256_permute2x128_si256(r[0], r[1], 0x31);
-      r[0] = first;
-    }
-    for (int i = 0; i < size; ++i) store(g + i, r[i]);
+    store_arranged(r, size, a + g * kBlock);
   });
 }
 
@@ -235,6 +257,40 @@ LLMCORE_AVX2 inline float hsum(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+// round_block_portable's integers and scale, eight values a register: the same float32
+// division and rounding, so the same q, left in `bytes` (x's order) for the caller to store.
+LLMCORE_AVX2 int32_t round_block_avx2(const float* x, __m256i* bytes, float* s) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 v[4];
+  __m256 amax = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    amax = _mm256_max_ps(amax, _mm256_and_ps(v[i], magnitude));
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  *s = _mm_cvtss_f32(m) / 127.0f;
+  if (*s == 0.0f) {
+    *bytes = _mm256_setzero_si256();
+    return 0;
+  }
+  const __m256 inverse = _mm256_set1_ps(1.0f / *s), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  __m256i r[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 rounded = _mm256_round_ps(_mm256_mul_ps(v[i], inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(rounded, lo), hi));
+  }
+  const __m256i sums = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+  // packs interleave 128-bit lanes; this permutation puts the 32 bytes back in order
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+  *bytes = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(t);
 }
 
 // How far ahead of the step being multiplied its row's weights are prefetched. A decode
@@ -286,19 +342,21 @@ inline float half_to_float(uint16_t h) {
   return f;
 }
 
-// int8 blocks: each block's integer dot product times its scale, added in block order.
+// int8 blocks: each block's integer dot product (both sides signed: the activations per
+// block) times the block's weight and activation scales, added in block order.
 void gemm_int8_blocks_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n_begin, int64_t n_end,
                                float* y) {
   const int64_t blocks = w.k / kBlock;
   for (int64_t n = n_begin; n < n_end; ++n) {
     const int8_t* q = reinterpret_cast<const int8_t*>(w.packed) + n * w.k;
     for (int64_t t = 0; t < x.m; ++t) {
-      const uint8_t* a = x.a + t * x.k;
+      const int8_t* a = reinterpret_cast<const int8_t*>(x.a) + t * x.k;
       float dot = 0.0f;
       for (int64_t b = 0; b < blocks; ++b) {
         int32_t block_dot = 0;
         for (int64_t i = b * kBlock; i < (b + 1) * kBlock; ++i) block_dot += static_cast<int32_t>(a[i]) * q[i];
-        dot += half_to_float(w.block_scales[n * blocks + b]) * static_cast<float>(block_dot);
+        dot += half_to_float(w.block_scales[n * blocks + b]) * x.block_scales[t * blocks + b] *
+               static_cast<float>(block_dot);
       }
       finish(x, t, w, n, dot, y);
     }
@@ -381,15 +439,21 @@ void gemm_rows_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n
       if (!q4_k) scales[b] = bf16_to_float(w.scales[n * blocks + b]);
     }
     for (int64_t t = 0; t < x.m; ++t) {
-      const uint8_t* a = x.a + t * x.k;
+      const int8_t* q = reinterpret_cast<const int8_t*>(x.a) + t * x.k;  // signed, per block (QuantizedRows)
+      const float* lane_scales = x.lane_scales + t * x.slots * 8;
       std::fill(block_dots.begin(), block_dots.end(), 0);
       // in a group of G blocks, the 4-byte lane L of each step belongs to block L / (8 / G)
       for_each_group(blocks, [&](int64_t g, int size) {
         for (int64_t i = 0; i < size * kBlock; ++i)
-          block_dots[g + (i % kBlock) / 4 / (8 / size)] += a[g * kBlock + i] * values[g * kBlock + i];
+          block_dots[g + (i % kBlock) / 4 / (8 / size)] += q[g * kBlock + i] * values[g * kBlock + i];
       });
       float dot = 0.0f, offset = 0.0f;
-      for (int64_t b = 0; b < blocks; ++b) dot += scales[b] * static_cast<float>(block_dots[b]);
+      int64_t slot = 0;
+      for_each_group(blocks, [&](int64_t g, int size) {  // block g + j's activation scale: its first lane's
+        for (int j = 0; j < size; ++j)
+          dot += scales[g + j] * lane_scales[slot * 8 + j * (8 / size)] * static_cast<float>(block_dots[g + j]);
+        ++slot;
+      });
       finish(x, t, w, n, dot, y);
       if (q4_k) {
         for (int64_t b = 0; b < blocks; ++b) offset += offsets32[b] * x.means[t * blocks + b];
@@ -402,7 +466,9 @@ void gemm_rows_portable(const QuantizedRows& x, const PackedWeight& w, int64_t n
 #if LLMCORE_HAVE_X86
 // The tiles, once per instruction set (int4_gemm_tiles.inc). The prompt tiles' shapes are
 // the fastest of those benchmarks/int4_gemm_probe tried on SmolLM2's linears (64 tokens,
-// one thread) over unpacked weight rows: AVX2 4 x 3; VNNI 4 x 6 in 512-bit registers (two
+// one thread) over unpacked weight rows: AVX2 4 x 3, its steps in asm (step_4x3_rows_held;
+// with the activations' scales per block, AVX-512 EPYC's avx2 view, one thread: 4 x 3 64.0-64.2
+// ms a pass, 4 x 2 73.3-73.8); VNNI 4 x 6 in 512-bit registers (two
 // rows a register; 3 x 4 in 256-bit ones before). int8 rows keep 3 x 3 on AVX2, where
 // 4 x 3 was slower, and take 6 x 4 on VNNI, in 512-bit registers as well (3 x 4 in 256-bit
 // ones before; docs/performance.md, "Measurements behind the code").
@@ -485,14 +551,15 @@ bool uses_avx2() { return gemm_isa() != Isa::portable; }
 
 const char* gemm_isa_name() { return isa_name(gemm_isa()); }
 
+namespace {
+// Whether the activation rounding runs its AVX2 code (never when asked for the portable loops).
+bool rounds_with_avx2(bool portable) { return LLMCORE_HAVE_X86 && !portable && gemm_isa() != Isa::portable; }
+}  // namespace
+
 void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a, float* scale,
                    float* zero, bool arranged, bool portable, float* means) {
   const int64_t blocks = k / kBlock;
-#if LLMCORE_HAVE_X86
-  const bool avx2 = !portable && gemm_isa() != Isa::portable;
-#else
-  (void)portable;
-#endif
+  [[maybe_unused]] const bool avx2 = rounds_with_avx2(portable);
   for (int64_t t = row_begin; t < row_end; ++t) {
     const float* xr = x + t * k;
     uint8_t* ar = a + t * k;
@@ -522,6 +589,64 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
       quantize_row_portable(xr, k, inv, zero[t], ar);
     }
     if (means != nullptr) block_means_portable(xr, blocks, means + t * blocks);
+  }
+}
+
+void quantize_blocks(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a,
+                     const BlockRounding& out, float* scale, float* zero, bool portable, float* means) {
+  const int64_t blocks = k / kBlock, slots = group_count(blocks);
+  thread_local std::vector<int8_t> natural;  // a row before arrange()
+  thread_local std::vector<float> block_scales;
+  thread_local std::vector<int32_t> block_sums;
+  natural.resize(k);
+  block_scales.resize(blocks);
+  block_sums.resize(blocks);
+  [[maybe_unused]] const bool avx2 = rounds_with_avx2(portable);
+  for (int64_t t = row_begin; t < row_end; ++t) {
+    scale[t] = 1.0f;  // finish() then leaves the dot as it is: 1 * (dot - 0 * row sums)
+    zero[t] = -128.0f;
+    uint8_t* const row = a + t * k;
+    float* const s = out.lanes ? block_scales.data() : out.block_scales + t * blocks;
+#if LLMCORE_HAVE_X86
+    if (avx2) {  // a group's blocks rounded into registers and stored arranged from them
+      for_each_group(blocks, [&](int64_t g, int size) LLMCORE_AVX2 {
+        __m256i r[8];
+        for (int i = 0; i < size; ++i) block_sums[g + i] = round_block_avx2(x + t * k + (g + i) * kBlock, &r[i], &s[g + i]);
+        if (out.lanes) {
+          store_arranged(r, size, row + g * kBlock);
+        } else {
+          for (int i = 0; i < size; ++i)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + (g + i) * kBlock), r[i]);
+        }
+      });
+    } else
+#endif
+    {
+      int8_t* const q = out.lanes ? natural.data() : reinterpret_cast<int8_t*>(row);
+      for (int64_t b = 0; b < blocks; ++b) block_sums[b] = round_block_portable(x + t * k + b * kBlock, q + b * kBlock, &s[b]);
+      if (out.lanes) arrange(reinterpret_cast<const uint8_t*>(natural.data()), k, row);
+    }
+    if (means != nullptr) {
+#if LLMCORE_HAVE_X86
+      if (avx2)
+        block_means_avx2(x + t * k, blocks, means + t * blocks);
+      else
+#endif
+        block_means_portable(x + t * k, blocks, means + t * blocks);
+    }
+    if (!out.lanes) continue;
+    float* ls = out.lane_scales + t * slots * 8;
+    int32_t* lh = out.lane_shifts + t * slots * 8;
+    int64_t slot = 0;
+    for_each_group(blocks, [&](int64_t g, int size) {
+      const int per_block = 8 / size;  // lanes of a step per block
+      for (int lane = 0; lane < 8; ++lane) {
+        const int64_t b = g + lane / per_block;
+        ls[slot * 8 + lane] = block_scales[b];
+        lh[slot * 8 + lane] = lane % per_block == 0 ? -8 * block_sums[b] : 0;
+      }
+      ++slot;
+    });
   }
 }
 

@@ -4,26 +4,22 @@
 //
 //   y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n])
 //
-// with the activations rounded to int8 per row (asymmetric: scale s and zero point z per
-// row, chosen as torch's choose_qparams_per_token_asymmetric chooses them, the scheme
-// XNNPACK's int4 GEMM uses too) and the weights int4 per block of 32 inputs:
-// w[n, k] = d[n, k / 32] * (u[n, k] - 8), u in [0, 15], d a bfloat16 scale (as XNNPACK's
-// blockwise int4 GEMM keeps its scales: the same weights as the 8da4w programs').
+// with the weights int4 per block of 32 inputs, w[n, k] = d[n, k / 32] * (u[n, k] - 8), u in
+// [0, 15], d a bfloat16 scale (as XNNPACK's blockwise int4 GEMM keeps its scales: the same
+// weights as the 8da4w programs'), and the activations rounded to int8 per block of 32,
+// symmetric: x[m, k] ~ s[m, k / 32] * q[m, k] (QuantizedRows; per row, asymmetric, as XNNPACK
+// rounds them, until 2026-12-08).
 //
 // Why a kernel of our own: XNNPACK 1.5.1's AVX2 int4 GEMM widens each nibble to 16 bits
-// and multiplies with vpmaddwd (16 products an instruction). Here the activations, held
-// unsigned (a = q + 128 in [0, 255]), meet the signed int4 weights in vpmaddubsw (32
-// products an instruction), the product llama.cpp's Q4_0 kernels are built on. The
-// zero point and the offset of 128 never enter the inner loop; they come out as one
-// correction per output:
+// and multiplies with vpmaddwd (16 products an instruction). Here the weights, read as the
+// unsigned nibbles u, meet the signed activations in vpmaddubsw (32 products an
+// instruction), the product llama.cpp's Q4_0 kernels are built on. The offset of 8 never
+// enters the inner loop; it comes out as one integer correction a block and token:
 //
-//   sum_k (q_k - z) w_k = sum_g d_g D_g - (128 + z) R_n
+//   sum_k x_k w_k ~ sum_g s_g d_g (D_g - 8 Q_g)
 //
-// where D_g = sum_{k in g} a_k (u_k - 8) (the vpmaddubsw dot of block g) and
-// R_n = sum_k w[n, k], the row sum of the dequantized weight (computed when packing).
-//
-// The activations are rounded as the 8da4w programs round them, so the arithmetic is the
-// one XNNPACK runs for those programs: a like-for-like comparison.
+// where D_g = sum_{k in g} u_k q_k (the vpmaddubsw dot of block g) and Q_g = sum_{k in g} q_k
+// (QuantizedRows::lane_shifts holds -8 Q_g, computed once a token for every row).
 //
 // The arranged order. A block's scale multiplies only its own products, so a kernel that
 // keeps one block in a register must convert its sums to float and multiply once per
@@ -32,9 +28,9 @@
 // group of 4, 2 and 1 for the rest), and a group is G steps of 32 bytes, step s's lane L
 // holding values [4 (s p + l), 4 (s p + l) + 4) of block L / p (p = 8 / G lanes a block,
 // l = L % p). The G steps' vpmaddubsw results add in 16-bit lanes (2 products of at most
-// 255 * 8 a lane: eight steps stay below 2^15); one conversion and one multiply by the
-// lanes' scales then serve G blocks. The activations are stored in this order
-// (quantize_rows, arrange), the weights packed in it:
+// 15 * 127 a lane: eight steps stay below 2^15); one addition of the lanes' corrections,
+// one conversion and one multiply by the lanes' scales then serve G blocks. The activations
+// are stored in this order (quantize_blocks, arrange), the weights packed in it:
 //
 // Packed weight layout, per row: its groups in order, each G * 16 bytes; within a group
 // of G >= 2, each 32 bytes hold two steps, byte b = u(step 2i, byte b) | u(step 2i + 1,
@@ -83,8 +79,23 @@ struct CacheLineAllocator {
 template <typename T>
 using CacheLineVector = std::vector<T, CacheLineAllocator<T>>;
 
-// x quantized per row: a [m, k] = q + 128 (q the int8 value torch's quantize_per_token
-// gives), each row in the arranged order; scale [m], zero [m] (whole numbers, as floats).
+// x rounded to int8, in one of three forms, chosen by the weight's format (RoundedRows::round):
+//   for int8 rows and Q6_K: per row, asymmetric, a [m, k] = q + 128 (q the int8 value torch's
+//     quantize_per_token gives) in x's order; scale [m], zero [m] (whole numbers, as floats).
+//   for int8 blocks (quantize_blocks without lanes): per block of 32 as for int4
+//     blocks, below, in x's order, each block's scale in block_scales [m, k/32].
+//   for int4 blocks and Q4_K (quantize_blocks): per block of 32, symmetric, as llama.cpp rounds the
+//     activations of its Q4 dot products (Q8_0's form, scales kept in float32): a [m, k] the
+//     bytes of q = round(x * (1 / s_b)) in [-127, 127], s_b = max |x| over the block / 127, each row
+//     in the arranged order. Each block's products meet s_b with its weight scale, so a token's
+//     outliers coarsen only their own blocks: `make demo`'s program's mean KL from the GGUF's own
+//     floats 0.0188 per row, 0.0033 per block (docs/quantization.md, "Activations rounded per
+//     block"). The block's scale and its correction (the weights are
+//     read unsigned, u = w + 8: sum q (u - 8) = sum q u + (-8 sum q)) are laid out as a group's
+//     lanes hold the block (int4_gemm.h's arranged order): lane_scales and lane_shifts, [m,
+//     slots, 8] for a row's `slots` groups in order; the shift in the first lane of its block's
+//     lanes, zero in the others. scale [m] holds 1 and zero [m] -128, so that finish(), which
+//     the int8 weights need, leaves the dot as it is.
 struct QuantizedRows {
   const uint8_t* a;
   const float* scale;
@@ -92,7 +103,16 @@ struct QuantizedRows {
   int64_t m;
   int64_t k;
   const float* means = nullptr;  // [m, k/32]: each block's mean of x, for weights with offsets
+  const float* lane_scales = nullptr;   // int4 blocks: [m, slots, 8], s_b in each lane of block b
+  const int32_t* lane_shifts = nullptr;  // int4 blocks: [m, slots, 8], -8 sum q of block b in its first lane
+  int64_t slots = 0;                     // groups a row (group_count(k / 32))
+  const float* block_scales = nullptr;   // int8 blocks: [m, k/32], s_b
 };
+
+// The groups of a row of `blocks` blocks (eights, then one each of 4, 2 and 1 as needed).
+inline int64_t group_count(int64_t blocks) {
+  return blocks / 8 + (blocks % 8 >= 4) + (blocks % 4 >= 2) + (blocks % 2);
+}
 
 // How a PackedWeight holds its integers.
 //   int4_blocks: int4 per block of 32 with a bfloat16 scale each (above; `packed`, `scales`).
@@ -194,6 +214,21 @@ constexpr int64_t kInt8MaxK = 65536;
 // `portable`: the plain loops even where AVX2 is available (the check compares the two).
 void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a, float* scale,
                    float* zero, bool arranged = true, bool portable = false, float* means = nullptr);
+
+// Rows [row_begin, row_end) of x [m, k] (k a multiple of 32) rounded per block (QuantizedRows,
+// above), scale [m] = 1 and zero [m] = -128: for int4 blocks (`lanes`) a [m, k] arranged and
+// lane_scales and lane_shifts [m, group_count(k/32), 8]; for int8 blocks (`!lanes`) a in x's
+// order and block_scales [m, k/32]. `portable`: the plain loops even where AVX2 is there.
+// `means`, when given, as quantize_rows'.
+struct BlockRounding {
+  bool lanes;
+  float* lane_scales = nullptr;
+  int32_t* lane_shifts = nullptr;
+  float* block_scales = nullptr;
+};
+void quantize_blocks(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a,
+                     const BlockRounding& out, float* scale, float* zero, bool portable = false,
+                     float* means = nullptr);
 
 // One row of k bytes (k a multiple of 32), one per value, from x's order into the arranged one.
 void arrange(const uint8_t* in, int64_t k, uint8_t* out);

@@ -176,23 +176,43 @@ void add_residual_columns(const float* residual, const float* y, int64_t rows, i
 int4::QuantizedRows RoundedRows::round(const float* x, int64_t rows, const ParallelFor& parallel,
                                        const int4::PackedWeight& w, const RangeWork& prepare) {
   const int64_t k = w.k;
-  const bool block_means = int4::needs_block_means(w), arranged = int4::arranged_rows(w);
-  const int64_t blocks = k / int4::kBlock;
+  // per block for the weights whose blocks meet the activations' blocks (int4 blocks, Q4_K,
+  // int8 blocks); per row for int8 rows and Q6_K (int4_gemm.h, QuantizedRows)
+  const bool block_means = int4::needs_block_means(w), lanes = int4::arranged_rows(w),
+             int8_blocks = w.format == int4::Format::int8_blocks;
+  const int64_t blocks = k / int4::kBlock, slots = lanes ? int4::group_count(blocks) : 0;
   a.resize(rows * k);
   scale.resize(rows);
   zero.resize(rows);
   means.resize(block_means ? rows * blocks : 0);
+  lane_scales.resize(rows * slots * 8);
+  lane_shifts.resize(rows * slots * 8);
+  block_scales.resize(int8_blocks ? rows * blocks : 0);
   uint8_t* pa = a.data();
   float *ps = scale.data(), *pz = zero.data(), *pm = means.data();
+  const int4::BlockRounding by_block{lanes, lane_scales.data(), lane_shifts.data(), block_scales.data()};
   auto body = [&](int64_t b, int64_t e) {
     if (prepare) prepare(b, e);
-    int4::quantize_rows(x, k, b, e, pa, ps, pz, arranged, /*portable=*/false, block_means ? pm : nullptr);
+    float* const block_means_out = block_means ? pm : nullptr;
+    if (lanes || int8_blocks)
+      int4::quantize_blocks(x, k, b, e, pa, by_block, ps, pz, /*portable=*/false, block_means_out);
+    else
+      int4::quantize_rows(x, k, b, e, pa, ps, pz, /*arranged=*/false, /*portable=*/false, block_means_out);
   };
   if (rows == 1)
     body(0, 1);  // one token: not worth waking the pool
   else
     parallel(0, rows, body);
-  return {pa, ps, pz, rows, k, block_means ? pm : nullptr};
+  return {pa,
+          ps,
+          pz,
+          rows,
+          k,
+          block_means ? pm : nullptr,
+          lanes ? lane_scales.data() : nullptr,
+          lanes ? lane_shifts.data() : nullptr,
+          slots,
+          int8_blocks ? block_scales.data() : nullptr};
 }
 
 // y's columns [n_begin, n_end) = x W^T for them, with W's block offsets when it has them.

@@ -64,14 +64,16 @@ LLMCORE_KERNELS_CXX_API extern const char* const kPackedShapeError;
 // one size, down back to dim.
 LLMCORE_KERNELS_CXX_API const char* int4_mlp_shape_error(const Int4MlpWeights& w);
 
-// Activations rounded to int8 per row (int4::quantize_rows), in storage the caller keeps
-// (thread_local in the operators: a decode step reuses it).
+// Activations rounded to int8 (int4::QuantizedRows: per block for int4 blocks and int8 blocks,
+// int4::quantize_blocks; per row for int8 rows, int4::quantize_rows), in storage the caller
+// keeps (thread_local in the operators: a decode step reuses it).
 struct LLMCORE_KERNELS_CXX_API RoundedRows {
   int4::CacheLineVector<uint8_t> a;  // read 32 bytes at a time by the tiles
-  std::vector<float> scale, zero, means;
+  std::vector<float> scale, zero, means, lane_scales, block_scales;
+  std::vector<int32_t> lane_shifts;
   // x [rows, w.k]'s rows rounded for w, split among the threads when there is more than
-  // one: in the arranged order for int4 blocks; with each block's mean of x too when w has
-  // block offsets. `prepare`, when given, first writes each range of x's rows (a norm).
+  // one: per block in the arranged order for int4 blocks; with each block's mean of x too
+  // when w has block offsets. `prepare`, when given, first writes each range of x's rows (a norm).
   int4::QuantizedRows round(const float* x, int64_t rows, const ParallelFor& parallel, const int4::PackedWeight& w,
                             const RangeWork& prepare = nullptr);
 };

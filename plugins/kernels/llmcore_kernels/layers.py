@@ -154,7 +154,8 @@ def mlp_activation(feed_forward: nn.Module) -> Optional[str]:
 class KernelLinear(nn.Module):
     """``y = x W^T (+ bias)`` through ``llmcore::int4_linear``, from a ``BlockInt4Linear``,
     ``ChannelInt8Linear`` or ``BlockInt8Linear`` (the output layer): the layer operators' GEMM
-    and int8 rounding of the activations per token, the integers unchanged."""
+    and int8 rounding of the activations (per block of 32 for int4 and int8 blocks, per token
+    for int8 rows: csrc/int4_gemm.h, QuantizedRows), the integers unchanged."""
 
     def __init__(self, linear: nn.Module):
         super().__init__()

@@ -28,7 +28,7 @@ from llmcore.errors import LlmcoreError
 from llmcore.modules import replace_modules
 from llmcore.stored import q4_k_block_values
 from llmcore_xnnpack.qlinear import (Q6_K_VALUES, BlockInt4Linear, BlockInt8Linear, ChannelInt8Linear,
-                                     StoredBlocksLinear, float16_values, relative_error)
+                                     StoredBlocksLinear, float16_values, kernels_rounding, relative_error)
 
 RECIPE = "8da4w-mlp"
 BLOCK = 32  # the kernel's int4 block (csrc/int4_gemm.h)
@@ -240,8 +240,10 @@ def signed_form(p: BlockInt4Linear, nibbles: bool) -> tuple[torch.Tensor, torch.
 
 @contextmanager
 def computing_as_the_kernels(module: nn.Module) -> Iterator[None]:
-    """Every int4 linear under ``module`` in :func:`signed_form` while the block is open: the
-    eager reference a swap check compares the kernels with (``layers._swap_checked``).
+    """Every int4 linear under ``module`` in :func:`signed_form`, rounding its activations per
+    block as the kernels do (:func:`llmcore_xnnpack.qlinear.kernels_rounding`), while the block
+    is open: the eager reference a swap check compares the kernels with
+    (``layers._swap_checked``).
 
     Both forms hold the same weights, but a product differs by how the activations' int8
     rounding meets them: a block's offset multiplies the fp32 activations, its integers the
@@ -266,7 +268,8 @@ def computing_as_the_kernels(module: nn.Module) -> Iterator[None]:
             p.q = q
         p.scales, p.offset_weight = scales, None
     try:
-        yield
+        with kernels_rounding():
+            yield
     finally:
         for p, q, q_nibbles, scales, offset_weight in kept:
             p.q, p.q_nibbles, p.scales, p.offset_weight = q, q_nibbles, scales, offset_weight
@@ -390,7 +393,7 @@ def why_not(gate: nn.Module, up: nn.Module, down: nn.Module, offsets: bool = Fal
 def _same_function(module: nn.Module, fused: FusedInt4MLP) -> Optional[str]:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(3, fused.dim, generator=generator)
-    with torch.no_grad():
+    with torch.no_grad(), computing_as_the_kernels(module):
         expected = module(x)
         got = fused(x)
     error = relative_error(got, expected)

@@ -155,6 +155,7 @@ def test_a_layer_on_the_kernels_computes_what_the_llama_block_computes(ops, rows
                                      "dim": 480, "n_heads": 5, "n_kv_heads": 1, "hidden_dim": 288}])
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_a_gemma_layer_on_the_kernels_computes_what_its_block_computes(ops, rows, config):
+    from llmcore_kernels import mlp
     from llmcore_kernels.layers import KernelLayer
 
     block = int4_block(**config)
@@ -164,7 +165,7 @@ def test_a_gemma_layer_on_the_kernels_computes_what_its_block_computes(ops, rows
     x = torch.randn(1, rows, block.attention.wq.in_features, generator=torch.Generator().manual_seed(rows))
     x[0, 0, 0] = 20.0  # an outlier sets its token's int8 scale
     cos, sin = rope_tables(rows, block.attention.head_dim)
-    with torch.no_grad():
+    with torch.no_grad(), mlp.computing_as_the_kernels(block):
         want, got = block(x, cos, sin), layer(x, cos, sin)
     error = float((got - want).norm() / (want - x).norm())
     assert error < 0.01, error
@@ -172,7 +173,7 @@ def test_a_gemma_layer_on_the_kernels_computes_what_its_block_computes(ops, rows
     h = torch.randn_like(x)
     weights = (layer.gate_up, layer.gate_up_scales, layer.gate_up_sums, layer.gate_up_offsets, layer.down,
                layer.down_scales, layer.down_sums, layer.down_offsets)
-    with torch.no_grad():
+    with torch.no_grad(), mlp.computing_as_the_kernels(block):
         out = torch.empty(0)
         torch.ops.llmcore.int4_norm_glu_add.out(h, layer.ffn_norm, layer.ffn_eps, *weights, layer.activation,
                                                 layer.ffn_post_norm, layer.ffn_post_norm_eps or 0.0, out=out)
@@ -185,7 +186,7 @@ def test_a_gemma_layer_on_the_kernels_computes_what_its_block_computes(ops, rows
         a = torch.randn(1, rows, block.attention.wo.in_features, generator=torch.Generator().manual_seed(7))
         torch.ops.llmcore.int4_linear_norm_add.out(a, layer.wo, layer.wo_scales, layer.wo_sums, layer.wo_offsets,
                                                    layer.attention_post_norm, layer.attention_post_norm_eps, x, out=out)
-        with torch.no_grad():
+        with torch.no_grad(), mlp.computing_as_the_kernels(block):
             wo_want = x + block.attention_post_norm(block.attention.wo(a))
         assert float((out - wo_want).norm() / (wo_want - x).norm()) < 0.01
 
@@ -251,6 +252,7 @@ def quantized_linear(kind: str, rows: int = 320, cols: int = 64, bias: bool = Fa
                                               ("int4", True, 64), ("offsets", False, 64), ("offsets", True, 480)])
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_the_output_layer_on_the_kernel_computes_what_its_module_computes(ops, kind, bias, cols, rows):
+    from llmcore_kernels import mlp
     from llmcore_kernels.layers import KernelLinear
 
     linear = quantized_linear(kind, cols=cols, bias=bias)
@@ -258,7 +260,7 @@ def test_the_output_layer_on_the_kernel_computes_what_its_module_computes(ops, k
     assert (kernel.w.dtype == torch.int8) == (kind == "int8") and (kernel.w_offsets is not None) == (kind == "offsets")
     x = torch.randn(1, rows, cols, generator=torch.Generator().manual_seed(rows))
     x[0, 0, 0] = 20.0  # an outlier sets its token's int8 scale
-    with torch.no_grad():
+    with torch.no_grad(), mlp.computing_as_the_kernels(linear):
         want, got = linear(x), kernel(x)
     assert got.shape == want.shape == (1, rows, 320)
     # the same integers and int8 roundings, summed in another order (measured: 6e-8 to 1.5e-7)
@@ -508,6 +510,7 @@ def test_v_apart_in_every_isa_view(kernel_library, passes_in_isa_view, view):
 def test_a_layer_with_q_and_k_norms_computes_what_the_block_computes(ops, rows, config):
     """Qwen3's per-head q and k norms (head_dim apart from dim / heads with 32): the attention
     norm, the qkv GEMM, each head's norm and RoPE in llmcore::int4_norm_qkv_norm_rope."""
+    from llmcore_kernels import mlp
     from llmcore_kernels.layers import KernelLayer
 
     block = int4_block(qk_norm=True, **config)
@@ -518,7 +521,7 @@ def test_a_layer_with_q_and_k_norms_computes_what_the_block_computes(ops, rows, 
     assert layer.q_norm is not None
     x = torch.randn(1, rows, block.attention.wq.in_features, generator=torch.Generator().manual_seed(rows))
     cos, sin = rope_tables(rows, block.attention.head_dim)
-    with torch.no_grad():
+    with torch.no_grad(), mlp.computing_as_the_kernels(block):
         want, got = block(x, cos, sin), layer(x, cos, sin)
     error = float((got - want).norm() / (want - x).norm())
     assert error < 0.01, error

@@ -53,13 +53,13 @@ def ops(kernel_library):
 @pytest.mark.parametrize("dim,hidden", [(96, 160), (480, 288)])
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_the_kernel_computes_what_the_three_linears_compute(ops, rows, dim, hidden):
-    from llmcore_kernels.mlp import FusedInt4MLP
+    from llmcore_kernels.mlp import FusedInt4MLP, computing_as_the_kernels
 
     mlp = SwiGLU(dim, hidden)
     fused = FusedInt4MLP(mlp.w1, mlp.w3, mlp.w2)
     x = torch.randn(rows, dim, generator=torch.Generator().manual_seed(rows)) * 2
-    x[0, 0] = 30.0  # an outlier sets its token's int8 scale
-    with torch.no_grad():
+    x[0, 0] = 30.0  # an outlier sets its block's int8 scale
+    with torch.no_grad(), computing_as_the_kernels(mlp):
         want, got = mlp(x), fused(x)
     # The same integers, rounded the same way; a value within float error of an int8 rounding
     # boundary of silu(gate) * up may land on the other side. Measured: ~3e-7 for one row,

@@ -1,8 +1,8 @@
 """llmcore::int4_linear on int8 blocks (csrc/int4_gemm.h, Format::int8_blocks): a GGUF's Q8_0
 table as the file holds it, which a tied output layer and the embedding's lookups share.
 Checked against the module it replaces (llmcore_xnnpack.qlinear.BlockInt8Linear: the same
-per-token int8 activations times the exact weights, in float) and a float64 product, on
-every instruction set the machine can present."""
+int8 activations per block of 32 times the exact weights, in float) and a float64 product,
+on every instruction set the machine can present."""
 
 from __future__ import annotations
 

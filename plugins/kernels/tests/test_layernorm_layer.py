@@ -70,18 +70,19 @@ def relative(got: torch.Tensor, want: torch.Tensor, base: torch.Tensor) -> float
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_a_gpt2_layer_on_the_kernels_computes_what_its_block_computes(ops, rows, config):
     from llmcore_kernels.layernorm_layers import KernelLayerNormBlock
+    from llmcore_kernels.mlp import computing_as_the_kernels
 
     block = gpt2_block(**config)
     layer = KernelLayerNormBlock(block)
     dim = block.ln_1.weight.shape[0]
     x = torch.randn(1, rows, dim, generator=torch.Generator().manual_seed(rows))
     x[0, 0, 0] = 20.0  # an outlier sets its token's mean and spread
-    with torch.no_grad():
+    with torch.no_grad(), computing_as_the_kernels(block):
         want, got = block(x, None), layer(x, None)
     # The same integers and int8 roundings; the LayerNorm rounds in C++ as PyTorch does not
     # quite, and a normed value an ulp from an int8 boundary may round to the other step.
     assert relative(got, want, x) < 0.01
-    with torch.no_grad():
+    with torch.no_grad(), computing_as_the_kernels(block):
         # each operator's .out variant (what the program calls) against the module parts it fuses
         y = torch.empty(0)
         torch.ops.llmcore.int4_layer_norm_linear.out(x, layer.ln_1, layer.ln_1_bias, layer.ln_1_eps,

@@ -3,7 +3,8 @@
 file's 6-bit codes (4.5 bits a weight, the exact values) where int4 blocks round the scale to
 bfloat16 and the offset to float16 (5 bits a weight). Checked against the gguf package's own
 dequantization (the values), the module the kernels replace (it computes with those exact
-values while it holds the headers: the same per-token int8 activations, in float), a float64 product, and a token
+values while it holds the headers; inside kernels_rounding with the kernels' int8 activations,
+per block of 32, in float), a float64 product, and a token
 decoded alone against the same token in a prompt, on every instruction set the machine can
 present."""
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from llmcore_xnnpack.qlinear import kernels_rounding
 
 
 def q4_k_linear(rows: int, cols: int, seed: int, headers: bool = True):
@@ -60,7 +62,7 @@ def test_q4_k_on_the_kernel(kernel_library, tokens, out_features, in_features):
     assert kernel.w_scales.dtype == torch.uint8 and torch.equal(kernel.w_scales, linear.q4_k_headers)
     assert kernel.w_offsets is None and "Q4_K" in repr(kernel)
     x = torch.randn(1, tokens, in_features, generator=torch.Generator().manual_seed(100 + tokens))
-    with torch.no_grad():
+    with torch.no_grad(), kernels_rounding():
         got, want = kernel(x), linear(x)  # the module computes with the headers' exact values
         bf16 = q4_k_linear(out_features, in_features, seed=tokens, headers=False)[0](x)  # bf16 scales
     assert float((got - want).norm() / want.norm()) < 1e-5
@@ -91,7 +93,7 @@ def test_q4_k_at_the_integers_limits(kernel_library):
     headers[3, :, 4:16] = 0x00  # codes 0: a zero scale and no minimum
     signs = torch.randint(0, 2, (1, 5, cols), generator=torch.Generator().manual_seed(6)) * 2.0 - 1
     signs[0, 0] = 1.0  # a token whose every activation is the same
-    with torch.no_grad():  # the module computes with the edited headers' values too
+    with torch.no_grad(), kernels_rounding():  # the module computes with the edited headers' values too
         got, want = KernelLinear(linear)(signs), linear(signs)
     assert float((got - want).norm() / want.norm()) < 1e-5
 
@@ -110,7 +112,7 @@ def test_a_stack_with_other_int4_takes_int4_blocks(kernel_library):
     mlp.register_linears(stacked, "w", [with_headers, other])
     assert stacked.w_scales.dtype == torch.bfloat16 and stacked.w_offsets is not None
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
+    with torch.no_grad(), kernels_rounding():
         got = torch.ops.llmcore.int4_linear.default(x, stacked.w, stacked.w_scales, stacked.w_sums, None,
                                                     stacked.w_offsets)
         want = torch.cat([rounded(x), other(x)], dim=-1)

@@ -39,8 +39,10 @@ like with like. :func:`bf16_scale_error` measures what that rounding costs.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -106,10 +108,45 @@ def split_outliers(x: torch.Tensor) -> torch.Tensor:
     return _once_per_input("split", x, None, split)
 
 
-def int8_gemm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], outlier_split: bool) -> torch.Tensor:
+def rounded_per_block(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """``x`` rounded to int8 per block of ``block`` features, symmetric, as llmcore-kernels rounds
+    the activations of its int4 GEMM (and llama.cpp those of its Q4 dot products): ``q =
+    round(x * (1 / s))``, ``s = max |x| / 127`` over the block in float32, ties to even; returns
+    ``q * s``. A token's few large channels then coarsen only their own blocks: on SmolLM2's
+    Q4_1 GGUF the mean KL from the file's floats 0.0027 against 0.017 per token
+    (docs/quantization.md, "Activations rounded per block")."""
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127.0
+    inverse = torch.where(scale == 0, 0.0, 1.0 / torch.where(scale == 0, 1.0, scale))
+    q = torch.round(blocks * inverse).clamp_(-127, 127)
+    return (q * scale).reshape(x.shape)
+
+
+# Whether eager int4 layers round their activations per block (llmcore-kernels' arithmetic,
+# inside :func:`kernels_rounding`) rather than per token (XNNPACK's, the default).
+_per_block = contextvars.ContextVar("llmcore_int4_activations_per_block", default=False)
+
+
+@contextlib.contextmanager
+def kernels_rounding() -> Iterator[None]:
+    """Inside, an eager :class:`BlockInt4Linear` rounds its activations per block of 32 as
+    llmcore-kernels does (:func:`rounded_per_block`), for a check that compares the kernels with
+    the module they replace; outside, per token, as XNNPACK runs the module's graph."""
+    token = _per_block.set(True)
+    try:
+        yield
+    finally:
+        _per_block.reset(token)
+
+
+def int8_gemm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], outlier_split: bool,
+              rounding: Callable[[torch.Tensor], torch.Tensor] = None) -> torch.Tensor:
     """``x @ weight.T + bias`` with int8 activations per token: one row per token, or the two
     rows of :func:`split_outliers`, added after the GEMM (as twice their mean over a
-    ``[tokens, N, 1, 2]`` view: XNNPACK's global average pooling; it has no sum)."""
+    ``[tokens, N, 1, 2]`` view: XNNPACK's global average pooling; it has no sum). ``rounding``:
+    another rounding of ``x`` in place of per token (:func:`rounded_per_block`; no split)."""
+    if rounding is not None:
+        return F.linear(rounding(x), weight, bias)
     if not outlier_split:
         return F.linear(quantize_activations(x), weight, bias)
     both = F.linear(quantize_activations(split_outliers(x)), weight)  # [tokens, 2, 1, N]
@@ -125,18 +162,21 @@ _EAGER_WEIGHT_BYTES = 8 * 2**20
 
 
 def gemm_by_rows(x: torch.Tensor, layer: nn.Module, bias: Optional[torch.Tensor], outlier_split: bool,
-                 values: Optional[Callable[[slice], torch.Tensor]] = None) -> torch.Tensor:
+                 values: Optional[Callable[[slice], torch.Tensor]] = None,
+                 rounding: Callable[[torch.Tensor], torch.Tensor] = None) -> torch.Tensor:
     """:func:`int8_gemm` of a quantized ``layer`` computed eagerly (the parity reference, a
     backend's check of what it took), its fp32 weight decoded a slice of output rows at a
     time (``values(rows)``, by default ``layer.weight_values``): whole, one of Llama-3.1-8B's
     MLP matrices is 224 MiB, on top of a large export's peak. Activations are rounded per
     token, so each slice's outputs are the whole GEMM's."""
     values = values or layer.weight_values
+    if rounding is not None:  # once for every slice
+        x, rounding = rounding(x), (lambda rounded: rounded)
     step = max(1, _EAGER_WEIGHT_BYTES // (4 * layer.in_features))
     parts = []
     for start in range(0, layer.out_features, step):
         rows = slice(start, start + step)
-        parts.append(int8_gemm(x, values(rows), None if bias is None else bias[rows], outlier_split))
+        parts.append(int8_gemm(x, values(rows), None if bias is None else bias[rows], outlier_split, rounding))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
@@ -324,7 +364,9 @@ class BlockInt4Linear(nn.Module):
             )
             y = int8_gemm(x, w, self.bias, self.outlier_split)
         else:  # the same values, without the decomposed op's int temporaries (eager reference)
-            y = gemm_by_rows(x, self, self.bias, self.outlier_split, values=self._int4_values)
+            per_block = _per_block.get() and not self.outlier_split  # (kernels_rounding)
+            y = gemm_by_rows(x, self, self.bias, self.outlier_split, values=self._int4_values,
+                             rounding=rounded_per_block if per_block else None)
         offset_weight = self._offset_weight_used()
         if offset_weight is not None:
             # offsets * sum(x over the block) = (offsets * block) * mean(x over the block)
@@ -471,7 +513,9 @@ class BlockInt8Linear(nn.Module):
     table once, its integers unchanged. llmcore-kernels computes it (``llmcore::int4_linear``
     on int8 blocks); XNNPACK's int8 GEMM takes one scale a channel, so a layer of these that
     reaches ``torch.export`` untaken is refused by name rather than left to ExecuTorch's
-    portable operators (a full fp32 copy of the table a call)."""
+    portable operators (a full fp32 copy of the table a call). Its activations are rounded as
+    the kernels round them for it, per block of 32 (:func:`rounded_per_block`), always: nothing
+    else computes this layer."""
 
     block = 32
     outlier_split = False
@@ -497,7 +541,7 @@ class BlockInt8Linear(nn.Module):
         if torch.compiler.is_exporting():
             refuse_untaken(f"a {self.out_features} x {self.in_features} linear keeps its table's Q8_0 blocks",
                            "tied_table", "the output layer then rounds the table to int8 per channel")
-        return gemm_by_rows(x, self, self.bias, False)  # the eager reference: activations rounded per token
+        return gemm_by_rows(x, self, self.bias, False, rounding=rounded_per_block)  # the eager reference
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, int8 per block of {self.block}"

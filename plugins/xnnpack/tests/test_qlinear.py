@@ -15,6 +15,7 @@ import operator
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from llmcore_xnnpack import qlinear
@@ -459,6 +460,36 @@ def test_rounded_per_token_is_the_decomposed_operators_rounding(shape):
     step = (x.amax(-1, keepdim=True).clamp(min=0) - x.amin(-1, keepdim=True).clamp(max=0)) / 255
     assert torch.all((fast - graph).abs() <= step * 1.001)
     assert torch.equal(fast[:, 1], graph[:, 1]) and float(fast[:, 1].abs().max()) == 0.0
+
+
+def test_rounded_per_block_is_each_blocks_own_symmetric_int8():
+    """llmcore-kernels' rounding of an int4 layer's activations: each block of 32 on its own
+    scale max |x| / 127, each value its nearest level, an all-zero block zero; a token's
+    outlier coarsens its own block only, so on a token with one the values land nearer x
+    than one scale a token puts them. Inside kernels_rounding an int4 layer rounds so, and
+    per token outside it (XNNPACK's)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 96, generator=g)
+    x[0, 0, 3] = 80.0  # an outlier feature
+    x[1, 2, 32:64] = 0.0  # an all-zero block
+    rounded = qlinear.rounded_per_block(x)
+    blocks, got = x.view(3, 5, 3, 32), rounded.view(3, 5, 3, 32)
+    step = blocks.abs().amax(-1, keepdim=True) / 127
+    assert torch.all((got - blocks).abs() <= step * 0.5 * 1.001)
+    levels = got / torch.where(step == 0, 1.0, step)
+    assert torch.all((levels - levels.round()).abs() < 1e-3) and float(levels.abs().max()) <= 127.001
+    assert float(rounded[1, 2, 32:64].abs().max()) == 0.0
+    # the outlier's token: its other blocks as fine as any other token's (a tenth of the error
+    # of the token's one scale there; measured 0.074)
+    per_token = qlinear.rounded_per_token(x)
+    assert float((rounded[0, 0, 32:] - x[0, 0, 32:]).norm()) < 0.1 * float((per_token[0, 0, 32:] - x[0, 0, 32:]).norm())
+    linear = BlockInt4Linear(torch.randint(-8, 8, (16, 96), generator=g, dtype=torch.int8), torch.rand(16, 3) / 8)
+    with torch.no_grad():
+        outside = linear(x)
+        with qlinear.kernels_rounding():
+            inside = linear(x)
+    assert torch.allclose(outside, F.linear(per_token, linear.weight_values()), atol=1e-5)
+    assert torch.allclose(inside, F.linear(rounded, linear.weight_values()), atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["int4", "int4-offsets", "int4-bias"])
