@@ -396,7 +396,8 @@ int check() {
       }
     }
     // int4 blocks: per block, arranged; AVX2 and portable rounding alike
-    const Activations blocks_fast = quantize_per_block(x, c.m, c.k, false), blocks_plain = quantize_per_block(x, c.m, c.k, true);
+    const Activations blocks_fast = quantize_per_block(x, c.m, c.k, false),
+                      blocks_plain = quantize_per_block(x, c.m, c.k, true);
     if (blocks_fast.a != blocks_plain.a || blocks_fast.lane_scales != blocks_plain.lane_scales ||
         blocks_fast.lane_shifts != blocks_plain.lane_shifts) {
       std::printf("mismatch: the AVX2 and portable per-block rounding differ (m=%lld k=%lld)\n", (long long)c.m,
@@ -480,8 +481,8 @@ std::vector<double> time_passes(const std::vector<std::vector<Layer>>& passes, i
   std::vector<float> x(m * widest), y(m * widest);
   for (auto& v : x) v = std::normal_distribution<float>()(rng);
   const int64_t lanes = m * group_count(widest / kBlock) * 8;
-  Activations q{std::vector<uint8_t>(m * widest), std::vector<float>(m), std::vector<float>(m), std::vector<float>(lanes),
-                std::vector<int32_t>(lanes), std::vector<float>(m * (widest / kBlock))};
+  Activations q{std::vector<uint8_t>(m * widest), std::vector<float>(m), std::vector<float>(m),
+                std::vector<float>(lanes), std::vector<int32_t>(lanes), std::vector<float>(m * (widest / kBlock))};
 
   std::atomic<int> generation{0}, finished{0};
   std::atomic<bool> stop{false};

@@ -554,6 +554,14 @@ const char* gemm_isa_name() { return isa_name(gemm_isa()); }
 namespace {
 // Whether the activation rounding runs its AVX2 code (never when asked for the portable loops).
 bool rounds_with_avx2(bool portable) { return LLMCORE_HAVE_X86 && !portable && gemm_isa() != Isa::portable; }
+
+// One row's block means (QuantizedRows::means), by the rounding's code: the same floats either way.
+void row_block_means(const float* x, int64_t blocks, float* means, [[maybe_unused]] bool avx2) {
+#if LLMCORE_HAVE_X86
+  if (avx2) return block_means_avx2(x, blocks, means);
+#endif
+  block_means_portable(x, blocks, means);
+}
 }  // namespace
 
 void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint8_t* a, float* scale,
@@ -576,7 +584,7 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
 #if LLMCORE_HAVE_X86
     if (avx2) {
       quantize_row_avx2(xr, k, inv, zero[t], arranged, ar);
-      if (means != nullptr) block_means_avx2(xr, blocks, means + t * blocks);
+      if (means != nullptr) row_block_means(xr, blocks, means + t * blocks, avx2);
       continue;
     }
 #endif
@@ -588,7 +596,7 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
     } else {
       quantize_row_portable(xr, k, inv, zero[t], ar);
     }
-    if (means != nullptr) block_means_portable(xr, blocks, means + t * blocks);
+    if (means != nullptr) row_block_means(xr, blocks, means + t * blocks, avx2);
   }
 }
 
@@ -611,7 +619,8 @@ void quantize_blocks(const float* x, int64_t k, int64_t row_begin, int64_t row_e
     if (avx2) {  // a group's blocks rounded into registers and stored arranged from them
       for_each_group(blocks, [&](int64_t g, int size) LLMCORE_AVX2 {
         __m256i r[8];
-        for (int i = 0; i < size; ++i) block_sums[g + i] = round_block_avx2(x + t * k + (g + i) * kBlock, &r[i], &s[g + i]);
+        for (int i = 0; i < size; ++i)
+          block_sums[g + i] = round_block_avx2(x + t * k + (g + i) * kBlock, &r[i], &s[g + i]);
         if (out.lanes) {
           store_arranged(r, size, row + g * kBlock);
         } else {
@@ -623,17 +632,11 @@ void quantize_blocks(const float* x, int64_t k, int64_t row_begin, int64_t row_e
 #endif
     {
       int8_t* const q = out.lanes ? natural.data() : reinterpret_cast<int8_t*>(row);
-      for (int64_t b = 0; b < blocks; ++b) block_sums[b] = round_block_portable(x + t * k + b * kBlock, q + b * kBlock, &s[b]);
+      for (int64_t b = 0; b < blocks; ++b)
+        block_sums[b] = round_block_portable(x + t * k + b * kBlock, q + b * kBlock, &s[b]);
       if (out.lanes) arrange(reinterpret_cast<const uint8_t*>(natural.data()), k, row);
     }
-    if (means != nullptr) {
-#if LLMCORE_HAVE_X86
-      if (avx2)
-        block_means_avx2(x + t * k, blocks, means + t * blocks);
-      else
-#endif
-        block_means_portable(x + t * k, blocks, means + t * blocks);
-    }
+    if (means != nullptr) row_block_means(x + t * k, blocks, means + t * blocks, avx2);
     if (!out.lanes) continue;
     float* ls = out.lane_scales + t * slots * 8;
     int32_t* lh = out.lane_shifts + t * slots * 8;
